@@ -1,0 +1,34 @@
+"""The exceptions convprobe raises on purpose.
+
+`InvalidArgument` is bad user input: the CLI turns it into one line on stderr and
+exit code 2. `UnsupportedConfiguration` means a backend cannot run a setting; a
+sweep records it as an "unsupported" row instead of stopping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["ConvprobeError", "InvalidArgument", "UnsupportedConfiguration", "invalid_choice"]
+
+
+class ConvprobeError(Exception):
+    """Base class of every error convprobe raises deliberately."""
+
+
+class InvalidArgument(ConvprobeError, ValueError):
+    """A user-supplied value is outside the allowed set or range."""
+
+
+class UnsupportedConfiguration(ConvprobeError):
+    """The requested backend configuration cannot run here (no GPU, op missing, ...)."""
+
+
+def invalid_choice(argument: str, value: object, choices: Iterable[object]) -> InvalidArgument:
+    """The one error message shape for closed option sets.
+
+    >>> str(invalid_choice("accumulate", "fp8", ["fp16", "fp32", "default"]))
+    "accumulate must be one of fp16, fp32, default; received 'fp8'"
+    """
+    valid = ", ".join(str(c) for c in choices)
+    return InvalidArgument(f"{argument} must be one of {valid}; received {value!r}")

@@ -1,0 +1,110 @@
+"""Provenance: what every result records about where and how it was produced.
+
+A result without provenance is not a result (DESIGN.md, convention 7). Versions
+are read from package metadata, so recording them never imports TensorFlow; a
+worker that has imported TensorFlow adds the runtime's own view on top.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import sys
+from importlib import metadata
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "PRECISION_ENV_PREFIXES",
+    "collect",
+    "cpu_flags",
+    "precision_environment",
+    "package_versions",
+]
+
+SCHEMA_VERSION = 1
+
+#: Environment variables that change which kernels run or how they round.
+PRECISION_ENV_PREFIXES = ("TF_", "XLA_", "ONEDNN_", "DNNL_", "OMP_", "CUDA_", "NVIDIA_", "TF32")
+
+#: CPU features that decide which fp16/bf16 kernels a runtime can pick.
+_INTERESTING_CPU_FLAGS = (
+    "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+    "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile", "asimdhp", "fphp",
+)
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages whose behaviour a result depends on."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("convprobe", "numpy", "ml_dtypes", "tensorflow", "keras", "numba", "pandas"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def cpu_flags() -> list[str]:
+    """The precision-relevant CPU flags of this machine (from /proc/cpuinfo on Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    present = set(line.split(":", 1)[1].split())
+                    return [f for f in _INTERESTING_CPU_FLAGS if f in present]
+    except OSError:
+        pass
+    return []
+
+
+def cpu_model() -> str:
+    """Human-readable CPU model name, or the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+#: Variables that share the TF_ prefix but belong to other tools (Terraform).
+_NOT_PRECISION_ENV_PREFIXES = ("TF_CLI_", "TF_VAR_", "TF_LOG", "TF_DATA_DIR", "TF_PLUGIN", "TF_IN_AUTOMATION")
+
+
+def precision_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables (TF_*, XLA_FLAGS, ...) that may change arithmetic."""
+    env = os.environ if environ is None else environ
+    return {
+        k: env[k]
+        for k in sorted(env)
+        if k.startswith(PRECISION_ENV_PREFIXES) and not k.startswith(_NOT_PRECISION_ENV_PREFIXES)
+    }
+
+
+def collect(
+    *,
+    seed: int | None = None,
+    device: str | None = None,
+    environment: dict[str, str] | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """A provenance record: schema, versions, machine, environment, seed, time."""
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "versions": package_versions(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "device": device,
+        "environment": precision_environment(environment),
+        "seed": seed,
+        "argv": list(sys.argv),
+    }
+    if extra:
+        record.update(extra)
+    return record
