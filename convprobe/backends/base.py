@@ -1,0 +1,62 @@
+"""The one interface every convolution engine implements.
+
+A backend takes NumPy arrays (NHWC inputs, HWIO filters) in the dtype the caller
+chose and returns a NumPy array; whatever arithmetic it does in between is what
+convprobe investigates. Only `conv2d` is required; gradient convolutions and
+other ops are declared in `capabilities`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["AbstractBackend", "Padding", "normalize_pair"]
+
+Padding = str | Sequence[tuple[int, int]]
+
+
+def normalize_pair(value: int | Sequence[int], argument: str) -> tuple[int, int]:
+    """Strides/dilations as an (h, w) pair of positive ints."""
+    from convprobe.errors import InvalidArgument
+
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, (int, np.integer)) and v > 0 for v in pair):
+        raise InvalidArgument(f"{argument} must be a positive int or a pair of them; received {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+class AbstractBackend(abc.ABC):
+    """A convolution engine whose arithmetic is under investigation."""
+
+    #: Short identifier used in result rows ("tensorflow", "emulated").
+    name: str = "abstract"
+
+    #: The ops this backend implements, e.g. {"conv2d", "conv2d_backprop_input"}.
+    capabilities: frozenset[str] = frozenset({"conv2d"})
+
+    @abc.abstractmethod
+    def conv2d(
+        self,
+        x: np.ndarray,
+        w: np.ndarray,
+        *,
+        strides: int | Sequence[int] = 1,
+        padding: Padding = "VALID",
+        dilation: int | Sequence[int] = 1,
+    ) -> np.ndarray:
+        """2-D convolution (cross-correlation) of NHWC `x` with HWIO `w`."""
+
+    def conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
+        """Gradient of conv2d with respect to its input."""
+        raise NotImplementedError(f"{self.name} does not implement conv2d_backprop_input")
+
+    def conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
+        """Gradient of conv2d with respect to its filter."""
+        raise NotImplementedError(f"{self.name} does not implement conv2d_backprop_filter")
+
+    def describe(self) -> dict:
+        """JSON-serialisable description of this backend's configuration."""
+        return {"backend": self.name}

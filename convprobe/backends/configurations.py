@@ -1,0 +1,201 @@
+"""What an accumulation request means, concretely, for each backend and device.
+
+`--accumulate fp16` is a wish; TensorFlow grants it only through environment
+switches that differ per device and are read once per process. This module is
+the one table that maps a request to those settings (README's table is
+generated from the same data). Facts verified on TensorFlow 2.21 (DESIGN.md):
+
+- CPU default: oneDNN f16 kernels accumulate in fp32.
+- CPU fp16: the Eigen path (oneDNN off) with TF_CONV2D_USE_FP16_ACCUMULATE=1
+  (only the exact string "1" enables it) accumulates conv2d in fp16.
+- GPU: TF_FP16_CONV_USE_FP32_COMPUTE=0 (only the exact string "0") selects
+  cuDNN's fp16 compute type; "1" keeps fp32 compute.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from convprobe.errors import InvalidArgument, invalid_choice
+
+__all__ = [
+    "ACCUMULATE_CHOICES",
+    "BACKEND_CHOICES",
+    "DEVICE_CHOICES",
+    "SETTINGS",
+    "MANAGED_VARIABLES",
+    "BackendConfig",
+    "resolve_configs",
+    "resolve_device",
+    "parse_env_assignments",
+    "gpu_visible",
+]
+
+ACCUMULATE_CHOICES = ("fp16", "fp32", "default")
+BACKEND_CHOICES = ("tensorflow", "emulated")
+DEVICE_CHOICES = ("cpu", "gpu", "auto")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The environment one (device, accumulate) request needs, and why."""
+
+    env: dict[str, str]
+    note: str
+
+
+#: (device, accumulate) -> settings for TensorFlow. `default` sets nothing.
+SETTINGS: dict[tuple[str, str], Setting] = {
+    ("cpu", "fp16"): Setting(
+        {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE": "1"},
+        "Eigen conv2d with fp16 accumulation (oneDNN off; only '1' enables it)",
+    ),
+    ("cpu", "fp32"): Setting(
+        {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CONV2D_USE_FP16_ACCUMULATE": "0"},
+        "oneDNN f16 kernels, which accumulate in fp32",
+    ),
+    ("cpu", "default"): Setting({}, "nothing set: TensorFlow's own choice"),
+    ("gpu", "fp16"): Setting(
+        {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "0"},
+        "cuDNN/cuBLAS fp16 compute type (only '0' disables fp32; some shapes then fail)",
+    ),
+    ("gpu", "fp32"): Setting(
+        {"TF_FP16_CONV_USE_FP32_COMPUTE": "1", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "1"},
+        "cuDNN/cuBLAS fp32 compute type for fp16 data",
+    ),
+    ("gpu", "default"): Setting({}, "nothing set: TensorFlow's own choice"),
+}
+
+#: Switches the table manages: removed from the inherited environment of a
+#: child so that "default" really is TensorFlow's default.
+MANAGED_VARIABLES = frozenset(
+    name for setting in SETTINGS.values() for name in setting.env
+) | {"XLA_FLAGS"}
+
+#: For the emulated backend, each request names an accumulation model.
+EMULATED_MODELS = {"fp16": "sequential:fp16", "fp32": "sequential:fp32", "default": "sequential:fp32"}
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """One backend configuration: everything needed to run it in a fresh process."""
+
+    backend: str
+    accumulate: str
+    device: str
+    env: dict[str, str] = field(default_factory=dict)
+    jit_compile: bool = False
+    model: str | None = None
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        """Short, unique name for tables: 'tensorflow/cpu/fp16', 'emulated/sequential:fp16'."""
+        if self.backend == "emulated":
+            return f"emulated/{self.model}"
+        parts = [self.backend, self.device, self.accumulate]
+        if self.jit_compile:
+            parts.append("jit")
+        return "/".join(parts)
+
+    def to_dict(self) -> dict:
+        return {
+            "backend": self.backend, "accumulate": self.accumulate, "device": self.device,
+            "env": dict(self.env), "jit_compile": self.jit_compile, "model": self.model,
+            "note": self.note, "label": self.label,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BackendConfig:
+        return cls(
+            backend=data["backend"], accumulate=data["accumulate"], device=data["device"],
+            env=dict(data.get("env", {})), jit_compile=bool(data.get("jit_compile", False)),
+            model=data.get("model"), note=data.get("note", ""),
+        )
+
+
+def gpu_visible() -> bool:
+    """Whether an NVIDIA GPU is visible, without importing any framework."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return any(re.fullmatch(r"nvidia\d+", name) for name in _dev_entries())
+
+
+def _dev_entries() -> list[str]:
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> gpu when one is visible, else cpu; 'gpu' without one is bad input."""
+    if device not in DEVICE_CHOICES:
+        raise invalid_choice("device", device, DEVICE_CHOICES)
+    if device == "auto":
+        return "gpu" if gpu_visible() else "cpu"
+    if device == "gpu" and not gpu_visible():
+        raise InvalidArgument("device gpu was requested but no GPU is visible on this machine; use --device cpu or auto")
+    return device
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_env_assignments(assignments: list[str] | None) -> dict[str, str]:
+    """['NAME=VALUE', ...] -> dict; rejects malformed items with a clear message."""
+    env: dict[str, str] = {}
+    for item in assignments or []:
+        name, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(name):
+            raise InvalidArgument(f"env must be NAME=VALUE with NAME a valid variable name; received {item!r}")
+        env[name] = value
+    return env
+
+
+def _expand(value: str, choices: tuple[str, ...], argument: str) -> tuple[str, ...]:
+    if value == "all":
+        return choices
+    if value not in choices:
+        raise invalid_choice(argument, value, (*choices, "all"))
+    return (value,)
+
+
+def resolve_configs(
+    *,
+    backend: str = "tensorflow",
+    accumulate: str = "default",
+    device: str = "cpu",
+    extra_env: dict[str, str] | None = None,
+    jit_compile: bool = False,
+    model: str | None = None,
+) -> list[BackendConfig]:
+    """Expand a request (each argument may be 'all' where it makes sense) into configs.
+
+    Validates every argument before anything runs, so bad input costs nothing.
+    """
+    backends = _expand(backend, BACKEND_CHOICES, "backend")
+    accumulates = _expand(accumulate, ACCUMULATE_CHOICES, "accumulate")
+    resolved_device = resolve_device(device)
+    if model is not None and "emulated" not in backends:
+        raise InvalidArgument("model applies only to --backend emulated (or all); received --model with --backend tensorflow")
+    configs = []
+    for name in backends:
+        if name == "emulated" and model is not None:
+            configs.append(BackendConfig("emulated", "model", "emulated", model=model, note="emulator model given by --model"))
+            continue
+        for acc in accumulates:
+            if name == "tensorflow":
+                setting = SETTINGS[(resolved_device, acc)]
+                configs.append(BackendConfig(
+                    "tensorflow", acc, resolved_device, env={**setting.env, **(extra_env or {})},
+                    jit_compile=jit_compile, note=setting.note,
+                ))
+            else:
+                configs.append(BackendConfig(
+                    "emulated", acc, "emulated", model=EMULATED_MODELS[acc],
+                    note=f"exact emulation: {EMULATED_MODELS[acc]}",
+                ))
+    return configs

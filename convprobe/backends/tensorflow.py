@@ -1,0 +1,112 @@
+"""Real TensorFlow convolutions, imported lazily.
+
+The precision switches TensorFlow reads (TF_ENABLE_ONEDNN_OPTS,
+TF_CONV2D_USE_FP16_ACCUMULATE, TF_FP16_CONV_USE_FP32_COMPUTE, XLA_FLAGS) are read
+once per process and cached, so this backend never sets them: the isolation
+layer starts a fresh process with them already in its environment.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from convprobe.backends.base import AbstractBackend, normalize_pair
+from convprobe.errors import UnsupportedConfiguration, invalid_choice
+
+__all__ = ["TensorFlowBackend", "DEVICES"]
+
+DEVICES = ("cpu", "gpu")
+
+
+def _padding_arg(padding):
+    """TF takes "VALID"/"SAME" or explicit NHWC paddings [[0,0],[t,b],[l,r],[0,0]]."""
+    if isinstance(padding, str):
+        if padding.upper() not in ("VALID", "SAME"):
+            raise invalid_choice("padding", padding, ("VALID", "SAME", "[(top, bottom), (left, right)]"))
+        return padding.upper()
+    (top, bottom), (left, right) = padding
+    return [[0, 0], [int(top), int(bottom)], [int(left), int(right)], [0, 0]]
+
+
+class TensorFlowBackend(AbstractBackend):
+    """`tf.nn.conv2d` and its two gradient kernels on one device, optionally under XLA."""
+
+    name = "tensorflow"
+    capabilities = frozenset({"conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"})
+
+    def __init__(self, device: str = "cpu", *, jit_compile: bool = False):
+        if device not in DEVICES:
+            raise invalid_choice("device", device, DEVICES)
+        self.device = device
+        self.jit_compile = bool(jit_compile)
+
+    @functools.cached_property
+    def tf(self):
+        import tensorflow as tf
+
+        if self.device == "gpu" and not tf.config.list_physical_devices("GPU"):
+            raise UnsupportedConfiguration("TensorFlow sees no GPU in this process")
+        return tf
+
+    def _run(self, fn, *args):
+        tf = self.tf
+        if self.jit_compile:
+            fn = tf.function(fn, jit_compile=True)
+        with tf.device("/GPU:0" if self.device == "gpu" else "/CPU:0"):
+            result = fn(*(tf.constant(a) if isinstance(a, np.ndarray) else a for a in args))
+        return np.asarray(result.numpy())
+
+    def conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):
+        strides, dilation, pad = normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation"), _padding_arg(padding)
+
+        def fn(x, w):
+            return self.tf.nn.conv2d(x, w, strides=[1, *strides, 1], padding=pad, dilations=[1, *dilation, 1])
+
+        return self._run(fn, np.asarray(x), np.asarray(w))
+
+    def conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
+        strides, dilation, pad = normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation"), _padding_arg(padding)
+        explicit = pad if isinstance(pad, list) else []
+        pad_name = "EXPLICIT" if explicit else pad
+
+        def fn(dy, w):
+            return self.tf.raw_ops.Conv2DBackpropInput(
+                input_sizes=list(input_shape), filter=w, out_backprop=dy, strides=[1, *strides, 1],
+                padding=pad_name, explicit_paddings=sum(explicit, []), dilations=[1, *dilation, 1],
+            )
+
+        return self._run(fn, np.asarray(dy), np.asarray(w))
+
+    def conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
+        strides, dilation, pad = normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation"), _padding_arg(padding)
+        explicit = pad if isinstance(pad, list) else []
+        pad_name = "EXPLICIT" if explicit else pad
+
+        def fn(x, dy):
+            return self.tf.raw_ops.Conv2DBackpropFilter(
+                input=x, filter_sizes=list(filter_shape), out_backprop=dy, strides=[1, *strides, 1],
+                padding=pad_name, explicit_paddings=sum(explicit, []), dilations=[1, *dilation, 1],
+            )
+
+        return self._run(fn, np.asarray(x), np.asarray(dy))
+
+    def runtime_info(self) -> dict:
+        """What this TensorFlow process reports about itself (for provenance)."""
+        tf = self.tf
+        info = {
+            "tensorflow_version": tf.__version__,
+            "physical_devices": [d.name for d in tf.config.list_physical_devices()],
+            "built_with_cuda": bool(tf.test.is_built_with_cuda()),
+        }
+        try:
+            from tensorflow.python.util import _pywrap_util_port
+
+            info["onednn_enabled"] = bool(_pywrap_util_port.IsMklEnabled())
+        except (ImportError, AttributeError):
+            info["onednn_enabled"] = None
+        return info
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "device": self.device, "jit_compile": self.jit_compile}

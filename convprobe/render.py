@@ -1,0 +1,66 @@
+"""Render result rows as an aligned text table, CSV or JSON, and write files atomically.
+
+Kept free of pandas so the CLI starts fast; the analysis layer builds DataFrames
+from the same records.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+
+__all__ = ["FORMATS", "render_table", "render_csv", "render_json", "write_atomic"]
+
+FORMATS = ("table", "json", "csv")
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def render_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """Plain aligned columns; wide free-text columns go last so the table stays readable."""
+    if not rows:
+        return "(no results)\n"
+    columns = columns or list(rows[0])
+    cells = [[_cell(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def render_json(document: dict) -> str:
+    """Strict JSON: non-finite floats must already be encoded as strings."""
+    return json.dumps(document, indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write via a temporary file and rename, so a failure never leaves half a file."""
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".convprobe-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,1 @@
+"""convprobe's public pytest plugin (registered through the `pytest11` entry point)."""

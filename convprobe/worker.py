@@ -1,0 +1,67 @@
+"""Child-process entry point: `python -m convprobe.worker REQUEST.json ANSWER.json`.
+
+The parent has already put this configuration's precision switches in our
+environment, so importing TensorFlow here sees them. We run one probe on one
+backend and write one JSON answer: status, observations, the runtime's own view
+of itself, and provenance. Errors become statuses, not tracebacks on the floor.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+from convprobe.backends.configurations import BackendConfig
+from convprobe.errors import UnsupportedConfiguration
+
+
+def make_backend(config: BackendConfig):
+    """The backend object a configuration describes."""
+    if config.backend == "tensorflow":
+        from convprobe.backends.tensorflow import TensorFlowBackend
+
+        return TensorFlowBackend(config.device, jit_compile=config.jit_compile)
+    from convprobe.backends.emulated import EmulatedBackend
+
+    return EmulatedBackend(config.model)
+
+
+def answer(request: dict) -> dict:
+    """Run the requested probe and return the JSON-able answer (never raises)."""
+    from convprobe import provenance
+    from convprobe.probes.registry import get_probe
+
+    config = BackendConfig.from_dict(request["config"])
+    try:
+        backend = make_backend(config)
+        runtime = backend.runtime_info() if hasattr(backend, "runtime_info") else {}
+        observed = get_probe(request["probe"]).run(backend, **request.get("params", {}))
+        status, error = "ok", None
+    except UnsupportedConfiguration as exc:
+        observed, runtime, status, error = {}, {}, "unsupported", str(exc)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a result row
+        observed, runtime, status = {}, locals().get("runtime", {}), "failed"
+        error = f"{type(exc).__name__}: {exc}".strip()
+        traceback.print_exc()
+    return {
+        "status": status,
+        "error": error,
+        "observed": observed,
+        "runtime": runtime,
+        "provenance": provenance.collect(seed=request.get("params", {}).get("seed"), device=config.device),
+    }
+
+
+def main(argv: list[str]) -> int:
+    request_path, answer_path = argv
+    with open(request_path, encoding="utf-8") as handle:
+        request = json.load(handle)
+    result = answer(request)
+    with open(answer_path, "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
