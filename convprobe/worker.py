@@ -33,15 +33,17 @@ def answer(request: dict) -> dict:
     from convprobe.probes.registry import get_probe
 
     config = BackendConfig.from_dict(request["config"])
+    runtime: dict = {}
     try:
+        probe = get_probe(request["probe"])
         backend = make_backend(config)
         runtime = backend.runtime_info() if hasattr(backend, "runtime_info") else {}
-        observed = get_probe(request["probe"]).run(backend, **request.get("params", {}))
+        observed = probe.run(backend, **request.get("params", {}))
         status, error = "ok", None
     except UnsupportedConfiguration as exc:
-        observed, runtime, status, error = {}, {}, "unsupported", str(exc)
+        observed, status, error = {}, "unsupported", str(exc)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a result row
-        observed, runtime, status = {}, locals().get("runtime", {}), "failed"
+        observed, status = {}, "failed"
         error = f"{type(exc).__name__}: {exc}".strip()
         traceback.print_exc()
     return {

@@ -1,0 +1,74 @@
+import pytest
+
+from convprobe.backends.configurations import (
+    MANAGED_VARIABLES, SETTINGS, BackendConfig, gpu_visible, parse_env_assignments, resolve_configs,
+    resolve_device,
+)
+from convprobe.backends.isolation import child_environment
+from convprobe.errors import InvalidArgument
+
+
+def test_cpu_fp16_request_maps_to_the_eigen_fp16_accumulation_switches():
+    (config,) = resolve_configs(backend="tensorflow", accumulate="fp16", device="cpu")
+    assert config.env == {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE": "1"}
+    assert config.label == "tensorflow/cpu/fp16"
+
+
+def test_gpu_requests_map_to_the_cudnn_compute_type_switch():
+    assert SETTINGS[("gpu", "fp16")].env["TF_FP16_CONV_USE_FP32_COMPUTE"] == "0"
+    assert SETTINGS[("gpu", "fp32")].env["TF_FP16_CONV_USE_FP32_COMPUTE"] == "1"
+    assert SETTINGS[("gpu", "default")].env == {} and SETTINGS[("cpu", "default")].env == {}
+
+
+def test_all_expands_to_one_config_per_backend_and_request():
+    labels = [c.label for c in resolve_configs(backend="all", accumulate="all", device="cpu")]
+    assert labels == [
+        "tensorflow/cpu/fp16", "tensorflow/cpu/fp32", "tensorflow/cpu/default",
+        "emulated/sequential:fp16", "emulated/sequential:fp32", "emulated/sequential:fp32",
+    ]
+
+
+def test_user_env_is_added_on_top_of_the_table():
+    (config,) = resolve_configs(backend="tensorflow", accumulate="fp32",
+                                extra_env=parse_env_assignments(["TF_CONV2D_USE_FP16_ACCUMULATE=1", "X=a=b"]))
+    assert config.env["TF_CONV2D_USE_FP16_ACCUMULATE"] == "1" and config.env["X"] == "a=b"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"accumulate": "fp8"}, "accumulate must be one of fp16, fp32, default, all; received 'fp8'"),
+    ({"backend": "torch"}, "backend must be one of tensorflow, emulated, all; received 'torch'"),
+    ({"device": "tpu"}, "device must be one of cpu, gpu, auto; received 'tpu'"),
+    ({"backend": "tensorflow", "model": "sequential:fp16"}, "model applies only to --backend emulated"),
+])
+def test_bad_requests_are_rejected_with_the_valid_set(kwargs, message):
+    with pytest.raises(InvalidArgument) as info:
+        resolve_configs(**kwargs)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("item", ["NOEQUALS", "=value", "1BAD=x", "SPACE NAME=x"])
+def test_malformed_env_assignments_are_rejected(item):
+    with pytest.raises(InvalidArgument, match="env must be NAME=VALUE"):
+        parse_env_assignments([item])
+
+
+def test_gpu_without_a_gpu_is_bad_input(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the standard way to hide every GPU
+    assert not gpu_visible()
+    with pytest.raises(InvalidArgument, match="no GPU is visible"):
+        resolve_device("gpu")
+    assert resolve_device("auto") == "cpu"
+
+
+def test_child_environment_drops_inherited_switches_and_applies_the_config():
+    parent = {"PATH": "/bin", "TF_CONV2D_USE_FP16_ACCUMULATE": "1", "XLA_FLAGS": "--x", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    default = BackendConfig("tensorflow", "default", "cpu")
+    env = child_environment(default, base=parent)
+    assert env["PATH"] == "/bin" and not (MANAGED_VARIABLES & set(env))
+    fp16 = resolve_configs(backend="tensorflow", accumulate="fp16")[0]
+    assert child_environment(fp16, base=parent)["TF_CONV2D_USE_FP16_ACCUMULATE"] == "1"
+
+
+def test_config_round_trips_through_its_dict():
+    for config in resolve_configs(backend="all", accumulate="all", jit_compile=True):
+        assert BackendConfig.from_dict(config.to_dict()) == config

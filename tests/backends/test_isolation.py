@@ -1,0 +1,84 @@
+"""Process isolation with real child processes and real TensorFlow."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from convprobe.backends.configurations import BackendConfig, resolve_configs
+from convprobe.backends.isolation import run_isolated
+from convprobe.probes.runner import run_one
+
+CONV_65519 = textwrap.dedent("""
+    import os, numpy as np
+    import tensorflow as tf
+    x = tf.constant(np.full((1, 1, 4, 1), 65519, np.float16))
+    w = tf.constant(np.array([65519, -65519], np.float16).reshape(1, 2, 1, 1))
+    tf.nn.conv2d(x, w, 1, "VALID")  # first use: TensorFlow reads and caches its switches
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    os.environ["TF_CONV2D_USE_FP16_ACCUMULATE"] = "1"
+    print(float(tf.nn.conv2d(x, w, 1, "VALID").numpy().ravel()[0]))
+""")
+
+
+@pytest.mark.tensorflow
+def test_a_switch_flipped_after_import_does_not_take_effect_but_a_fresh_child_honours_it():
+    # Why isolation exists: in-process, the late setting is ignored (result 0) ...
+    late = subprocess.run([sys.executable, "-c", CONV_65519], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
+    assert late.returncode == 0, late.stderr
+    assert late.stdout.strip().splitlines()[-1] == "0.0"
+    # ... while a child started with it in its environment accumulates in fp16 (inf).
+    config = resolve_configs(backend="tensorflow", accumulate="fp16")[0]
+    result = run_one("overflow", config, {"seed": 0})
+    assert result.status == "ok" and result.observed["output"] == ["inf", "inf", "inf"]
+
+
+@pytest.mark.tensorflow
+def test_a_parent_setting_does_not_leak_into_a_default_child(monkeypatch):
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    monkeypatch.setenv("TF_CONV2D_USE_FP16_ACCUMULATE", "1")
+    config = resolve_configs(backend="tensorflow", accumulate="default")[0]
+    result = run_one("overflow", config, {"seed": 0})
+    assert result.status == "ok" and result.accumulation == "fp32"
+    assert "TF_CONV2D_USE_FP16_ACCUMULATE" not in result.environment
+
+
+@pytest.fixture()
+def probe_dir(tmp_path):
+    """A user probe package on disk, importable by children through PYTHONPATH."""
+    (tmp_path / "userprobes").mkdir()
+    (tmp_path / "userprobes" / "__init__.py").write_text("")
+    (tmp_path / "userprobes" / "aborts.py").write_text("import os\ndef run(backend, **_):\n    os.abort()\n")
+    (tmp_path / "userprobes" / "sleeps.py").write_text("import time\ndef run(backend, **_):\n    time.sleep(60)\n")
+    (tmp_path / "userprobes" / "raises.py").write_text("def run(backend, **_):\n    raise RuntimeError('kernel exploded')\n")
+    return str(tmp_path)
+
+
+def _emulated(probe_dir):
+    return BackendConfig("emulated", "fp16", "emulated", env={"PYTHONPATH": probe_dir}, model="sequential:fp16")
+
+
+def test_a_child_that_crashes_becomes_a_crashed_outcome(probe_dir):
+    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.aborts", "params": {}}, timeout=120)
+    assert outcome.status == "crashed"
+    assert "SIGABRT" in outcome.error
+
+
+def test_a_child_that_hangs_becomes_a_timeout_outcome(probe_dir):
+    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.sleeps", "params": {}}, timeout=5)
+    assert outcome.status == "timeout" and outcome.wall_s < 30
+
+
+def test_an_exception_in_the_child_becomes_a_failed_outcome(probe_dir):
+    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.raises", "params": {}}, timeout=120)
+    assert outcome.status == "failed" and outcome.error == "RuntimeError: kernel exploded"
+
+
+@pytest.mark.tensorflow
+def test_a_gpu_config_without_a_gpu_becomes_an_unsupported_row():
+    config = BackendConfig("tensorflow", "fp16", "gpu", env={"CUDA_VISIBLE_DEVICES": ""})
+    result = run_one("overflow", config, {"seed": 0})
+    assert result.status == "unsupported"
+    assert "no GPU" in result.error

@@ -1,0 +1,44 @@
+"""Shared test helpers: run the real `convprobe` CLI in a child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m convprobe ARGS` as a user would run it; returns the completed process."""
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "convprobe", *args], capture_output=True, text=True,
+        env=full_env, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL,
+    )
+
+
+def run_cli_json(*args: str, **kwargs) -> dict:
+    proc = run_cli(*args, "--format", "json", **kwargs)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def rows_by_label(document: dict) -> dict[str, dict]:
+    return {r["config"]["label"]: r for r in document["results"]}
+
+
+@pytest.fixture(scope="session")
+def overflow_all() -> dict:
+    """`convprobe overflow --accumulate all --backend all` on the CPU, run once."""
+    return run_cli_json("overflow", "--accumulate", "all", "--backend", "all", "--device", "cpu")
+
+
+@pytest.fixture(scope="session")
+def compare_all() -> dict:
+    """`convprobe compare --accumulate all --backend all` with the question's shapes, run once."""
+    return run_cli_json("compare", "--accumulate", "all", "--backend", "all", "--seed", "0")

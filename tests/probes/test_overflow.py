@@ -1,0 +1,85 @@
+"""The 65519 test: classification, and real TensorFlow end to end."""
+
+import csv
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import rows_by_label, run_cli
+from convprobe.probes import overflow
+
+
+def test_inputs_are_the_classic_question_s():
+    x, w = overflow.inputs()
+    assert x.shape == (1, 1, 4, 1) and w.shape == (1, 2, 1, 1)
+    assert x.dtype == w.dtype == np.float16
+    assert x.ravel().tolist() == [65504.0] * 4 and w.ravel().tolist() == [65504.0, -65504.0]
+
+
+@pytest.mark.parametrize("values,accumulation,arithmetic", [
+    ([0.0, 0.0, 0.0], "fp32", overflow.WIDE),
+    ([math.inf] * 3, "fp16", overflow.FP16_FUSED),
+    ([-math.inf] * 3, "fp16", overflow.FP16_FUSED),
+    ([math.nan] * 3, "fp16", overflow.FP16_SEPARATE),
+    ([0.0, math.inf, 0.0], "unknown", overflow.UNEXPECTED),
+    ([65504.0] * 3, "unknown", overflow.UNEXPECTED),
+])
+def test_three_way_classification(values, accumulation, arithmetic):
+    assert overflow.classify(values)[:2] == (accumulation, arithmetic)
+
+
+@pytest.mark.tensorflow
+def test_tensorflow_on_cpu_fp16_gives_inf_and_fp32_default_give_zero(overflow_all):
+    rows = rows_by_label(overflow_all)
+    fp16, fp32, default = rows["tensorflow/cpu/fp16"], rows["tensorflow/cpu/fp32"], rows["tensorflow/cpu/default"]
+    assert fp16["observed"]["output"] == ["inf"] * 3
+    assert fp16["observed"]["output_bits"] == ["0x7c00"] * 3
+    assert (fp16["accumulation"], fp16["honoured"]) == ("fp16", True)
+    for row in (fp32, default):
+        assert row["observed"]["output"] == ["0.0"] * 3
+        assert row["accumulation"] == "fp32"
+    assert fp32["honoured"] is True and default["honoured"] is None
+    assert fp16["runtime"]["onednn_enabled"] is False and default["runtime"]["onednn_enabled"] is True
+
+
+@pytest.mark.tensorflow
+def test_emulated_fp16_gives_inf_like_tensorflow(overflow_all):
+    rows = rows_by_label(overflow_all)
+    assert rows["emulated/sequential:fp16"]["observed"]["output"] == ["inf"] * 3
+    assert rows["emulated/sequential:fp32"]["observed"]["output"] == ["0.0"] * 3
+
+
+@pytest.mark.tensorflow
+def test_results_carry_provenance(overflow_all):
+    assert overflow_all["schema_version"] == 1
+    for row in overflow_all["results"]:
+        prov = row["provenance"]
+        assert prov["schema_version"] == 1 and prov["seed"] == 0
+        assert prov["versions"]["numpy"] == np.__version__
+        assert "cpu_flags" in prov and "environment" in prov
+    child = rows_by_label(overflow_all)["tensorflow/cpu/fp16"]
+    assert child["provenance"]["environment"]["TF_CONV2D_USE_FP16_ACCUMULATE"] == "1"
+    assert child["provenance"]["versions"]["tensorflow"] == child["runtime"]["tensorflow_version"]
+
+
+@pytest.mark.tensorflow
+def test_expect_fails_with_exit_1_when_the_observed_accumulation_differs():
+    proc = run_cli("overflow", "--backend", "tensorflow", "--accumulate", "fp32", "--expect", "fp16")
+    assert proc.returncode == 1
+    assert "expectation failed: tensorflow/cpu/fp32 expected fp16 accumulation, observed fp32" in proc.stderr
+
+
+@pytest.mark.tensorflow
+def test_expect_holds_with_exit_0_and_csv_file_output(tmp_path):
+    out = tmp_path / "overflow.csv"
+    proc = run_cli("overflow", "--backend", "tensorflow", "--accumulate", "fp16", "--expect", "fp16",
+                   "--format", "csv", "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert text == proc.stdout
+    (row,) = list(csv.DictReader(io.StringIO(text)))
+    assert (row["configuration"], row["output"], row["accumulation"]) == ("tensorflow/cpu/fp16", "[inf, inf, inf]", "fp16")
+    assert json.loads(row["provenance"])["environment"]["TF_CONV2D_USE_FP16_ACCUMULATE"] == "1"

@@ -1,0 +1,67 @@
+"""The command line as a user meets it: help, bad input, exit codes."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+
+
+def test_help_is_useful_and_never_imports_tensorflow():
+    code = (
+        "import sys, io, contextlib\n"
+        "from convprobe.cli import main\n"
+        "for argv in (['--help'], ['overflow', '--help'], ['compare', '--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "        try:\n"
+        "            main(argv)\n"
+        "        except SystemExit as e:\n"
+        "            assert e.code == 0\n"
+        "    assert '--accumulate' in out.getvalue() or 'overflow' in out.getvalue()\n"
+        "assert 'tensorflow' not in sys.modules, 'help imported tensorflow'\n"
+        "import convprobe, convprobe.backends, convprobe.probes\n"
+        "assert 'tensorflow' not in sys.modules, 'importing convprobe imported tensorflow'\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+def test_python_dash_m_shows_the_commands():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    assert "overflow" in proc.stdout and "compare" in proc.stdout
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["overflow", "--accumulate", "fp8"], "argument --accumulate: invalid choice: 'fp8' (choose from 'fp16', 'fp32', 'default', 'all')"),
+    (["overflow", "--format", "xml"], "argument --format: invalid choice: 'xml' (choose from 'table', 'json', 'csv')"),
+    (["compare", "--backend", "torch"], "argument --backend: invalid choice: 'torch'"),
+    (["overflow", "--env", "NOEQUALS"], "env must be NAME=VALUE"),
+    (["compare", "--batch", "0"], "argument --batch: must be a positive integer; received '0'"),
+    (["compare", "--kernel", "40"], "kernel must be at most height and width (32); received 40"),
+    (["overflow", "--seed", "-1"], "argument --seed: must be a non-negative integer"),
+    (["overflow", "--backend", "tensorflow", "--model", "sequential:fp16"], "model applies only to --backend emulated"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, expected):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert expected in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_gpu_requested_without_a_gpu_is_one_line_and_exit_2():
+    proc = run_cli("overflow", "--device", "gpu", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "convprobe overflow: error: device gpu was requested but no GPU is visible on this machine; "
+        "use --device cpu or auto"
+    )
+
+
+def test_no_command_prints_help_and_exits_2():
+    proc = run_cli()
+    assert proc.returncode == 2 and "overflow" in proc.stdout
