@@ -31,6 +31,7 @@ __all__ = [
     "resolve_device",
     "parse_env_assignments",
     "gpu_visible",
+    "settings_table_markdown",
 ]
 
 ACCUMULATE_CHOICES = ("fp16", "fp32", "default")
@@ -199,3 +200,12 @@ def resolve_configs(
                     note=f"exact emulation: {EMULATED_MODELS[acc]}",
                 ))
     return configs
+
+
+def settings_table_markdown() -> str:
+    """The request -> settings table as Markdown (the README embeds this verbatim)."""
+    lines = ["| device | `--accumulate` | environment of the child process | what it selects |", "|---|---|---|---|"]
+    for (device, accumulate), setting in SETTINGS.items():
+        env = " ".join(f"`{k}={v}`" for k, v in setting.env.items()) or "(nothing set)"
+        lines.append(f"| {device} | {accumulate} | {env} | {setting.note} |")
+    return "\n".join(lines)

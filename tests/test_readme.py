@@ -1,0 +1,20 @@
+"""The README is the front door: its generated parts must match the code."""
+
+from pathlib import Path
+
+from convprobe.backends.configurations import settings_table_markdown
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+
+
+def test_readme_settings_table_is_the_code_s_table():
+    assert settings_table_markdown() in README
+
+
+def test_quick_start_has_exactly_the_two_commands_and_ci_runs_the_second():
+    quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0].strip() for b in quick.split("```bash\n")[1:]]
+    assert len(blocks) == 2
+    assert blocks[0].endswith("convprobe overflow --accumulate fp16")
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text(encoding="utf-8")
+    assert blocks[1].replace('pip install -e ".[test]"', 'pip install -q -e ".[test]"') in ci
