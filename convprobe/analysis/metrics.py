@@ -33,6 +33,8 @@ __all__ = [
     "max_relative_error",
     "median_relative_error",
     "relative_norm_error",
+    "abs_sum_error",
+    "max_abs_sum_error",
     "fraction_correctly_rounded",
     "max_abs_diff",
     "fraction_different",
@@ -290,6 +292,32 @@ def relative_norm_error(actual: object, reference: object) -> float:
     if den == 0.0 or math.isinf(num):
         return math.inf
     return num / den
+
+
+def abs_sum_error(actual: object, reference: object, abs_sum: object) -> np.ndarray:
+    """|actual - reference| / abs_sum elementwise, abs_sum = sum_i |x_i y_i| per output.
+
+    The quantity the dot-product bounds in `convprobe.analysis.bounds` bound
+    (Higham 2002, (3.5)); unlike the relative error it stays meaningful when
+    the terms cancel (U[-1, 1) inputs). abs_sum is the exact fp64 conv of |x|
+    and |w|. 0/0 = 0; nonzero/0 = inf.
+    """
+    a, r, s = _broadcast(
+        "actual, reference and abs_sum",
+        _as_float64(actual, "actual"),
+        _as_float64(reference, "reference"),
+        _as_float64(abs_sum, "abs_sum"),
+    )
+    if np.any(s < 0):
+        raise InvalidArgument("abs_sum must be non-negative (a sum of absolute values)")
+    return _ratio(_abs_diff(a, r), s)
+
+
+def max_abs_sum_error(actual: object, reference: object, abs_sum: object) -> float:
+    """The largest `abs_sum_error`: compare it with `dot_error_bound`."""
+    e = abs_sum_error(actual, reference, abs_sum)
+    _require_nonempty(e, "actual")
+    return float(np.max(e))
 
 
 def fraction_correctly_rounded(actual: object, reference_fp64: object, fmt: str | Format) -> float:

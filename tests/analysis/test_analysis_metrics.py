@@ -138,3 +138,16 @@ def test_bad_inputs_name_the_argument():
         summarize([1.0, 2.0], [1.0, 2.0, 3.0], FP16)
     with pytest.raises(InvalidArgument, match=r"actual holds 1 value\(s\) not representable in fp16"):
         summarize([0.1], [0.1], FP16)
+
+
+def test_abs_sum_error_stays_meaningful_under_cancellation():
+    from convprobe.analysis import abs_sum_error, max_abs_sum_error
+
+    # x = (1, -1 + 2**-10), y = (1, 1): s = 2**-10, sum|x y| = 2 - 2**-10.
+    reference, abs_sum = 2.0**-10, 2.0 - 2.0**-10
+    assert relative_error(0.0, reference) == 1.0
+    assert abs_sum_error(0.0, reference, abs_sum) == 2.0**-10 / (2.0 - 2.0**-10)
+    np.testing.assert_array_equal(abs_sum_error([0.0, 1.0], [0.0, 0.0], [0.0, 0.0]), [0.0, INF])
+    assert max_abs_sum_error([1.0, 3.0], [1.0, 2.0], [4.0, 4.0]) == 0.25
+    with pytest.raises(InvalidArgument, match="abs_sum must be non-negative"):
+        abs_sum_error([1.0], [1.0], [-1.0])
