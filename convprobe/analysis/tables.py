@@ -1,0 +1,407 @@
+"""Tidy tables with a fixed column schema: error-vs-K sweeps and probe/fingerprint rows.
+
+One row per observation, one column per variable (Wickham, "Tidy data", J. Stat.
+Softw. 59(10), 2014), so that a sweep from any configuration, a crashed row and
+an emulator model's row all share columns and concatenate, plot and pivot
+without special cases. The column lists below are the file format: a results
+file whose columns or `schema_version` differ is refused with InvalidArgument
+naming what is missing, extra or mismatched (the CLI turns that into exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from convprobe.analysis.bounds import DEFAULT_LAMBDA, dot_error_bound, probabilistic_bound
+from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.formats import parse_format
+
+__all__ = [
+    "TABLE_SCHEMA_VERSION",
+    "STATUSES",
+    "Column",
+    "Schema",
+    "SWEEP_SCHEMA",
+    "PROBE_SCHEMA",
+    "SCHEMAS",
+    "validate_frame",
+    "frame_from_records",
+    "empty_frame",
+    "read_table",
+    "write_table",
+    "add_bounds",
+    "fingerprint_table",
+]
+
+#: Version of the column lists below; bump it when a column is added, removed or renamed.
+TABLE_SCHEMA_VERSION = 1
+
+#: How a configuration's run ended (the same set as `backends.isolation.STATUSES`).
+STATUSES = ("ok", "unsupported", "failed", "crashed", "timeout")
+
+Kind = Literal["str", "int", "float", "bool"]
+_DTYPES: dict[str, str] = {"str": "str", "int": "Int64", "float": "float64", "bool": "boolean"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its name, value kind, whether every row must have it, and its meaning."""
+
+    name: str
+    kind: Kind
+    required: bool
+    description: str
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A named, versioned, ordered list of columns."""
+
+    name: str
+    version: int
+    columns: tuple[Column, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.required)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise invalid_choice("column", name, self.names)
+
+
+def _c(name: str, kind: Kind, description: str, required: bool = False) -> Column:
+    return Column(name, kind, required, description)
+
+
+_IDENTITY = (
+    _c("schema_version", "int", "TABLE_SCHEMA_VERSION of the writer", True),
+    _c("backend", "str", "engine: tensorflow, emulated, ...", True),
+    _c("configuration", "str", "configuration label or emulator model name", True),
+    _c("device", "str", "cpu or gpu", True),
+    _c("op", "str", "conv2d, conv2d_backprop_input, conv2d_backprop_filter, depthwise, conv3d, matmul, einsum", True),
+)
+_TRAILER = (
+    _c("status", "str", "one of STATUSES", True),
+    _c("detail", "str", "error message or note for a non-ok row"),
+    _c("wall_s", "float", "seconds the run took"),
+    _c("environment", "str", "the precision environment variables, 'K=V K=V'"),
+    _c("provenance", "str", "provenance record as JSON (DESIGN.md convention 7)"),
+)
+
+#: Error versus reduction length: one row per configuration x op x distribution x K x seed.
+#: Metric columns are `metrics.summarize` keys; bound columns are filled by `add_bounds`.
+SWEEP_SCHEMA = Schema(
+    "sweep",
+    TABLE_SCHEMA_VERSION,
+    _IDENTITY
+    + (
+        _c("format", "str", "storage format of the output (the fmt of the metrics)", True),
+        _c("distribution", "str", "input distribution, e.g. uniform01, uniform11, normal, heavy_tailed", True),
+        _c("k", "int", "reduction length C_in*kh*kw (or the contracted dimension)", True),
+        _c("seed", "int", "seed of the inputs", True),
+        _c("n", "int", "number of outputs measured"),
+        _c("max_abs_diff", "float", "max |actual - reference|"),
+        _c("max_relative_error", "float", "max |actual - ref| / |ref|"),
+        _c("median_relative_error", "float", "median |actual - ref| / |ref|"),
+        _c("relative_norm_error", "float", "||actual - ref||_2 / ||ref||_2"),
+        _c("max_ulp_error", "float", "max |actual - ref| / ulp(ref) in format"),
+        _c("median_ulp_error", "float", "median ULP error"),
+        _c("max_ulp_distance", "int", "max ULP distance to the correctly rounded reference"),
+        _c("fraction_correctly_rounded", "float", "share equal to RN(ref)"),
+        _c("fraction_different", "float", "share bitwise different from RN(ref)"),
+        _c("inf_count", "int", "infinities in the output"),
+        _c("nan_count", "int", "NaNs in the output"),
+        _c("zero_count", "int", "zeros in the output"),
+        _c("underflow_count", "int", "zeros where the reference is nonzero"),
+        _c("overflow_count", "int", "infinities where the reference is finite"),
+        _c("max_abs_sum_error", "float", "max |actual - ref| / sum|x_i w_i|: what the bounds bound"),
+        _c("bound_format", "str", "accumulator format the bound columns assume"),
+        _c("lam", "float", "lambda of probabilistic_bound"),
+        _c("gamma_bound", "float", "gamma_K(u) (+ output rounding); NaN where K*u >= 1"),
+        _c("probabilistic_bound", "float", "lambda sqrt(K) u (+ output rounding)"),
+        _c("exceeds_probabilistic", "bool", "max_abs_sum_error > probabilistic_bound"),
+        _c("stagnated", "bool", "the running sum stopped growing (fp16 stagnation)"),
+    )
+    + _TRAILER,
+)
+
+#: Probe and fingerprint evidence, long form: one row per configuration x op x probe x property.
+PROBE_SCHEMA = Schema(
+    "probe",
+    TABLE_SCHEMA_VERSION,
+    _IDENTITY
+    + (
+        _c("probe", "str", "probe name: overflow, compare, fingerprint battery member, ...", True),
+        _c("property", "str", "what was inferred: accumulation, accumulator_bits, rounding, block_size, ...", True),
+        _c("value", "str", "the inferred value, as text ('fp32', '24', 'nearest', ...); empty if not run"),
+        _c("evidence", "str", "the observation that decided it"),
+        _c("seed", "int", "seed of random inputs, if any"),
+    )
+    + _TRAILER,
+)
+
+SCHEMAS: dict[str, Schema] = {s.name: s for s in (SWEEP_SCHEMA, PROBE_SCHEMA)}
+
+
+def _schema(schema: Schema | str) -> Schema:
+    if isinstance(schema, Schema):
+        return schema
+    if schema not in SCHEMAS:
+        raise invalid_choice("schema", schema, SCHEMAS)
+    return SCHEMAS[schema]
+
+
+def _column_problems(columns: Iterable[str], schema: Schema, where: str) -> str | None:
+    present = list(columns)
+    missing = [c for c in schema.names if c not in present]
+    extra = [c for c in present if c not in schema.names]
+    if not missing and not extra:
+        return None
+    parts = []
+    if missing:
+        parts.append(f"missing column(s) {', '.join(missing)}")
+    if extra:
+        parts.append(f"unknown column(s) {', '.join(extra)}")
+    return f"{where} does not match the {schema.name} schema v{schema.version}: {'; '.join(parts)}"
+
+
+def _check_values(df: pd.DataFrame, schema: Schema, where: str) -> None:
+    versions = set(pd.unique(df["schema_version"].dropna()))
+    if versions - {schema.version}:
+        found = ", ".join(str(v) for v in sorted(versions, key=str))
+        raise InvalidArgument(
+            f"{where} has schema_version {found}; this convprobe reads {schema.name} schema v{schema.version}"
+        )
+    for name in schema.required:
+        if df[name].isna().any():
+            row = int(np.flatnonzero(df[name].isna().to_numpy())[0])
+            raise InvalidArgument(f"{where}: required column {name} is empty in row {row}")
+    bad = sorted(set(df["status"]) - set(STATUSES))
+    if bad:
+        raise invalid_choice(f"{where}: status", bad[0], STATUSES)
+
+
+def _coerce(df: pd.DataFrame, schema: Schema, where: str) -> pd.DataFrame:
+    out = {}
+    for col in schema.columns:
+        series = df[col.name]
+        try:
+            if col.kind == "bool" and series.dtype == object:
+                series = series.map(_parse_bool, na_action="ignore")
+            if col.kind == "int":
+                as_float = pd.to_numeric(series, errors="raise").astype("float64")
+                if (((as_float % 1) != 0) & as_float.notna()).any():
+                    raise ValueError("non-integral value")
+                out[col.name] = as_float.astype("Int64")
+            elif col.kind == "str":
+                text = series.astype("str")
+                out[col.name] = text.mask(text == "")  # CSV cannot tell "" from missing: neither can we
+            else:
+                out[col.name] = series.astype(_DTYPES[col.kind])
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"{where}: column {col.name} must hold {col.kind} values ({exc})") from exc
+    return pd.DataFrame(out, index=df.index)
+
+
+def _parse_bool(value: object) -> object:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def validate_frame(df: pd.DataFrame, schema: Schema | str, *, where: str = "table") -> pd.DataFrame:
+    """Check `df` against `schema` and return it with the schema's column order and dtypes.
+
+    Raises InvalidArgument naming missing or unknown columns, a foreign
+    schema_version, empty required cells, bad status values or wrong kinds.
+    """
+    s = _schema(schema)
+    problem = _column_problems(df.columns, s, where)
+    if problem:
+        raise InvalidArgument(problem)
+    frame = _coerce(df, s, where)
+    _check_values(frame, s, where)
+    return frame
+
+
+def empty_frame(schema: Schema | str) -> pd.DataFrame:
+    """A zero-row frame with the schema's columns and dtypes."""
+    s = _schema(schema)
+    return pd.DataFrame({c.name: pd.Series([], dtype=_DTYPES[c.kind]) for c in s.columns})
+
+
+def frame_from_records(records: Iterable[Mapping[str, object]], schema: Schema | str) -> pd.DataFrame:
+    """Build a validated frame from result dicts (e.g. identity keys | `summarize(...)`).
+
+    Each record must have every required column except schema_version (filled
+    in); optional columns it lacks are left empty (a crashed row has no
+    metrics). A key outside the schema is an error, so typos cannot create
+    columns silently.
+    """
+    s = _schema(schema)
+    rows = []
+    for i, record in enumerate(records):
+        keys = set(record)
+        extra = sorted(keys - set(s.names))
+        if extra:
+            raise InvalidArgument(
+                f"record {i} has unknown column(s) {', '.join(extra)} for the {s.name} schema v{s.version}"
+            )
+        missing = [c for c in s.required if c not in keys and c != "schema_version"]
+        if missing:
+            raise InvalidArgument(
+                f"record {i} is missing required column(s) {', '.join(missing)} of the {s.name} schema"
+            )
+        row = {name: record.get(name) for name in s.names}
+        if row["schema_version"] is None:
+            row["schema_version"] = s.version
+        rows.append(row)
+    if not rows:
+        return empty_frame(s)
+    return validate_frame(pd.DataFrame(rows, columns=list(s.names)), s, where="records")
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, object]]:
+    out = []
+    for row in df.to_dict(orient="records"):
+        clean = {}
+        for key, value in row.items():
+            if value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+                clean[key] = None
+            elif isinstance(value, np.generic):
+                clean[key] = value.item()
+            else:
+                clean[key] = value
+        out.append(clean)
+    return out
+
+
+def write_table(df: pd.DataFrame, path: str | Path, schema: Schema | str) -> Path:
+    """Validate `df` and write it as CSV (.csv) or a JSON list of records (.json)."""
+    s = _schema(schema)
+    frame = validate_frame(df, s)
+    p = Path(path)
+    if p.suffix == ".csv":
+        frame.to_csv(p, index=False)
+    elif p.suffix == ".json":
+        p.write_text(json.dumps({"schema": s.name, "rows": _records(frame)}, indent=1) + "\n")
+    else:
+        raise invalid_choice("path suffix", p.suffix, (".csv", ".json"))
+    return p
+
+
+def read_table(path: str | Path, schema: Schema | str) -> pd.DataFrame:
+    """Read a table written by `write_table`, refusing other schemas or versions."""
+    s = _schema(schema)
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidArgument(f"results file {str(p)!r} does not exist")
+    where = f"results file {p.name}"
+    if p.suffix == ".csv":
+        try:
+            df = pd.read_csv(p, keep_default_na=True)
+        except (ValueError, pd.errors.ParserError) as exc:
+            raise InvalidArgument(f"{where} is not a readable CSV table ({exc})") from exc
+        return validate_frame(df, s, where=where)
+    if p.suffix == ".json":
+        try:
+            payload = json.loads(p.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(f"{where} is not valid JSON ({exc})") from exc
+        if not isinstance(payload, dict) or "rows" not in payload:
+            raise InvalidArgument(f"{where} is not a convprobe table (expected an object with 'rows')")
+        if payload.get("schema") != s.name:
+            raise InvalidArgument(f"{where} holds a {payload.get('schema')!r} table, not {s.name!r}")
+        rows = payload["rows"]
+        df = pd.DataFrame(rows, columns=list(rows[0]) if rows else list(s.names))
+        return validate_frame(df, s, where=where)
+    raise invalid_choice("path suffix", p.suffix, (".csv", ".json"))
+
+
+def add_bounds(
+    df: pd.DataFrame,
+    accumulator: str = "fp16",
+    *,
+    lam: float = DEFAULT_LAMBDA,
+    output: str | None = None,
+) -> pd.DataFrame:
+    """Fill a sweep frame's bound columns for the hypothesis "accumulates in `accumulator`".
+
+    gamma_bound is gamma_K(u) (NaN where K u >= 1: no information),
+    probabilistic_bound is lambda sqrt(K) u; both plus the output rounding when
+    `output` is given (see `bounds.dot_error_bound`). exceeds_probabilistic
+    compares max_abs_sum_error with the probabilistic bound (empty where no
+    error was measured).
+    """
+    frame = validate_frame(df, SWEEP_SCHEMA)
+    acc = parse_format(accumulator, argument="accumulator")
+    k = frame["k"].to_numpy(dtype=np.float64)
+    u = acc.unit_roundoff
+    defined = k * u < 1.0
+    gam = np.full(k.shape, np.nan)
+    if defined.any():
+        gam[defined] = dot_error_bound(k[defined].astype(np.int64), acc, "deterministic", output=output)
+    prob = (
+        dot_error_bound(k.astype(np.int64), acc, "probabilistic", lam=lam, output=output)
+        if k.size
+        else np.asarray(probabilistic_bound(np.ones(0), u))
+    )
+    frame["bound_format"] = pd.Series([acc.name] * len(frame), index=frame.index, dtype="str")
+    frame["lam"] = float(lam)
+    frame["gamma_bound"] = np.asarray(gam, dtype=np.float64)
+    frame["probabilistic_bound"] = np.asarray(prob, dtype=np.float64)
+    err = frame["max_abs_sum_error"]
+    exceeds = (err > frame["probabilistic_bound"]).astype("boolean")
+    frame["exceeds_probabilistic"] = exceeds.where(err.notna(), pd.NA)
+    return frame
+
+
+def fingerprint_table(df: pd.DataFrame, properties: Iterable[str] | None = None) -> pd.DataFrame:
+    """Wide view of probe rows: one row per configuration x op, one column per property.
+
+    A configuration that did not run shows its status ("crashed", ...) in every
+    cell, so the table never silently drops a row. Column order follows
+    `properties` if given, else first appearance.
+    """
+    frame = validate_frame(df, PROBE_SCHEMA)
+    if properties is None:
+        props = list(dict.fromkeys(frame["property"]))
+    else:
+        props = list(properties)
+    keys = ["configuration", "op"]
+    order = list(dict.fromkeys(zip(frame["configuration"], frame["op"])))
+    cells: dict[tuple[str, str], dict[str, str]] = {key: {} for key in order}
+    statuses: dict[tuple[str, str], str] = {}
+    for row in frame.itertuples(index=False):
+        key = (row.configuration, row.op)
+        if row.status == "ok":
+            cells[key][row.property] = str(row.value)
+        else:
+            statuses.setdefault(key, row.status)
+    records = []
+    for key in order:
+        record = dict(zip(keys, key))
+        for prop in props:
+            record[prop] = cells[key].get(prop, statuses.get(key, "-"))
+        records.append(record)
+    return pd.DataFrame(records, columns=keys + props).astype("str")
