@@ -1,0 +1,39 @@
+"""Exact low-precision emulation engine (NumPy + numba, no TensorFlow).
+
+The accumulation is a parameter: an `AccumulationModel` says in which formats,
+order and rounding a sum of products is formed; `dot` and the convolutions run
+any model bit-exactly, and `oracle` is the slow exact-rational reference they
+are tested against. Modules: `rounding` (one rounding definition), `models`
+(the models and `parse_model`), `reduction` (`dot`), `conv` (im2col
+convolutions and gradients), `_kernels` (compiled arithmetic), `oracle`.
+"""
+
+from convprobe.emulation import oracle
+from convprobe.emulation.conv import conv2d, conv2d_backprop_filter, conv2d_backprop_input
+from convprobe.emulation.models import (
+    AccumulationModel,
+    Blocked,
+    Chunked,
+    Exact,
+    Pairwise,
+    Sequential,
+    parse_model,
+)
+from convprobe.emulation.reduction import dot
+from convprobe.emulation.rounding import round_to_format
+
+__all__ = [
+    "AccumulationModel",
+    "Sequential",
+    "Pairwise",
+    "Blocked",
+    "Chunked",
+    "Exact",
+    "parse_model",
+    "round_to_format",
+    "dot",
+    "conv2d",
+    "conv2d_backprop_input",
+    "conv2d_backprop_filter",
+    "oracle",
+]

@@ -1,0 +1,512 @@
+"""Compiled (numba) arithmetic of the emulator: one rounding routine, every model.
+
+Everything here works on float64 carriers. Why it is exact:
+
+* A product of two values with at most 26 significand bits (fp8/fp16/bf16/fp32
+  inputs) is exact in float64; `convprobe.emulation.models` checks fp64 inputs.
+* A sum ``s + p`` is formed with TwoSum and turned into its round-to-odd
+  float64 value; rounding that once more to any format with precision <= 51
+  gives the correctly rounded sum in every rounding mode (Boldo & Melquiond,
+  "Emulation of FMA and correctly rounded sums: proved algorithms using rounding
+  to odd", IEEE Trans. Computers 57(4), 2008). fp64 accumulators use the native
+  add (nearest) or TwoSum with a one-ulp correction (toward zero).
+* The exact model sums products in a Kulisch-style long accumulator of 32-bit
+  limbs (Kulisch & Miranker 1981) and rounds once.
+
+`round_parts` is the single rounding routine; every other rounding goes through
+it, so the oracle (`convprobe.emulation.oracle`) checks one definition.
+
+Model configuration travels as two small arrays built by `models.kernel_config`:
+``fp[slot] = (precision, emin, max, has_inf, keep_subnormals)`` for the slots
+below (precision 0 means "exact, no rounding"), and ``ic`` with the integers
+named by the ``IC_*`` constants.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange
+from numba.core import types
+from numba.extending import intrinsic
+
+# format slots in the fp table
+PRODUCT, ADDITION, ACCUMULATOR, OUTPUT, TOTAL = 0, 1, 2, 3, 4
+# integer configuration
+IC_KIND, IC_MODE, IC_SAT, IC_RBITS, IC_B, IC_EXTRA, IC_CHUNK = 0, 1, 2, 3, 4, 5, 6
+IC_SIZE = 7
+# model kinds
+SEQUENTIAL, PAIRWISE, BLOCKED, CHUNKED, EXACT = 0, 1, 2, 3, 4
+# rounding modes
+NEAREST_EVEN, TOWARD_ZERO, STOCHASTIC = 0, 1, 2
+
+_MASK52 = (1 << 52) - 1
+_SIGN = -(1 << 63)
+_M32 = 0xFFFFFFFF
+# long accumulator: bit 0 of limb 0 weighs 2**-1074; products of float64 values
+# that are exact in float64 lie in [2**-1074, 2**1024) and 72 limbs leave
+# room for the carries of any realistic K.
+_NLIMBS = 72
+
+
+@intrinsic
+def f2i(typingctx, x):
+    """Reinterpret a float64 as int64 (bitcast)."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def i2f(typingctx, x):
+    """Reinterpret an int64 as float64 (bitcast)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def bitlen(x):
+    """Number of bits of a positive int64."""
+    n = 0
+    if x >> 32:
+        n += 32
+        x >>= 32
+    if x >> 16:
+        n += 16
+        x >>= 16
+    if x >> 8:
+        n += 8
+        x >>= 8
+    if x >> 4:
+        n += 4
+        x >>= 4
+    if x >> 2:
+        n += 2
+        x >>= 2
+    if x >> 1:
+        n += 1
+        x >>= 1
+    return n + x
+
+
+@njit(cache=True, inline="always")
+def splitmix64(z):
+    """SplitMix64 finaliser (Steele, Lea & Flood, OOPSLA 2014) on uint64."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, inline="always")
+def random_bits(seed, index, event, rbits):
+    """The rbits-bit random integer of stochastic rounding event `event` of output `index`.
+
+    Counter-based, so the same (seed, output, event) always gives the same bits,
+    whatever the traversal order or threading.
+    """
+    z = splitmix64(splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(index))) + np.uint64(event))
+    return np.int64(z >> np.uint64(64 - rbits))
+
+
+@njit(cache=True)
+def round_parts(neg, mant, lsb, sticky, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits):
+    """Round (-1)**neg * (mant + f) * 2**lsb (0 <= f < 1, f > 0 iff sticky) to a format.
+
+    mant < 2**63. Precision p, smallest normal exponent emin, largest finite
+    `maxv`. Subnormals kept, or flushed after rounding (a nonzero result below
+    2**emin becomes a signed zero). Overflow: a result that exceeds `maxv`
+    after rounding with unbounded exponent becomes inf (NaN without inf) in every
+    rounding mode, or saturates to `maxv`. Stochastic rounding rounds away from
+    zero iff floor(f * 2**rbits) + r >= 2**rbits, where f is the fraction of an
+    ulp being discarded and r the random integer.
+    """
+    if mant == 0:
+        return -0.0 if neg else 0.0
+    e = lsb + bitlen(mant) - 1
+    if keep_sub and e < emin:
+        q = emin - p + 1
+    else:
+        q = e - p + 1
+    shift = q - lsb
+    if shift <= 0:
+        mag = math.ldexp(float(mant), lsb)
+    else:
+        up = 0
+        if shift >= 64:
+            kept = 0
+            if mode == STOCHASTIC:
+                d = shift - rbits
+                t = mant >> d if d < 63 else 0
+                up = 1 if t + r >= (1 << rbits) else 0
+        else:
+            kept = mant >> shift
+            rem = mant & ((1 << shift) - 1)
+            if mode == NEAREST_EVEN:
+                half = 1 << (shift - 1)
+                if rem > half or (rem == half and (sticky or (kept & 1))):
+                    up = 1
+            elif mode == STOCHASTIC:
+                if shift >= rbits:
+                    t = rem >> (shift - rbits)
+                else:
+                    t = rem << (rbits - shift)
+                up = 1 if t + r >= (1 << rbits) else 0
+        kept += up
+        if kept == 0:
+            return -0.0 if neg else 0.0
+        mag = math.ldexp(float(kept), q)
+    if not keep_sub and mag < math.ldexp(1.0, emin):
+        return -0.0 if neg else 0.0
+    if mag > maxv:
+        if sat:
+            mag = maxv
+        elif has_inf:
+            mag = math.inf
+        else:
+            return math.nan
+    return -mag if neg else mag
+
+
+@njit(cache=True)
+def round_f64(x, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits):
+    """Round the float64 value x (exactly as given) to a format; see `round_parts`."""
+    if x != x:
+        return x
+    if math.isinf(x):
+        if has_inf:
+            return x
+        return math.nan
+    if x == 0.0:
+        return x
+    b = f2i(x)
+    neg = b < 0
+    ef = (b >> 52) & 0x7FF
+    if ef == 0:
+        mant = b & _MASK52
+        lsb = -1074
+    else:
+        mant = (b & _MASK52) | (1 << 52)
+        lsb = ef - 1075
+    return round_parts(neg, mant, lsb, False, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits)
+
+
+@njit(cache=True, inline="always")
+def add_odd(x, y):
+    """x + y rounded to odd in float64 (TwoSum, then fix the last bit)."""
+    s = x + y
+    if not math.isfinite(s):
+        return s
+    bb = s - x
+    err = (x - (s - bb)) + (y - bb)
+    if err != 0.0:
+        b = f2i(s)
+        if (b < 0) != (err < 0.0):
+            b -= 1
+        b |= 1
+        s = i2f(b)
+    return s
+
+
+@njit(cache=True, inline="always")
+def is_fp64(p, emin):
+    return p == 53 and emin == -1022
+
+
+@njit(cache=True)
+def round_slot(x, fp, slot, mode, sat, r, rbits):
+    """Round float64 x to the format in table row `slot` (identity for an exact slot)."""
+    p = int(fp[slot, 0])
+    if p == 0:
+        return x
+    return round_f64(x, p, int(fp[slot, 1]), fp[slot, 2], fp[slot, 3] != 0.0,
+                     fp[slot, 4] != 0.0, mode, sat, r, rbits)
+
+
+@njit(cache=True)
+def add_slot(x, y, fp, slot, mode, sat, r, rbits):
+    """x + y computed exactly and rounded once to the format in row `slot`."""
+    p = int(fp[slot, 0])
+    if p == 0:
+        return x + y  # exact slot: only used where the caller guarantees exactness
+    emin = int(fp[slot, 1])
+    if is_fp64(p, emin):
+        s = x + y
+        if mode == TOWARD_ZERO and math.isfinite(s):
+            bb = s - x
+            err = (x - (s - bb)) + (y - bb)
+            if err != 0.0 and (s < 0.0) != (err < 0.0):
+                s = i2f(f2i(s) - 1)
+        if sat and math.isinf(s) and math.isfinite(x) and math.isfinite(y):
+            s = math.copysign(fp[slot, 2], s)
+        return s
+    return round_f64(add_odd(x, y), p, emin, fp[slot, 2], fp[slot, 3] != 0.0,
+                     fp[slot, 4] != 0.0, mode, sat, r, rbits)
+
+
+@njit(cache=True)
+def accumulate(s, t, fp, mode, sat, rbits, seed, index, ev):
+    """One accumulation step s + t -> accumulator, through the addition format if any."""
+    r = random_bits(seed, index, ev, rbits) if mode == STOCHASTIC else 0
+    if fp[ADDITION, 0] != 0.0:
+        s = add_slot(s, t, fp, ADDITION, NEAREST_EVEN, sat, 0, rbits)
+        return round_slot(s, fp, ACCUMULATOR, mode, sat, r, rbits)
+    return add_slot(s, t, fp, ACCUMULATOR, mode, sat, r, rbits)
+
+
+@njit(cache=True, inline="always")
+def product(a, b, fp, sat, rbits):
+    p = a * b
+    if fp[PRODUCT, 0] != 0.0:
+        p = round_slot(p, fp, PRODUCT, NEAREST_EVEN, sat, 0, rbits)
+    return p
+
+
+@njit(cache=True)
+def block_sum(s, terms, n, fp, extra):
+    """Exact sum of s and terms[:n] after aligning to the largest and truncating.
+
+    Each addend is truncated toward zero to a multiple of
+    2**(E - (p_acc - 1) - extra), E the exponent of the largest nonzero addend
+    (Fasi, Higham, Mikaitis & Pranesh, "Numerical behavior of NVIDIA tensor
+    cores", PeerJ Comput. Sci. 7:e330, 2021). The truncated sum is exact in
+    float64 because the model validates p_acc + extra + log2(n + 1) <= 53.
+    """
+    special = False
+    for j in range(n):
+        if not math.isfinite(terms[j]):
+            special = True
+    if special or not math.isfinite(s):
+        t = s
+        for j in range(n):
+            t = t + terms[j]
+        return t
+    e = -2000
+    for j in range(-1, n):
+        v = s if j < 0 else terms[j]
+        if v != 0.0:
+            ev = math.frexp(v)[1] - 1
+            if ev > e:
+                e = ev
+    if e == -2000:
+        return 0.0
+    qe = e - (int(fp[ACCUMULATOR, 0]) - 1) - extra
+    total = 0.0
+    for j in range(-1, n):
+        v = s if j < 0 else terms[j]
+        total += math.trunc(math.ldexp(v, -qe))
+    return math.ldexp(total, qe)
+
+
+@njit(cache=True)
+def superacc_add(limbs, v):
+    """Add the finite float64 v exactly to the long accumulator."""
+    if v == 0.0:
+        return
+    b = f2i(v)
+    ef = (b >> 52) & 0x7FF
+    if ef == 0:
+        mant = b & _MASK52
+        off = 0
+    else:
+        mant = (b & _MASK52) | (1 << 52)
+        off = ef - 1
+    i = off >> 5
+    sh = off & 31
+    lo = (mant & _M32) << sh
+    hi = (mant >> 32) << sh
+    w0 = lo & _M32
+    w1 = (lo >> 32) + (hi & _M32)
+    w2 = hi >> 32
+    if b < 0:
+        limbs[i] -= w0
+        limbs[i + 1] -= w1
+        limbs[i + 2] -= w2
+    else:
+        limbs[i] += w0
+        limbs[i + 1] += w1
+        limbs[i + 2] += w2
+
+
+@njit(cache=True)
+def superacc_round(limbs, fp, slot, mode, sat, r, rbits):
+    """Round the long accumulator's exact value once to the format in row `slot`."""
+    n = limbs.shape[0]
+    for i in range(n - 1):
+        c = limbs[i] >> 32
+        limbs[i] -= c << 32
+        limbs[i + 1] += c
+    neg = limbs[n - 1] < 0
+    if neg:
+        for i in range(n):
+            limbs[i] = -limbs[i]
+        for i in range(n - 1):
+            c = limbs[i] >> 32
+            limbs[i] -= c << 32
+            limbs[i + 1] += c
+    h = n - 1
+    while h >= 0 and limbs[h] == 0:
+        h -= 1
+    if h < 0:
+        return 0.0
+    mant = limbs[h]
+    pos = 32 * h
+    sticky = False
+    j = h - 1
+    while j >= 0:
+        nb = bitlen(mant)
+        if nb + 32 <= 63:
+            mant = (mant << 32) | limbs[j]
+            pos -= 32
+            j -= 1
+        else:
+            need = 63 - nb
+            mant = (mant << need) | (limbs[j] >> (32 - need))
+            pos -= need
+            if limbs[j] & ((1 << (32 - need)) - 1):
+                sticky = True
+            j -= 1
+            while j >= 0:
+                if limbs[j] != 0:
+                    sticky = True
+                j -= 1
+    p = int(fp[slot, 0])
+    return round_parts(neg, mant, pos - 1074, sticky, p, int(fp[slot, 1]), fp[slot, 2],
+                       fp[slot, 3] != 0.0, fp[slot, 4] != 0.0, mode, sat, r, rbits)
+
+
+@njit(cache=True)
+def reduce_one(a, ia, b, ib, k, fp, ic, seed, index, scratch, limbs):
+    """Reduce sum_j a[ia + j] * b[ib + j], j = 0..k-1, under the model in (fp, ic)."""
+    kind = ic[IC_KIND]
+    mode = ic[IC_MODE]
+    sat = ic[IC_SAT] != 0
+    rbits = ic[IC_RBITS]
+    ev = 0
+    if kind == SEQUENTIAL:
+        s = 0.0
+        for j in range(k):
+            s = accumulate(s, product(a[ia + j], b[ib + j], fp, sat, rbits),
+                           fp, mode, sat, rbits, seed, index, ev)
+            ev += 1
+    elif kind == PAIRWISE:
+        if k == 0:
+            s = 0.0
+        else:
+            for j in range(k):
+                scratch[j] = product(a[ia + j], b[ib + j], fp, sat, rbits)
+            n = k
+            while n > 1:
+                half = n // 2
+                for j in range(half):
+                    scratch[j] = accumulate(scratch[2 * j], scratch[2 * j + 1],
+                                            fp, mode, sat, rbits, seed, index, ev)
+                    ev += 1
+                if n & 1:
+                    scratch[half] = scratch[n - 1]
+                n = half + (n & 1)
+            s = scratch[0]
+    elif kind == BLOCKED:
+        s = 0.0
+        bs = ic[IC_B]
+        for j0 in range(0, k, bs):
+            m = min(bs, k - j0)
+            for j in range(m):
+                scratch[j] = product(a[ia + j0 + j], b[ib + j0 + j], fp, sat, rbits)
+            t = block_sum(s, scratch, m, fp, ic[IC_EXTRA])
+            r = random_bits(seed, index, ev, rbits) if mode == STOCHASTIC else 0
+            ev += 1
+            s = round_slot(t, fp, ACCUMULATOR, mode, sat, r, rbits)
+    elif kind == CHUNKED:
+        total = 0.0
+        low = 0.0
+        chunk = ic[IC_CHUNK]
+        c = 0
+        for j in range(k):
+            low = accumulate(low, product(a[ia + j], b[ib + j], fp, sat, rbits),
+                             fp, mode, sat, rbits, seed, index, ev)
+            ev += 1
+            c += 1
+            if c == chunk or j == k - 1:
+                r = random_bits(seed, index, ev, rbits) if mode == STOCHASTIC else 0
+                ev += 1
+                total = add_slot(total, low, fp, TOTAL, mode, sat, r, rbits)
+                low = 0.0
+                c = 0
+        s = total
+    else:  # EXACT
+        for i in range(limbs.shape[0]):
+            limbs[i] = 0
+        nan = False
+        pinf = False
+        ninf = False
+        for j in range(k):
+            p = product(a[ia + j], b[ib + j], fp, sat, rbits)
+            if p != p:
+                nan = True
+            elif p == math.inf:
+                pinf = True
+            elif p == -math.inf:
+                ninf = True
+            else:
+                superacc_add(limbs, p)
+        if nan or (pinf and ninf):
+            s = math.nan
+        elif pinf:
+            s = math.inf
+        elif ninf:
+            s = -math.inf
+        else:
+            r = random_bits(seed, index, ev, rbits) if mode == STOCHASTIC else 0
+            ev += 1
+            s = superacc_round(limbs, fp, ACCUMULATOR, mode, sat, r, rbits)
+    r = random_bits(seed, index, ev, rbits) if mode == STOCHASTIC else 0
+    return round_slot(s, fp, OUTPUT, mode, sat, r, rbits)
+
+
+@njit(cache=True, parallel=True)
+def reduce_pairs(a, b, fp, ic, seed, out):
+    """out[m] = reduction of a[m, :] * b[m, :] (a, b C-contiguous (M, K))."""
+    m_count, k = a.shape
+    af = a.ravel()
+    bf = b.ravel()
+    for m in prange(m_count):
+        scratch = np.empty(max(k, 1))
+        limbs = np.zeros(_NLIMBS, dtype=np.int64)
+        out[m] = reduce_one(af, m * k, bf, m * k, k, fp, ic, seed, m, scratch, limbs)
+
+
+@njit(cache=True, parallel=True)
+def reduce_gemm(a, bt, fp, ic, seed, out, col0):
+    """out[m, col0 + n] = reduction of a[m, :] * bt[n, :] (a (M, K), bt (N, K), C-contiguous).
+
+    The stochastic-rounding stream of output (m, col) is keyed by its flat index
+    m * out.shape[1] + col, so grouped layers draw the same bits as one call.
+    """
+    m_count, k = a.shape
+    n_count = bt.shape[0]
+    width = out.shape[1]
+    af = a.ravel()
+    bf = bt.ravel()
+    for m in prange(m_count):
+        scratch = np.empty(max(k, 1))
+        limbs = np.zeros(_NLIMBS, dtype=np.int64)
+        for n in range(n_count):
+            out[m, col0 + n] = reduce_one(af, m * k, bf, n * k, k, fp, ic, seed,
+                                          m * width + col0 + n, scratch, limbs)
+
+
+@njit(cache=True, parallel=True)
+def round_array(x, out, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits):
+    """Vectorised `round_f64` over flat arrays (r: one random integer per element)."""
+    for i in prange(x.shape[0]):
+        out[i] = round_f64(x[i], p, emin, maxv, has_inf, keep_sub, mode, sat, r[i], rbits)

@@ -1,0 +1,253 @@
+"""2-D convolution (and its two gradients) as im2col + a modelled reduction.
+
+Layouts follow TensorFlow: x and dy are NHWC, filters HWIO with I = C_in / groups;
+padding is "VALID", "SAME" (TensorFlow's split: the extra row/column goes to
+the bottom/right) or explicit ``[(top, bottom), (left, right)]``.
+
+Reduction orders (what the K sum of each output runs over, in order):
+
+* forward: the KH*KW*C_in/groups taps, nested as `model.order` (default "hwc":
+  kernel row outermost, input channel innermost). Taps that fall in the padding
+  contribute +0 * w products, as im2col does.
+* gradient w.r.t. input: the forward convolution, stride 1, of dy dilated by
+  `strides` (zeros inserted) and padded by (dilation*(KH-1) - top, ...), with the
+  filter rotated 180 degrees and its in/out channels swapped (dilated by
+  `dilation`): K = KH*KW*C_out/groups taps in `model.order`, zeros included, as
+  Eigen's SpatialConvolutionBackwardInput forms it.
+* gradient w.r.t. filter: the N*OH*OW output positions in (n, oh, ow) order.
+
+Stochastic rounding is keyed by the flat C-order index of each result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from convprobe.emulation import _kernels as K
+from convprobe.emulation.models import AccumulationModel, kernel_config
+from convprobe.emulation.reduction import as_float64, check_exact_products, finish
+from convprobe.errors import InvalidArgument, invalid_choice
+
+__all__ = [
+    "conv2d",
+    "conv2d_backprop_input",
+    "conv2d_backprop_filter",
+    "conv_output_shape",
+    "resolve_padding",
+    "pair",
+]
+
+Padding = str | Sequence[Sequence[int]]
+
+
+def pair(value: int | Sequence[int], argument: str) -> tuple[int, int]:
+    """(h, w) from an int or a pair of ints, each >= 1."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        items = (int(value), int(value))
+    else:
+        try:
+            items = tuple(value)  # type: ignore[arg-type]
+        except TypeError:
+            items = ()
+        if len(items) == 4:  # TensorFlow's NHWC form [1, h, w, 1]
+            items = items[1:3]
+    if len(items) != 2 or not all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in items
+    ):
+        raise InvalidArgument(f"{argument} must be a positive integer or a pair of positive "
+                              f"integers; received {value!r}")
+    return int(items[0]), int(items[1])
+
+
+def resolve_padding(padding: Padding, in_hw: tuple[int, int], k_hw: tuple[int, int],
+                    strides: tuple[int, int], dilation: tuple[int, int]
+                    ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((top, bottom), (left, right)) for a padding spec, TensorFlow's rules for SAME."""
+    if isinstance(padding, str):
+        mode = padding.strip().upper()
+        if mode == "VALID":
+            return (0, 0), (0, 0)
+        if mode == "SAME":
+            pads = []
+            for n, k, s, d in zip(in_hw, k_hw, strides, dilation):
+                out = -(-n // s)
+                total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
+                pads.append((total // 2, total - total // 2))
+            return pads[0], pads[1]
+        raise invalid_choice("padding", padding, ("VALID", "SAME", "[(top, bottom), (left, right)]"))
+    try:
+        rows = [tuple(r) for r in padding]
+    except TypeError:
+        rows = []
+    if len(rows) == 4 and rows[0] == (0, 0) and rows[3] == (0, 0):
+        rows = rows[1:3]
+    ok = len(rows) == 2 and all(
+        len(r) == 2 and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0
+                            for v in r) for r in rows
+    )
+    if not ok:
+        raise invalid_choice("padding", padding, ("VALID", "SAME", "[(top, bottom), (left, right)]"))
+    return (int(rows[0][0]), int(rows[0][1])), (int(rows[1][0]), int(rows[1][1]))
+
+
+def conv_output_shape(in_hw: tuple[int, int], k_hw: tuple[int, int], strides: tuple[int, int],
+                      dilation: tuple[int, int], pads) -> tuple[int, int]:
+    """(OH, OW) of a convolution."""
+    return tuple(  # type: ignore[return-value]
+        (n + p0 + p1 - (k - 1) * d - 1) // s + 1
+        for n, k, s, d, (p0, p1) in zip(in_hw, k_hw, strides, dilation, pads)
+    )
+
+
+def _patches(x: np.ndarray, k_hw, strides, dilation, pads, out_hw) -> np.ndarray:
+    """im2col: (N, OH, OW, KH, KW, C); pads may be negative (crop)."""
+    (pt, pb), (pl, pr) = pads
+    n, h, w, c = x.shape
+    x = x[:, max(-pt, 0): h - max(-pb, 0), max(-pl, 0): w - max(-pr, 0), :]
+    xp = np.pad(x, ((0, 0), (max(pt, 0), max(pb, 0)), (max(pl, 0), max(pr, 0)), (0, 0)))
+    oh, ow = out_hw
+    (sh, sw), (dh, dw) = strides, dilation
+    out = np.empty((n, oh, ow, k_hw[0], k_hw[1], c), dtype=np.float64)
+    for i in range(k_hw[0]):
+        for j in range(k_hw[1]):
+            out[:, :, :, i, j, :] = xp[:, i * dh: i * dh + (oh - 1) * sh + 1: sh,
+                                       j * dw: j * dw + (ow - 1) * sw + 1: sw, :]
+    return out
+
+
+def _order_axes(order: str) -> tuple[int, int, int]:
+    return tuple("hwc".index(ch) for ch in order)  # type: ignore[return-value]
+
+
+def _check4(arr: np.ndarray, argument: str, layout: str) -> None:
+    if arr.ndim != 4:
+        raise InvalidArgument(f"{argument} must be a 4-D {layout} array; received shape "
+                              f"{arr.shape}")
+
+
+def _groups(groups: int) -> int:
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise InvalidArgument(f"groups must be a positive integer; received {groups!r}")
+    return int(groups)
+
+
+def _conv_core(x: np.ndarray, w: np.ndarray, model: AccumulationModel, strides, pads,
+               dilation, groups: int) -> np.ndarray:
+    """Forward convolution on validated float64 arrays; returns float64 NHWC."""
+    fp, ic, seed = kernel_config(model)
+    n, h, wd, c = x.shape
+    kh, kw, cg, cout = w.shape
+    og = cout // groups
+    out_hw = conv_output_shape((h, wd), (kh, kw), strides, dilation, pads)
+    if min(out_hw) < 1:
+        raise InvalidArgument(f"x spatial size {(h, wd)} is too small for a {kh}x{kw} filter "
+                              f"with dilation {dilation} and padding {pads}")
+    patches = _patches(x, (kh, kw), strides, dilation, pads, out_hw)
+    axes = _order_axes(model.order)
+    m = n * out_hw[0] * out_hw[1]
+    out = np.empty((m, cout), dtype=np.float64)
+    for g in range(groups):
+        pg = patches[..., g * cg:(g + 1) * cg]
+        a = np.ascontiguousarray(pg.transpose(0, 1, 2, *(3 + i for i in axes))).reshape(m, -1)
+        wg = w[:, :, :, g * og:(g + 1) * og].transpose(*axes, 3).reshape(-1, og)
+        K.reduce_gemm(a, np.ascontiguousarray(wg.T), fp, ic, np.uint64(seed), out, g * og)
+    return out.reshape(n, out_hw[0], out_hw[1], cout)
+
+
+def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
+    x64, x_narrow = as_float64(x, x_name)
+    w64, w_narrow = as_float64(w, w_name)
+    _check4(x64, x_name, x_layout)
+    _check4(w64, w_name, w_layout)
+    kernel_config(model)  # validates the model type first
+    check_exact_products(x64, x_narrow, model, x_name)
+    check_exact_products(w64, w_narrow, model, w_name)
+    return x64, w64
+
+
+def conv2d(x: np.ndarray, w: np.ndarray, model: AccumulationModel, *,
+           strides: int | Sequence[int] = 1, padding: Padding = "VALID",
+           dilation: int | Sequence[int] = 1, groups: int = 1) -> np.ndarray:
+    """Convolution (cross-correlation, as in TensorFlow) of NHWC x with HWIO w under `model`."""
+    x64, w64 = _prepare(x, w, model, "x", "w", "NHWC", "HWIO")
+    strides, dilation, groups = pair(strides, "strides"), pair(dilation, "dilation"), _groups(groups)
+    c, (kh, kw, cg, cout) = x64.shape[3], w64.shape
+    if c != cg * groups:
+        raise InvalidArgument(f"w input channels ({cg}) times groups ({groups}) must equal x "
+                              f"channels ({c})")
+    if cout % groups:
+        raise InvalidArgument(f"w output channels ({cout}) must be divisible by groups ({groups})")
+    pads = resolve_padding(padding, x64.shape[1:3], (kh, kw), strides, dilation)
+    return finish(_conv_core(x64, w64, model, strides, pads, dilation, groups), model)
+
+
+def _shape4(shape, argument: str) -> tuple[int, int, int, int]:
+    try:
+        out = tuple(int(v) for v in shape)
+    except (TypeError, ValueError):
+        out = ()
+    if len(out) != 4 or min(out) < 1:
+        raise InvalidArgument(f"{argument} must be 4 positive integers; received {shape!r}")
+    return out  # type: ignore[return-value]
+
+
+def conv2d_backprop_input(dy: np.ndarray, w: np.ndarray, input_shape: Sequence[int],
+                          model: AccumulationModel, *, strides: int | Sequence[int] = 1,
+                          padding: Padding = "VALID", dilation: int | Sequence[int] = 1,
+                          groups: int = 1) -> np.ndarray:
+    """Gradient of conv2d w.r.t. its input: dx (NHWC, `input_shape`) from dy and w."""
+    dy64, w64 = _prepare(dy, w, model, "dy", "w", "NHWC", "HWIO")
+    strides, dilation, groups = pair(strides, "strides"), pair(dilation, "dilation"), _groups(groups)
+    n, h, wd, c = _shape4(input_shape, "input_shape")
+    kh, kw, cg, cout = w64.shape
+    if c != cg * groups or cout % groups:
+        raise InvalidArgument(f"w shape {w64.shape} does not match input channels {c} with "
+                              f"groups {groups}")
+    pads = resolve_padding(padding, (h, wd), (kh, kw), strides, dilation)
+    out_hw = conv_output_shape((h, wd), (kh, kw), strides, dilation, pads)
+    if dy64.shape != (n, *out_hw, cout):
+        raise InvalidArgument(f"dy shape must be {(n, *out_hw, cout)} for input_shape "
+                              f"{(n, h, wd, c)} and w {w64.shape}; received {dy64.shape}")
+    (sh, sw), (dh, dw) = strides, dilation
+    dil = np.zeros((n, (out_hw[0] - 1) * sh + 1, (out_hw[1] - 1) * sw + 1, cout))
+    dil[:, ::sh, ::sw, :] = dy64
+    back = []
+    for size, k, d, (p0, _), dlen in zip((h, wd), (kh, kw), (dh, dw), pads, dil.shape[1:3]):
+        lo = (k - 1) * d - p0
+        back.append((lo, size + (k - 1) * d - lo - dlen))
+    og = cout // groups
+    wt = (w64[::-1, ::-1].reshape(kh, kw, cg, groups, og).transpose(0, 1, 4, 3, 2)
+          .reshape(kh, kw, og, groups * cg))
+    wt = np.ascontiguousarray(wt)
+    return finish(_conv_core(dil, wt, model, (1, 1), tuple(back), dilation, groups), model)
+
+
+def conv2d_backprop_filter(x: np.ndarray, dy: np.ndarray, filter_shape: Sequence[int],
+                           model: AccumulationModel, *, strides: int | Sequence[int] = 1,
+                           padding: Padding = "VALID", dilation: int | Sequence[int] = 1,
+                           groups: int = 1) -> np.ndarray:
+    """Gradient of conv2d w.r.t. its filter: dw (HWIO, `filter_shape`) from x and dy."""
+    x64, dy64 = _prepare(x, dy, model, "x", "dy", "NHWC", "NHWC")
+    strides, dilation, groups = pair(strides, "strides"), pair(dilation, "dilation"), _groups(groups)
+    kh, kw, cg, cout = _shape4(filter_shape, "filter_shape")
+    n, h, wd, c = x64.shape
+    if c != cg * groups or cout % groups:
+        raise InvalidArgument(f"filter_shape {(kh, kw, cg, cout)} does not match x channels "
+                              f"{c} with groups {groups}")
+    pads = resolve_padding(padding, (h, wd), (kh, kw), strides, dilation)
+    out_hw = conv_output_shape((h, wd), (kh, kw), strides, dilation, pads)
+    if min(out_hw) < 1 or dy64.shape != (n, *out_hw, cout):
+        raise InvalidArgument(f"dy shape must be {(n, *out_hw, cout)} for x {x64.shape} and "
+                              f"filter_shape {(kh, kw, cg, cout)}; received {dy64.shape}")
+    fp, ic, seed = kernel_config(model)
+    patches = _patches(x64, (kh, kw), strides, dilation, pads, out_hw)
+    m = n * out_hw[0] * out_hw[1]
+    og = cout // groups
+    out = np.empty((kh * kw * cg, cout), dtype=np.float64)
+    for g in range(groups):
+        a = np.ascontiguousarray(patches[..., g * cg:(g + 1) * cg].reshape(m, -1).T)
+        b = np.ascontiguousarray(dy64[..., g * og:(g + 1) * og].reshape(m, og).T)
+        K.reduce_gemm(a, b, fp, ic, np.uint64(seed), out, g * og)
+    return finish(out.reshape(kh, kw, cg, cout), model)

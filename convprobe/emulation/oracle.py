@@ -1,0 +1,357 @@
+"""Slow scalar reference in exact rationals: the truth the compiled engine is tested against.
+
+Every modelled step is computed exactly with `fractions.Fraction` and rounded
+once, by a rounding written from the definitions in
+`convprobe.emulation.rounding` (no bit tricks, no round-to-odd). Zeros, infs and
+NaNs follow IEEE 754 (an exact zero sum is +0 unless both operands are -0).
+Convolutions index inputs straight from the definitions in
+`convprobe.emulation.conv` (no im2col). Same signatures as the engine; meant for
+small shapes only.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from convprobe.emulation.conv import conv_output_shape, pair, resolve_padding
+from convprobe.emulation.models import (
+    AccumulationModel,
+    Blocked,
+    Chunked,
+    Exact,
+    Pairwise,
+    Sequential,
+)
+from convprobe.emulation.rounding import resolve_format, stochastic_bits
+from convprobe.formats import Format
+
+__all__ = [
+    "round_value",
+    "round_to_format",
+    "random_bits",
+    "reduce",
+    "dot",
+    "conv2d",
+    "conv2d_backprop_input",
+    "conv2d_backprop_filter",
+]
+
+_M64 = (1 << 64) - 1
+Value = float | Fraction  # float: zero, inf or NaN; Fraction: nonzero finite
+
+
+def _splitmix(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def random_bits(seed: int, index: int, event: int, rbits: int) -> int:
+    """The random integer of stochastic rounding event `event` of output `index`."""
+    return _splitmix((_splitmix(seed ^ _splitmix(index)) + event) & _M64) >> (64 - rbits)
+
+
+def _floor_log2(x: Fraction) -> int:
+    """floor(log2(x)) for a positive rational."""
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    if Fraction(2) ** e > x:
+        e -= 1
+    return e
+
+
+def round_value(v: Value, fmt: Format, mode: str = "nearest_even", *, subnormals: str = "keep",
+                overflow: str = "inf", r: int = 0, rbits: int = 32) -> float:
+    """Round one exact value to `fmt`, straight from the definitions."""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return v
+        if math.isinf(v):
+            return v if fmt.has_inf else math.nan
+        if v == 0.0:
+            return v
+        v = Fraction(v)
+    if v == 0:
+        return 0.0
+    neg = v < 0
+    a = -v if neg else v
+    e = _floor_log2(a)
+    keep = fmt.subnormals and subnormals == "keep"
+    q = (max(e, fmt.emin) if keep else e) - fmt.precision + 1
+    y = a / Fraction(2) ** q
+    kept = math.floor(y)
+    frac = y - kept
+    if mode == "nearest_even":
+        up = frac > Fraction(1, 2) or (frac == Fraction(1, 2) and kept % 2 == 1)
+    elif mode == "toward_zero":
+        up = False
+    else:
+        up = math.floor(frac * 2**rbits) + r >= 2**rbits
+    mag = (kept + int(up)) * Fraction(2) ** q
+    if mag == 0 or (not keep and mag < Fraction(2) ** fmt.emin):
+        return -0.0 if neg else 0.0
+    if mag > Fraction(fmt.max):
+        if overflow == "saturate":
+            mag = Fraction(fmt.max)
+        elif fmt.has_inf:
+            return -math.inf if neg else math.inf
+        else:
+            return math.nan
+    out = float(mag)
+    return -out if neg else out
+
+
+def round_to_format(values, fmt, rounding="nearest_even", *, subnormals="keep", overflow="inf",
+                    rng=None) -> np.ndarray:
+    """Scalar-loop `round_to_format` (same random draws as the engine)."""
+    fmt = resolve_format(fmt, "fmt")
+    x = np.asarray(values, dtype=np.float64)
+    flat = x.reshape(-1)
+    rbits = 1
+    rs = np.zeros(flat.shape, dtype=np.int64)
+    if rounding == "stochastic":
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        rbits = stochastic_bits(fmt)
+        rs = gen.integers(0, 1 << rbits, size=flat.shape, dtype=np.int64)
+    out = [round_value(float(v), fmt, rounding, subnormals=subnormals, overflow=overflow,
+                       r=int(r), rbits=rbits) for v, r in zip(flat, rs)]
+    return np.array(out, dtype=np.float64).reshape(x.shape)
+
+
+def _mul(a: float, b: float) -> Value:
+    if not (math.isfinite(a) and math.isfinite(b)) or a == 0.0 or b == 0.0:
+        return a * b
+    return Fraction(a) * Fraction(b)
+
+
+def _norm(v: Value) -> Value:
+    if isinstance(v, float) and math.isfinite(v) and v != 0.0:
+        return Fraction(v)
+    return v
+
+
+def _add(x: Value, y: Value) -> Value:
+    x, y = _norm(x), _norm(y)
+    fx, fy = isinstance(x, float), isinstance(y, float)
+    if (fx and not math.isfinite(x)) or (fy and not math.isfinite(y)):
+        xs = x if fx else (1.0 if x > 0 else -1.0)
+        ys = y if fy else (1.0 if y > 0 else -1.0)
+        return xs + ys
+    if fx and fy:  # both zero
+        return -0.0 if (math.copysign(1.0, x) < 0 and math.copysign(1.0, y) < 0) else 0.0
+    if fx:
+        return y
+    if fy:
+        return x
+    s = x + y
+    return s if s != 0 else 0.0
+
+
+class _Stepper:
+    """Applies one model's roundings, numbering stochastic events per output."""
+
+    def __init__(self, model: AccumulationModel, index: int):
+        self.m = model
+        self.index = index
+        self.ev = 0
+        stoch = [model.accumulator, model.output]
+        if isinstance(model, Chunked):
+            stoch.append(model.total)
+        self.rbits = min(stochastic_bits(f) for f in stoch) if model.rounding == "stochastic" else 1
+
+    def rnd(self, v: Value, fmt: Format, mode: str | None = None) -> float:
+        m = self.m
+        mode = mode or m.rounding
+        r = 0
+        if mode == "stochastic":
+            r = random_bits(m.seed, self.index, self.ev, self.rbits)
+            self.ev += 1
+        return round_value(v, fmt, mode, subnormals=m.subnormals, overflow=m.overflow, r=r,
+                           rbits=self.rbits)
+
+    def product(self, a: float, b: float) -> Value:
+        p = _mul(a, b)
+        if self.m.product != "exact":
+            return self.rnd(p, self.m.product, "nearest_even")
+        return p
+
+    def accumulate(self, s: Value, t: Value, fmt: Format | None = None) -> float:
+        exact = _add(s, t)
+        if self.m.addition != "exact" and fmt is None:
+            exact = self.rnd(exact, self.m.addition, "nearest_even")
+        return self.rnd(exact, fmt or self.m.accumulator)
+
+    def event(self) -> None:
+        """Account for a stochastic event (the engine numbers rounding events)."""
+
+
+def _block_sum(s: Value, terms: list[Value], p_acc: int, extra: int) -> Value:
+    addends = [_norm(v) for v in (s, *terms)]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in addends):
+        s = addends[0]
+        out = s if isinstance(s, float) else (1.0 if s > 0 else -1.0)
+        for t in addends[1:]:
+            out = out + (t if isinstance(t, float) else (1.0 if t > 0 else -1.0))
+        return out
+    nonzero = [Fraction(v) for v in addends if v != 0]
+    if not nonzero:
+        return 0.0
+    e = max(_floor_log2(abs(v)) for v in nonzero)
+    quantum = Fraction(2) ** (e - (p_acc - 1) - extra)
+    total = Fraction(0)
+    for v in nonzero:
+        t = math.trunc(v / quantum)
+        total += t * quantum
+    return total if total != 0 else 0.0
+
+
+def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int = 0) -> float:
+    """One modelled reduction of sum a[k] * b[k] (k in list order); `index` keys the SR stream."""
+    st = _Stepper(model, index)
+    terms = [st.product(float(x), float(y)) for x, y in zip(a, b)]
+    if isinstance(model, Sequential):
+        s: Value = 0.0
+        for t in terms:
+            s = st.accumulate(s, t)
+    elif isinstance(model, Pairwise):
+        level = list(terms)
+        if not level:
+            level = [0.0]
+        while len(level) > 1:
+            nxt = [st.accumulate(level[2 * j], level[2 * j + 1]) for j in range(len(level) // 2)]
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = nxt
+        s = level[0]
+    elif isinstance(model, Blocked):
+        s = 0.0
+        for j0 in range(0, len(terms), model.b):
+            t = _block_sum(s, terms[j0:j0 + model.b], model.accumulator.precision,
+                           model.extra_bits)
+            s = st.rnd(t, model.accumulator)
+    elif isinstance(model, Chunked):
+        total: Value = 0.0
+        low: Value = 0.0
+        for j, t in enumerate(terms):
+            low = st.accumulate(low, t)
+            if (j + 1) % model.chunk == 0 or j == len(terms) - 1:
+                total = st.rnd(_add(total, low), model.total)
+                low = 0.0
+        s = total
+    elif isinstance(model, Exact):
+        s = 0.0
+        for t in terms:
+            s = _add(s, t)
+        if not (isinstance(s, float) and not math.isfinite(s)):
+            s = st.rnd(s, model.accumulator)
+    else:  # pragma: no cover - models are a closed set
+        raise TypeError(model)
+    return st.rnd(s, model.output)
+
+
+def dot(a, b, model: AccumulationModel) -> np.ndarray:
+    """Scalar `dot`: reduce along the last axis, leading axes broadcast."""
+    a64 = np.asarray(a).astype(np.float64)
+    b64 = np.asarray(b).astype(np.float64)
+    lead = np.broadcast_shapes(a64.shape[:-1], b64.shape[:-1])
+    k = a64.shape[-1]
+    aa = np.broadcast_to(a64, (*lead, k)).reshape(-1, k)
+    bb = np.broadcast_to(b64, (*lead, k)).reshape(-1, k)
+    out = [reduce(list(aa[i]), list(bb[i]), model, i) for i in range(aa.shape[0])]
+    return np.array(out, dtype=np.float64).reshape(lead).astype(model.output_dtype)
+
+
+def _ordered(model: AccumulationModel, kh: int, kw: int, kc: int):
+    """(i, j, c) tap triples nested as model.order, outermost first."""
+    ranges = {"h": range(kh), "w": range(kw), "c": range(kc)}
+    o = model.order
+    for u in ranges[o[0]]:
+        for v in ranges[o[1]]:
+            for t in ranges[o[2]]:
+                d = {o[0]: u, o[1]: v, o[2]: t}
+                yield d["h"], d["w"], d["c"]
+
+
+def conv2d(x, w, model: AccumulationModel, *, strides=1, padding="VALID", dilation=1,
+           groups=1) -> np.ndarray:
+    """Scalar forward convolution, straight from the definition."""
+    x = np.asarray(x).astype(np.float64)
+    w = np.asarray(w).astype(np.float64)
+    (sh, sw), (dh, dw) = pair(strides, "strides"), pair(dilation, "dilation")
+    n, h, wd, c = x.shape
+    kh, kw, cg, cout = w.shape
+    og = cout // groups
+    pads = resolve_padding(padding, (h, wd), (kh, kw), (sh, sw), (dh, dw))
+    oh, ow = conv_output_shape((h, wd), (kh, kw), (sh, sw), (dh, dw), pads)
+    (pt, _), (pl, _) = pads
+    out = np.empty((n, oh, ow, cout))
+    for idx in np.ndindex(n, oh, ow, cout):
+        b_, y, z, co = idx
+        g = co // og
+        a_terms, b_terms = [], []
+        for i, j, ci in _ordered(model, kh, kw, cg):
+            ih, iw = y * sh + i * dh - pt, z * sw + j * dw - pl
+            inside = 0 <= ih < h and 0 <= iw < wd
+            a_terms.append(x[b_, ih, iw, g * cg + ci] if inside else 0.0)
+            b_terms.append(w[i, j, ci, co])
+        flat = ((b_ * oh + y) * ow + z) * cout + co
+        out[idx] = reduce(a_terms, b_terms, model, flat)
+    return out.astype(model.output_dtype)
+
+
+def conv2d_backprop_input(dy, w, input_shape, model: AccumulationModel, *, strides=1,
+                          padding="VALID", dilation=1, groups=1) -> np.ndarray:
+    """Scalar input gradient: taps of the rotated filter over zero-dilated dy."""
+    dy = np.asarray(dy).astype(np.float64)
+    w = np.asarray(w).astype(np.float64)
+    (sh, sw), (dh, dw) = pair(strides, "strides"), pair(dilation, "dilation")
+    n, h, wd, c = (int(v) for v in input_shape)
+    kh, kw, cg, cout = w.shape
+    og = cout // groups
+    pads = resolve_padding(padding, (h, wd), (kh, kw), (sh, sw), (dh, dw))
+    oh, ow = dy.shape[1:3]
+    dil_h, dil_w = (oh - 1) * sh + 1, (ow - 1) * sw + 1
+    lo_h, lo_w = (kh - 1) * dh - pads[0][0], (kw - 1) * dw - pads[1][0]
+    out = np.empty((n, h, wd, c))
+    for idx in np.ndindex(n, h, wd, c):
+        b_, y, z, ci = idx
+        g, ci_l = divmod(ci, cg)
+        a_terms, b_terms = [], []
+        for i, j, co_l in _ordered(model, kh, kw, og):
+            t, u = y + i * dh - lo_h, z + j * dw - lo_w
+            on_grid = (0 <= t < dil_h and 0 <= u < dil_w and t % sh == 0 and u % sw == 0)
+            a_terms.append(dy[b_, t // sh, u // sw, g * og + co_l] if on_grid else 0.0)
+            b_terms.append(w[kh - 1 - i, kw - 1 - j, ci_l, g * og + co_l])
+        flat = ((b_ * h + y) * wd + z) * c + ci
+        out[idx] = reduce(a_terms, b_terms, model, flat)
+    return out.astype(model.output_dtype)
+
+
+def conv2d_backprop_filter(x, dy, filter_shape, model: AccumulationModel, *, strides=1,
+                           padding="VALID", dilation=1, groups=1) -> np.ndarray:
+    """Scalar filter gradient: sum over (n, oh, ow) in that order."""
+    x = np.asarray(x).astype(np.float64)
+    dy = np.asarray(dy).astype(np.float64)
+    (sh, sw), (dh, dw) = pair(strides, "strides"), pair(dilation, "dilation")
+    kh, kw, cg, cout = (int(v) for v in filter_shape)
+    n, h, wd, c = x.shape
+    og = cout // groups
+    pads = resolve_padding(padding, (h, wd), (kh, kw), (sh, sw), (dh, dw))
+    oh, ow = dy.shape[1:3]
+    (pt, _), (pl, _) = pads
+    out = np.empty((kh, kw, cg, cout))
+    for idx in np.ndindex(kh, kw, cg, cout):
+        i, j, ci_l, co = idx
+        g = co // og
+        a_terms, b_terms = [], []
+        for b_, y, z in np.ndindex(n, oh, ow):
+            ih, iw = y * sh + i * dh - pt, z * sw + j * dw - pl
+            inside = 0 <= ih < h and 0 <= iw < wd
+            a_terms.append(x[b_, ih, iw, g * cg + ci_l] if inside else 0.0)
+            b_terms.append(dy[b_, y, z, co])
+        flat = ((i * kw + j) * cg + ci_l) * cout + co
+        out[idx] = reduce(a_terms, b_terms, model, flat)
+    return out.astype(model.output_dtype)

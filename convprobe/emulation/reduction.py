@@ -1,0 +1,82 @@
+"""`dot`: reductions along the last axis under a model, and input preparation.
+
+Inputs of any float dtype are widened to float64 exactly. Products must be exact
+in float64 (every model, bar ``product=fp64``, starts from the exact product):
+that holds for fp8/fp16/bf16/fp32 inputs. float64 inputs are accepted when each
+value has at most 26 significand bits and magnitude in [2**-511, 2**511] (or is
+zero or non-finite); otherwise `InvalidArgument` says so rather than silently
+rounding a product.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from convprobe.emulation import _kernels as K
+from convprobe.emulation.models import AccumulationModel, kernel_config
+from convprobe.errors import InvalidArgument
+from convprobe.formats import FP64
+
+__all__ = ["dot", "as_float64", "check_exact_products", "finish"]
+
+_NARROW = ("float16", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def as_float64(x: object, argument: str) -> np.ndarray:
+    """`x` as a C-contiguous float64 array, values unchanged; rejects non-numeric input."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu" and arr.dtype.name not in _NARROW:
+        raise InvalidArgument(f"{argument} must be a numeric array; received dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float64), arr.dtype.name in _NARROW
+
+
+def check_exact_products(x64: np.ndarray, narrow: bool, model: AccumulationModel,
+                         argument: str) -> None:
+    """Raise unless every product involving x64 is exact in float64 (see module doc)."""
+    if narrow or model.product == FP64 or x64.size == 0:
+        return
+    finite = x64[np.isfinite(x64) & (x64 != 0)]
+    mant, exp = np.frexp(finite)
+    wide = np.ldexp(mant, 26) != np.trunc(np.ldexp(mant, 26))
+    out_of_range = (exp < -510) | (exp > 511)
+    if wide.any() or out_of_range.any():
+        raise InvalidArgument(
+            f"{argument} has float64 values with more than 26 significand bits or magnitude "
+            f"outside [2**-511, 2**511]: their products are not exact in float64; cast "
+            f"{argument} to float32, or use product=fp64 to round each product"
+        )
+
+
+def finish(out64: np.ndarray, model: AccumulationModel) -> np.ndarray:
+    """Results (float64, already representable) in the output format's storage dtype."""
+    return out64.astype(model.output_dtype)
+
+
+def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel) -> np.ndarray:
+    """Reduce ``a * b`` along the last axis, in index order, under `model`.
+
+    Leading axes broadcast; the result has the broadcast leading shape and the
+    model's output dtype. Stochastic rounding is keyed by the flat (C-order)
+    index of each result.
+    """
+    fp, ic, seed = kernel_config(model)
+    a64, a_narrow = as_float64(a, "a")
+    b64, b_narrow = as_float64(b, "b")
+    if a64.ndim == 0 or b64.ndim == 0:
+        raise InvalidArgument("a and b must have at least one axis to reduce")
+    if a64.shape[-1] != b64.shape[-1]:
+        raise InvalidArgument(f"a and b must have the same last axis length; received "
+                              f"{a64.shape[-1]} and {b64.shape[-1]}")
+    check_exact_products(a64, a_narrow, model, "a")
+    check_exact_products(b64, b_narrow, model, "b")
+    try:
+        lead = np.broadcast_shapes(a64.shape[:-1], b64.shape[:-1])
+    except ValueError:
+        raise InvalidArgument(f"a and b leading shapes must broadcast; received "
+                              f"{a64.shape[:-1]} and {b64.shape[:-1]}") from None
+    k = a64.shape[-1]
+    aa = np.ascontiguousarray(np.broadcast_to(a64, (*lead, k))).reshape(-1, k)
+    bb = np.ascontiguousarray(np.broadcast_to(b64, (*lead, k))).reshape(-1, k)
+    out = np.empty(aa.shape[0], dtype=np.float64)
+    K.reduce_pairs(aa, bb, fp, ic, np.uint64(seed), out)
+    return finish(out.reshape(lead), model)

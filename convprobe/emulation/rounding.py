@@ -1,0 +1,149 @@
+"""Rounding a float64 array to any format, in any supported mode.
+
+The option sets are closed and validated here once; the arithmetic is
+`_kernels.round_parts`, shared with every accumulation model.
+
+Definitions (identical in the oracle):
+
+* ``nearest_even``: IEEE 754 roundTiesToEven.
+* ``toward_zero``: truncation.
+* ``stochastic``: round away from zero iff ``floor(f * 2**R) + r >= 2**R``, where
+  ``f`` is the discarded fraction of an ulp and ``r`` a uniform R-bit integer,
+  ``R = stochastic_bits(fmt) = min(32, 51 - p)``. The expectation of the result is
+  the exact value whenever f has at most R bits (always, for the inputs of one
+  accumulation step into fp16/bf16/fp8), otherwise it falls short by less than
+  ``2**-R`` ulp.
+* ``subnormals="flush"``: a nonzero result below ``2**emin`` after rounding with
+  unbounded exponent becomes a zero of the same sign (flush to zero; inputs are
+  never flushed).
+* ``overflow="inf"``: a result above the format's max after rounding with
+  unbounded exponent becomes inf (NaN for formats without inf, such as
+  fp8_e4m3) in every rounding mode, as tensor cores do; ``"saturate"`` clamps
+  finite results to +-max (infinite operands stay infinite).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from convprobe.emulation import _kernels as K
+from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.formats import Format, parse_format
+
+__all__ = [
+    "ROUNDINGS",
+    "SUBNORMALS",
+    "OVERFLOWS",
+    "Rounding",
+    "round_to_format",
+    "resolve_format",
+    "stochastic_bits",
+    "check_choice",
+]
+
+Rounding = Literal["nearest_even", "toward_zero", "stochastic"]
+ROUNDINGS: tuple[str, ...] = ("nearest_even", "toward_zero", "stochastic")
+SUBNORMALS: tuple[str, ...] = ("keep", "flush")
+OVERFLOWS: tuple[str, ...] = ("inf", "saturate")
+_ROUNDING_ALIASES = {"rn": "nearest_even", "rne": "nearest_even", "nearest": "nearest_even",
+                     "rz": "toward_zero", "rtz": "toward_zero", "truncate": "toward_zero",
+                     "sr": "stochastic"}
+_CUSTOM_PREFIX = "p"
+
+
+def check_choice(argument: str, value: object, choices: tuple[str, ...],
+                 aliases: dict[str, str] | None = None) -> str:
+    """Return the canonical member of a closed option set or raise the standard error."""
+    key = str(value).strip().lower() if isinstance(value, str) else value
+    if aliases and key in aliases:
+        key = aliases[key]
+    if key not in choices:
+        raise invalid_choice(argument, value, choices)
+    return key
+
+
+def resolve_format(value: str | Format, argument: str) -> Format:
+    """A `Format` from a Format, a registered name/alias, or ``p<precision>_emax<emax>``."""
+    if isinstance(value, Format):
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text.startswith(_CUSTOM_PREFIX) and "_emax" in text:
+            from convprobe.formats import custom_format
+
+            prec, _, emax = text[1:].partition("_emax")
+            try:
+                return custom_format(int(prec), int(emax))
+            except ValueError as exc:
+                if isinstance(exc, InvalidArgument):
+                    raise InvalidArgument(f"{argument}: {exc}") from None
+                raise InvalidArgument(
+                    f"{argument} custom format must look like p11_emax15; received {value!r}"
+                ) from None
+    try:
+        return parse_format(value, argument=argument)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{exc} (or a custom format p<precision>_emax<emax>)") from None
+
+
+def stochastic_bits(fmt: Format) -> int:
+    """R, the random bits per stochastic rounding: min(32, 51 - p).
+
+    51 - p keeps the round-to-odd sum (53 bits) two bits wider than the
+    rounding point plus R, so the bits stochastic rounding inspects are exact.
+    """
+    return min(32, 51 - fmt.precision)
+
+
+def format_row(fmt: Format | None, subnormals: str) -> tuple[float, float, float, float, float]:
+    """(precision, emin, max, has_inf, keep_subnormals) for the kernel's format table."""
+    if fmt is None:
+        return (0.0, 0.0, 0.0, 0.0, 0.0)
+    keep = fmt.subnormals and subnormals == "keep"
+    return (float(fmt.precision), float(fmt.emin), float(fmt.max), float(fmt.has_inf), float(keep))
+
+
+def round_to_format(
+    values: np.ndarray,
+    fmt: str | Format,
+    rounding: Rounding = "nearest_even",
+    *,
+    subnormals: Literal["keep", "flush"] = "keep",
+    overflow: Literal["inf", "saturate"] = "inf",
+    rng: np.random.Generator | int | None = None,
+) -> np.ndarray:
+    """Round every value (taken exactly as a float64) to `fmt`; returns float64.
+
+    `rng` (a Generator or an int seed) is required for stochastic rounding and
+    supplies one R-bit integer per element, in C order.
+    """
+    fmt = resolve_format(fmt, "fmt")
+    rounding = check_choice("rounding", rounding, ROUNDINGS, _ROUNDING_ALIASES)
+    subnormals = check_choice("subnormals", subnormals, SUBNORMALS)
+    overflow = check_choice("overflow", overflow, OVERFLOWS)
+    x = np.asarray(values)
+    if x.dtype.kind not in "fiu":
+        x = x.astype(np.float64)
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    flat = x.reshape(-1)
+    rbits = 1
+    r = np.zeros(flat.shape, dtype=np.int64)
+    if rounding == "stochastic":
+        if fmt.precision > 50:
+            raise InvalidArgument(
+                f"stochastic rounding needs a format precision of at most 50 bits; "
+                f"received {fmt.name} with {fmt.precision}"
+            )
+        if rng is None:
+            raise InvalidArgument("rng must be a numpy Generator or an int seed for "
+                                  "stochastic rounding; received None")
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        rbits = stochastic_bits(fmt)
+        r = gen.integers(0, 1 << rbits, size=flat.shape, dtype=np.int64)
+    row = format_row(fmt, subnormals)
+    out = np.empty_like(flat)
+    K.round_array(flat, out, int(row[0]), int(row[1]), row[2], bool(row[3]), bool(row[4]),
+                  ROUNDINGS.index(rounding), overflow == "saturate", r, rbits)
+    return out.reshape(x.shape)

@@ -1,0 +1,111 @@
+"""Vectorised engine == exact-rational oracle, bit for bit, for every model and format."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from convprobe import emulation as em
+from convprobe.emulation import oracle
+from convprobe.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, custom_format
+
+from .conftest import assert_same_bits
+
+EDGE16 = [0.0, -0.0, 2.0**-24, -(2.0**-24), 2.0**-14, 65504.0, -65504.0, 1.0, -1.0,
+          1 + 2.0**-10, 0.5, 2.0**-13, 6.1e-5]
+
+MODELS = [
+    em.Sequential(FP16),
+    em.Sequential(FP32),
+    em.Sequential(FP16, product=FP16),
+    em.Sequential(FP16, addition=FP32),
+    em.Sequential(BF16, rounding="toward_zero"),
+    em.Sequential(FP16, rounding="stochastic", seed=11),
+    em.Sequential(FP16, subnormals="flush", overflow="saturate"),
+    em.Sequential(FP8_E4M3, output=FP16),
+    em.Sequential(FP8_E5M2, rounding="stochastic", seed=3),
+    em.Sequential(custom_format(6, 9)),
+    em.Sequential("fp64", rounding="toward_zero"),
+    em.Pairwise(FP16),
+    em.Pairwise(FP16, rounding="stochastic", seed=5),
+    em.Blocked(FP16, b=4),
+    em.Blocked(FP32, b=8, extra_bits=3, output=FP16),
+    em.Blocked(FP16, b=2, rounding="nearest_even"),
+    em.Chunked(FP16, chunk=3),
+    em.Chunked(BF16, chunk=2, rounding="stochastic", seed=9),
+    em.Exact("fp64"),
+    em.Exact(FP16),
+    em.Exact(FP8_E4M3, overflow="saturate"),
+    em.Exact(FP16, rounding="toward_zero", subnormals="flush"),
+    em.Exact(FP16, rounding="stochastic", seed=1),
+]
+
+
+def fp16_arrays(shape):
+    elements = (st.floats(width=16, allow_nan=False, allow_infinity=False)
+                | st.sampled_from(EDGE16))
+    return hnp.arrays(np.float16, shape, elements=elements)
+
+
+@st.composite
+def conv_case(draw):
+    n = draw(st.integers(1, 2))
+    groups = draw(st.sampled_from([1, 1, 2]))
+    cg = draw(st.integers(1, 2))
+    og = draw(st.integers(1, 2))
+    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    strides = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    padding = draw(st.sampled_from(["VALID", "SAME", [(1, 0), (0, 2)]]))
+    h = draw(st.integers((kh - 1) * dilation[0] + 1, (kh - 1) * dilation[0] + 3))
+    w = draw(st.integers((kw - 1) * dilation[1] + 1, (kw - 1) * dilation[1] + 3))
+    x = draw(fp16_arrays((n, h, w, cg * groups)))
+    f = draw(fp16_arrays((kh, kw, cg, og * groups)))
+    return x, f, dict(strides=strides, padding=padding, dilation=dilation, groups=groups)
+
+
+SETTINGS = settings(max_examples=12, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.to_spec())
+@SETTINGS
+@given(case=conv_case(), order=st.sampled_from(["hwc", "chw", "wch"]))
+def test_conv2d_matches_oracle(model, case, order):
+    x, f, kw = case
+    model = dataclasses.replace(model, order=order)
+    with np.errstate(all="ignore"):
+        got = em.conv2d(x, f, model, **kw)
+        want = oracle.conv2d(x, f, model, **kw)
+    assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.to_spec())
+@SETTINGS
+@given(a=fp16_arrays((3, 17)), b=fp16_arrays((17,)))
+@example(a=np.full((3, 17), 65504, np.float16), b=np.array([1, -1] * 8 + [1], np.float16))
+def test_dot_matches_oracle(model, a, b):
+    got = em.dot(a, b, model)
+    want = oracle.dot(a, b, model)
+    assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("model", MODELS[::3], ids=lambda m: m.to_spec())
+@SETTINGS
+@given(case=conv_case())
+def test_gradients_match_oracle(model, case):
+    x, f, kw = case
+    dy_shape = em.conv2d(x, f, em.Exact(), **kw).shape
+    rng = np.random.default_rng(0)
+    dy = rng.standard_normal(dy_shape).astype(np.float16)
+    with np.errstate(all="ignore"):
+        gi = em.conv2d_backprop_input(dy, f, x.shape, model, **kw)
+        gi_o = oracle.conv2d_backprop_input(dy, f, x.shape, model, **kw)
+        gf = em.conv2d_backprop_filter(x, dy, f.shape, model, **kw)
+        gf_o = oracle.conv2d_backprop_filter(x, dy, f.shape, model, **kw)
+    assert_same_bits(gi, gi_o)
+    assert_same_bits(gf, gf_o)

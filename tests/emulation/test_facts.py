@@ -1,0 +1,43 @@
+"""The published facts the emulator must reproduce (DESIGN.md, issue 3)."""
+
+import numpy as np
+import pytest
+
+from convprobe.emulation import Blocked, Exact, Sequential, conv2d, dot, oracle
+from convprobe.formats import FP16, FP32
+
+X = np.array([65519] * 4, dtype=np.float16).reshape(1, 1, 4, 1)  # 65519 -> 65504 in fp16
+W = np.array([65519, -65519], dtype=np.float16).reshape(1, 2, 1, 1)
+
+
+@pytest.mark.parametrize("engine", [conv2d, oracle.conv2d], ids=["engine", "oracle"])
+def test_three_outcomes_of_the_65519_test(engine):
+    with np.errstate(over="ignore", invalid="ignore"):
+        fma16 = engine(X, W, Sequential(FP16))
+        wide = engine(X, W, Sequential(FP32))
+        rounded = engine(X, W, Sequential(FP16, product=FP16))
+    assert fma16.dtype == np.float16 and wide.dtype == np.float32
+    assert np.isposinf(fma16).all()
+    assert (wide == 0).all()
+    assert np.isnan(rounded).all()
+
+
+def test_sum_of_8192_ones_in_fp16_is_2048():
+    ones = np.ones(8192, dtype=np.float16)
+    assert dot(ones, ones, Sequential("fp16")) == np.float16(2048)
+    assert dot(ones, ones, Sequential("fp32")) == np.float32(8192)
+    assert dot(ones, ones, Exact("fp16")) == np.float16(8192)
+
+
+@pytest.mark.parametrize("gap", range(1, 10))
+def test_blocked_b4_reveals_its_block_size(gap):
+    """+p at tap 0 and -p at tap `gap`: same block (gap < 4) -> 0, else the fp16 block
+    result overflows to inf and stays there."""
+    x = np.full((1, 1, gap + 1, 1), 65504, dtype=np.float16)
+    w = np.zeros((1, gap + 1, 1, 1), dtype=np.float16)
+    w[0, 0], w[0, gap] = 65504, -65504
+    with np.errstate(over="ignore"):
+        got = conv2d(x, w, Blocked(FP16, b=4))
+        want = oracle.conv2d(x, w, Blocked(FP16, b=4))
+    assert got.view(np.uint16) == want.view(np.uint16)
+    assert got.ravel()[0] == (0 if gap < 4 else np.inf)
