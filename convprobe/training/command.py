@@ -1,0 +1,112 @@
+"""`convprobe train`: the ResNet fp16 harness on the command line.
+
+`register` only adds the parser; TensorFlow is imported when the command runs,
+after the configuration is validated (bad input fails fast, `--help` is
+instant) and after the faithful-fp16 XLA flags are in the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["register", "run", "config_from_args"]
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train",
+        help="train a CIFAR ResNet in fp16/bf16/fp32 and record gradient underflow per layer",
+        description=(
+            "Train a CIFAR-style ResNet v2 (depth 6n+2) with Keras mixed precision, fp32 master "
+            "weights and loss scaling, and record per layer how many weight and activation "
+            "gradients flush to zero or land subnormal, against an fp32 shadow on the same "
+            "weights and batch. Records stream to DIR (header.json, steps.csv, telemetry.csv); "
+            "rerunning the same command resumes from the last checkpoint."
+        ),
+    )
+    p.add_argument("--dtype", default="fp16", help="compute dtype: fp16, bf16 or fp32 (default fp16)")
+    p.add_argument("--loss-scale", default=None, metavar="{none,dynamic,NUMBER}",
+                   help="none, dynamic, or a static scale; default: the dtype's default "
+                        "(128 for fp16 as in the reference ResNet, none otherwise)")
+    p.add_argument("--no-skip", action="store_true",
+                   help="static scale: apply steps with inf/NaN gradients instead of skipping them "
+                        "(the reference ResNet's behaviour)")
+    p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
+    p.add_argument("--record-every", type=int, default=10, help="telemetry every K steps (default 10)")
+    p.add_argument("--batch-size", type=int, default=128, help="global batch size (default 128)")
+    p.add_argument("--resnet-size", type=int, default=20, help="depth 6n+2: 20, 32, 56, ... (default 20)")
+    p.add_argument("--image-size", type=int, default=32, help="synthetic image side (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, data and every RNG (default 0)")
+    p.add_argument("--data", default="synthetic", help="synthetic or cifar10 (default synthetic)")
+    p.add_argument("--data-dir", default=None, help="directory with the CIFAR-10 binary files (data_batch_*.bin)")
+    p.add_argument("--output", default=None, metavar="DIR",
+                   help="run directory (default results/train_<dtype>_<scale>_seed<seed>)")
+    p.add_argument("--compare-loss-scaling", action="store_true",
+                   help="run none / static / dynamic side by side into DIR and write a table and figures")
+    p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
+                   help="compile the step with XLA (default on; fp16 without XLA is ~100x slower on CPU)")
+    p.add_argument("--distribute", default="none", help="none or mirrored (tf.distribute.MirroredStrategy)")
+    p.add_argument("--devices", type=int, default=2,
+                   help="logical CPU devices for --distribute mirrored (default 2)")
+    p.add_argument("--learning-rate", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    p.add_argument("--eval-batches", type=int, default=0, help="evaluation batches at the end (default 0)")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint every N steps (default 50)")
+    p.add_argument("--dynamic-growth-steps", type=int, default=2000,
+                   help="dynamic scaling: double the scale after N finite steps (default 2000)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.set_defaults(handler=run)
+    return p
+
+
+def config_from_args(args):
+    """Validate the parsed arguments into a `TrainConfig` (raises InvalidArgument)."""
+    from convprobe.training.config import validate_config
+
+    progress = sys.stderr.isatty() if args.progress is None else bool(args.progress)
+    config = validate_config(
+        dtype=args.dtype, loss_scale=args.loss_scale, skip=not args.no_skip, steps=args.steps,
+        record_every=args.record_every, batch_size=args.batch_size, resnet_size=args.resnet_size,
+        image_size=args.image_size, seed=args.seed, data=args.data, data_dir=args.data_dir,
+        output=args.output, jit=args.jit, distribute=args.distribute, logical_devices=args.devices,
+        learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every,
+        eval_batches=args.eval_batches, dynamic_growth_steps=args.dynamic_growth_steps,
+        progress=progress,
+    )
+    if config.output is None:
+        from dataclasses import replace
+
+        name = "compare" if args.compare_loss_scaling else config.loss_scale.label
+        config = replace(config, output=f"results/train_{config.dtype}_{name}_seed{config.seed}")
+    return config
+
+
+def run(args) -> int:
+    config = config_from_args(args)
+    if config.data == "cifar10":  # fail on a bad directory before TensorFlow starts
+        from convprobe.training.data import load_cifar10_dir
+
+        load_cifar10_dir(config.data_dir)
+    if args.compare_loss_scaling:
+        from convprobe.training.compare import run_comparison
+
+        static = config.loss_scale.scale if args.loss_scale not in (None, "none", "dynamic") else None
+        runs, _ = run_comparison(config, config.output, static_scale=static)
+        from pathlib import Path
+
+        print((Path(config.output) / "comparison.txt").read_text(encoding="utf-8"), end="")
+        for label, result in runs.items():
+            print(f"{label}: {result.final_step} steps, skipped {result.skipped_steps}, "
+                  f"final loss {result.final_loss:.4f}, final scale {result.final_loss_scale:g}, "
+                  f"{result.images_per_second:.1f} img/s")
+        print(f"wrote {config.output}/comparison.csv, comparison.txt and figures")
+        return 0
+    from convprobe.training.trainer import train
+
+    result = train(config)
+    print(f"{config.output}: {result.final_step}/{config.steps} steps, skipped {result.skipped_steps}, "
+          f"non-finite {result.nonfinite_steps}, final loss {result.final_loss:.4f}, "
+          f"final scale {result.final_loss_scale:g}, {result.images_per_second:.1f} img/s"
+          + (f", eval accuracy {result.eval_accuracy:.4f}" if result.eval_accuracy is not None else ""))
+    return 0

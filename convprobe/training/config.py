@@ -1,0 +1,209 @@
+"""The training run's configuration, validated once at the boundary.
+
+Everything a run needs is in one frozen `TrainConfig`. `validate_config` turns
+user input into it and raises `InvalidArgument` (one line naming the argument,
+the value and what is allowed) for anything out of range. No TensorFlow here.
+
+The dtype/loss-scale rules follow the reference ResNet's fp16 support
+(tensorflow/models PR #3687): a `dtype` flag rather than an fp16 switch, a loss
+scale that defaults per format (fp16 -> 128, otherwise 1) and invalid dtypes
+rejected with a clear error.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.formats import Format, parse_format
+
+__all__ = [
+    "DTYPES",
+    "LossScaleMode",
+    "LossScaleSpec",
+    "TrainConfig",
+    "parse_loss_scale",
+    "validate_config",
+    "resnet_blocks_per_stage",
+]
+
+#: The compute dtypes the trainer accepts (variables are always fp32).
+DTYPES = ("fp16", "bf16", "fp32")
+DATA_SOURCES = ("synthetic", "cifar10")
+DISTRIBUTE = ("none", "mirrored")
+
+
+class LossScaleMode(str, enum.Enum):
+    """How the loss is scaled before the backward pass."""
+
+    NONE = "none"  # S = 1, every step applied (even a non-finite one)
+    STATIC = "static"  # fixed S; a step with a non-finite gradient is skipped
+    STATIC_NO_SKIP = "static-no-skip"  # fixed S, applied regardless (reference ResNet)
+    DYNAMIC = "dynamic"  # keras LossScaleOptimizer: halve on inf/NaN, double after N good steps
+
+
+@dataclass(frozen=True)
+class LossScaleSpec:
+    """A loss-scaling mode and its (initial) scale."""
+
+    mode: LossScaleMode
+    scale: float
+
+    @property
+    def label(self) -> str:
+        """Short name used for run directories and table columns."""
+        if self.mode is LossScaleMode.STATIC:
+            return f"static-{_number(self.scale)}"
+        if self.mode is LossScaleMode.STATIC_NO_SKIP:
+            return f"static-{_number(self.scale)}-noskip"
+        return self.mode.value
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def parse_loss_scale(
+    value: str | float | None, fmt: Format, *, skip: bool = True,
+    dynamic_initial: float = 2.0**15,
+) -> LossScaleSpec:
+    """`none`, `dynamic`, a positive number, or None (the format's default).
+
+    The default is the format's `default_loss_scale` (128 for fp16, 1 otherwise,
+    as in the reference ResNet); a default of 1 means no scaling.
+    """
+    if value is None:
+        value = fmt.default_loss_scale
+        if value == 1:
+            return LossScaleSpec(LossScaleMode.NONE, 1.0)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "none":
+            return LossScaleSpec(LossScaleMode.NONE, 1.0)
+        if text == "dynamic":
+            return LossScaleSpec(LossScaleMode.DYNAMIC, float(dynamic_initial))
+        try:
+            number = float(text)
+        except ValueError:
+            raise InvalidArgument(
+                f"loss_scale must be one of none, dynamic or a positive number; received {value!r}"
+            ) from None
+    else:
+        number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise InvalidArgument(
+            f"loss_scale must be one of none, dynamic or a positive number; received {value!r}"
+        )
+    mode = LossScaleMode.STATIC if skip else LossScaleMode.STATIC_NO_SKIP
+    return LossScaleSpec(mode, number)
+
+
+def resnet_blocks_per_stage(resnet_size: int) -> int:
+    """n for a CIFAR ResNet of depth 6n+2 (He et al. 2016): 20 -> 3, 32 -> 5, 56 -> 9."""
+    if not isinstance(resnet_size, int) or resnet_size < 8 or (resnet_size - 2) % 6:
+        raise InvalidArgument(
+            "resnet_size must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110); "
+            f"received {resnet_size!r}"
+        )
+    return (resnet_size - 2) // 6
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Build it with `validate_config`."""
+
+    dtype: str = "fp16"
+    loss_scale: LossScaleSpec = field(default_factory=lambda: LossScaleSpec(LossScaleMode.STATIC, 128.0))
+    steps: int = 100
+    record_every: int = 10
+    batch_size: int = 128
+    resnet_size: int = 20
+    image_size: int = 32
+    num_classes: int = 10
+    seed: int = 0
+    data: str = "synthetic"
+    data_dir: str | None = None
+    output: str | None = None
+    jit: bool = True
+    distribute: str = "none"
+    logical_devices: int = 2
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 2e-4
+    dynamic_growth_steps: int = 2000
+    checkpoint_every: int = 50
+    eval_batches: int = 0
+    synthetic_noise: float = 1.0
+    progress: bool = False
+
+    @property
+    def format(self) -> Format:
+        return parse_format(self.dtype, argument="dtype", allowed=DTYPES)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["loss_scale"] = {"mode": self.loss_scale.mode.value, "scale": self.loss_scale.scale,
+                           "label": self.loss_scale.label}
+        return d
+
+    def with_loss_scale(self, spec: LossScaleSpec, output: str | None) -> "TrainConfig":
+        return replace(self, loss_scale=spec, output=output)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidArgument(f"{name} must be a positive integer; received {value!r}")
+    return value
+
+
+def validate_config(
+    *, dtype: str = "fp16", loss_scale: str | float | None = None, skip: bool = True,
+    steps: int = 100, record_every: int = 10, batch_size: int = 128, resnet_size: int = 20,
+    image_size: int = 32, seed: int = 0, data: str = "synthetic", data_dir: str | None = None,
+    output: str | None = None, jit: bool = True, distribute: str = "none",
+    logical_devices: int = 2, learning_rate: float = 0.1, checkpoint_every: int = 50,
+    eval_batches: int = 0, dynamic_growth_steps: int = 2000, synthetic_noise: float = 1.0,
+    progress: bool = False, weight_decay: float = 2e-4, momentum: float = 0.9,
+) -> TrainConfig:
+    """Check every user-facing value and return the run's `TrainConfig`."""
+    fmt = parse_format(dtype, argument="dtype", allowed=DTYPES)
+    spec = parse_loss_scale(loss_scale, fmt, skip=skip)
+    for name, value in (("steps", steps), ("record_every", record_every),
+                        ("batch_size", batch_size), ("image_size", image_size),
+                        ("checkpoint_every", checkpoint_every),
+                        ("logical_devices", logical_devices),
+                        ("dynamic_growth_steps", dynamic_growth_steps)):
+        _positive_int(name, value)
+    resnet_blocks_per_stage(resnet_size)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InvalidArgument(f"seed must be a non-negative integer; received {seed!r}")
+    if isinstance(eval_batches, bool) or not isinstance(eval_batches, int) or eval_batches < 0:
+        raise InvalidArgument(f"eval_batches must be a non-negative integer; received {eval_batches!r}")
+    if data not in DATA_SOURCES:
+        raise invalid_choice("data", data, DATA_SOURCES)
+    if data == "cifar10" and not data_dir:
+        raise InvalidArgument("data_dir must name a directory of CIFAR-10 .bin files when data is cifar10; received None")
+    if distribute not in DISTRIBUTE:
+        raise invalid_choice("distribute", distribute, DISTRIBUTE)
+    if distribute == "mirrored" and batch_size % logical_devices:
+        raise InvalidArgument(
+            f"batch_size must be a multiple of logical_devices ({logical_devices}) under mirrored; "
+            f"received {batch_size!r}"
+        )
+    for name, value in (("learning_rate", learning_rate), ("synthetic_noise", synthetic_noise)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise InvalidArgument(f"{name} must be a positive number; received {value!r}")
+    for name, value in (("weight_decay", weight_decay), ("momentum", momentum)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise InvalidArgument(f"{name} must be a non-negative number; received {value!r}")
+    return TrainConfig(
+        dtype=fmt.name, loss_scale=spec, steps=steps, record_every=record_every,
+        batch_size=batch_size, resnet_size=resnet_size, image_size=image_size, seed=seed,
+        data=data, data_dir=data_dir, output=output, jit=bool(jit), distribute=distribute,
+        logical_devices=logical_devices, learning_rate=float(learning_rate),
+        checkpoint_every=checkpoint_every, eval_batches=eval_batches,
+        dynamic_growth_steps=dynamic_growth_steps, synthetic_noise=float(synthetic_noise),
+        progress=progress, weight_decay=float(weight_decay), momentum=float(momentum),
+    )

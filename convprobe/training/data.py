@@ -1,0 +1,197 @@
+"""Training data as a pure function of (seed, step): synthetic and CIFAR-10.
+
+A batch depends only on the seed and the step number, never on iterator state,
+so a resumed run sees exactly the batches it would have seen, and an fp32 run
+and an fp16 run with the same seed see the same images. NumPy only.
+
+The CIFAR-10 loader reads the *binary* distribution (`data_batch_N.bin`,
+`test_batch.bin`: records of 1 label byte + 3072 pixel bytes, channel-major
+R, G, B planes of 32x32; https://www.cs.toronto.edu/~kriz/cifar.html). It never
+unpickles anything, and it rejects a truncated or corrupt file naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from convprobe.errors import InvalidArgument
+
+__all__ = [
+    "CIFAR_RECORD_BYTES",
+    "CIFAR_IMAGE_SIZE",
+    "Batches",
+    "SyntheticData",
+    "CifarData",
+    "load_cifar10_file",
+    "load_cifar10_dir",
+    "write_cifar10_file",
+    "make_data",
+]
+
+CIFAR_IMAGE_SIZE = 32
+CIFAR_RECORD_BYTES = 1 + 3 * CIFAR_IMAGE_SIZE * CIFAR_IMAGE_SIZE  # 3073
+# Per-channel statistics of the CIFAR-10 training set (commonly quoted values).
+_CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
+_CIFAR_STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)
+
+# Streams of the seeded generator: (seed, stream, step).
+_TRAIN, _EVAL, _PROTOTYPES = 0, 1, 2
+
+
+class Batches:
+    """Interface: `batch(step, size)` -> (images NHWC float32, labels int32)."""
+
+    num_classes: int = 10
+    image_size: int = 32
+
+    def batch(self, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+        raise NotImplementedError
+
+    def eval_batch(self, index: int, size: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclass
+class SyntheticData(Batches):
+    """A learnable synthetic task: one smooth random prototype image per class
+    plus Gaussian pixel noise of standard deviation `noise` (prototypes have unit
+    standard deviation). Nearest-prototype is the Bayes classifier, so accuracy
+    well above chance means the network learned something; the noise makes the
+    task not trivial.
+    """
+
+    seed: int = 0
+    image_size: int = 32
+    num_classes: int = 10
+    noise: float = 1.0
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng([self.seed, _PROTOTYPES])
+        coarse = max(2, self.image_size // 4)
+        low = rng.standard_normal((self.num_classes, coarse, coarse, 3))
+        reps = -(-self.image_size // coarse)
+        up = np.repeat(np.repeat(low, reps, axis=1), reps, axis=2)[:, : self.image_size, : self.image_size]
+        up = up - up.mean(axis=(1, 2, 3), keepdims=True)
+        up /= up.std(axis=(1, 2, 3), keepdims=True)
+        self.prototypes = up.astype(np.float32)
+
+    def _draw(self, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.integers(0, self.num_classes, size=size)
+        noise = rng.standard_normal((size, self.image_size, self.image_size, 3), dtype=np.float32)
+        images = self.prototypes[labels] + np.float32(self.noise) * noise
+        return images.astype(np.float32), labels.astype(np.int32)
+
+    def batch(self, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._draw(np.random.default_rng([self.seed, _TRAIN, step]), size)
+
+    def eval_batch(self, index: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._draw(np.random.default_rng([self.seed, _EVAL, index]), size)
+
+
+def write_cifar10_file(path: str | Path, images: np.ndarray, labels: np.ndarray) -> None:
+    """Write uint8 NHWC 32x32x3 images and labels in CIFAR-10 binary format (for tests)."""
+    images = np.asarray(images, dtype=np.uint8)
+    labels = np.asarray(labels, dtype=np.uint8)
+    planes = images.transpose(0, 3, 1, 2).reshape(len(images), -1)  # R plane, G plane, B plane
+    records = np.concatenate([labels[:, None], planes], axis=1)
+    Path(path).write_bytes(records.tobytes())
+
+
+def load_cifar10_file(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR-10 binary file -> (uint8 images N x 32 x 32 x 3, int32 labels)."""
+    path = Path(path)
+    try:
+        raw = np.fromfile(path, dtype=np.uint8)
+    except OSError as error:
+        raise InvalidArgument(f"CIFAR-10 file '{path}' cannot be read: {error.strerror}") from None
+    if raw.size == 0:
+        raise InvalidArgument(f"CIFAR-10 file '{path}' is empty")
+    if raw.size % CIFAR_RECORD_BYTES:
+        raise InvalidArgument(
+            f"CIFAR-10 file '{path}' is truncated or not CIFAR-10 binary: {raw.size} bytes is not "
+            f"a multiple of the {CIFAR_RECORD_BYTES}-byte record"
+        )
+    records = raw.reshape(-1, CIFAR_RECORD_BYTES)
+    labels = records[:, 0].astype(np.int32)
+    if labels.max() >= 10:
+        bad = int(np.argmax(labels >= 10))
+        raise InvalidArgument(
+            f"CIFAR-10 file '{path}' is corrupt: record {bad} has label {labels[bad]}, labels must be 0..9"
+        )
+    images = records[:, 1:].reshape(-1, 3, CIFAR_IMAGE_SIZE, CIFAR_IMAGE_SIZE).transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(images), labels
+
+
+def load_cifar10_dir(directory: str | Path) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray] | None]:
+    """Train (`data_batch_*.bin`) and test (`test_batch.bin`, if present) splits.
+
+    Accepts the directory itself or its parent holding `cifar-10-batches-bin/`.
+    """
+    directory = Path(directory)
+    if (directory / "cifar-10-batches-bin").is_dir():
+        directory = directory / "cifar-10-batches-bin"
+    if not directory.is_dir():
+        raise InvalidArgument(f"data_dir must be a directory of CIFAR-10 .bin files; received '{directory}'")
+    train_files = sorted(directory.glob("data_batch_*.bin"))
+    if not train_files:
+        raise InvalidArgument(
+            f"data_dir must contain CIFAR-10 binary files data_batch_1.bin ... data_batch_5.bin; "
+            f"none found in '{directory}'"
+        )
+    parts = [load_cifar10_file(f) for f in train_files]
+    train = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    test_file = directory / "test_batch.bin"
+    test = load_cifar10_file(test_file) if test_file.exists() else None
+    return train, test
+
+
+class CifarData(Batches):
+    """CIFAR-10 batches: a seeded permutation per epoch, random 4-pixel-padded crops
+    and horizontal flips (the reference ResNet's augmentation), per-channel
+    standardisation. Batch `step` depends only on (seed, step)."""
+
+    num_classes = 10
+    image_size = CIFAR_IMAGE_SIZE
+
+    def __init__(self, directory: str | Path, seed: int = 0):
+        (self.images, self.labels), test = load_cifar10_dir(directory)
+        self.test = test if test is not None else (self.images, self.labels)
+        self.seed = seed
+
+    @staticmethod
+    def _standardise(images: np.ndarray) -> np.ndarray:
+        return ((images.astype(np.float32) / 255.0) - _CIFAR_MEAN) / _CIFAR_STD
+
+    def batch(self, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self.labels)
+        start = step * size
+        idx = np.empty(size, dtype=np.int64)
+        for k in range(size):  # batches may straddle an epoch boundary
+            epoch, pos = divmod(start + k, n)
+            if k == 0 or pos == 0:
+                perm = np.random.default_rng([self.seed, _TRAIN, epoch]).permutation(n)
+            idx[k] = perm[pos]
+        rng = np.random.default_rng([self.seed, _TRAIN, step, 1])
+        padded = np.pad(self.images[idx], ((0, 0), (4, 4), (4, 4), (0, 0)), mode="constant")
+        dy, dx = rng.integers(0, 9, size=(2, size))
+        flip = rng.random(size) < 0.5
+        out = np.empty((size, 32, 32, 3), dtype=np.uint8)
+        for k in range(size):
+            crop = padded[k, dy[k]: dy[k] + 32, dx[k]: dx[k] + 32]
+            out[k] = crop[:, ::-1] if flip[k] else crop
+        return self._standardise(out), self.labels[idx]
+
+    def eval_batch(self, index: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        images, labels = self.test
+        idx = (np.arange(size) + index * size) % len(labels)
+        return self._standardise(images[idx]), labels[idx]
+
+
+def make_data(config) -> Batches:
+    """The dataset a `TrainConfig` asks for."""
+    if config.data == "cifar10":
+        return CifarData(config.data_dir, seed=config.seed)
+    return SyntheticData(seed=config.seed, image_size=config.image_size, noise=config.synthetic_noise)

@@ -1,0 +1,110 @@
+"""Importing TensorFlow for training, with the environment set first.
+
+XLA reads `XLA_FLAGS` once, when TensorFlow first initialises it, and logical
+devices must be configured before TensorFlow initialises its devices. So the
+harness never imports TensorFlow at module level: `tensorflow()` puts the
+faithful-fp16 flags into `XLA_FLAGS` first, then imports TensorFlow and, if
+asked, splits the CPU into logical devices.
+
+The flags (measured on TF 2.21, CPU with AVX512-FP16; see `xla_rounds_fp16`):
+- `--xla_allow_excess_precision=false`: XLA may otherwise keep an fp16
+  intermediate in fp32 inside a fusion.
+- `--xla_cpu_max_isa=AVX2`: on a CPU with AVX512-FP16, XLA's LLVM backend
+  contracts an fp16 multiply and add into one native fp16 FMA (one rounding
+  instead of two), so `x*x + h - 1` comes out one fp16 ulp different from
+  TensorFlow without jit, and `--xla_allow_excess_precision=false` alone does
+  not prevent it. Capping the ISA at AVX2 makes XLA compute f16 elementwise ops
+  through f32 with a rounding to f16 after each op.
+`runtime_facts()` records what actually happened, including the direct check.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["FAITHFUL_XLA_FLAGS", "ensure_xla_flags", "tensorflow", "runtime_facts", "xla_rounds_fp16"]
+
+FAITHFUL_XLA_FLAGS = ("--xla_allow_excess_precision=false", "--xla_cpu_max_isa=AVX2")
+
+_state: dict = {"flag_set_before_import": None, "logical_devices": None}
+
+
+def ensure_xla_flags(environ: dict | None = None) -> bool:
+    """Add the faithful-fp16 flags to XLA_FLAGS unless the user already chose a value.
+
+    Returns True if all of them are (now) present. A user's explicit value for
+    one of these flags is respected (and recorded in provenance).
+    """
+    env = os.environ if environ is None else environ
+    flags = env.get("XLA_FLAGS", "").split()
+    for wanted in FAITHFUL_XLA_FLAGS:
+        name = wanted.split("=", 1)[0]
+        if not any(f.split("=", 1)[0] == name for f in flags):
+            flags.append(wanted)
+    env["XLA_FLAGS"] = " ".join(flags)
+    return all(w in flags for w in FAITHFUL_XLA_FLAGS)
+
+
+def tensorflow(logical_devices: int | None = None):
+    """Import TensorFlow with faithful-fp16 XLA flags; optionally split the CPU.
+
+    `logical_devices` > 1 configures that many logical CPU devices; it only works
+    before TensorFlow initialised its devices (a fresh process), and raises
+    RuntimeError otherwise.
+    """
+    if _state["flag_set_before_import"] is None:
+        already = "tensorflow" in sys.modules
+        present = ensure_xla_flags()
+        _state["flag_set_before_import"] = present and not already
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    if logical_devices and logical_devices > 1 and _state["logical_devices"] != logical_devices:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        existing = tf.config.get_logical_device_configuration(cpu)
+        if existing is None or len(existing) != logical_devices:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(logical_devices)]
+            )
+        _state["logical_devices"] = logical_devices
+    return tf
+
+
+def xla_rounds_fp16() -> bool:
+    """Does jit-compiled fp16 arithmetic round to fp16 between ops?
+
+    x = 1 + 3*2^-10 and h = 2^-11 are exact in fp16. Rounded op by op,
+    x*x = 1 + 6*2^-10 (the 9*2^-20 is below half an ulp), + h is a tie that
+    rounds to even (1 + 6*2^-10), and - 1 gives 6*2^-10. With the product
+    kept wider (fp32 excess precision or an fp16 FMA), x*x + h lies above the
+    tie and rounds to 1 + 7*2^-10, giving 7*2^-10.
+    """
+    tf = tensorflow()
+    x = tf.constant([1.0 + 3.0 * 2.0**-10] * 8, dtype=tf.float16)
+    h = tf.constant(2.0**-11, tf.float16)
+    one = tf.constant(1.0, tf.float16)
+
+    @tf.function(jit_compile=True)
+    def probe(v):
+        return (v * v + h) - one
+
+    got = probe(x).numpy().astype("float64")
+    return bool((got == 6.0 * 2.0**-10).all())
+
+
+def runtime_facts() -> dict:
+    """What provenance should say about the runtime this process really has."""
+    facts = {
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "xla_flag_set_before_tensorflow_import": _state["flag_set_before_import"],
+        "logical_devices": _state["logical_devices"],
+    }
+    if "tensorflow" in sys.modules:
+        tf = sys.modules["tensorflow"]
+        facts["tensorflow_devices"] = [d.name for d in tf.config.list_logical_devices()]
+        try:
+            facts["xla_rounds_fp16_between_ops"] = xla_rounds_fp16()
+        except Exception as error:  # a runtime without XLA: say so rather than fail the run
+            facts["xla_rounds_fp16_between_ops"] = f"unavailable: {type(error).__name__}"
+    return facts

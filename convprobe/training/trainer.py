@@ -1,0 +1,400 @@
+"""The training loop: ResNet, loss scaling, fp32 shadow telemetry, records.
+
+One `Trainer` per run. A step is a single compiled function (XLA when
+`config.jit`): forward in the compute dtype, loss (fp32 logits, mean over the
+global batch), scaled by S, one `tape.gradient` for the weight gradients and
+(on telemetry steps) the activation gradients, then the update:
+
+- `none`: S = 1, the update is applied even if a gradient is inf/NaN;
+- `static`: fixed S, unscale, skip the whole update if any weight gradient is
+  non-finite (a `LossScaleOptimizer` whose scale never moves);
+- `static-no-skip`: fixed S, unscale and apply regardless, which is what the
+  reference ResNet did (`compute_gradients(loss * loss_scale)`, then divide);
+- `dynamic`: `keras.optimizers.LossScaleOptimizer` (halve S and skip on
+  inf/NaN, double after `dynamic_growth_steps` finite steps).
+
+On a telemetry step an fp32 shadow model first receives the current weights,
+then runs the same batch on the same scaled loss, and `telemetry.tensor_stats`
+compares every gradient with its shadow. The gradients measured are exactly
+the ones the update uses.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from convprobe.training import runtime
+from convprobe.training.config import LossScaleMode, TrainConfig
+from convprobe.training.data import Batches, make_data
+from convprobe.training.records import RunFiles, load_checkpoint, save_checkpoint
+from convprobe.training.telemetry import COUNT_FIELDS, Thresholds, batched_stats, encode_histogram
+
+__all__ = ["Trainer", "RunResult", "train"]
+
+
+@dataclass
+class RunResult:
+    """What a finished (or resumed and finished) run reports."""
+
+    directory: str | None
+    steps_run: int
+    final_step: int
+    skipped_steps: int
+    nonfinite_steps: int
+    final_loss_scale: float
+    final_loss: float
+    eval_accuracy: float | None
+    images_per_second: float
+    jit: bool
+    summary: dict = field(default_factory=dict)
+
+
+def _fixed_scale_optimizer(inner, scale: float):
+    """A LossScaleOptimizer whose scale never changes: skip-on-inf, static S.
+
+    Reuses Keras's distribution-aware finite check and skip; only the scale
+    updates are removed.
+    """
+    import keras
+    from keras import ops
+
+    class FixedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+        def _stateful_handle_finite_grads(self, grads, trainable_variables):
+            scale_ = self.dynamic_scale
+            unscaled = [g if g is None else ops.divide(g, scale_) for g in grads]
+            self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
+
+        def _stateful_handle_non_finite_grads(self):
+            return None
+
+    return FixedLossScaleOptimizer(inner, initial_scale=scale, dynamic_growth_steps=2**30,
+                                   name="fixed_loss_scale")
+
+
+class Trainer:
+    """Builds the model, its fp32 shadow, the optimizer and the compiled steps."""
+
+    def __init__(self, config: TrainConfig, data: Batches | None = None):
+        self.config = config
+        distributed = config.distribute == "mirrored"
+        self.tf = tf = runtime.tensorflow(config.logical_devices if distributed else None)
+        import keras
+
+        self.keras = keras
+        random.seed(config.seed)
+        np.random.seed(config.seed)
+        keras.utils.set_random_seed(config.seed)
+        self.data = data if data is not None else make_data(config)
+        self.format = config.format
+        self.thresholds = Thresholds.of(self.format)
+        if distributed:
+            cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+            if len(cpus) < 2:
+                from convprobe.errors import InvalidArgument
+
+                raise InvalidArgument(
+                    f"distribute mirrored needs at least 2 devices; this process has {len(cpus)} "
+                    "(logical CPU devices must be configured before TensorFlow initialises, in a fresh process)"
+                )
+            self.strategy = tf.distribute.MirroredStrategy(cpus[: config.logical_devices])
+        else:
+            self.strategy = tf.distribute.get_strategy()
+        self.replicas = self.strategy.num_replicas_in_sync
+        # XLA cannot compile the cross-replica merge calls of a Keras optimizer.
+        self.jit = bool(config.jit) and not distributed
+        from convprobe.training.model import build_resnet
+
+        with self.strategy.scope():
+            common = dict(image_size=self.data.image_size, num_classes=self.data.num_classes,
+                          seed=config.seed)
+            self.model = build_resnet(config.resnet_size, dtype=config.dtype, **common)
+            self.shadow = build_resnet(config.resnet_size, dtype="fp32", **common)
+            inner = keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum,
+                                         weight_decay=config.weight_decay or None)
+            mode, scale = config.loss_scale.mode, config.loss_scale.scale
+            if mode is LossScaleMode.DYNAMIC:
+                self.optimizer = keras.optimizers.LossScaleOptimizer(
+                    inner, initial_scale=scale, dynamic_growth_steps=config.dynamic_growth_steps)
+            elif mode is LossScaleMode.STATIC:
+                self.optimizer = _fixed_scale_optimizer(inner, scale)
+            else:
+                self.optimizer = inner
+            self.optimizer.build(self.model.trainable_variables)
+        self.weight_names = [v.path for v in self.model.trainable_variables]
+        self.tap_names = list(self.model.tap_names)
+        self._compile()
+
+    # -- compiled pieces ---------------------------------------------------------------
+    def _current_scale(self):
+        tf = self.tf
+        if hasattr(self.optimizer, "dynamic_scale"):
+            return tf.identity(self.optimizer.dynamic_scale)
+        return tf.constant(self.config.loss_scale.scale, tf.float32)
+
+    def _replica_step(self, images, labels, with_telemetry: bool):
+        tf, keras = self.tf, self.keras
+        model = self.model
+        variables = model.trainable_variables
+        global_batch = tf.cast(self.config.batch_size, tf.float32)
+        scale = self._current_scale()
+        with tf.GradientTape() as tape:
+            outs = model(images, training=True)
+            logits, taps = outs[0], list(outs[1:])
+            ce = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+            loss = tf.reduce_sum(ce) / global_batch
+            scaled = loss * scale
+        targets = list(variables) + (taps if with_telemetry else [])
+        grads = tape.gradient(scaled, targets)
+        wgrads = grads[: len(variables)]
+        bad = tf.add_n([tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.float32))
+                        for g in wgrads])
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and self.replicas > 1:
+            bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, bad)
+        finite = tf.equal(bad, 0.0)
+        out = {
+            "loss": loss,
+            "correct": tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
+                                                       tf.cast(labels, tf.int32)), tf.float32)),
+            "scale": scale,
+            "finite": finite,
+        }
+        if with_telemetry:
+            out.update(self._telemetry(images, labels, scale, wgrads, grads[len(variables):]))
+        mode = self.config.loss_scale.mode
+        if mode in (LossScaleMode.STATIC, LossScaleMode.DYNAMIC):
+            self.optimizer.apply(wgrads, variables)
+        elif mode is LossScaleMode.STATIC_NO_SKIP:
+            self.optimizer.apply([g / scale for g in wgrads], variables)
+        else:
+            self.optimizer.apply(wgrads, variables)
+        return out
+
+    def _telemetry(self, images, labels, scale, wgrads, tgrads):
+        tf, keras = self.tf, self.keras
+        shadow = self.shadow
+        global_batch = tf.cast(self.config.batch_size, tf.float32)
+        with tf.GradientTape() as tape:
+            outs = shadow(tf.cast(images, tf.float32), training=True)
+            ce = keras.losses.sparse_categorical_crossentropy(labels, outs[0], from_logits=True)
+            scaled = (tf.reduce_sum(ce) / global_batch) * scale
+        sgrads = tape.gradient(scaled, list(shadow.trainable_variables) + list(outs[1:]))
+        counts, extremes, hist_low, hist_shadow = batched_stats(
+            list(wgrads) + list(tgrads), sgrads, self.thresholds)
+        return {"counts": counts, "extremes": extremes, "hist_low": hist_low, "hist_shadow": hist_shadow}
+
+    def _compile(self):
+        tf = self.tf
+        strategy = self.strategy
+
+        def copy_weights():
+            for target, source in zip(self.shadow.weights, self.model.weights):
+                target.assign(tf.cast(source, target.dtype))
+
+        self._copy = tf.function(copy_weights)
+        if self.replicas > 1:
+            def plain(images, labels):
+                return strategy.run(self._replica_step, args=(images, labels, False))
+
+            def telem(images, labels):
+                return strategy.run(self._replica_step, args=(images, labels, True))
+
+            self._plain = tf.function(plain)
+            self._telem = tf.function(telem)
+        else:
+            self._plain = tf.function(lambda i, l: self._replica_step(i, l, False), jit_compile=self.jit)
+            self._telem = tf.function(lambda i, l: self._replica_step(i, l, True), jit_compile=self.jit)
+        self._predict = tf.function(lambda i: self.model(i, training=False)[0], jit_compile=self.jit)
+
+    def _distribute(self, images: np.ndarray, labels: np.ndarray):
+        if self.replicas == 1:
+            return self.tf.constant(images), self.tf.constant(labels)
+        per = len(labels) // self.replicas
+
+        def split(array):
+            return self.strategy.experimental_distribute_values_from_function(
+                lambda ctx: self.tf.constant(array[ctx.replica_id_in_sync_group * per:
+                                                   (ctx.replica_id_in_sync_group + 1) * per]))
+
+        return split(images), split(labels)
+
+    def _local(self, value) -> list[np.ndarray]:
+        return [np.asarray(v) for v in self.strategy.experimental_local_results(value)]
+
+    # -- public steps ------------------------------------------------------------------
+    def step(self, step: int, telemetry: bool) -> dict:
+        """Run training step `step` (its batch is a function of seed and step)."""
+        images, labels = self.data.batch(step, self.config.batch_size)
+        images, labels = self._distribute(images, labels)
+        start = time.perf_counter()
+        if telemetry:
+            self._copy()
+            out = self._telem(images, labels)
+        else:
+            out = self._plain(images, labels)
+        loss = sum(float(x) for x in self._local(out["loss"]))
+        seconds = time.perf_counter() - start
+        result = {
+            "step": step,
+            "loss": loss,
+            "accuracy": sum(float(x) for x in self._local(out["correct"])) / self.config.batch_size,
+            "loss_scale": float(self._local(out["scale"])[0]),
+            "finite": bool(self._local(out["finite"])[0]),
+            "step_seconds": seconds,
+            "images_per_second": self.config.batch_size / seconds if seconds > 0 else math.inf,
+            "telemetry": telemetry,
+        }
+        if telemetry:
+            counts = np.sum(self._local(out["counts"]), axis=0)
+            ext = self._local(out["extremes"])
+            result["counts"] = counts
+            result["min_abs"] = np.min([e[:, 0] for e in ext], axis=0)
+            result["max_abs"] = np.max([e[:, 1] for e in ext], axis=0)
+            result["hist_low"] = np.sum(self._local(out["hist_low"]), axis=0)
+            result["hist_shadow"] = np.sum(self._local(out["hist_shadow"]), axis=0)
+        mode = self.config.loss_scale.mode
+        result["skipped"] = (not result["finite"]) and mode in (LossScaleMode.STATIC, LossScaleMode.DYNAMIC)
+        return result
+
+    def telemetry_rows(self, result: dict) -> list[dict]:
+        """One record per tensor of a telemetry step."""
+        rows = []
+        names = [("weight", i, n) for i, n in enumerate(self.weight_names)] + \
+                [("activation", i, n) for i, n in enumerate(self.tap_names)]
+        for t, (kind, index, name) in enumerate(names):
+            c = dict(zip(COUNT_FIELDS, (int(x) for x in result["counts"][t])))
+            n = max(c["n"], 1)
+            rows.append({
+                "step": result["step"], "loss_scale": result["loss_scale"], "kind": kind,
+                "index": index, "layer": name, **c,
+                "routing_zero_fraction": c["routing_zero"] / n,
+                "flushed_fraction": c["flushed"] / n,
+                "lost_fraction": c["lost"] / n,
+                "subnormal_fraction": c["subnormal"] / n,
+                "shadow_underflow_fraction": c["shadow_underflow"] / n,
+                "min_abs": float(result["min_abs"][t]), "max_abs": float(result["max_abs"][t]),
+                "hist_low": encode_histogram(result["hist_low"][t]),
+                "hist_shadow": encode_histogram(result["hist_shadow"][t]),
+            })
+        return rows
+
+    def evaluate(self, batches: int) -> float | None:
+        if batches <= 0:
+            return None
+        correct = total = 0
+        for index in range(batches):
+            images, labels = self.data.eval_batch(index, self.config.batch_size)
+            logits = np.asarray(self._predict(self.tf.constant(images)))
+            correct += int(np.sum(np.argmax(logits, axis=-1) == labels))
+            total += len(labels)
+        return correct / total
+
+    # -- state -------------------------------------------------------------------------
+    def state(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        return ([np.asarray(v.numpy()) for v in self.model.weights],
+                [np.asarray(v.numpy()) for v in self.optimizer.variables])
+
+    def restore(self, weights: list[np.ndarray], optimizer_state: list[np.ndarray]) -> None:
+        from convprobe.errors import InvalidArgument
+
+        if len(weights) != len(self.model.weights) or len(optimizer_state) != len(self.optimizer.variables):
+            raise InvalidArgument("checkpoint does not match this model/optimizer; use a new --output directory")
+        for v, w in zip(self.model.weights, weights):
+            v.assign(w)
+        for v, w in zip(self.optimizer.variables, optimizer_state):
+            v.assign(w)
+
+    def device_description(self) -> str:
+        return ", ".join(d.name for d in self.tf.config.list_logical_devices()) + \
+            f" ({self.replicas} replica{'s' if self.replicas > 1 else ''})"
+
+
+def _progress(step: int, total: int, result: dict, stream=sys.stderr) -> None:
+    width = 30
+    done = int(width * step / total)
+    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {result['loss']:.4f} "
+                 f"acc {result['accuracy']:.3f} scale {result['loss_scale']:g} "
+                 f"{result['images_per_second']:.1f} img/s")
+    if step == total:
+        stream.write("\n")
+    stream.flush()
+
+
+def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer | None = None,
+          stop_after: int | None = None) -> RunResult:
+    """Run (or resume) a training run, streaming records to `config.output` if set.
+
+    `stop_after` ends the run early after that many steps in this call, leaving
+    it as an interrupted run would (records and last checkpoint on disk).
+    """
+    trainer = trainer or Trainer(config, data=data)
+    files = RunFiles(config.output) if config.output else None
+    start = 0
+    counters = {"skipped": 0, "nonfinite": 0}
+    if files is not None:
+        facts = runtime.runtime_facts()
+        facts["jit_effective"] = trainer.jit
+        start = files.start(config.to_json(), seed=config.seed, device=trainer.device_description(),
+                            runtime=facts, layer_names={"weight": trainer.weight_names,
+                                                        "activation": trainer.tap_names})
+        if start > 0:
+            next_step, weights, opt_state, counters = load_checkpoint(files.checkpoint_path)
+            trainer.restore(weights, opt_state)
+    speeds: list[float] = []
+    last: dict = {}
+    steps_run = 0
+    try:
+        for step in range(start, config.steps):
+            if stop_after is not None and steps_run >= stop_after:
+                break
+            telemetry = step % config.record_every == 0
+            last = trainer.step(step, telemetry)
+            steps_run += 1
+            counters["skipped"] += int(last["skipped"])
+            counters["nonfinite"] += int(not last["finite"])
+            if step > start:  # the first call compiles
+                speeds.append(last["images_per_second"])
+            if files is not None:
+                files.write_step({k: last[k] for k in ("step", "loss", "accuracy", "loss_scale", "finite",
+                                                       "skipped", "telemetry", "step_seconds",
+                                                       "images_per_second")})
+                if telemetry:
+                    files.write_telemetry(trainer.telemetry_rows(last))
+                if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                    save_checkpoint(files.checkpoint_path, step + 1, *trainer.state(), counters)
+            if config.progress:
+                _progress(step + 1, config.steps, last)
+        finished = (start + steps_run) >= config.steps
+        eval_accuracy = trainer.evaluate(config.eval_batches) if finished else None
+        summary = {
+            "finished": finished,
+            "final_step": start + steps_run,
+            "skipped_steps": counters["skipped"],
+            "nonfinite_steps": counters["nonfinite"],
+            "final_loss_scale": last.get("loss_scale"),
+            "final_loss": last.get("loss"),
+            "eval_accuracy": eval_accuracy,
+            "median_images_per_second": float(np.median(speeds)) if speeds else None,
+            "jit": trainer.jit,
+        }
+        if files is not None:
+            if finished:
+                files.finish(summary)
+            else:
+                files.close()
+    finally:
+        if files is not None:
+            files.close()
+    return RunResult(
+        directory=config.output, steps_run=steps_run, final_step=start + steps_run,
+        skipped_steps=counters["skipped"], nonfinite_steps=counters["nonfinite"],
+        final_loss_scale=float(last.get("loss_scale", config.loss_scale.scale)),
+        final_loss=float(last.get("loss", math.nan)), eval_accuracy=eval_accuracy,
+        images_per_second=summary["median_images_per_second"] or 0.0, jit=trainer.jit, summary=summary,
+    )
