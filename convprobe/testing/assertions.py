@@ -1,0 +1,453 @@
+"""Numerical assertions that read as sentences and explain the numbers when they fail.
+
+    assert_accumulates_in("tensorflow/cpu/default", "fp32")
+    assert_ulp_close(y, expected, 1, "fp16")
+    assert_within_error_bound(y, reference, K=144, accumulate="fp16", kind="deterministic")
+    assert_no_gradient_underflow(records, layer="stage1*", tolerance=0.0)
+    assert_all_finite(y)
+
+Each raises `AssertionError` whose message names the claim, the measured
+numbers and the worst elements, and hides its own frames from pytest
+tracebacks (`__tracebackhide__`). Bad arguments (an unknown format, a negative
+ULP count) raise `InvalidArgument` instead: a wrong question is not a failed
+claim. TensorFlow and pandas are imported only when an assertion needs them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from convprobe.analysis.bounds import BOUND_KINDS
+from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.formats import Format, format_of_dtype, parse_format
+
+__all__ = [
+    "assert_accumulates_in",
+    "assert_ulp_close",
+    "assert_within_error_bound",
+    "assert_no_gradient_underflow",
+    "assert_all_finite",
+    "ACCUMULATIONS",
+    "BOUND_KINDS",
+]
+
+#: What `assert_accumulates_in` can check: the two accumulations the probes tell apart.
+ACCUMULATIONS = ("fp16", "fp32")
+
+
+#: How many offending elements a failure message lists.
+_SHOWN = 5
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _fmt(fmt: str | Format | None, actual: np.ndarray, argument: str = "format") -> Format:
+    if fmt is None:
+        try:
+            return format_of_dtype(actual.dtype)
+        except InvalidArgument:
+            raise InvalidArgument(
+                f"{argument} must be given when actual has dtype {actual.dtype}; "
+                "name one of fp8_e4m3, fp8_e5m2, bf16, fp16, fp32, fp64"
+            ) from None
+    return parse_format(fmt, argument=argument)
+
+
+def _value(v: float) -> str:
+    """A float as a person reads it, exact for every format up to fp32 (repr of float64)."""
+    return repr(float(v))
+
+
+def _index(flat: int, shape: tuple[int, ...]) -> str:
+    if not shape:
+        return "()"
+    return str(tuple(int(i) for i in np.unravel_index(flat, shape)))
+
+
+def _pow2(x: float) -> str:
+    """'2**-10' when x is a power of two, else the value."""
+    if x > 0:
+        m, e = math.frexp(x)
+        if m == 0.5:
+            return f"2**{e - 1}"
+    return f"{x:.6g}"
+
+
+# --------------------------------------------------------------------------- finite
+
+
+def assert_all_finite(array: object, *, name: str = "array") -> None:
+    """Assert that every element of `array` is finite (no inf, no NaN).
+
+    The message counts infinities and NaNs and lists the first few positions.
+    """
+    __tracebackhide__ = True
+    a = np.asarray(array)
+    with np.errstate(invalid="ignore"):
+        wide = a.astype(np.float64)
+    bad = ~np.isfinite(wide)
+    if not bad.any():
+        return
+    n_nan = int(np.isnan(wide).sum())
+    n_pinf = int(np.isposinf(wide).sum())
+    n_ninf = int(np.isneginf(wide).sum())
+    where = np.flatnonzero(bad.ravel())[:_SHOWN]
+    lines = [
+        f"{name} is not all finite: {int(bad.sum())} of {a.size} elements are not "
+        f"({n_nan} NaN, {n_pinf} +inf, {n_ninf} -inf; dtype {a.dtype}).",
+        "  first non-finite elements (index: value):",
+    ]
+    lines += [f"    {_index(i, a.shape)}: {_value(wide.ravel()[i])}" for i in where]
+    raise AssertionError("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- ulps
+
+
+def assert_ulp_close(actual: object, expected: object, max_ulp: int, format: str | Format | None = None) -> None:
+    """Assert that `actual` is within `max_ulp` steps of `expected` in `format`.
+
+    Distance counts the representable values of `format` between the two
+    (`convprobe.analysis.ulp_distance`): 0 means bit-identical values (+0 and -0
+    are 0 apart, two NaNs are 0 apart, inf is one step past the largest finite
+    number). Both arrays must hold values representable in `format` (fp16,
+    bf16, fp8_e4m3, fp8_e5m2, fp32, fp64; default: actual's dtype). To compare
+    with an exact float64 reference use `assert_within_error_bound` or round
+    the reference first.
+    """
+    __tracebackhide__ = True
+    from convprobe.analysis import ulp, ulp_distance
+
+    if isinstance(max_ulp, bool) or not isinstance(max_ulp, (int, np.integer)) or max_ulp < 0:
+        raise InvalidArgument(f"max_ulp must be a non-negative integer; received {max_ulp!r}")
+    a = np.asarray(actual)
+    e = np.asarray(expected)
+    fmt = _fmt(format, a)
+    try:
+        a_b, e_b = np.broadcast_arrays(a, e)
+    except ValueError:
+        raise InvalidArgument(f"actual and expected must have broadcastable shapes; received {a.shape} and {e.shape}") from None
+    for arr, argument in ((a, "actual"), (e, "expected")):
+        try:
+            ulp_distance(arr, arr, fmt)
+        except InvalidArgument as exc:
+            detail = str(exc).split(" holds ", 1)[-1]
+            raise InvalidArgument(f"{argument} holds {detail}; round it to {fmt.name} first") from None
+    dist = ulp_distance(a_b, e_b, fmt)
+    over = dist > max_ulp
+    if not over.any():
+        return
+    a64 = a_b.astype(np.float64)
+    e64 = e_b.astype(np.float64)
+    order = np.argsort(-dist.ravel(), kind="stable")[: min(_SHOWN, int(over.sum()))]
+    worst = int(dist.max())
+    worst_text = "a NaN against a number" if worst == np.iinfo(np.int64).max else f"{worst} ulp"
+    lines = [
+        f"actual is not within {max_ulp} ulp of expected in {fmt.name}: "
+        f"{int(over.sum())} of {dist.size} elements are farther, the worst {worst_text}.",
+        f"  ({fmt.name}: p = {fmt.precision} bits, so one ulp at 1.0 is {_pow2(fmt.epsilon)}; "
+        "distance = number of representable steps between the two values)",
+        "  worst elements (index: actual vs expected, distance, ulp(expected)):",
+    ]
+    for i in order:
+        d = int(dist.ravel()[i])
+        d_text = "NaN vs number" if d == np.iinfo(np.int64).max else f"{d} ulp"
+        step = float(ulp(e64.ravel()[i], fmt))
+        lines.append(
+            f"    {_index(i, dist.shape)}: {_value(a64.ravel()[i])} vs {_value(e64.ravel()[i])}, "
+            f"{d_text}, ulp = {_pow2(step)}"
+        )
+    raise AssertionError("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+def assert_within_error_bound(
+    actual: object,
+    reference: object,
+    K: int,
+    accumulate: str | Format = "fp16",
+    kind: str = "deterministic",
+    *,
+    abs_sum: object | None = None,
+    output: str | Format | None = None,
+    block_size: int | None = None,
+    internal: str | Format | None = None,
+    lam: float | None = None,
+) -> None:
+    """Assert |actual - reference| <= bound * S elementwise, for dot products of length K.
+
+    S = sum_k |x_k w_k| per output (`abs_sum`; by default |reference|, which is
+    exact for terms of one sign such as the classic U[0, 1) inputs and too
+    small otherwise, so pass the fp64 conv of |x| and |w| for signed data).
+    The bound is the analysis layer's `dot_error_bound(K, accumulate, kind)`,
+    with u the unit roundoff of `accumulate`:
+
+        deterministic   gamma_K(u) = K u / (1 - K u)             (Higham 2002, §3.1, (3.5))
+        probabilistic   lambda sqrt(K) u, lambda = 3 by default  (Higham & Mary 2019)
+        blocked         block-FMA bound, blocks of `block_size`  (Blanchard et al. 2020)
+
+    If the result is stored in a narrower `output` format (default: actual's
+    dtype when it is narrower than `accumulate`), its one rounding adds
+    u_out + (1 + u_out) * bound. `reference` is the exact (fp64) result.
+    """
+    __tracebackhide__ = True
+    from convprobe.analysis import DEFAULT_LAMBDA, dot_error_bound
+
+    if kind not in BOUND_KINDS:
+        raise invalid_choice("kind", kind, BOUND_KINDS)
+    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
+        raise InvalidArgument(f"K must be a positive integer (the reduction length); received {K!r}")
+    acc = parse_format(accumulate, argument="accumulate")
+    a = np.asarray(actual)
+    with np.errstate(all="ignore"):
+        a64 = a.astype(np.float64)
+    r64 = np.asarray(reference, dtype=np.float64)
+    try:
+        a64, r64 = np.broadcast_arrays(a64, r64)
+    except ValueError:
+        raise InvalidArgument(f"actual and reference must have broadcastable shapes; received {a.shape} and {r64.shape}") from None
+    if abs_sum is None:
+        s64 = np.abs(r64)
+    else:
+        s64 = np.broadcast_to(np.asarray(abs_sum, dtype=np.float64), r64.shape)
+        if np.any(s64 < 0):
+            raise InvalidArgument("abs_sum must be non-negative (the sum of |x_k w_k| per output)")
+    out_fmt = None
+    if output is not None:
+        out_fmt = parse_format(output, argument="output")
+    else:
+        try:
+            candidate = format_of_dtype(a.dtype)
+            out_fmt = candidate if candidate.precision < acc.precision else None
+        except InvalidArgument:
+            out_fmt = None
+    lam_value = DEFAULT_LAMBDA if lam is None else lam
+    factor = float(dot_error_bound(
+        int(K), acc, kind, lam=lam_value, block_size=block_size, internal=internal,
+        output=None if out_fmt is None else out_fmt,
+    ))
+    formula = {
+        "deterministic": "gamma_K(u) = K u / (1 - K u)",
+        "probabilistic": f"lambda sqrt(K) u with lambda = {lam_value:g}",
+        "blocked": f"block-FMA bound with b = {block_size}" + (f", additions in {internal}" if internal else ""),
+    }[kind]
+    if out_fmt is not None:
+        formula = f"u_{out_fmt.name} + (1 + u_{out_fmt.name}) * [{formula}]"
+    allowed = factor * s64
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(a64 - r64)
+    both_nan = np.isnan(a64) & np.isnan(r64)
+    same_inf = np.isinf(a64) & (a64 == r64)
+    err = np.where(both_nan | same_inf, 0.0, np.where(np.isnan(err), np.inf, err))
+    over = ~(err <= allowed)
+    if not over.any():
+        return
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(allowed > 0, err / allowed, np.inf)
+    order = np.argsort(-ratio.ravel(), kind="stable")[: min(_SHOWN, int(over.sum()))]
+    worst = float(ratio.max())
+    lines = [
+        f"actual is not within the {kind} error bound of {acc.name} accumulation over K = {int(K)}: "
+        f"{int(over.sum())} of {err.size} elements exceed it, the worst by {worst:.3g}x.",
+        f"  bound = {formula} = {factor:.6g} per unit of S  (K = {int(K)}, u_{acc.name} = "
+        f"{_pow2(acc.unit_roundoff)}; S = {'|reference|' if abs_sum is None else 'abs_sum = sum |x_k w_k|'})",
+        "  worst elements (index: actual vs reference, |error| vs bound):",
+    ]
+    for i in order:
+        lines.append(
+            f"    {_index(i, err.shape)}: {_value(a64.ravel()[i])} vs {_value(r64.ravel()[i])}, "
+            f"|error| {float(err.ravel()[i]):.6g} > bound {float(allowed.ravel()[i]):.6g}"
+        )
+    raise AssertionError("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- underflow
+
+#: Columns `assert_no_gradient_underflow` needs from the harness's telemetry records.
+_REQUIRED_COLUMNS = ("layer", "n", "flushed")
+
+
+def _telemetry_frame(records):
+    """The harness's telemetry records as a DataFrame, from any of the forms it is kept in."""
+    import pandas as pd
+
+    if isinstance(records, pd.DataFrame):
+        return records
+    if isinstance(records, (str, Path)):
+        path = Path(records)
+        if path.is_dir():
+            path = path / "telemetry.csv"
+        if not path.exists():
+            raise InvalidArgument(f"records must be a telemetry CSV or a run directory holding telemetry.csv; {path} does not exist")
+        return pd.read_csv(path)
+    for attribute in ("telemetry", "records"):
+        inner = getattr(records, attribute, None)
+        if inner is not None and not callable(inner):
+            return _telemetry_frame(inner)
+    if isinstance(records, Iterable):
+        return pd.DataFrame(list(records))
+    raise InvalidArgument(
+        "records must be a DataFrame, a list of dicts, a telemetry.csv path or a run directory; "
+        f"received {type(records).__name__}"
+    )
+
+
+def assert_no_gradient_underflow(
+    records: object,
+    *,
+    layer: str | Sequence[str] | None = None,
+    tolerance: float = 0.0,
+    kind: str | None = None,
+) -> None:
+    """Assert that no more than `tolerance` of each layer's gradient values underflowed.
+
+    `records` is the training harness's per-layer telemetry (a DataFrame, a
+    list of row dicts, a `telemetry.csv` or the run directory holding it); the
+    columns used are layer, n and flushed (plus kind, step, loss_scale, lost,
+    subnormal and routing_zero when present, for the message). A value
+    *underflowed* when it is zero in the low-precision run while its fp32
+    shadow |S g| is nonzero and below half the format's smallest subnormal
+    (2**-25 for fp16): it was flushed to zero. Routing zeros (ReLU, pooling)
+    are not underflow. The fraction is flushed / n summed over every recorded
+    step, per layer (and kind). `layer` selects layers by name or glob
+    ("stage1*"); `kind` is "weight" or "activation"; `tolerance` is a fraction
+    in [0, 1] (0: no value may underflow).
+    """
+    __tracebackhide__ = True
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance <= 1.0:
+        raise InvalidArgument(f"tolerance must be a fraction in [0, 1]; received {tolerance!r}")
+    frame = _telemetry_frame(records)
+    missing = [c for c in _REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise InvalidArgument(
+            f"records must have the telemetry columns {', '.join(_REQUIRED_COLUMNS)}; missing {', '.join(missing)} "
+            f"(columns present: {', '.join(map(str, frame.columns)) or 'none'})"
+        )
+    if frame.empty:
+        raise InvalidArgument("records hold no telemetry rows: nothing was recorded, so nothing can be asserted")
+    layers = sorted(frame["layer"].astype(str).unique())
+    if layer is not None:
+        patterns = [layer] if isinstance(layer, str) else list(layer)
+        chosen = [name for name in layers if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+        if not chosen:
+            shown = ", ".join(layers[:20]) + (", ..." if len(layers) > 20 else "")
+            raise InvalidArgument(f"layer must name recorded layers; received {layer!r}; recorded layers: {shown}")
+        frame = frame[frame["layer"].astype(str).isin(chosen)]
+    if kind is not None:
+        if "kind" not in frame.columns:
+            raise InvalidArgument("kind was given but records have no 'kind' column")
+        kinds = sorted(frame["kind"].astype(str).unique())
+        if kind not in kinds:
+            raise invalid_choice("kind", kind, kinds)
+        frame = frame[frame["kind"].astype(str) == kind]
+    keys = ["layer"] + (["kind"] if "kind" in frame.columns else [])
+    extra = [c for c in ("lost", "subnormal", "routing_zero") if c in frame.columns]
+    grouped = frame.groupby(keys, sort=False)[["n", "flushed", *extra]].sum()
+    grouped["fraction"] = grouped["flushed"] / grouped["n"].where(grouped["n"] > 0)
+    grouped["fraction"] = grouped["fraction"].fillna(0.0)
+    bad = grouped[grouped["fraction"] > tolerance].sort_values("fraction", ascending=False)
+    if bad.empty:
+        return
+    total_n = int(grouped["n"].sum())
+    total_flushed = int(grouped["flushed"].sum())
+    scope = "all layers" if layer is None else f"layer {layer!r}"
+    steps = ""
+    if "step" in frame.columns:
+        steps = f" over steps {int(frame['step'].min())}..{int(frame['step'].max())}"
+    scales = ""
+    if "loss_scale" in frame.columns:
+        values = sorted(set(float(s) for s in frame["loss_scale"]))
+        scales = f", loss scale {', '.join(f'{s:g}' for s in values[:4])}{', ...' if len(values) > 4 else ''}"
+    lines = [
+        f"gradients underflowed in {len(bad)} of {len(grouped)} (layer, kind) groups of {scope}"
+        f"{steps}{scales}: more than {tolerance:.3g} of their values were flushed to zero "
+        f"({total_flushed} of {total_n} values overall).",
+        "  flushed = zero in the low-precision run while the fp32 shadow |S*g| is nonzero and below half "
+        "the smallest subnormal (2**-25 for fp16); routing zeros (ReLU, pooling) are not counted.",
+        "  worst groups (layer [kind]: flushed / n = fraction" + (", " + ", ".join(extra) if extra else "") + "):",
+    ]
+    for key, row in bad.head(2 * _SHOWN).iterrows():
+        name = " ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
+        more = ", ".join(f"{c} {int(row[c])}" for c in extra)
+        lines.append(
+            f"    {name}: {int(row['flushed'])} / {int(row['n'])} = {row['fraction']:.4g}" + (f"; {more}" if more else "")
+        )
+    if len(bad) > 2 * _SHOWN:
+        lines.append(f"    ... and {len(bad) - 2 * _SHOWN} more")
+    lines.append("  a larger loss scale S moves gradients up, out of the flush range.")
+    raise AssertionError("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- accumulation
+
+
+def assert_accumulates_in(
+    backend: object,
+    accumulate: str,
+    *,
+    compare_params: dict | None = None,
+    timeout: float = 300.0,
+) -> list:
+    """Assert that `backend` accumulates fp16 convolutions in `accumulate` (fp16 or fp32).
+
+    Runs the two probes behind `convprobe overflow` and `convprobe compare`
+    through the real runner (a TensorFlow configuration in its own child
+    process, with its environment set before TensorFlow is imported):
+
+    - overflow: the 65519 test; 0 means wide accumulation, inf or NaN fp16;
+    - compare: real versus fake fp16 on the classic shapes (or
+      `compare_params`); bit-identical or within the fp32-accumulation bound
+      means fp32, beyond it but within the fp16 bound means fp16.
+
+    Both must observe `accumulate`. `backend` is anything `resolve_target`
+    accepts: a `BackendConfig`, the `conv_backend` fixture, a label such as
+    "tensorflow/cpu/default", an emulator model ("sequential:fp16") or a
+    backend object. Returns the two `ProbeResult`s.
+    """
+    __tracebackhide__ = True
+    from concurrent.futures import ThreadPoolExecutor
+
+    from convprobe.probes.runner import run_one
+    from convprobe.testing.backends import resolve_target
+
+    if accumulate not in ACCUMULATIONS:
+        raise invalid_choice("accumulate", accumulate, ACCUMULATIONS)
+    config = resolve_target(backend)
+    jobs = [("overflow", {}), ("compare", {"seed": 0, **(compare_params or {})})]
+    if config.backend == "tensorflow":
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            results = list(pool.map(lambda job: run_one(job[0], config, job[1], timeout=timeout), jobs))
+    else:
+        results = [run_one(name, config, params, timeout=timeout) for name, params in jobs]
+    failed = [r for r in results if r.status != "ok"]
+    wrong = [r for r in results if r.status == "ok" and r.accumulation != accumulate]
+    if not failed and not wrong:
+        return results
+    observed = sorted({r.accumulation for r in results if r.status == "ok"})
+    if failed:
+        head = f"{config.label} could not be probed, so it is not shown to accumulate in {accumulate}:"
+    elif len(observed) == 1:
+        head = f"{config.label} does not accumulate in {accumulate}: it accumulates in {observed[0]}."
+    else:
+        head = (f"{config.label} does not accumulate in {accumulate}: the probes disagree "
+                f"({', '.join(f'{r.probe} says {r.accumulation}' for r in results)}).")
+    lines = [head]
+    for r in results:
+        title = {"overflow": "overflow probe (65519 test)", "compare": "compare probe (real vs fake fp16)"}.get(r.probe, r.probe)
+        if r.status != "ok":
+            lines.append(f"  {title}: {r.status}: {r.error}")
+            continue
+        lines.append(f"  {title}: {r.accumulation} - {r.verdict}")
+        if r.evidence:
+            lines.append(f"      {r.evidence}")
+    env = " ".join(f"{k}={v}" for k, v in sorted(config.env.items())) or "(nothing set)"
+    lines.append(f"  configuration: {config.label}; environment {env}" + (f"; {config.note}" if config.note else ""))
+    raise AssertionError("\n".join(lines))
