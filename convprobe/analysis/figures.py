@@ -1,0 +1,283 @@
+"""Figures for sweep and probe results; each function returns a matplotlib `Figure`.
+
+Figures are built on `matplotlib.figure.Figure` directly, never through pyplot:
+no global figure registry, no backend switch, no rcParams change, nothing shown.
+The caller saves with `fig.savefig("x.png")` or `"x.svg"` (the format follows
+the suffix) and may drop the object afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+from convprobe.analysis.bounds import DEFAULT_LAMBDA, dot_error_bound, probabilistic_confidence
+from convprobe.analysis.tables import SWEEP_SCHEMA, validate_frame
+from convprobe.errors import InvalidArgument
+from convprobe.formats import Format, parse_format
+
+__all__ = [
+    "error_vs_k_figure",
+    "ulp_histogram_figure",
+    "table_figure",
+    "DEFAULT_HIGHLIGHT",
+]
+
+#: Cell colours of `table_figure`, by exact cell text: fp16 warm, fp32 cool, failures red.
+DEFAULT_HIGHLIGHT: dict[str, str] = {
+    "fp16": "#fcd5b4",
+    "fp32": "#c6dbef",
+    "fp64": "#9ecae1",
+    "bf16": "#d9ead3",
+    "crashed": "#f4a6a6",
+    "failed": "#f4a6a6",
+    "timeout": "#f4c7a6",
+    "unsupported": "#dddddd",
+}
+
+_SERIES_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+                   "#bcbd22", "#7f7f7f")
+_BOUND_COLOURS = {"fp16": "#b35806", "bf16": "#1b7837", "fp32": "#2166ac", "fp64": "#542788",
+                  "fp8_e4m3": "#762a83", "fp8_e5m2": "#c51b7d"}
+
+
+def _power_of_two_axis(ax, ks: np.ndarray) -> None:
+    """log2 x axis with ticks at the powers of two spanned, labelled as plain integers."""
+    ax.set_xscale("log", base=2)
+    lo, hi = int(np.floor(np.log2(ks.min()))), int(np.ceil(np.log2(ks.max())))
+    step = max(1, -(-(hi - lo + 1) // 7))  # at most 7 labels: 16 64 256 ... stay legible
+    ax.xaxis.set_major_locator(FixedLocator([2.0**e for e in range(lo, hi + 1, step)]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f}"))
+
+
+def error_vs_k_figure(
+    df: pd.DataFrame,
+    *,
+    error: str = "max_abs_sum_error",
+    accumulators: Iterable[str | Format] = ("fp16", "fp32"),
+    lam: float = DEFAULT_LAMBDA,
+    output: str | Format | None = None,
+    by: str = "configuration",
+    facet: str | None = "distribution",
+    title: str | None = None,
+) -> Figure:
+    """Error versus reduction length K, one line per `by`, with the bounds of each accumulator.
+
+    Each line is the worst `error` over seeds at each K (status "ok" rows only).
+    For every accumulator format the deterministic gamma_K(u) (solid, drawn
+    where K u < 1) and the probabilistic lambda sqrt(K) u (dashed) are drawn
+    from `bounds.dot_error_bound`, with `output` rounding added when given. Use
+    error="max_abs_sum_error" to compare like with like: the bounds bound
+    |error| / sum|x_i w_i|. Exact results (error 0) sit on a marked floor.
+    """
+    frame = validate_frame(df, SWEEP_SCHEMA)
+    for name in (error, by) + ((facet,) if facet else ()):
+        if name not in frame.columns:
+            raise InvalidArgument(f"column {name!r} is not in the sweep schema")
+    ok = frame[(frame["status"] == "ok") & frame[error].notna()]
+    if ok.empty:
+        raise InvalidArgument(f"no 'ok' rows with a {error} value to plot")
+    accs = [parse_format(a, argument="accumulators") for a in accumulators]
+    facets = list(dict.fromkeys(ok[facet])) if facet else [None]
+    fig = Figure(figsize=(5.2 * len(facets) + 2.6, 4.6), layout="constrained")
+    axes = fig.subplots(1, len(facets), sharey=True, squeeze=False)[0]
+    ks_all = ok["k"].to_numpy(dtype=np.float64)
+    positive = ok[error].to_numpy(dtype=np.float64)
+    positive = positive[(positive > 0) & np.isfinite(positive)]
+    floor = float(positive.min()) / 8 if positive.size else 1e-8
+    any_exact = bool((ok[error] == 0).any())
+    out_note = f" + {parse_format(output, argument='output').name} output" if output is not None else ""
+    k_grid = np.unique(np.round(np.geomspace(ks_all.min(), ks_all.max(), 200)).astype(np.int64))
+    series = list(dict.fromkeys(ok[by]))
+    colours = {s: _SERIES_COLOURS[i % len(_SERIES_COLOURS)] for i, s in enumerate(series)}
+    top = 1.0
+    for ax, value in zip(axes, facets):
+        part = ok if value is None else ok[ok[facet] == value]
+        for name in series:
+            rows = part[part[by] == name]
+            if rows.empty:
+                continue
+            worst = rows.groupby("k")[error].max().sort_index()
+            ks = worst.index.to_numpy(dtype=np.float64)
+            ys = worst.to_numpy(dtype=np.float64)
+            shown = np.where(ys > 0, ys, floor)
+            ax.plot(ks, shown, marker="o", markersize=4, linewidth=1.6, color=colours[name], label=str(name))
+            exact = ys == 0
+            if exact.any():
+                ax.plot(ks[exact], shown[exact], linestyle="none", marker="v", markersize=7,
+                        markerfacecolor="white", color=colours[name])
+        for acc in accs:
+            colour = _BOUND_COLOURS.get(acc.name, "#444444")
+            defined = k_grid * acc.unit_roundoff < 1.0
+            if defined.any():
+                g = dot_error_bound(k_grid[defined], acc, "deterministic", output=output)
+                keep = np.asarray(g) <= top
+                ax.plot(k_grid[defined][keep], np.asarray(g)[keep], color=colour, linewidth=1.2, alpha=0.9,
+                        label=f"$\\gamma_K$: {acc.name} accumulation{out_note}")
+            p = dot_error_bound(k_grid, acc, "probabilistic", lam=lam, output=output)
+            ax.plot(k_grid, p, color=colour, linewidth=1.2, linestyle="--", alpha=0.9,
+                    label=f"$\\lambda\\sqrt{{K}}\\,u$: {acc.name} accumulation{out_note}")
+        if any_exact:
+            ax.axhline(floor, color="#999999", linewidth=0.8, linestyle=":")
+            ax.text(ks_all.min(), floor, " exact (0)", va="bottom", ha="left", fontsize=8, color="#666666")
+        ax.set_yscale("log")
+        _power_of_two_axis(ax, ks_all)
+        ax.set_xlabel("reduction length K = C_in·kh·kw")
+        ax.grid(True, which="major", alpha=0.3)
+        if value is not None:
+            ax.set_title(f"{facet}: {value}", fontsize=10)
+    axes[0].set_ylabel(_ERROR_LABELS.get(error, error))
+    axes[0].set_ylim(floor / 2 if any_exact else floor * 2, top * 2)
+    handles, labels = axes[0].get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    for ax in axes[1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    confidence = probabilistic_confidence(lam, min(a.unit_roundoff for a in accs)) if accs else None
+    legend_title = (
+        f"dashed: λ = {lam:g}, holds w.p. ≥ {confidence:.3f}\nper rounding chain (Higham & Mary 2019)"
+        if confidence is not None
+        else None
+    )
+    fig.legend(list(seen.values()), list(seen.keys()), loc="outside right center", fontsize=8,
+               title=legend_title, title_fontsize=8, frameon=False)
+    fig.suptitle(title or f"Error versus reduction length ({_ERROR_LABELS.get(error, error)})", fontsize=11)
+    return fig
+
+
+_ERROR_LABELS = {
+    "max_abs_sum_error": "max |ŷ − y| / Σ|x·w|",
+    "max_relative_error": "max |ŷ − y| / |y|",
+    "median_relative_error": "median |ŷ − y| / |y|",
+    "relative_norm_error": "‖ŷ − y‖₂ / ‖y‖₂",
+    "max_ulp_error": "max ULP error",
+    "median_ulp_error": "median ULP error",
+}
+
+
+def ulp_histogram_figure(
+    errors: Mapping[str, object] | object,
+    fmt: str | Format = "fp16",
+    *,
+    bins: int = 60,
+    title: str | None = None,
+) -> Figure:
+    """Histogram of ULP errors (from `metrics.ulp_error`), one outline per labelled series.
+
+    Log-spaced bins on a log x axis, so half-ulp rounding and thousand-ulp
+    accumulation errors are both visible; exact results (0 ulps) and infinite
+    errors cannot sit on that axis and are counted in the legend instead. The
+    line at 0.5 ulp marks correct rounding.
+    """
+    f = parse_format(fmt, argument="fmt")
+    data = dict(errors) if isinstance(errors, Mapping) else {"outputs": errors}
+    if not data:
+        raise InvalidArgument("errors must hold at least one series")
+    arrays = {}
+    for label, values in data.items():
+        arr = np.asarray(values, dtype=np.float64).ravel()
+        if arr.size == 0:
+            raise InvalidArgument(f"errors[{label!r}] is empty")
+        if np.any(np.isnan(arr)) or np.any(arr < 0):
+            raise InvalidArgument(f"errors[{label!r}] must hold ULP errors >= 0 (ulp_error never gives NaN)")
+        arrays[str(label)] = arr
+    finite_pos = np.concatenate([a[(a > 0) & np.isfinite(a)] for a in arrays.values()])
+    lo = min(float(finite_pos.min()) if finite_pos.size else 0.5, 2.0**-6)
+    hi = max(float(finite_pos.max()) if finite_pos.size else 1.0, 1.0) * 1.05
+    edges = np.geomspace(lo, hi, bins + 1)
+    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    peak = 1
+    for i, (label, arr) in enumerate(arrays.items()):
+        colour = _SERIES_COLOURS[i % len(_SERIES_COLOURS)]
+        pos = arr[(arr > 0) & np.isfinite(arr)]
+        zeros = int(np.count_nonzero(arr == 0))
+        infs = int(np.count_nonzero(np.isinf(arr)))
+        note = f"{label}  (n={arr.size}, max={_fmt_ulps(arr.max())}, exact={zeros}" + (f", inf={infs})" if infs else ")")
+        counts, _ = np.histogram(pos, bins=edges)
+        peak = max(peak, int(counts.max(initial=0)))
+        ax.stairs(counts, edges, linewidth=1.8, color=colour, label=note)
+    ax.axvline(0.5, color="black", linewidth=1.0, linestyle="--", label="0.5 ulp: correctly rounded")
+    ax.set_xlim(edges[0], edges[-1])
+    ax.set_ylim(0.7, peak * 1.6)  # fixed before the log scale: autoscaling all-zero counts warns
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"ULP error in {f.name} (|ŷ − y| / ulp(y), log scale)")
+    ax.set_ylabel("number of outputs")
+    ax.grid(True, which="major", alpha=0.3)
+    fig.legend(fontsize=8, loc="outside lower center", ncols=2, frameon=False)
+    ax.set_title(title or f"ULP error distribution ({f.name})", fontsize=11)
+    return fig
+
+
+def _fmt_ulps(value: float) -> str:
+    if not np.isfinite(value):
+        return "inf"
+    return f"{value:.3g}"
+
+
+def table_figure(
+    df: pd.DataFrame,
+    *,
+    title: str | None = None,
+    highlight: Mapping[str, str] | None = None,
+    max_rows: int = 60,
+) -> Figure:
+    """Render a DataFrame (e.g. `tables.fingerprint_table`) as a table image.
+
+    Columns are sized to their longest text; cells whose text is a key of
+    `highlight` (default `DEFAULT_HIGHLIGHT`: fp16 warm, fp32 cool, crashes
+    red) are coloured, so the pattern is visible before any cell is read.
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise InvalidArgument(f"df must be a pandas DataFrame; received {type(df).__name__}")
+    if df.shape[1] == 0:
+        raise InvalidArgument("df has no columns to render")
+    if len(df) > max_rows:
+        raise InvalidArgument(f"df has {len(df)} rows; table_figure renders at most max_rows={max_rows}")
+    colours = DEFAULT_HIGHLIGHT if highlight is None else dict(highlight)
+    header = [str(c) for c in df.columns]
+    body = [["" if _missing(v) else str(v) for v in row] for row in df.itertuples(index=False)]
+    widths = [max([len(h)] + [len(r[j]) for r in body]) + 2 for j, h in enumerate(header)]
+    char_in = 0.085
+    fig_w = max(4.0, sum(widths) * char_in + 0.4)
+    fig_h = 0.32 * (len(body) + 1) + (0.55 if title else 0.2)
+    fig = Figure(figsize=(fig_w, fig_h), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    table = ax.table(
+        cellText=body or [[""] * len(header)],
+        colLabels=header,
+        colWidths=[w / sum(widths) for w in widths],
+        cellLoc="left",
+        loc="upper center",
+        bbox=[0.0, 0.0, 1.0, 1.0],
+    )
+    table.auto_set_font_size(False)
+    table.set_fontsize(9)
+    for (row, col), cell in table.get_celld().items():
+        cell.set_edgecolor("#bbbbbb")
+        cell.set_linewidth(0.5)
+        if row == 0:
+            cell.set_facecolor("#34495e")
+            cell.get_text().set_color("white")
+            cell.get_text().set_fontweight("bold")
+            continue
+        text = cell.get_text().get_text()
+        base = "#f7f7f7" if row % 2 == 0 else "white"
+        cell.set_facecolor(colours.get(text, base))
+    if title:
+        ax.set_title(title, fontsize=11, loc="left")
+    return fig
+
+
+def _missing(value: object) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
