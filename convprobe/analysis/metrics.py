@@ -385,13 +385,17 @@ def special_counts(actual: object, reference: object | None = None) -> dict[str,
     return counts
 
 
-def summarize(actual: object, reference: object, fmt: str | Format) -> dict[str, object]:
+def summarize(
+    actual: object, reference: object, fmt: str | Format, *, abs_sum: object | None = None
+) -> dict[str, object]:
     """Every scalar metric of `actual` against the exact `reference`, as plain Python values.
 
     `actual` must be representable in `fmt` (it is the format's output). ULP
     distance and bitwise difference are measured against the reference rounded
     to `fmt` (0 ulps = correctly rounded); ULP error against the reference
-    itself. Infinite metrics are float('inf') (json.dumps writes Infinity).
+    itself. With `abs_sum` (sum|x_i w_i| per output) max_abs_sum_error is
+    filled, else it is None. The keys are the sweep table's metric columns.
+    Infinite metrics are float('inf') (json.dumps writes Infinity).
     """
     f = _format(fmt)
     a, r = _broadcast(
@@ -415,6 +419,7 @@ def summarize(actual: object, reference: object, fmt: str | Format) -> dict[str,
         "max_ulp_distance": int(np.max(dist)),
         "fraction_correctly_rounded": fraction_correctly_rounded(a, r, f),
         "fraction_different": fraction_different(a, rn),
+        "max_abs_sum_error": None if abs_sum is None else max_abs_sum_error(a, r, abs_sum),
         "inf_count": special["inf"],
         "nan_count": special["nan"],
         "zero_count": special["zero"],

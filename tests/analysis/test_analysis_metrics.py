@@ -107,6 +107,7 @@ def test_summarize_the_65519_probe():
         "max_ulp_distance": 0x7C00,  # from 0 to inf: the encoding of inf
         "fraction_correctly_rounded": 0.75,
         "fraction_different": 0.25,
+        "max_abs_sum_error": None,
         "inf_count": 1,
         "nan_count": 0,
         "zero_count": 1,
@@ -114,7 +115,9 @@ def test_summarize_the_65519_probe():
         "overflow_count": 1,
     }
     json.dumps(s)  # plain Python values
-    assert all(type(v) in (str, int, float) for v in s.values())
+    assert all(type(v) in (str, int, float, type(None)) for v in s.values())
+    with_sum = summarize(actual[1:], reference[1:], "fp16", abs_sum=[4.0, 2.0**-11, 1.0])
+    assert with_sum["max_abs_sum_error"] == 1.0  # 2**-11 off on a sum|x w| of 2**-11
 
 
 def test_summarize_clean_result_is_strict_json():

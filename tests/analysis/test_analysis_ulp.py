@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from analysis_helpers import EXHAUSTIVE, all_values, ids, widen
 
 from convprobe.analysis import (
@@ -277,3 +279,27 @@ def test_ulp_error_nonfinite_conventions():
     assert ulp_error(0.0, 0.0, FP16) == 0.0
     assert ulp_error(2**-24, 0.0, FP16) == 1.0  # ulp(0) is the smallest subnormal
     assert ulp_error(65504.0, 65536.0, FP16) == 0.5  # past max, ulp keeps growing: ulp(2**16) = 64
+
+
+# --------------------------------------------------------------------------- properties
+
+_f32 = st.floats(width=32, allow_nan=False)
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(st.lists(_f32, min_size=3, max_size=3))
+def test_ulp_distance_is_a_metric_on_a_line(values):
+    a, b, c = sorted(values)
+    ab, bc, ac = ulp_distance([a, b, a], [b, c, c], FP32)
+    assert ac == ab + bc  # ranks are a linear order: distances add along it
+    assert ulp_distance(b, a, FP32) == ab
+    assert (ab == 0) == (a == b)
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(st.floats(min_value=-6e4, max_value=6e4, allow_nan=False), st.sampled_from([*EXHAUSTIVE, FP32]))
+def test_rounding_is_within_half_an_ulp_and_idempotent(x, fmt):
+    r = round_nearest_even(x, fmt)
+    if np.isfinite(r):
+        assert ulp_error(r, x, fmt) <= 0.5
+        assert round_nearest_even(r, fmt) == r
