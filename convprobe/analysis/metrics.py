@@ -120,8 +120,9 @@ def ulp(x: object, fmt: str | Format) -> np.ndarray:
     definition round-to-nearest satisfies |RN(x) - x| <= ulp(x)/2 for every x in
     range. References: D. Goldberg, "What every computer scientist should know
     about floating-point arithmetic", ACM Comput. Surv. 23(1), 1991, §1.2;
-    J.-M. Muller et al., Handbook of Floating-Point Arithmetic, 2nd ed., 2018,
-    §2.6 (ulp function, Goldberg's definition). ulp(±inf) = inf, ulp(NaN) = NaN.
+    J.-M. Muller et al., Handbook of Floating-Point Arithmetic, Birkhäuser 2010,
+    §2.6.1 "The ulp function" (Goldberg's definition, next to Harrison's, which
+    differs at powers of two). ulp(±inf) = inf, ulp(NaN) = NaN.
     """
     f = _format(fmt)
     v = _as_float64(x, "x")
@@ -277,8 +278,9 @@ def _norm2(v: np.ndarray) -> float:
 def relative_norm_error(actual: object, reference: object) -> float:
     """||actual - reference||_2 / ||reference||_2 over all elements.
 
-    The normwise error of Higham, Accuracy and Stability of Numerical
-    Algorithms, 2nd ed., §1.2. Differences follow the module conventions; the
+    The normwise relative error (Higham, Accuracy and Stability of Numerical
+    Algorithms, 2nd ed., SIAM 2002, ch. 1): one number for a whole output
+    tensor, dominated by its largest entries. Differences follow the module conventions; the
     denominator uses the finite reference entries. 0/0 = 0; x/0 = inf for x > 0.
     """
     a, r = _broadcast(

@@ -333,7 +333,10 @@ def read_table(path: str | Path, schema: Schema | str) -> pd.DataFrame:
         if payload.get("schema") != s.name:
             raise InvalidArgument(f"{where} holds a {payload.get('schema')!r} table, not {s.name!r}")
         rows = payload["rows"]
-        df = pd.DataFrame(rows, columns=list(rows[0]) if rows else list(s.names))
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise InvalidArgument(f"{where}: 'rows' must be a list of objects")
+        columns = list(dict.fromkeys(key for r in rows for key in r)) if rows else list(s.names)
+        df = pd.DataFrame(rows, columns=columns)
         return validate_frame(df, s, where=where)
     raise invalid_choice("path suffix", p.suffix, (".csv", ".json"))
 

@@ -119,6 +119,14 @@ def test_read_table_refuses_foreign_files(tmp_path):
         json.loads((tmp_path / "p.json").read_text())["rows"])]}))
     with pytest.raises(InvalidArgument, match="results file v2.json has schema_version 2"):
         read_table(tmp_path / "v2.json", "probe")
+    rows = json.loads((tmp_path / "p.json").read_text())["rows"]
+    rows[-1]["colour"] = "red"  # one row with an extra key is enough to refuse the file
+    (tmp_path / "extra.json").write_text(json.dumps({"schema": "probe", "rows": rows}))
+    with pytest.raises(InvalidArgument, match="results file extra.json does not match the probe schema v1: unknown column.s. colour"):
+        read_table(tmp_path / "extra.json", "probe")
+    (tmp_path / "records.json").write_text(json.dumps([{"probe": "overflow"}]))
+    with pytest.raises(InvalidArgument, match="results file records.json is not a convprobe table"):
+        read_table(tmp_path / "records.json", "probe")
     (tmp_path / "junk.json").write_text("{not json")
     with pytest.raises(InvalidArgument, match="results file junk.json is not valid JSON"):
         read_table(tmp_path / "junk.json", "probe")
