@@ -31,7 +31,7 @@ def comparison_specs(config: TrainConfig, static_scale: float | None = None) -> 
 
 
 def run_comparison(config: TrainConfig, output: str | Path, *, static_scale: float | None = None,
-                   figures: bool = True):
+                   figures: bool = True, eager: bool = False):
     """Run the three trainings into output/<label>/ and write the table and figures."""
     from convprobe.training.trainer import train
 
@@ -40,7 +40,7 @@ def run_comparison(config: TrainConfig, output: str | Path, *, static_scale: flo
     runs = {}
     for spec in comparison_specs(config, static_scale):
         run_config = replace(config, loss_scale=spec, output=str(output / spec.label))
-        runs[spec.label] = train(run_config)
+        runs[spec.label] = train(run_config, eager=eager)
     table = summarise(output, list(runs))
     table.to_csv(output / "comparison.csv", index=False)
     (output / "comparison.txt").write_text(format_table(table), encoding="utf-8")

@@ -45,7 +45,7 @@ STEP_COLUMNS = (
 )
 TELEMETRY_COLUMNS = (
     "step", "loss_scale", "kind", "index", "layer", *COUNT_FIELDS,
-    "routing_zero_fraction", "flushed_fraction", "lost_fraction", "subnormal_fraction",
+    "routing_zero_fraction", "flushed_fraction", "lost_fraction", "subnormal_fraction", "class_mismatch_fraction",
     "shadow_underflow_fraction", "min_abs", "max_abs", "hist_low", "hist_shadow",
 )
 

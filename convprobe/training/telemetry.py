@@ -8,12 +8,17 @@ in fp32 on the same scaled loss), the elements are sorted into:
 - routing zeros: exactly zero in both (ReLU, pooling routing): not underflow,
   they appear at every loss scale;
 - flushed: zero in the low-precision run while the fp32 shadow |S·g| is
-  nonzero and below half the format's smallest subnormal (2^-25 for fp16), the
-  magnitude that rounds to zero;
+  nonzero and at most half the format's smallest subnormal (2^-25 for fp16):
+  below it everything rounds to zero, and the tie at 2^-25 rounds to even, zero;
 - lost: zero in the low-precision run although the shadow value is
   representable (an upstream flush or cancellation made it zero);
 - subnormal: the low-precision value lies in [smallest subnormal, smallest
   normal) (2^-24 .. 2^-14 for fp16) and carries fewer significant bits;
+- class mismatch: the element's range class (zero, subnormal, normal,
+  non-finite) in the low-precision run differs from the class its fp32 shadow
+  value falls in. Two low-precision runs (say with and without XLA) can put an
+  element in different classes only if one of them mismatches the shadow, so
+  the sum of their mismatch counts bounds how far their other counts can differ;
 - inf / nan counts, min nonzero and max finite |g| (in scaled units), and a
   log2-magnitude histogram of both the low-precision values and the shadow.
 
@@ -35,7 +40,6 @@ __all__ = [
     "HIST_MAX_EXPONENT",
     "Thresholds",
     "histogram_edges",
-    "tensor_stats",
     "batched_stats",
     "numpy_tensor_stats",
     "encode_histogram",
@@ -45,7 +49,7 @@ __all__ = [
 #: Integer counts per tensor, in this order.
 COUNT_FIELDS = (
     "n", "routing_zero", "flushed", "lost", "subnormal", "inf", "nan",
-    "shadow_underflow", "shadow_subnormal",
+    "shadow_underflow", "shadow_subnormal", "class_mismatch",
 )
 #: Histogram bins: bin k counts nonzero finite |x| with floor(log2|x|) = HIST_MIN_EXPONENT + k - 1;
 #: the first bin collects everything below 2^HIST_MIN_EXPONENT, the last everything >= 2^HIST_MAX_EXPONENT.
@@ -63,13 +67,14 @@ def histogram_edges() -> list[int]:
 class Thresholds:
     """Magnitudes that separate flushed / subnormal / normal for one format."""
 
-    flush_below: float  # half the smallest subnormal: values below round to zero
+    flush_below: float  # half the smallest subnormal: values at or below round to zero
     smallest_subnormal: float
     smallest_normal: float
+    largest: float
 
     @classmethod
     def of(cls, fmt: Format) -> "Thresholds":
-        return cls(fmt.smallest_subnormal / 2, fmt.smallest_subnormal, fmt.tiny)
+        return cls(fmt.smallest_subnormal / 2, fmt.smallest_subnormal, fmt.tiny, fmt.max)
 
 
 def _exponent_bins(tf, a):
@@ -84,53 +89,17 @@ def _histogram(tf, a, mask):
     return tf.math.unsorted_segment_sum(tf.cast(mask, tf.int32), _exponent_bins(tf, a), N_BINS)
 
 
-def tensor_stats(low, shadow, thresholds: Thresholds):
-    """TensorFlow ops: (counts int32[len(COUNT_FIELDS)], extremes float32[2], hist_low, hist_shadow).
-
-    `low` is the gradient as the low-precision run holds it (any float dtype),
-    `shadow` the fp32 shadow on the same scaled loss. XLA-compatible.
-    """
-    import tensorflow as tf
-
-    a = tf.abs(tf.reshape(tf.cast(low, tf.float32), [-1]))
-    s = tf.abs(tf.reshape(tf.cast(shadow, tf.float32), [-1]))
-    finite = tf.math.is_finite(a)
-    low_zero = tf.equal(a, 0.0)
-    shadow_zero = tf.equal(s, 0.0)
-    under = tf.logical_and(tf.logical_not(shadow_zero), s < thresholds.flush_below)
-
-    def count(mask):
-        return tf.reduce_sum(tf.cast(mask, tf.int32))
-
-    counts = tf.stack([
-        tf.size(a, out_type=tf.int32),
-        count(tf.logical_and(low_zero, shadow_zero)),
-        count(tf.logical_and(low_zero, under)),
-        count(tf.logical_and(low_zero, tf.logical_and(tf.logical_not(shadow_zero), tf.logical_not(under)))),
-        count(tf.logical_and(a >= thresholds.smallest_subnormal, a < thresholds.smallest_normal)),
-        count(tf.math.is_inf(a)),
-        count(tf.math.is_nan(a)),
-        count(under),
-        count(tf.logical_and(s >= thresholds.flush_below, s < thresholds.smallest_normal)),
-    ])
-    nonzero_finite = tf.logical_and(finite, tf.logical_not(low_zero))
-    inf = tf.constant(np.inf, tf.float32)
-    extremes = tf.stack([
-        tf.reduce_min(tf.where(nonzero_finite, a, inf)),
-        tf.reduce_max(tf.where(finite, a, 0.0)),
-    ])
-    hist_low = _histogram(tf, tf.where(finite, a, 0.0), nonzero_finite)
-    shadow_ok = tf.logical_and(tf.math.is_finite(s), tf.logical_not(shadow_zero))
-    hist_shadow = _histogram(tf, tf.where(tf.math.is_finite(s), s, 0.0), shadow_ok)
-    return counts, extremes, hist_low, hist_shadow
+def _range_class(tf, x, zero, t: Thresholds):
+    """0 zero, 1 subnormal, 2 normal, 3 beyond the format's range or non-finite."""
+    return tf.where(zero, 0, tf.where(x < t.smallest_normal, 1, tf.where(x <= t.largest, 2, 3)))
 
 
 def batched_stats(lows, shadows, thresholds: Thresholds):
-    """`tensor_stats` for a list of tensors at once, as stacked arrays.
+    """The classification above for a list of tensors at once, as stacked arrays.
 
     All tensors are flattened into one vector with a segment id per tensor, so
     the graph has a fixed number of ops however many layers there are (XLA
-    compiles it in seconds instead of minutes). Returns (counts [T, 9] int32,
+    compiles it in seconds instead of minutes). Returns (counts [T, len(COUNT_FIELDS)] int32,
     extremes [T, 2] float32, hist_low [T, B] int32, hist_shadow [T, B] int32).
     """
     import tensorflow as tf
@@ -142,17 +111,22 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
     finite = tf.math.is_finite(a)
     low_zero = tf.equal(a, 0.0)
     shadow_zero = tf.equal(s, 0.0)
-    under = tf.logical_and(tf.logical_not(shadow_zero), s < thresholds.flush_below)
+    under = tf.logical_and(tf.logical_not(shadow_zero), s <= thresholds.flush_below)
     masks = [
         tf.ones_like(low_zero),
         tf.logical_and(low_zero, shadow_zero),
         tf.logical_and(low_zero, under),
         tf.logical_and(low_zero, tf.logical_and(tf.logical_not(shadow_zero), tf.logical_not(under))),
-        tf.logical_and(a >= thresholds.smallest_subnormal, a < thresholds.smallest_normal),
+        # "nonzero and below the smallest normal" rather than ">= smallest subnormal": TensorFlow's
+        # CPU threads run with denormals-are-zero, so an fp32 constant 2^-149 would compare as 0.
+        tf.logical_and(tf.logical_not(low_zero), a < thresholds.smallest_normal),
         tf.math.is_inf(a),
         tf.math.is_nan(a),
         under,
-        tf.logical_and(s >= thresholds.flush_below, s < thresholds.smallest_normal),
+        tf.logical_and(s > thresholds.flush_below, s < thresholds.smallest_normal),
+        tf.not_equal(_range_class(tf, tf.where(tf.math.is_nan(a), np.inf, a), low_zero, thresholds),
+                     _range_class(tf, tf.where(tf.math.is_nan(s), np.inf, s),
+                                  tf.logical_or(shadow_zero, under), thresholds)),
     ]
     counts = tf.stack([tf.math.unsorted_segment_sum(tf.cast(m, tf.int32), seg, t) for m in masks], axis=1)
     nonzero_finite = tf.logical_and(finite, tf.logical_not(low_zero))
@@ -177,19 +151,25 @@ def numpy_tensor_stats(low: np.ndarray, shadow: np.ndarray, thresholds: Threshol
     a = np.abs(np.asarray(low, dtype=np.float64)).ravel()
     s = np.abs(np.asarray(shadow, dtype=np.float64)).ravel()
     with np.errstate(invalid="ignore"):
-        under = (s != 0) & (s < thresholds.flush_below)
+        under = (s != 0) & (s <= thresholds.flush_below)
         out = {
             "n": a.size,
             "routing_zero": int(np.sum((a == 0) & (s == 0))),
             "flushed": int(np.sum((a == 0) & under)),
             "lost": int(np.sum((a == 0) & (s != 0) & ~under)),
-            "subnormal": int(np.sum((a >= thresholds.smallest_subnormal) & (a < thresholds.smallest_normal))),
+            "subnormal": int(np.sum((a != 0) & (a < thresholds.smallest_normal))),
             "inf": int(np.sum(np.isinf(a))),
             "nan": int(np.sum(np.isnan(a))),
             "shadow_underflow": int(np.sum(under)),
-            "shadow_subnormal": int(np.sum((s >= thresholds.flush_below) & (s < thresholds.smallest_normal))),
+            "shadow_subnormal": int(np.sum((s > thresholds.flush_below) & (s < thresholds.smallest_normal))),
+            "class_mismatch": int(np.sum(_np_class(a, a == 0, thresholds) != _np_class(s, (s == 0) | under, thresholds))),
         }
     return out
+
+
+def _np_class(x, zero, t: Thresholds):
+    x = np.where(np.isnan(x), np.inf, x)
+    return np.where(zero, 0, np.where(x < t.smallest_normal, 1, np.where(x <= t.largest, 2, 3)))
 
 
 def encode_histogram(counts) -> str:

@@ -14,7 +14,7 @@ global batch), scaled by S, one `tape.gradient` for the weight gradients and
   inf/NaN, double after `dynamic_growth_steps` finite steps).
 
 On a telemetry step an fp32 shadow model first receives the current weights,
-then runs the same batch on the same scaled loss, and `telemetry.tensor_stats`
+then runs the same batch on the same scaled loss, and `telemetry.batched_stats`
 compares every gradient with its shadow. The gradients measured are exactly
 the ones the update uses.
 """
@@ -80,8 +80,11 @@ def _fixed_scale_optimizer(inner, scale: float):
 class Trainer:
     """Builds the model, its fp32 shadow, the optimizer and the compiled steps."""
 
-    def __init__(self, config: TrainConfig, data: Batches | None = None):
+    def __init__(self, config: TrainConfig, data: Batches | None = None, *, eager: bool = False):
+        """`eager=True` runs the steps op by op without tracing a graph (same arithmetic
+        as the graph without XLA, no tracing cost: for tests and debugging)."""
         self.config = config
+        self.eager = eager
         distributed = config.distribute == "mirrored"
         self.tf = tf = runtime.tensorflow(config.logical_devices if distributed else None)
         import keras
@@ -107,7 +110,7 @@ class Trainer:
             self.strategy = tf.distribute.get_strategy()
         self.replicas = self.strategy.num_replicas_in_sync
         # XLA cannot compile the cross-replica merge calls of a Keras optimizer.
-        self.jit = bool(config.jit) and not distributed
+        self.jit = bool(config.jit) and not distributed and not eager
         from convprobe.training.model import build_resnet
 
         with self.strategy.scope():
@@ -197,6 +200,12 @@ class Trainer:
             for target, source in zip(self.shadow.weights, self.model.weights):
                 target.assign(tf.cast(source, target.dtype))
 
+        if self.eager:
+            self._copy = copy_weights
+            self._plain = lambda i, l: self._replica_step(i, l, False)
+            self._telem = lambda i, l: self._replica_step(i, l, True)
+            self._predict = lambda i: self.model(i, training=False)[0]
+            return
         self._copy = tf.function(copy_weights)
         if self.replicas > 1:
             def plain(images, labels):
@@ -277,6 +286,7 @@ class Trainer:
                 "flushed_fraction": c["flushed"] / n,
                 "lost_fraction": c["lost"] / n,
                 "subnormal_fraction": c["subnormal"] / n,
+                "class_mismatch_fraction": c["class_mismatch"] / n,
                 "shadow_underflow_fraction": c["shadow_underflow"] / n,
                 "min_abs": float(result["min_abs"][t]), "max_abs": float(result["max_abs"][t]),
                 "hist_low": encode_histogram(result["hist_low"][t]),
@@ -327,19 +337,21 @@ def _progress(step: int, total: int, result: dict, stream=sys.stderr) -> None:
 
 
 def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer | None = None,
-          stop_after: int | None = None) -> RunResult:
+          stop_after: int | None = None, eager: bool = False) -> RunResult:
     """Run (or resume) a training run, streaming records to `config.output` if set.
 
     `stop_after` ends the run early after that many steps in this call, leaving
     it as an interrupted run would (records and last checkpoint on disk).
+    `eager` runs without graph tracing (see `Trainer`).
     """
-    trainer = trainer or Trainer(config, data=data)
+    trainer = trainer or Trainer(config, data=data, eager=eager)
     files = RunFiles(config.output) if config.output else None
     start = 0
     counters = {"skipped": 0, "nonfinite": 0}
     if files is not None:
         facts = runtime.runtime_facts()
         facts["jit_effective"] = trainer.jit
+        facts["eager"] = trainer.eager
         start = files.start(config.to_json(), seed=config.seed, device=trainer.device_description(),
                             runtime=facts, layer_names={"weight": trainer.weight_names,
                                                         "activation": trainer.tap_names})
