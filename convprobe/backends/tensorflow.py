@@ -34,7 +34,10 @@ class TensorFlowBackend(AbstractBackend):
     """`tf.nn.conv2d` and its two gradient kernels on one device, optionally under XLA."""
 
     name = "tensorflow"
-    capabilities = frozenset({"conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"})
+    capabilities = frozenset({
+        "conv2d", "conv2d_backprop_input", "conv2d_backprop_filter",
+        "depthwise_conv2d", "conv3d", "matmul", "einsum",
+    })
 
     def __init__(self, device: str = "cpu", *, jit_compile: bool = False):
         if device not in DEVICES:
@@ -91,6 +94,43 @@ class TensorFlowBackend(AbstractBackend):
             )
 
         return self._run(fn, np.asarray(x), np.asarray(dy))
+
+    def depthwise_conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):
+        """`tf.nn.depthwise_conv2d`: NHWC x, filter (kh, kw, C, multiplier)."""
+        strides, dilation, pad = normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation"), _padding_arg(padding)
+
+        def fn(x, w):
+            return self.tf.nn.depthwise_conv2d(x, w, strides=[1, *strides, 1], padding=pad, dilations=list(dilation))
+
+        return self._run(fn, np.asarray(x), np.asarray(w))
+
+    def conv3d(self, x, w, *, strides=1, padding="VALID"):
+        """`tf.nn.conv3d`: NDHWC x, DHWIO filter."""
+        stride = (strides,) * 3 if isinstance(strides, int) else tuple(strides)
+        pad = _padding_arg(padding)
+        if not isinstance(pad, str):
+            raise invalid_choice("padding", padding, ("VALID", "SAME"))
+
+        def fn(x, w):
+            return self.tf.nn.conv3d(x, w, strides=[1, *stride, 1], padding=pad)
+
+        return self._run(fn, np.asarray(x), np.asarray(w))
+
+    def matmul(self, a, b):
+        """`tf.linalg.matmul` of (..., M, K) by (..., K, N)."""
+
+        def fn(a, b):
+            return self.tf.linalg.matmul(a, b)
+
+        return self._run(fn, np.asarray(a), np.asarray(b))
+
+    def einsum(self, equation, a, b):
+        """`tf.einsum(equation, a, b)` with two operands."""
+
+        def fn(a, b):
+            return self.tf.einsum(equation, a, b)
+
+        return self._run(fn, np.asarray(a), np.asarray(b))
 
     def runtime_info(self) -> dict:
         """What this TensorFlow process reports about itself (for provenance)."""
