@@ -32,6 +32,10 @@ __all__ = [
     "parse_env_assignments",
     "gpu_visible",
     "settings_table_markdown",
+    "MATRIX",
+    "MATRIX_DEFAULT",
+    "MUST_SHOW",
+    "matrix_configs",
 ]
 
 ACCUMULATE_CHOICES = ("fp16", "fp32", "default")
@@ -90,12 +94,16 @@ class BackendConfig:
     jit_compile: bool = False
     model: str | None = None
     note: str = ""
+    #: Name of a configuration-matrix row ('onednn-off'); None for request-built configs.
+    name: str | None = None
 
     @property
     def label(self) -> str:
         """Short, unique name for tables: 'tensorflow/cpu/fp16', 'emulated/sequential:fp16'."""
         if self.backend == "emulated":
             return f"emulated/{self.model}"
+        if self.name is not None:
+            return f"{self.backend}/{self.device}/{self.name}"
         parts = [self.backend, self.device, self.accumulate]
         if self.jit_compile:
             parts.append("jit")
@@ -105,7 +113,7 @@ class BackendConfig:
         return {
             "backend": self.backend, "accumulate": self.accumulate, "device": self.device,
             "env": dict(self.env), "jit_compile": self.jit_compile, "model": self.model,
-            "note": self.note, "label": self.label,
+            "note": self.note, "label": self.label, "name": self.name,
         }
 
     @classmethod
@@ -113,7 +121,7 @@ class BackendConfig:
         return cls(
             backend=data["backend"], accumulate=data["accumulate"], device=data["device"],
             env=dict(data.get("env", {})), jit_compile=bool(data.get("jit_compile", False)),
-            model=data.get("model"), note=data.get("note", ""),
+            model=data.get("model"), note=data.get("note", ""), name=data.get("name"),
         )
 
 
@@ -209,3 +217,88 @@ def settings_table_markdown() -> str:
         env = " ".join(f"`{k}={v}`" for k, v in setting.env.items()) or "(nothing set)"
         lines.append(f"| {device} | {accumulate} | {env} | {setting.note} |")
     return "\n".join(lines)
+
+
+# -- the TensorFlow configuration matrix (fingerprint, identify, sweep) ----------
+
+_STRICT = "--xla_cpu_strict_dot_conv_math=true"
+_NO_EXCESS = "--xla_allow_excess_precision=false"
+
+#: device -> name -> (environment, jit_compile, accumulate requested, note).
+#: On CPU the cuDNN/cuBLAS switches (TF_FP16_CONV_USE_FP32_COMPUTE,
+#: TF_FP16_MATMUL_USE_FP32_COMPUTE) change nothing (DESIGN.md), so the CPU matrix
+#: does not multiply its rows by them; 'gpu-switches' is one control row that
+#: shows it, run only when named. TF_CONV2D_USE_FP16_ACCUMULATE only matters on
+#: the Eigen path (oneDNN off); 'fp16-acc' is the control that shows oneDNN
+#: ignores it.
+MATRIX: dict[str, dict[str, tuple[dict[str, str], bool, str, str]]] = {
+    "cpu": {
+        "default": ({}, False, "default", "nothing set: oneDNN f16 kernels"),
+        "onednn-off": ({"TF_ENABLE_ONEDNN_OPTS": "0"}, False, "default", "Eigen kernels"),
+        "onednn-off+fp16-acc": (
+            {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE": "1"}, False, "fp16",
+            "Eigen conv2d asked to accumulate in fp16",
+        ),
+        "fp16-acc": ({"TF_CONV2D_USE_FP16_ACCUMULATE": "1"}, False, "fp16", "control: the Eigen switch with oneDNN on"),
+        "jit": ({}, True, "default", "XLA CPU, default flags"),
+        "jit+strict": ({"XLA_FLAGS": _STRICT}, True, "fp16", "XLA CPU keeps f16 dots/convs in f16"),
+        "jit+strict+no-excess": (
+            {"XLA_FLAGS": f"{_STRICT} {_NO_EXCESS}"}, True, "fp16", "strict f16 math and no excess precision in fusions",
+        ),
+        "jit+no-excess": ({"XLA_FLAGS": _NO_EXCESS}, True, "default", "XLA CPU without excess precision in fusions"),
+        "onednn-off+jit+strict": (
+            {"TF_ENABLE_ONEDNN_OPTS": "0", "XLA_FLAGS": _STRICT}, True, "fp16", "strict XLA with oneDNN off",
+        ),
+        "gpu-switches": (
+            {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "0"}, False, "fp16",
+            "control: the cuDNN/cuBLAS fp16-compute switches on a CPU (expected: no effect)",
+        ),
+    },
+    "gpu": {
+        "default": ({}, False, "default", "cuDNN/cuBLAS defaults"),
+        "fp16-compute": (
+            {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "0"}, False, "fp16",
+            "cuDNN/cuBLAS fp16 compute type",
+        ),
+        "fp32-compute": (
+            {"TF_FP16_CONV_USE_FP32_COMPUTE": "1", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "1"}, False, "fp32",
+            "cuDNN/cuBLAS fp32 compute type",
+        ),
+        "jit": ({}, True, "default", "XLA GPU"),
+        "jit+fp16-compute": (
+            {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "0"}, True, "fp16",
+            "XLA GPU with the fp16 compute switches",
+        ),
+    },
+}
+
+#: Rows run when no names are given (controls are run only when named).
+MATRIX_DEFAULT: dict[str, tuple[str, ...]] = {
+    "cpu": (
+        "default", "onednn-off", "onednn-off+fp16-acc", "fp16-acc", "jit", "jit+strict",
+        "jit+strict+no-excess", "jit+no-excess",
+    ),
+    "gpu": ("default", "fp16-compute", "fp32-compute", "jit", "jit+fp16-compute"),
+}
+
+#: The five CPU configurations the fingerprint must tell apart.
+MUST_SHOW = ("default", "onednn-off", "onednn-off+fp16-acc", "jit", "jit+strict")
+
+
+def matrix_configs(device: str = "cpu", names: list[str] | str | None = None) -> list[BackendConfig]:
+    """TensorFlow configurations of the matrix, by name ('all' or None = the default rows)."""
+    resolved = resolve_device(device)
+    table = MATRIX[resolved]
+    if names is None or names == "all" or names == ["all"]:
+        chosen = list(MATRIX_DEFAULT[resolved]) if names is None else list(table)
+    else:
+        chosen = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
+        if not chosen:
+            raise invalid_choice("configuration", "", (*table, "all"))
+    configs = []
+    for name in dict.fromkeys(chosen):
+        if name not in table:
+            raise invalid_choice("configuration", name, (*table, "all"))
+        env, jit, accumulate, note = table[name]
+        configs.append(BackendConfig("tensorflow", accumulate, resolved, env=dict(env), jit_compile=jit, note=note, name=name))
+    return configs
