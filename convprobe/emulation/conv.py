@@ -152,7 +152,7 @@ def _conv_core(x: np.ndarray, w: np.ndarray, model: AccumulationModel, strides, 
         pg = patches[..., g * cg:(g + 1) * cg]
         a = np.ascontiguousarray(pg.transpose(0, 1, 2, *(3 + i for i in axes))).reshape(m, -1)
         wg = w[:, :, :, g * og:(g + 1) * og].transpose(*axes, 3).reshape(-1, og)
-        K.reduce_gemm(a, np.ascontiguousarray(wg.T), fp, ic, np.uint64(seed), out, g * og)
+        K.gemm(a, wg, fp, ic, seed, out, g * og)
     return out.reshape(n, out_hw[0], out_hw[1], cout)
 
 
@@ -248,6 +248,5 @@ def conv2d_backprop_filter(x: np.ndarray, dy: np.ndarray, filter_shape: Sequence
     out = np.empty((kh * kw * cg, cout), dtype=np.float64)
     for g in range(groups):
         a = np.ascontiguousarray(patches[..., g * cg:(g + 1) * cg].reshape(m, -1).T)
-        b = np.ascontiguousarray(dy64[..., g * og:(g + 1) * og].reshape(m, og).T)
-        K.reduce_gemm(a, b, fp, ic, np.uint64(seed), out, g * og)
+        K.gemm(a, dy64[..., g * og:(g + 1) * og].reshape(m, og), fp, ic, seed, out, g * og)
     return finish(out.reshape(kh, kw, cg, cout), model)

@@ -27,3 +27,22 @@ def assert_same_bits(actual, expected):
 @pytest.fixture
 def same_bits():
     return assert_same_bits
+
+
+def _finite_fp16(bits):
+    x = bits.view(np.float16).copy()
+    x[~np.isfinite(x)] = np.float16(65504)
+    return x
+
+
+def fp16_arrays(shape):
+    """Hypothesis strategy: fp16 arrays over every finite bit pattern (no filtering),
+    mixed with values near 1 (so sums do not just overflow) and edge values."""
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    edge = [0x0000, 0x8000, 0x0001, 0x8001, 0x0400, 0x03FF, 0x7BFF, 0xFBFF, 0x3C00, 0xBC00,
+            0x3C01, 0x3800, 0x0200]
+    elements = (st.integers(0, 0xFFFF) | st.integers(0x3000, 0x4400)
+                | st.integers(0xB000, 0xC400) | st.sampled_from(edge))
+    return hnp.arrays(np.uint16, shape, elements=elements).map(_finite_fp16)

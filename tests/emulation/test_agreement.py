@@ -6,16 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from convprobe import emulation as em
 from convprobe.emulation import oracle
 from convprobe.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, custom_format
 
-from .conftest import assert_same_bits
-
-EDGE16 = [0.0, -0.0, 2.0**-24, -(2.0**-24), 2.0**-14, 65504.0, -65504.0, 1.0, -1.0,
-          1 + 2.0**-10, 0.5, 2.0**-13, 6.1e-5]
+from .conftest import assert_same_bits, fp16_arrays
 
 MODELS = [
     em.Sequential(FP16),
@@ -42,12 +38,6 @@ MODELS = [
     em.Exact(FP16, rounding="toward_zero", subnormals="flush"),
     em.Exact(FP16, rounding="stochastic", seed=1),
 ]
-
-
-def fp16_arrays(shape):
-    elements = (st.floats(width=16, allow_nan=False, allow_infinity=False)
-                | st.sampled_from(EDGE16))
-    return hnp.arrays(np.float16, shape, elements=elements)
 
 
 @st.composite

@@ -1,0 +1,114 @@
+"""Benchmark: emulated conv2d on ResNet-20 layer shapes vs TensorFlow's native fp32 conv2d.
+
+Run: ``python benchmarks/bench_emulation.py [--repeat 3] [--models sequential:fp16 ...]``
+
+Prints, per layer and in total, the best-of-N wall time and process CPU time of
+each emulation model and of ``tf.nn.conv2d`` in fp32 on the same shapes, measured
+in this one run, their ratios, and the peak memory of the emulator (NumPy
+allocations via tracemalloc, plus the process's peak RSS before TensorFlow is
+imported). CPU time is printed because shared machines make wall time noisy.
+
+Floor: an exact emulation needs, per term, at least one multiply, an error-free
+addition (TwoSum: 6 flops) and a rounding (about 8 integer/float ops), i.e.
+about 15-25 vector operations where the native kernel issues one fused
+multiply-add; with equal vector width that puts the floor near 15x native.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+import tracemalloc
+
+import numpy as np
+
+from convprobe.emulation import conv2d, parse_model
+
+LAYERS = [  # (x NHWC, w HWIO): ResNet-20 stages at batch 32, 3x3, SAME
+    ((32, 32, 32, 16), (3, 3, 16, 16)),
+    ((32, 16, 16, 32), (3, 3, 32, 32)),
+    ((32, 8, 8, 64), (3, 3, 64, 64)),
+]
+DEFAULT_MODELS = ["sequential:fp16", "sequential:fp16:addition=fp32", "blocked:fp16:b=4",
+                  "sequential:fp16:rounding=stochastic:seed=1", "exact:fp32"]
+
+
+def inputs(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for xs, ws in LAYERS:
+        x = rng.standard_normal(xs).astype(np.float16)
+        w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[:3]))).astype(np.float16)
+        out.append((x, w))
+    return out
+
+
+def best(fn, repeat: int) -> tuple[float, float]:
+    """(best wall seconds, best process CPU seconds) over `repeat` calls."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return min(walls), min(cpus)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
+    args = parser.parse_args()
+    data = inputs()
+    emu: dict[str, list[tuple[float, float]]] = {}
+    peak_np: dict[str, int] = {}
+    for spec in args.models:
+        model = parse_model(spec)
+        for x, w in data:  # compile / load the numba cache outside the timing
+            conv2d(x[:1], w, model, padding="SAME")
+        rows = []
+        peak = 0
+        for x, w in data:
+            rows.append(best(lambda: conv2d(x, w, model, padding="SAME"), args.repeat))
+            tracemalloc.start()
+            conv2d(x, w, model, padding="SAME")
+            peak = max(peak, tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+        emu[spec] = rows
+        peak_np[spec] = peak
+    rss_before_tf = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    import tensorflow as tf  # noqa: PLC0415 - the benchmark's baseline only
+
+    native = []
+    for x, w in data:
+        xt, wt = tf.constant(x.astype(np.float32)), tf.constant(w.astype(np.float32))
+        for _ in range(3):
+            tf.nn.conv2d(xt, wt, 1, "SAME").numpy()
+        native.append(best(lambda: tf.nn.conv2d(xt, wt, 1, "SAME").numpy(), max(args.repeat, 20)))
+
+    print(f"TensorFlow {tf.__version__}, NumPy {np.__version__}; best of {args.repeat} "
+          f"(native: best of {max(args.repeat, 20)})")
+    print(f"{'model':44s} {'layer':18s} {'wall s':>9s} {'x native':>9s} {'cpu s':>9s} "
+          f"{'x native':>9s}")
+    nat_wall = sum(t[0] for t in native)
+    nat_cpu = sum(t[1] for t in native)
+    for i, (xs, _) in enumerate(LAYERS):
+        print(f"{'tf.nn.conv2d fp32':44s} {str(xs[1:]):18s} {native[i][0]:9.4f} {1:9.1f} "
+              f"{native[i][1]:9.4f} {1:9.1f}")
+    for spec, rows in emu.items():
+        for i, (xs, _) in enumerate(LAYERS):
+            wall, cpu = rows[i]
+            print(f"{spec:44s} {str(xs[1:]):18s} {wall:9.4f} {wall / native[i][0]:9.1f} "
+                  f"{cpu:9.4f} {cpu / max(native[i][1], 1e-9):9.1f}")
+        wall, cpu = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        print(f"{spec:44s} {'TOTAL':18s} {wall:9.4f} {wall / nat_wall:9.1f} {cpu:9.4f} "
+              f"{cpu / max(nat_cpu, 1e-9):9.1f}   peak NumPy memory "
+              f"{peak_np[spec] / 2**20:.1f} MiB")
+    print(f"native TOTAL wall {nat_wall:.4f} s, cpu {nat_cpu:.4f} s; process peak RSS before "
+          f"importing TensorFlow: {rss_before_tf / 2**20:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
