@@ -139,7 +139,7 @@ def assert_ulp_close(actual: object, expected: object, max_ulp: int, format: str
         except InvalidArgument as exc:
             detail = str(exc).split(" holds ", 1)[-1]
             raise InvalidArgument(f"{argument} holds {detail}; round it to {fmt.name} first") from None
-    dist = ulp_distance(a_b, e_b, fmt)
+    dist = np.asarray(ulp_distance(a_b, e_b, fmt)).reshape(a_b.shape)
     over = dist > max_ulp
     if not over.any():
         return

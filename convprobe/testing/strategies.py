@@ -167,7 +167,7 @@ def boundary_values(fmt: str | Format = "fp16") -> st.SearchStrategy[float]:
     sub, tiny, eps = f.smallest_subnormal, f.tiny, f.epsilon
     values = [
         0.0, sub, 2 * sub, sub / 2, 1.5 * sub, tiny - sub, tiny, tiny - sub / 2, tiny + sub,
-        1.0, 1.0 + eps, 1.0 - eps / 2, 1.0 + eps / 2, f.max, f.max - math.ldexp(1.0, f.emax - f.precision + 1),
+        1.0, 1.0 + eps, 1.0 - eps / 2, 1.0 - eps / 4, 1.0 + eps / 2, f.max, f.max - math.ldexp(1.0, f.emax - f.precision + 1),
         f.max + math.ldexp(1.0, f.emax - f.precision),
     ]
     return st.sampled_from(values).flatmap(lambda v: st.sampled_from([v, -v]))
