@@ -8,11 +8,17 @@ the model it was given.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from convprobe.backends.base import AbstractBackend, normalize_pair
 from convprobe.errors import InvalidArgument, invalid_choice
+
+if TYPE_CHECKING:
+    from convprobe.emulation import AccumulationModel
 
 __all__ = ["EmulatedBackend"]
 
@@ -31,11 +37,25 @@ class EmulatedBackend(AbstractBackend):
 
         self.model = model if isinstance(model, AccumulationModel) else parse_model(model)
 
+    def model_for(self, *arrays) -> "AccumulationModel":
+        """The model this backend applies to inputs of these dtypes (see module docstring)."""
+        from convprobe.emulation import Sequential
+        from convprobe.formats import FP32, FP64, format_of_dtype
+
+        widest = max((np.asarray(a).dtype for a in arrays), key=lambda d: d.itemsize)
+        data_format = format_of_dtype(widest)
+        wide = {4: FP32, 8: FP64}.get(widest.itemsize)
+        if wide is not None and self.model.accumulator.precision < wide.precision:
+            return Sequential(wide)
+        if self.model.output != data_format:
+            return dataclasses.replace(self.model, output=data_format)
+        return self.model
+
     def conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):
         from convprobe.emulation import conv2d
 
         return conv2d(
-            x, w, self.model, strides=normalize_pair(strides, "strides"), padding=padding,
+            x, w, self.model_for(x, w), strides=normalize_pair(strides, "strides"), padding=padding,
             dilation=normalize_pair(dilation, "dilation"),
         )
 
@@ -43,7 +63,7 @@ class EmulatedBackend(AbstractBackend):
         from convprobe.emulation import conv2d_backprop_input
 
         return conv2d_backprop_input(
-            dy, w, tuple(input_shape), self.model, strides=normalize_pair(strides, "strides"),
+            dy, w, tuple(input_shape), self.model_for(dy, w), strides=normalize_pair(strides, "strides"),
             padding=padding, dilation=normalize_pair(dilation, "dilation"),
         )
 
@@ -51,7 +71,7 @@ class EmulatedBackend(AbstractBackend):
         from convprobe.emulation import conv2d_backprop_filter
 
         return conv2d_backprop_filter(
-            x, dy, tuple(filter_shape), self.model, strides=normalize_pair(strides, "strides"),
+            x, dy, tuple(filter_shape), self.model_for(x, dy), strides=normalize_pair(strides, "strides"),
             padding=padding, dilation=normalize_pair(dilation, "dilation"),
         )
 

@@ -22,14 +22,9 @@ import numpy as np
 from convprobe.formats import FP16, FP32
 from convprobe.probes.reference import conv2d_float64
 
-__all__ = ["DEFAULT_SHAPES", "inputs", "run", "interpret", "gamma"]
+__all__ = ["DEFAULT_SHAPES", "inputs", "run", "interpret"]
 
 DEFAULT_SHAPES = {"batch": 16, "height": 32, "width": 32, "channels": 16, "filters": 16, "kernel": 3}
-
-
-def gamma(k: int, u: float) -> float:
-    """gamma_k = k u / (1 - k u): the classic bound on k accumulated roundings."""
-    return k * u / (1.0 - k * u)
 
 
 def inputs(seed: int, batch: int, height: int, width: int, channels: int, filters: int, kernel: int):
@@ -54,7 +49,7 @@ def _errors(result: np.ndarray, reference: np.ndarray) -> dict:
 
 def run(backend, *, seed: int = 0, **shape) -> dict:
     """Run real and fake fp16 convs on `backend`; return error statistics (no arrays)."""
-    from convprobe.analysis import fraction_different, max_abs_diff, ulp_error
+    from convprobe.analysis import fraction_different, gamma, max_abs_diff, ulp_error
 
     dims = {**DEFAULT_SHAPES, **shape}
     x, w = inputs(seed, **dims)
