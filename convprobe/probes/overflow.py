@@ -54,7 +54,10 @@ def classify(values) -> tuple[str, str, str]:
     vals = [float(v) for v in values]
     p = 65504.0 * 65504.0
     if vals and all(v == 0.0 for v in vals):
-        return "fp32", WIDE, f"65504*65504 - 65504*65504 = 0 exactly: the products ({p:.4g}) were held wider than fp16"
+        return "fp32", WIDE, (
+            f"65504*65504 - 65504*65504 = 0 exactly: the products ({p:.4g}) were held wider than fp16 "
+            "(a blocked fp16 tensor-core accumulator that fuses both products in one block also gives 0)"
+        )
     if vals and all(math.isinf(v) for v in vals):
         return "fp16", FP16_FUSED, f"the first partial sum {p:.4g} overflowed an fp16 accumulator (max 65504) to inf"
     if vals and all(math.isnan(v) for v in vals):

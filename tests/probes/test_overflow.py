@@ -83,3 +83,24 @@ def test_expect_holds_with_exit_0_and_csv_file_output(tmp_path):
     (row,) = list(csv.DictReader(io.StringIO(text)))
     assert (row["configuration"], row["output"], row["accumulation"]) == ("tensorflow/cpu/fp16", "[inf, inf, inf]", "fp16")
     assert json.loads(row["provenance"])["environment"]["TF_CONV2D_USE_FP16_ACCUMULATE"] == "1"
+
+
+@pytest.mark.parametrize("model,output,accumulation,arithmetic", [
+    ("sequential:fp16", ["inf"] * 3, "fp16", overflow.FP16_FUSED),
+    ("sequential:fp16:product=fp16", ["nan"] * 3, "fp16", overflow.FP16_SEPARATE),
+    ("sequential:fp32", ["0.0"] * 3, "fp32", overflow.WIDE),
+    ("blocked:fp16:b=4", ["0.0"] * 3, "fp32", overflow.WIDE),  # both products fused in one block
+])
+def test_all_three_outcomes_are_reachable_on_the_emulator_from_the_cli(model, output, accumulation, arithmetic):
+    proc = run_cli("overflow", "--backend", "emulated", "--model", model, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)["results"]
+    assert row["observed"]["output"] == output
+    assert (row["accumulation"], row["arithmetic"]) == (accumulation, arithmetic)
+    assert row["config"]["label"] == f"emulated/{model}"
+
+
+def test_a_bad_model_spec_is_one_line_and_exit_2():
+    proc = run_cli("overflow", "--backend", "emulated", "--model", "blocked:fp16:b=0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "convprobe overflow: error: b must be an integer >= 1; received 0"
