@@ -59,40 +59,46 @@ def check_ops(ops) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def reduce_rows(backend, op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """out[m] = sum_k a[m, k] * b[k], computed by `backend`'s `op` (fp16 in, fp16 out)."""
+def reduce_rows(backend, op: str, a: np.ndarray, b: np.ndarray, channel: np.ndarray | None = None) -> np.ndarray:
+    """out[m] = sum_k a[m, k] * b[channel[m], k], computed by `backend`'s `op` (fp16 in and out).
+
+    `b` is one filter vector (L,) or several (C, L); with several, each op gets
+    C output channels (filters, matmul columns, depthwise multipliers) and row m
+    reads channel[m]: one call, hence one XLA compilation, serves every filter.
+    """
     if base_op(op) not in getattr(backend, "capabilities", ()):
         raise UnsupportedConfiguration(f"{backend.name} does not implement {base_op(op)}")
     a = np.ascontiguousarray(a, dtype=np.float16)
-    b = np.ascontiguousarray(b, dtype=np.float16)
+    bs = np.ascontiguousarray(np.atleast_2d(b), dtype=np.float16)
     m, length = a.shape
+    c = bs.shape[0]
+    channel = np.zeros(m, dtype=np.int64) if channel is None else np.asarray(channel, dtype=np.int64)
     with np.errstate(over="ignore", invalid="ignore"):
         if op == "conv2d":
-            y = backend.conv2d(a.reshape(m, 1, 1, length), b.reshape(1, 1, length, 1))
+            y = backend.conv2d(a.reshape(m, 1, 1, length), bs.T.reshape(1, 1, length, c))
         elif op == "conv2d_spatial":
-            y = backend.conv2d(a.reshape(m, 1, length, 1), b.reshape(1, length, 1, 1))
+            y = backend.conv2d(a.reshape(m, 1, length, 1), bs.T.reshape(1, length, 1, c))
+        elif op == "conv2d_backprop_input":
+            y = backend.conv2d_backprop_input(a.reshape(m, 1, 1, length), bs.reshape(1, 1, c, length), (m, 1, 1, c))
         elif op == "conv2d_backprop_input_spatial":
             if length > QUADRATIC_LIMIT:
                 raise UnsupportedConfiguration(f"{op} is limited to rows of {QUADRATIC_LIMIT} (cost grows as L**2)")
             dy = np.ascontiguousarray(a[:, ::-1]).reshape(m, 1, length, 1)
-            dx = backend.conv2d_backprop_input(dy, b.reshape(1, length, 1, 1), (m, 1, 2 * length - 1, 1))
-            y = np.asarray(dx)[:, 0, length - 1, 0]
-        elif op == "conv2d_backprop_input":
-            y = backend.conv2d_backprop_input(a.reshape(m, 1, 1, length), b.reshape(1, 1, 1, length), (m, 1, 1, 1))
+            w = np.ascontiguousarray(bs.T).reshape(1, length, c, 1)
+            dx = backend.conv2d_backprop_input(dy, w, (m, 1, 2 * length - 1, c))
+            y = np.asarray(dx)[:, :, length - 1, :]
         elif op == "conv2d_backprop_filter":
             x = np.ascontiguousarray(a.T).reshape(1, 1, length, m)
-            y = backend.conv2d_backprop_filter(x, b.reshape(1, 1, length, 1), (1, 1, m, 1))
+            y = backend.conv2d_backprop_filter(x, np.ascontiguousarray(bs.T).reshape(1, 1, length, c), (1, 1, m, c))
         elif op == "depthwise_conv2d":
-            y = backend.depthwise_conv2d(a.reshape(m, 1, length, 1), b.reshape(1, length, 1, 1))
+            y = backend.depthwise_conv2d(a.reshape(m, 1, length, 1), np.ascontiguousarray(bs.T).reshape(1, length, 1, c))
         elif op == "conv3d":
-            y = backend.conv3d(a.reshape(m, 1, 1, 1, length), b.reshape(1, 1, 1, length, 1))
+            y = backend.conv3d(a.reshape(m, 1, 1, 1, length), np.ascontiguousarray(bs.T).reshape(1, 1, 1, length, c))
         elif op == "matmul":
-            y = backend.matmul(a, b.reshape(length, 1))
+            y = backend.matmul(a, np.ascontiguousarray(bs.T))
         elif op == "einsum":
-            y = backend.einsum("mk,k->m", a, b)
+            y = backend.einsum("mk,kc->mc", a, np.ascontiguousarray(bs.T))
         else:
             raise invalid_choice("op", op, OPS)
-    y = np.asarray(y).reshape(-1)
-    if y.size != m:
-        raise AssertionError(f"{op} returned {y.size} values for {m} rows")
-    return y
+    y = np.asarray(y).reshape(m, c)
+    return y[np.arange(m), channel]

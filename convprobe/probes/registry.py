@@ -17,6 +17,9 @@ __all__ = ["PROBES", "get_probe"]
 PROBES = {
     "overflow": "convprobe.probes.overflow",
     "compare": "convprobe.probes.compare",
+    "fingerprint": "convprobe.probes.fingerprint",
+    "identify": "convprobe.probes.identify",
+    "sweep": "convprobe.probes.sweep",
 }
 
 

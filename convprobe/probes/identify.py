@@ -1,0 +1,257 @@
+"""`identify`: which emulator model reproduces a backend's op bit for bit?
+
+The backend runs each op on seeded random fp16 inputs (M dot products of
+length K, embedded as in `fingerprint_ops`) for K = 16 ... 8192; the parent
+recomputes the same dot products under every candidate model of the emulator
+and counts, per K, the fraction of outputs that are bitwise identical. The
+best model is the one with the most matches over all K (ties go to the
+simpler model, listed first); the first K at which it stops matching exposes
+blocking or reordering the model does not capture (e.g. a kernel that is
+sequential up to its register block and then combines partial sums).
+
+Besides the emulator's own models (`convprobe.emulation.parse_model` specs),
+the family includes *lane* models, ``lanes:FMT:w=W:then=ORDER``: the K terms
+are dealt round-robin to W accumulators (k mod W), each summed sequentially
+in FMT, and the W lane sums are then combined sequentially or pairwise - what
+a SIMD reduction over the contracted axis does. They are built from two
+emulator `dot` calls, so they are as exact as the emulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from convprobe.errors import InvalidArgument
+from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
+
+__all__ = [
+    "DEFAULT_KS",
+    "DEFAULT_ROWS",
+    "DEFAULT_CANDIDATES",
+    "Candidate",
+    "parse_candidate",
+    "candidates",
+    "inputs",
+    "run",
+    "match_fractions",
+    "summarize_matches",
+    "interpret",
+    "identify_backend",
+]
+
+DEFAULT_KS = tuple(2**i for i in range(4, 14))  # 16 ... 8192
+DEFAULT_ROWS = 64
+
+#: The model family searched by default: simplest first (ties go to the earlier one).
+DEFAULT_CANDIDATES = (
+    "exact:fp64:output=fp16",
+    "sequential:fp32:output=fp16",
+    "sequential:fp16",
+    "sequential:fp16:product=fp16",
+    "sequential:fp16:addition=fp32",
+    "sequential:fp32:product=fp16:output=fp16",
+    "pairwise:fp32:output=fp16",
+    "pairwise:fp16",
+    *(f"chunked:fp16:n={n}" for n in (8, 16, 32, 64, 128, 256)),
+    *(f"blocked:fp16:b={b}" for b in (2, 4, 8, 16, 32)),
+    *(f"blocked:fp16:b={b}:rounding=nearest_even" for b in (2, 4, 8, 16, 32)),
+    *(f"blocked:fp32:b={b}:extra={e}:output=fp16" for b in (4, 8, 16) for e in (0, 3)),
+    *(f"lanes:fp32:w={w}:then={t}" for w in (4, 8, 16, 32) for t in ("sequential", "pairwise")),
+    *(f"lanes:fp16:w={w}:then={t}" for w in (4, 8, 16, 32) for t in ("sequential", "pairwise")),
+    *(f"lanes:fp16:w={w}:then={t}:product=fp16" for w in (8, 16, 32) for t in ("sequential", "pairwise")),
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A named way of reducing rows of products; `compute(a, b)` -> fp16 outputs."""
+
+    name: str
+    model: object = None
+    lanes: int = 0
+    lane_model: object = None
+    combine_model: object = None
+
+    def compute(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        from convprobe.emulation import dot
+
+        if not self.lanes:
+            return np.asarray(dot(a, b[None, :], self.model)).astype(np.float16)
+        m, k = a.shape
+        w = self.lanes
+        if k % w:
+            raise InvalidArgument(f"lane model {self.name} needs K divisible by {w}; received K={k}")
+        # lane l holds terms l, l + w, l + 2w, ...: (m, w, k / w)
+        lane_a = np.ascontiguousarray(a.reshape(m, k // w, w).transpose(0, 2, 1))
+        lane_b = np.ascontiguousarray(b.reshape(k // w, w).T)
+        sums = np.asarray(dot(lane_a, lane_b[None, :, :], self.lane_model))
+        # the lane sums are exact in the lane format: combine them with products by 1
+        return np.asarray(dot(sums, np.ones((1, w), dtype=sums.dtype), self.combine_model)).astype(np.float16)
+
+
+def parse_candidate(spec: str) -> Candidate:
+    """A candidate from a model spec, or a lane spec 'lanes:FMT:w=W[:then=ORDER][:product=FMT]'."""
+    from convprobe.emulation import parse_model
+
+    text = spec.strip()
+    if not text.lower().startswith("lanes"):
+        return Candidate(text, model=parse_model(text))
+    parts = text.split(":")
+    if len(parts) < 3:
+        raise InvalidArgument(f"lane model must look like 'lanes:fp16:w=16:then=pairwise'; received {spec!r}")
+    fmt = parts[1]
+    options = dict(p.partition("=")[::2] for p in parts[2:])
+    unknown = sorted(set(options) - {"w", "then", "product"})
+    if unknown:
+        raise InvalidArgument(f"lane model parameters must be among w, then, product; received {unknown[0]!r} in {spec!r}")
+    try:
+        width = int(options.get("w", ""))
+    except ValueError:
+        raise InvalidArgument(f"lane model w must be a positive integer; received {spec!r}") from None
+    if width < 1:
+        raise InvalidArgument(f"lane model w must be a positive integer; received {spec!r}")
+    then = options.get("then", "sequential")
+    if then not in ("sequential", "pairwise"):
+        raise InvalidArgument(f"lane model then must be one of sequential, pairwise; received {then!r}")
+    product = options.get("product", "exact")
+    out = "" if fmt in ("fp16", "float16", "half") else ":output=fp16"
+    lane_model = parse_model(f"sequential:{fmt}:product={product}")
+    combine = parse_model(f"{then}:{fmt}{out}")
+    return Candidate(text, lanes=width, lane_model=lane_model, combine_model=combine)
+
+
+def candidates(specs=None) -> list[Candidate]:
+    """Parse candidate specs (None = `DEFAULT_CANDIDATES`); bad specs fail before anything runs."""
+    return [parse_candidate(s) for s in (specs or DEFAULT_CANDIDATES)]
+
+
+def inputs(seed: int, k: int, rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded fp16 rows for reduction length k; b ~ U[0, 1) with b[0] = b[k-1] = 1.
+
+    A third of the rows are U[0, 1) (growing sums: separate fp16 models), a
+    third U[-1, 1), and a third *offset* rows: U[0, 1) terms between
+    +c and -c, c = 2**15 * U[1, 1.5). The offset makes every fp32 partial sum
+    round at ulp 2**-8, so the order of fp32 additions shows in the fp16 result
+    (plain random rows are correctly rounded by every fp32 model).
+    """
+    rng = np.random.default_rng([seed, k])
+    third = rows // 3
+    a = np.concatenate([
+        rng.uniform(0.0, 1.0, (rows - 2 * third, k)),
+        rng.uniform(-1.0, 1.0, (third, k)),
+        rng.uniform(0.0, 1.0, (third, k)),
+    ]).astype(np.float16)
+    b = rng.uniform(0.0, 1.0, k).astype(np.float16)
+    if k >= 2:
+        offset = (2.0**15 * rng.uniform(1.0, 1.5, third)).astype(np.float16)
+        a[rows - third:, 0] = offset
+        a[rows - third:, k - 1] = -offset
+        b[0] = b[k - 1] = 1.0
+    return a, b
+
+
+def _ks_for(op: str, ks) -> list[int]:
+    return [k for k in ks if not (op in QUADRATIC_OPS and k > QUADRATIC_LIMIT)]
+
+
+def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed: int = 0, **_params) -> dict:
+    """Child side: each op's outputs (fp16 bit patterns) on the seeded inputs for every K."""
+    from convprobe.errors import UnsupportedConfiguration
+    from convprobe.probes.encoding import encode_bits
+
+    results = {}
+    for op in check_ops(ops):
+        try:
+            per_k = {}
+            for k in _ks_for(op, ks):
+                a, b = inputs(seed, k, rows)
+                y = np.asarray(reduce_rows(backend, op, a, b)).astype(np.float16)
+                per_k[str(k)] = encode_bits(y)
+            results[op] = {"status": "ok", "bits": per_k}
+        except UnsupportedConfiguration as exc:
+            results[op] = {"status": "unsupported", "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
+            results[op] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    return {"ops": results, "rows": rows, "seed": seed, "ks": list(ks)}
+
+
+def _bits(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values.astype(np.float16)).view(np.uint16)
+
+
+def match_fractions(bits_by_k: dict[str, list[str]], cands: list[Candidate], *, rows: int, seed: int) -> dict[str, dict[int, float]]:
+    """{candidate name: {K: fraction of outputs bitwise equal}} (NaNs match NaNs of any payload)."""
+    table: dict[str, dict[int, float]] = {c.name: {} for c in cands}
+    for key, hexes in bits_by_k.items():
+        k = int(key)
+        a, b = inputs(seed, k, rows)
+        observed = np.array([int(h, 16) for h in hexes], dtype=np.uint16)
+        obs_nan = np.isnan(observed.view(np.float16))
+        for cand in cands:
+            try:
+                predicted = cand.compute(a, b)
+            except InvalidArgument:
+                continue
+            pb = _bits(predicted)
+            same = (pb == observed) | (obs_nan & np.isnan(predicted))
+            table[cand.name][k] = float(np.mean(same))
+    return table
+
+
+def summarize_matches(table: dict[str, dict[int, float]]) -> dict:
+    """Best model (most matches over all K, earliest on ties), its fractions, where it stops matching."""
+    scored = [(sum(fr.values()), -i, name) for i, (name, fr) in enumerate(table.items()) if fr]
+    if not scored:
+        return {"best": None, "fractions": {}, "stops_matching_at": None, "perfect": []}
+    _, _, best = max(scored)
+    fractions = dict(sorted(table[best].items()))
+    stops = next((k for k, f in fractions.items() if f < 1.0), None)
+    perfect = [name for name, fr in table.items() if fr and all(f == 1.0 for f in fr.values())]
+    return {"best": best, "fractions": fractions, "stops_matching_at": stops, "perfect": perfect}
+
+
+def identify_observed(observed: dict, specs=None) -> dict[str, dict]:
+    """{op: {"status", "error", "table", "summary"}} from `run`'s observations."""
+    cands = candidates(specs)
+    per_op = {}
+    for op, result in observed.get("ops", {}).items():
+        if result.get("status") != "ok":
+            per_op[op] = {"status": result.get("status", "failed"), "error": result.get("error"), "table": {}, "summary": {}}
+            continue
+        table = match_fractions(result["bits"], cands, rows=observed["rows"], seed=observed["seed"])
+        per_op[op] = {"status": "ok", "error": None, "table": table, "summary": summarize_matches(table)}
+    return per_op
+
+
+def _describe(summary: dict) -> str:
+    if not summary.get("best"):
+        return "no candidate could be evaluated"
+    fr = ", ".join(f"K={k}: {f:.0%}" for k, f in summary["fractions"].items())
+    stop = summary["stops_matching_at"]
+    tail = "matches at every K" if stop is None else f"stops matching at K={stop}"
+    return f"{summary['best']} ({tail}; {fr})"
+
+
+def interpret(observed: dict) -> dict:
+    per_op = identify_observed(observed)
+    verdicts = {op: (_describe(r["summary"]) if r["status"] == "ok" else r["status"]) for op, r in per_op.items()}
+    best = {r["summary"].get("best") for r in per_op.values() if r["status"] == "ok"}
+    accumulation = "unknown"
+    if best and None not in best:
+        fp16 = all(":fp16" in b for b in best)
+        wide = all(":fp16" not in b.split(":output")[0] for b in best)
+        accumulation = "fp16" if fp16 else "fp32" if wide else "mixed"
+    return {
+        "accumulation": accumulation,
+        "arithmetic": "; ".join(f"{op}: {r['summary'].get('best')}" for op, r in per_op.items() if r["status"] == "ok"),
+        "verdict": "; ".join(f"{op}: {v}" for op, v in verdicts.items()),
+        "evidence": "bitwise match fraction per K against every candidate model",
+    }
+
+
+def identify_backend(backend, op: str = "matmul", *, ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed: int = 0, specs=None) -> dict:
+    """In-process identify of one op (the self-check on the emulator): the summary dict and table."""
+    observed = run(backend, ops=[op], ks=ks, rows=rows, seed=seed)
+    return identify_observed(observed, specs)[op]

@@ -1,0 +1,160 @@
+"""`sweep`: error versus reduction length K and input distribution, as a tidy table.
+
+For each op, distribution and K (9 * 2**i, 9 ... 18432: C_in * 3 * 3 for
+C_in = 1 ... 2048), M seeded rows of K fp16 products are reduced by the
+backend (`fingerprint_ops.reduce_rows`) and compared with the exact result
+(fp16 products are exact in float64 and their sum has relative error at most
+K * 2**-53, far below anything measured in fp16). Metrics come from
+`convprobe.analysis.metrics.summarize`; the bounds and the
+`exceeds_probabilistic` flag from `convprobe.analysis.tables.add_bounds`.
+
+`stagnated` (the running sum stopped growing): only for distributions whose
+products are all >= 0; true when every row's result falls *below* the exact
+sum by more than the probabilistic fp16 bound lambda sqrt(K) u16 sum|x w|
+(Higham & Mary 2019) - random rounding errors scatter on both sides, while
+terms smaller than half an ulp of the running sum are lost one-sidedly
+(Higham 2002, sec. 4.2: recursive summation of positive terms).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
+
+__all__ = ["DISTRIBUTIONS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "inputs", "run", "records", "interpret"]
+
+DISTRIBUTIONS = ("uniform01", "uniform11", "normal", "heavy_tailed")
+DEFAULT_KS = tuple(9 * 2**i for i in range(12))  # 9 ... 18432
+DEFAULT_ROWS = 32
+HEAVY_CLIP = 64.0  # |x| <= 64 keeps every product (<= 4096) and most sums inside fp16
+
+
+def check_distributions(names) -> tuple[str, ...]:
+    from convprobe.errors import invalid_choice
+
+    if isinstance(names, str):
+        names = DISTRIBUTIONS if names == "all" else [n.strip() for n in names.split(",") if n.strip()]
+    out = []
+    for name in names:
+        if name not in DISTRIBUTIONS:
+            raise invalid_choice("distribution", name, (*DISTRIBUTIONS, "all"))
+        out.append(name)
+    if not out:
+        raise invalid_choice("distribution", "", (*DISTRIBUTIONS, "all"))
+    return tuple(dict.fromkeys(out))
+
+
+def inputs(distribution: str, seed: int, k: int, rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded fp16 rows (rows x k) and one filter (k,) drawn from `distribution`.
+
+    uniform01: U[0, 1); uniform11: U[-1, 1); normal: N(0, 1); heavy_tailed:
+    Student t with 2 degrees of freedom, clipped to [-64, 64].
+    """
+    rng = np.random.default_rng([seed, k, DISTRIBUTIONS.index(check_distributions([distribution])[0])])
+
+    def draw(shape):
+        if distribution == "uniform01":
+            return rng.uniform(0.0, 1.0, shape)
+        if distribution == "uniform11":
+            return rng.uniform(-1.0, 1.0, shape)
+        if distribution == "normal":
+            return rng.standard_normal(shape)
+        return np.clip(rng.standard_t(2.0, shape), -HEAVY_CLIP, HEAVY_CLIP)
+
+    return draw((rows, k)).astype(np.float16), draw(k).astype(np.float16)
+
+
+def _measure(y: np.ndarray, a: np.ndarray, b: np.ndarray, k: int) -> tuple[dict, list[float]]:
+    from convprobe.analysis import probabilistic_bound, summarize, ulp_error
+    from convprobe.formats import FP16
+
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    exact = a64 @ b64
+    abs_sum = np.abs(a64) @ np.abs(b64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        metrics = summarize(y, exact, "fp16", abs_sum=abs_sum)
+        ulps = ulp_error(y, exact, FP16)
+    nonnegative = bool(np.all(a64 >= 0) and np.all(b64 >= 0))
+    if nonnegative:
+        threshold = probabilistic_bound(k, FP16.unit_roundoff) * abs_sum
+        metrics["stagnated"] = bool(np.all(y.astype(np.float64) < exact - threshold))
+    else:
+        metrics["stagnated"] = None
+    return metrics, [float(u) for u in np.asarray(ulps, dtype=np.float64).ravel()]
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not np.isfinite(value):
+        return repr(value)
+    return value
+
+
+def run(backend, *, ops="conv2d", ks=DEFAULT_KS, distributions=DISTRIBUTIONS, rows: int = DEFAULT_ROWS,
+        seed: int = 0, **_params) -> dict:
+    """Child side: metrics per op x distribution x K, and the ULP errors at the largest K."""
+    from convprobe.errors import UnsupportedConfiguration
+
+    results = {}
+    for op in check_ops(ops):
+        try:
+            points, ulps = [], {}
+            for dist in check_distributions(distributions):
+                for k in ks:
+                    if op in QUADRATIC_OPS and k > QUADRATIC_LIMIT:
+                        continue
+                    a, b = inputs(dist, seed, k, rows)
+                    y = np.asarray(reduce_rows(backend, op, a, b)).astype(np.float16)
+                    metrics, ulp_list = _measure(y, a, b, k)
+                    points.append({"distribution": dist, "k": int(k), **{m: _json_safe(v) for m, v in metrics.items()}})
+                    ulps[dist] = {"k": int(k), "ulp_errors": [_json_safe(u) for u in ulp_list]}
+            results[op] = {"status": "ok", "points": points, "ulp_errors_at_largest_k": ulps}
+        except UnsupportedConfiguration as exc:
+            results[op] = {"status": "unsupported", "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
+            results[op] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    return {"ops": results, "rows": rows, "seed": seed}
+
+
+def _unjson(value):
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    return value
+
+
+def records(result, seed: int) -> list[dict]:
+    """SWEEP_SCHEMA records (without bounds) for one `ProbeResult` of this probe; non-ok rows kept."""
+    import json
+
+    config = result.config
+    identity = {
+        "backend": config.backend, "configuration": config.label,
+        "device": config.device if config.backend != "emulated" else "cpu",
+        "environment": " ".join(f"{k}={v}" for k, v in sorted(config.env.items())) or None,
+        "provenance": json.dumps(result.provenance, sort_keys=True), "wall_s": result.wall_s,
+    }
+    out = []
+    ops = result.observed.get("ops", {}) if result.status == "ok" else {}
+    if not ops:
+        out.append({**identity, "op": "-", "format": "fp16", "distribution": "-", "k": 0, "seed": seed,
+                    "status": result.status, "detail": result.error})
+        return out
+    for op, op_result in ops.items():
+        if op_result.get("status") != "ok":
+            out.append({**identity, "op": op, "format": "fp16", "distribution": "-", "k": 0, "seed": seed,
+                        "status": op_result.get("status", "failed"), "detail": op_result.get("error")})
+            continue
+        for point in op_result["points"]:
+            row = {key: _unjson(v) for key, v in point.items()}
+            out.append({**identity, "op": op, "seed": seed, "status": "ok", "detail": None, **row})
+    return out
+
+
+def interpret(observed: dict) -> dict:
+    worst = []
+    for op, result in observed.get("ops", {}).items():
+        if result.get("status") == "ok":
+            stagnated = sorted({p["k"] for p in result["points"] if p.get("stagnated")})
+            worst.append(f"{op}: stagnates from K={stagnated[0]}" if stagnated else f"{op}: no stagnation")
+    return {"accumulation": "unknown", "arithmetic": "; ".join(worst), "verdict": "; ".join(worst),
+            "evidence": "error versus K per distribution (see the sweep table)"}
