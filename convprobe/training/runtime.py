@@ -15,6 +15,10 @@ The flags (measured on TF 2.21, CPU with AVX512-FP16; see `xla_rounds_fp16`):
   TensorFlow without jit, and `--xla_allow_excess_precision=false` alone does
   not prevent it. Capping the ISA at AVX2 makes XLA compute f16 elementwise ops
   through f32 with a rounding to f16 after each op.
+Two more flags only make compilation faster on a small CPU (measured: the
+first fp16 ResNet-8 telemetry step compiles in ~11 s instead of ~35 s on two
+cores) and do not change the arithmetic, which `xla_rounds_fp16` re-checks:
+`--xla_cpu_parallel_codegen_split_count=1`, `--xla_cpu_use_thunk_runtime=false`.
 `runtime_facts()` records what actually happened, including the direct check.
 """
 
@@ -23,22 +27,24 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["FAITHFUL_XLA_FLAGS", "ensure_xla_flags", "tensorflow", "runtime_facts", "xla_rounds_fp16"]
+__all__ = ["FAITHFUL_XLA_FLAGS", "SPEED_XLA_FLAGS", "ensure_xla_flags", "tensorflow", "runtime_facts", "xla_rounds_fp16"]
 
 FAITHFUL_XLA_FLAGS = ("--xla_allow_excess_precision=false", "--xla_cpu_max_isa=AVX2")
+SPEED_XLA_FLAGS = ("--xla_cpu_parallel_codegen_split_count=1", "--xla_cpu_use_thunk_runtime=false")
 
 _state: dict = {"flag_set_before_import": None, "logical_devices": None}
 
 
 def ensure_xla_flags(environ: dict | None = None) -> bool:
-    """Add the faithful-fp16 flags to XLA_FLAGS unless the user already chose a value.
+    """Add the faithful-fp16 (and compile-speed) flags to XLA_FLAGS unless the user
+    already chose a value for them.
 
-    Returns True if all of them are (now) present. A user's explicit value for
-    one of these flags is respected (and recorded in provenance).
+    Returns True if all faithful flags are (now) present. A user's explicit value
+    for one of these flags is respected (and recorded in provenance).
     """
     env = os.environ if environ is None else environ
     flags = env.get("XLA_FLAGS", "").split()
-    for wanted in FAITHFUL_XLA_FLAGS:
+    for wanted in FAITHFUL_XLA_FLAGS + SPEED_XLA_FLAGS:
         name = wanted.split("=", 1)[0]
         if not any(f.split("=", 1)[0] == name for f in flags):
             flags.append(wanted)

@@ -28,7 +28,13 @@ def tiny():
     return dict(TINY)
 
 
-def run_python(code: str, tmp_path: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+@pytest.fixture
+def run_python():
+    """Run code in a fresh interpreter: `run_python(code, tmp_path)`."""
+    return _run_python
+
+
+def _run_python(code: str, tmp_path: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter (fresh TensorFlow), failing loudly on error."""
     script = tmp_path / "child.py"
     script.write_text(code, encoding="utf-8")
