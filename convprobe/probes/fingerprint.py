@@ -369,8 +369,13 @@ def infer(outputs: dict[str, np.ndarray]) -> dict[str, dict[str, str]]:
     sweep = {d: get(test="block_overflow", d=d) for d in DISTANCES}
     separated = [d for d in DISTANCES if sweep[d] != 0.0]
     text = ", ".join(f"d={d}: {sweep[d]!r}" for d in DISTANCES[:8]) + ", ..."
+    zero = {d for d in DISTANCES if sweep[d] == 0.0}
     if separated and math.isnan(pov):
         put("block_size", "n/a", "products overflow on their own (see product_overflow): the +P/-P sweep says nothing")
+    elif separated and _lanes(zero):
+        put("block_size", f"lanes={_lanes(zero)}",
+            f"+P and -P cancel exactly when d is a multiple of {_lanes(zero)}: terms k mod {_lanes(zero)} share an "
+            f"accumulator (interleaved SIMD partial sums); {text}")
     elif separated:
         first = separated[0]
         prev = max([d for d in DISTANCES if d < first], default=0)
@@ -385,13 +390,20 @@ def infer(outputs: dict[str, np.ndarray]) -> dict[str, dict[str, str]]:
         j = p + 1
         if p <= MAX_J and j in C_BITS:
             tiny = 2.0 ** (15 - j)
-            lost = [d for d in DISTANCES if d >= 2 and get(test="block_bits", j=j, d=d) != tiny]
-            survived_somewhere = any(get(test="block_bits", j=j, d=d) == tiny for d in DISTANCES if d >= 2)
-            if lost and survived_somewhere:
+            swept = [d for d in DISTANCES if d >= 2]
+            kept = {d for d in swept if get(test="block_bits", j=j, d=d) == tiny}
+            lost = [d for d in swept if d not in kept]
+            evidence = f"2**15 + 2**(15-{j}) - 2**15 at distance d keeps the tiny term at d in {sorted(kept)[:6]}"
+            if kept and lost and _lanes(kept | {1}):
+                put("block_size", f"lanes={_lanes(kept | {1})}",
+                    f"{evidence}...: terms k mod {_lanes(kept | {1})} share an accumulator (interleaved SIMD partial sums)")
+            elif kept and lost and all(d in kept for d in swept if d < lost[0]) and all(d not in kept for d in swept if d >= lost[0]):
                 first = lost[0]
                 prev = max([d for d in DISTANCES if d < first], default=0)
                 put("block_size", str(first) if prev == first - 1 else f"({prev},{first}]",
                     f"2**15 + 2**(15-{j}) - 2**15 at distance d keeps the tiny term until d={first}")
+            elif kept and lost:
+                put("block_size", "irregular", f"{evidence}...: neither a block nor lanes")
             else:
                 put("block_size", "n/a", f"+P/-P never overflowed and a bit beyond the accumulator was {'always' if not lost else 'never'} kept")
         else:
@@ -412,6 +424,16 @@ def infer(outputs: dict[str, np.ndarray]) -> dict[str, dict[str, str]]:
     else:
         put("chunk_size", "n/a", "accumulator too wide for the chunk test")
     return {prop: out[prop] for prop in PROPERTIES}
+
+
+def _lanes(same: set[int]) -> int | None:
+    """W >= 2 if the distances in `same` are exactly the swept multiples of W (d=1 ignored)."""
+    candidates = sorted(d for d in same if d >= 2)
+    if not candidates:
+        return None
+    width = candidates[0]
+    multiples = {d for d in DISTANCES if d >= 2 and d % width == 0}
+    return width if set(candidates) == multiples and len(multiples) >= 3 else None
 
 
 def _decode(op_result: dict) -> dict[str, np.ndarray]:

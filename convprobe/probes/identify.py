@@ -19,6 +19,7 @@ emulator `dot` calls, so they are as exact as the emulator.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
     "summarize_matches",
     "interpret",
     "identify_backend",
+    "identify_figure",
 ]
 
 DEFAULT_KS = tuple(2**i for i in range(4, 14))  # 16 ... 8192
@@ -181,21 +183,39 @@ def _bits(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values.astype(np.float16)).view(np.uint16)
 
 
+_PREDICTIONS: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
+_PREDICTIONS_LOCK = threading.Lock()
+
+
+def predicted_bits(cand: Candidate, *, seed: int, k: int, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(fp16 bit patterns, NaN mask) of a candidate on the seeded inputs; cached, since every
+    configuration and op is compared with the same predictions. None if the candidate cannot run."""
+    key = (cand.name, seed, k, rows)
+    with _PREDICTIONS_LOCK:
+        if key not in _PREDICTIONS:
+            a, b = inputs(seed, k, rows)
+            try:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    predicted = cand.compute(a, b)
+                _PREDICTIONS[key] = (_bits(predicted), np.isnan(predicted))
+            except InvalidArgument:
+                _PREDICTIONS[key] = None
+        return _PREDICTIONS[key]
+
+
 def match_fractions(bits_by_k: dict[str, list[str]], cands: list[Candidate], *, rows: int, seed: int) -> dict[str, dict[int, float]]:
     """{candidate name: {K: fraction of outputs bitwise equal}} (NaNs match NaNs of any payload)."""
     table: dict[str, dict[int, float]] = {c.name: {} for c in cands}
     for key, hexes in bits_by_k.items():
         k = int(key)
-        a, b = inputs(seed, k, rows)
         observed = np.array([int(h, 16) for h in hexes], dtype=np.uint16)
         obs_nan = np.isnan(observed.view(np.float16))
         for cand in cands:
-            try:
-                predicted = cand.compute(a, b)
-            except InvalidArgument:
+            prediction = predicted_bits(cand, seed=seed, k=k, rows=rows)
+            if prediction is None:
                 continue
-            pb = _bits(predicted)
-            same = (pb == observed) | (obs_nan & np.isnan(predicted))
+            pb, pred_nan = prediction
+            same = (pb == observed) | (obs_nan & pred_nan)
             table[cand.name][k] = float(np.mean(same))
     return table
 
@@ -255,3 +275,46 @@ def identify_backend(backend, op: str = "matmul", *, ks=DEFAULT_KS, rows: int = 
     """In-process identify of one op (the self-check on the emulator): the summary dict and table."""
     observed = run(backend, ops=[op], ks=ks, rows=rows, seed=seed)
     return identify_observed(observed, specs)[op]
+
+
+def identify_figure(matches: dict, op: str):
+    """Match fraction versus K of each configuration's best model for one op (a `Figure`).
+
+    `matches`: {configuration: {op: {"status", "summary": {"best", "fractions"}}}} as
+    written by `convprobe identify --output FILE.json`.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9.5, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    colours = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+               "#bcbd22", "#7f7f7f")
+    markers = "osD^v<>ph*"
+    ks_all: set[int] = set()
+    drawn = 0
+    for i, (label, per_op) in enumerate(matches.items()):
+        entry = per_op.get(op)
+        if not entry or entry.get("status") != "ok" or not entry["summary"].get("fractions"):
+            continue
+        fractions = {int(k): float(f) for k, f in entry["summary"]["fractions"].items()}
+        ks = sorted(fractions)
+        ks_all.update(ks)
+        name = label.replace("tensorflow/", "tf/")
+        ax.plot(ks, [100 * fractions[k] for k in ks], marker=markers[i % len(markers)], linewidth=1.8,
+                markersize=5, color=colours[i % len(colours)], label=f"{name}: {entry['summary']['best']}")
+        drawn += 1
+    if ks_all:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(ks_all))
+        ax.set_xticklabels([str(k) for k in sorted(ks_all)])
+        ax.minorticks_off()
+    ax.set_ylim(-3, 103)
+    ax.axhline(100, color="#999999", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("reduction length K")
+    ax.set_ylabel("outputs bitwise equal to the best model (%)")
+    ax.grid(True, alpha=0.3)
+    ax.set_title(f"{op}: how far does the best emulator model reproduce each configuration?", fontsize=11)
+    if drawn:
+        fig.legend(loc="outside lower center", ncols=2, fontsize=8, frameon=False,
+                   title="configuration: best model", title_fontsize=8)
+    return fig
