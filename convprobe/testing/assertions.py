@@ -358,7 +358,7 @@ def assert_no_gradient_underflow(
         return
     total_n = int(grouped["n"].sum())
     total_flushed = int(grouped["flushed"].sum())
-    scope = "all layers" if layer is None else f"layer {layer!r}"
+    scope = ("all layers" if layer is None else f"layer {layer!r}") + (f", {kind} gradients" if kind else "")
     steps = ""
     if "step" in frame.columns:
         steps = f" over steps {int(frame['step'].min())}..{int(frame['step'].max())}"
@@ -368,8 +368,10 @@ def assert_no_gradient_underflow(
         scales = f", loss scale {', '.join(f'{s:g}' for s in values[:4])}{', ...' if len(values) > 4 else ''}"
     lines = [
         f"gradients underflowed in {len(bad)} of {len(grouped)} (layer, kind) groups of {scope}"
-        f"{steps}{scales}: more than {tolerance:.3g} of their values were flushed to zero "
-        f"({total_flushed} of {total_n} values overall).",
+        f"{steps}{scales}: "
+        + ("some of their values were flushed to zero " if tolerance == 0 else
+           f"more than {tolerance:.3g} of their values were flushed to zero ")
+        + f"({total_flushed} of {total_n} values overall).",
         "  flushed = zero in the low-precision run while the fp32 shadow |S*g| is nonzero and below half "
         "the smallest subnormal (2**-25 for fp16); routing zeros (ReLU, pooling) are not counted.",
         "  worst groups (layer [kind]: flushed / n = fraction" + (", " + ", ".join(extra) if extra else "") + "):",
