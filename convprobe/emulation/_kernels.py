@@ -246,6 +246,14 @@ def add_slot(x, y, fp, slot, mode, sat, r, rbits):
             err = (x - (s - bb)) + (y - bb)
             if err != 0.0 and (s < 0.0) != (err < 0.0):
                 s = i2f(f2i(s) - 1)
+        elif mode == TOWARD_ZERO and math.isinf(s) and math.isfinite(x) and math.isfinite(y):
+            # nearest overflowed; truncation overflows only if |x + y| >= 2**1024
+            h = 0.5 * x + 0.5 * y  # exact halves: x, y are huge here
+            hb = h - 0.5 * x
+            herr = (0.5 * x - (h - hb)) + (0.5 * y - hb)
+            if abs(h) < 2.0**1023 or (abs(h) == 2.0**1023 and (herr < 0.0) == (h > 0.0)
+                                      and herr != 0.0):
+                s = math.copysign(fp[slot, 2], s)
         if sat and math.isinf(s) and math.isfinite(x) and math.isfinite(y):
             s = math.copysign(fp[slot, 2], s)
         return s

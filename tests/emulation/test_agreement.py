@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from convprobe import emulation as em
 from convprobe.emulation import oracle
@@ -99,3 +100,17 @@ def test_gradients_match_oracle(model, case):
         gf_o = oracle.conv2d_backprop_filter(x, dy, f.shape, model, **kw)
     assert_same_bits(gi, gi_o)
     assert_same_bits(gf, gf_o)
+
+
+FP32_MODELS = [em.Sequential(FP32), em.Sequential(BF16, addition=FP32), em.Pairwise(FP32),
+               em.Blocked(FP32, b=4, extra_bits=3), em.Chunked(FP32, chunk=4, total="fp64"),
+               em.Exact(FP32, rounding="toward_zero")]
+
+
+@pytest.mark.parametrize("model", FP32_MODELS, ids=lambda m: m.to_spec())
+@SETTINGS
+@given(a=hnp.arrays(np.float32, (2, 9), elements=st.floats(width=32, min_value=-1e6, max_value=1e6)),
+       b=hnp.arrays(np.float32, (9,), elements=st.floats(width=32, min_value=-1e6, max_value=1e6)))
+def test_fp32_inputs_match_oracle(model, a, b):
+    """fp32 inputs give 48-bit products: sums where float64 alone would double-round."""
+    assert_same_bits(em.dot(a, b, model), oracle.dot(a, b, model))

@@ -41,3 +41,33 @@ def test_blocked_b4_reveals_its_block_size(gap):
         want = oracle.conv2d(x, w, Blocked(FP16, b=4))
     assert got.view(np.uint16) == want.view(np.uint16)
     assert got.ravel()[0] == (0 if gap < 4 else np.inf)
+
+
+@pytest.mark.parametrize("model", [Sequential(FP32), Sequential(FP32, rounding="toward_zero")],
+                         ids=lambda m: m.to_spec())
+@pytest.mark.parametrize("engine", [dot, oracle.dot], ids=["engine", "oracle"])
+def test_double_rounding_witness(engine, model):
+    """1 + p with p = 2**-24 (1 + 2**-32) = (641 * 2**-33) * (6700417 * 2**-23) (F5 = 641 *
+    6700417, both fp32). float64 rounds 1 + p to the fp32 tie 1 + 2**-24, which then rounds
+    to even (1.0): double rounding. The correct fp32 sum is 1 + 2**-23 (nearest) and
+    1.0 (toward zero). Only a correct rounding of the exact sum passes."""
+    a = np.array([1.0, 641 * 2.0**-33], dtype=np.float32)
+    b = np.array([1.0, 6700417 * 2.0**-23], dtype=np.float32)
+    want = 1 + 2.0**-23 if model.rounding == "nearest_even" else 1.0
+    assert engine(a, b, model) == np.float32(want)
+    # the trap is real: float64 arithmetic then one cast gets it wrong
+    assert np.float32(np.float64(a[0]) * b[0] + np.float64(a[1]) * b[1]) == np.float32(1.0)
+
+
+@pytest.mark.parametrize("engine", [dot, oracle.dot], ids=["engine", "oracle"])
+def test_fp64_toward_zero_overflow_rule(engine):
+    """max + 2**970 is below 2**1024: nearest-even ties up to overflow (inf), truncation
+    keeps max. Products are rounded to fp64 (identity here) because max has 53 bits."""
+    top = np.finfo(np.float64).max
+    a = np.array([top, 2.0**970])
+    b = np.ones(2)
+    with np.errstate(over="ignore"):
+        rz = engine(a, b, Sequential("fp64", product="fp64", rounding="toward_zero"))
+        rn = engine(a, b, Sequential("fp64", product="fp64"))
+    assert rz == top
+    assert rn == np.inf
