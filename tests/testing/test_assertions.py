@@ -236,3 +236,16 @@ def test_assertion_frames_are_hidden_from_tracebacks():
         fn = getattr(module, name)
         if callable(fn):
             assert "__tracebackhide__" in fn.__code__.co_varnames, name
+
+
+def test_underflow_reads_the_training_harness_schema(tmp_path):
+    """A telemetry.csv with exactly the harness's columns (training.records.TELEMETRY_COLUMNS)."""
+    from convprobe.training.records import TELEMETRY_COLUMNS
+
+    row = {column: 0 for column in TELEMETRY_COLUMNS}
+    row.update({"step": 0, "loss_scale": 1.0, "kind": "activation", "index": 0, "layer": "initial_conv",
+                "n": 4096, "flushed": 3, "hist_low": "", "hist_shadow": ""})
+    pd.DataFrame([row], columns=list(TELEMETRY_COLUMNS)).to_csv(tmp_path / "telemetry.csv", index=False)
+    with pytest.raises(AssertionError, match="initial_conv activation: 3 / 4096 = 0.0007324"):
+        assert_no_gradient_underflow(tmp_path)
+    assert_no_gradient_underflow(tmp_path, tolerance=3 / 4096)

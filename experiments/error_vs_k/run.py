@@ -1,0 +1,63 @@
+"""Error versus reduction length K, per configuration and emulator model, against the bounds.
+
+    python experiments/error_vs_k/run.py [--config config.json] [--output DIR]
+
+Runs `convprobe sweep` (as a user would type it: every TensorFlow configuration
+in its own fresh process, the emulator models in process) over the K values and
+input distributions of the config, then draws the error of every configuration
+and model next to the deterministic gamma_K and probabilistic lambda sqrt(K) u
+bounds for fp16 and fp32 accumulation (`analysis.figures.error_vs_k_figure`).
+
+Writes to DIR (default: experiments/error_vs_k/results/): sweep.csv (the tidy
+sweep table, provenance in every row; notebook 02 reads it), error_vs_k.png,
+and exceeds.csv (the rows whose error exceeds the probabilistic bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(HERE / "config.json"))
+    parser.add_argument("--output", default=str(HERE / "results"))
+    args = parser.parse_args(argv)
+    config = json.loads(Path(args.config).read_text(encoding="utf-8"))
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+
+    command = [
+        sys.executable, "-m", "convprobe", "sweep",
+        "--configs", ",".join(config["configurations"]) or "none", "--device", config["device"],
+        "--op", config["ops"], "--ks", ",".join(str(k) for k in config["ks"]),
+        "--distributions", config["distributions"], "--rows", str(config["rows"]),
+        "--seed", str(config["seed"]), "--bound-format", config["bound_format"],
+        "--timeout", str(config["timeout_s"]), "--output", str(output / "sweep.csv"),
+    ]
+    for model in config["models"]:
+        command += ["--model", model]
+    print("$", " ".join(command[1:]))
+    subprocess.run(command, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+    from convprobe.analysis import figures, tables
+
+    frame = tables.add_bounds(tables.read_table(output / "sweep.csv", "sweep"), config["bound_format"], output="fp16")
+    figures.error_vs_k_figure(frame, accumulators=("fp16", "fp32"), output="fp16",
+                              title="Worst error over seeds versus K (TensorFlow configurations and emulator models)") \
+        .savefig(output / "error_vs_k.png", dpi=110)
+    exceeds = frame[frame["exceeds_probabilistic"] == True]  # noqa: E712 - nullable boolean column
+    exceeds.to_csv(output / "exceeds.csv", index=False)
+    print(f"{len(frame)} rows, {len(exceeds)} above the probabilistic bound; results in {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
