@@ -22,8 +22,9 @@ __all__ = ["dot", "as_float64", "check_exact_products", "finish"]
 _NARROW = ("float16", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
-def as_float64(x: object, argument: str) -> np.ndarray:
-    """`x` as a C-contiguous float64 array, values unchanged; rejects non-numeric input."""
+def as_float64(x: object, argument: str) -> tuple[np.ndarray, bool]:
+    """(`x` as a C-contiguous float64 array with values unchanged, whether its dtype is a
+    format of at most 24 significand bits); rejects non-numeric input."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiu" and arr.dtype.name not in _NARROW:
         raise InvalidArgument(f"{argument} must be a numeric array; received dtype {arr.dtype}")
@@ -32,7 +33,15 @@ def as_float64(x: object, argument: str) -> np.ndarray:
 
 def check_exact_products(x64: np.ndarray, narrow: bool, model: AccumulationModel,
                          argument: str) -> None:
-    """Raise unless every product involving x64 is exact in float64 (see module doc)."""
+    """Raise unless every product involving x64 is exact in float64 (see module doc),
+    or if x64 holds infinities that a format of the model cannot represent."""
+    if x64.size and np.isinf(x64).any():
+        for fmt, role in ((model.accumulator, "accumulator"), (model.output, "output")):
+            if not fmt.has_inf:
+                raise InvalidArgument(
+                    f"{argument} contains inf, which the {role} format {fmt.name} cannot "
+                    f"represent (it has no infinities); remove them or use a format with inf"
+                )
     if narrow or model.product == FP64 or x64.size == 0:
         return
     finite = x64[np.isfinite(x64) & (x64 != 0)]

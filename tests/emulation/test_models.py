@@ -111,3 +111,24 @@ def test_dot_broadcasts_and_rejects_mismatch():
     assert em.dot(a, b, em.Sequential()).shape == (2, 3)
     with pytest.raises(InvalidArgument, match="same last axis length"):
         em.dot(a, np.ones(4, np.float16), em.Sequential())
+
+
+def test_infinities_a_format_cannot_hold_are_rejected():
+    x = np.array([np.inf, 1.0], np.float16)
+    with pytest.raises(InvalidArgument, match="a contains inf, which the accumulator format "
+                                              "fp8_e4m3 cannot represent"):
+        em.dot(x, x, em.Sequential("fp8_e4m3"))
+    with pytest.raises(InvalidArgument, match="output format fp8_e4m3"):
+        em.conv2d(x.reshape(1, 1, 2, 1), np.ones((1, 1, 1, 1), np.float16),
+                  em.Sequential(FP16, output="fp8_e4m3"))
+    y = np.array([np.nan, 1.0], np.float16)
+    assert np.isnan(em.dot(y, y, em.Sequential("fp8_e4m3")))
+
+
+def test_importing_the_engine_does_not_import_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, convprobe.emulation as e; e.parse_model('sequential:fp16'); "
+            "assert 'tensorflow' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
