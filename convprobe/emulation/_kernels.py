@@ -298,21 +298,31 @@ def block_sum(s, terms, n, fp, extra):
         for j in range(n):
             t = t + terms[j]
         return t
-    e = -2000
+    # biased exponents straight from the bits; float64 subnormals count as exponent 1
+    e = 0
     for j in range(-1, n):
         v = s if j < 0 else terms[j]
         if v != 0.0:
-            ev = math.frexp(v)[1] - 1
+            ev = (f2i(v) >> 52) & 0x7FF
+            ev = ev if ev > 0 else 1
             if ev > e:
                 e = ev
-    if e == -2000:
+    if e == 0:
         return 0.0
-    qe = e - (int(fp[ACCUMULATOR, 0]) - 1) - extra
+    qe = e - (int(fp[ACCUMULATOR, 0]) - 1) - extra  # biased exponent of the quantum
     total = 0.0
     for j in range(-1, n):
         v = s if j < 0 else terms[j]
-        total += math.trunc(math.ldexp(v, -qe))
-    return math.ldexp(total, qe)
+        b = f2i(v)
+        ev = (b >> 52) & 0x7FF
+        ev = ev if ev > 0 else 1
+        nclear = 52 - ev + qe  # low bits of v below the quantum
+        if nclear > 52:
+            continue  # |v| < quantum: truncates to zero
+        if nclear > 0:
+            b = b & ~((1 << nclear) - 1)
+        total += i2f(b)  # multiples of the quantum, < 2**53 quanta in all: exact
+    return total
 
 
 @njit(cache=True)

@@ -114,3 +114,14 @@ FP32_MODELS = [em.Sequential(FP32), em.Sequential(BF16, addition=FP32), em.Pairw
 def test_fp32_inputs_match_oracle(model, a, b):
     """fp32 inputs give 48-bit products: sums where float64 alone would double-round."""
     assert_same_bits(em.dot(a, b, model), oracle.dot(a, b, model))
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS if m.accumulator.has_inf and m.output.has_inf],
+                         ids=lambda m: m.to_spec())
+def test_inf_and_nan_propagate_like_the_oracle(model):
+    a = np.array([[1.0, np.inf, 2.0, 3.0, 1.0], [np.inf, 1.0, -np.inf, 0.0, 2.0],
+                  [np.nan, 1.0, 1.0, 1.0, 1.0], [0.0, np.inf, 1.0, 1.0, -1.0],
+                  [65504.0, 65504.0, -np.inf, 1.0, 1.0]], dtype=np.float16)
+    b = np.array([1.0, 1.0, -1.0, 0.5, 2.0], dtype=np.float16)
+    with np.errstate(all="ignore"):
+        assert_same_bits(em.dot(a, b, model), oracle.dot(a, b, model))
