@@ -27,6 +27,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+#: table_figure sizes columns by character count; a long lower-case header keeps the
+#: upper-case variable names from being clipped.
+ENV_HEADER = "environment variables set in the configuration's own process"
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,6 +61,7 @@ def main(argv=None) -> int:
             table = pd.DataFrame([{**r.to_row(), "output": ", ".join(r.observed.get("output", [])) or r.status}
                                   for r in results])
             table = table[["configuration", "environment", "requested", "output", "accumulation", "honoured"]]
+            table = table.rename(columns={"environment": ENV_HEADER})
             figures.table_figure(table, title="The 65519 test across the configuration matrix",
                                  highlight={**figures.DEFAULT_HIGHLIGHT, "NO": "#f4a6a6"}) \
                 .savefig(output / "overflow.png", dpi=110)
