@@ -112,3 +112,13 @@ def test_register_and_help_do_not_import_tensorflow():
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'TF imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_convprobe_cli_train_bad_input_exits_2(capsys):
+    from convprobe import cli
+
+    assert cli.main(["train", "--dtype", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert err == "convprobe train: error: dtype must be one of fp16, bf16, fp32; received 'int8'\n"
+    assert cli.main(["train", "--steps", "0"]) == 2
+    assert "steps must be a positive integer; received 0" in capsys.readouterr().err
