@@ -704,6 +704,49 @@ def reduce_gemm_seq_nearest(a, w, p, emin, maxv, out, col0):
             out[m, col0 + n] = s[n]
 
 
+@njit(cache=True, parallel=True)
+def reduce_gemm_fp16_direct(a, w, keep_sub, out, col0):
+    """Sequential fp16 accumulation of fp16 (or fp8) products, nearest-even, overflow
+    to inf: one float64 add and one rounding per term, no TwoSum.
+
+    Why one float64 add suffices: s is fp16 and p = a*b has at most 22 significand
+    bits, both multiples of 2**-48. If s + p is inexact in float64, the two
+    exponents differ by more than 31 (|p| << |s|) or 42 (|s| << |p|). In the first
+    case float64 rounding moves the sum by less than 2**-52 |s|, which cannot reach or
+    leave an fp16 rounding boundary (those sit at multiples of 2**(e_s - 11), and
+    |p| < 2**(e_s - 31), and a nearest-even boundary is a midpoint, never s itself); in
+    the second, |p| >= 2**18 because |s| >= 2**-24, so the sum overflows fp16 whichever
+    way it is rounded. Toward zero is NOT safe (float64 can round s - tiny up to s,
+    which then truncates to s instead of s - ulp; found by the tests), nor is
+    stochastic rounding, so both take the round-to-odd kernels. Tested bit for bit
+    against the general kernel and the oracle.
+    """
+    m_count, k_count = a.shape
+    n_count = w.shape[1]
+    emin_b = -14 + 1023 if keep_sub else -14 + 1023 - 12
+    maxbits = f2i(65504.0)
+    tiny = 2.0**-14
+    for m in prange(m_count):
+        s = np.zeros(n_count)
+        for k in range(k_count):
+            av = a[m, k]
+            for n in range(n_count):
+                t = s[n] + av * w[k, n]
+                b = f2i(t)
+                e = (b >> 52) & 0x7FF
+                eb = max(e, emin_b)
+                c = i2f(((eb - 10 + 52) << 52) | (1 << 51))
+                yb = f2i((t + c) - c) | (b & _SIGN)
+                big = (yb & ~_SIGN) > maxbits
+                yb = ((yb & _SIGN) | 0x7FF0000000000000) if big else yb
+                y = i2f(yb)
+                if not keep_sub:
+                    y = math.copysign(0.0, y) if abs(y) < tiny else y
+                s[n] = y if e != 0x7FF else t
+        for n in range(n_count):
+            out[m, col0 + n] = s[n]
+
+
 FAST_PATH = True  # tests switch it off to compare the fast kernel with the general one
 
 
@@ -714,9 +757,22 @@ def _nearest_ok(fp, ic) -> bool:
             and acc[1] >= -900 and (acc == out).all())
 
 
-def gemm(a, w, fp, ic, seed, out, col0):
-    """out[:, col0:col0 + N] = modelled reductions of a (M, K) against w (K, N)."""
-    if FAST_PATH and fast_ok(fp, ic) and _nearest_ok(fp, ic):
+def _fp16_direct_ok(fp, ic) -> bool:
+    acc = fp[ACCUMULATOR]
+    return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, 0] == 0.0 and fp[ADDITION, 0] == 0.0
+            and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
+            and tuple(acc[:4]) == (11.0, -14.0, 65504.0, 1.0) and (acc == fp[OUTPUT]).all())
+
+
+def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False):
+    """out[:, col0:col0 + N] = modelled reductions of a (M, K) against w (K, N).
+
+    `inputs_fp16`: every value of a and w is an fp16 (or fp8) value, which enables
+    `reduce_gemm_fp16_direct`."""
+    if FAST_PATH and inputs_fp16 and _fp16_direct_ok(fp, ic):
+        reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, 4] != 0.0,
+                                out, col0)
+    elif FAST_PATH and fast_ok(fp, ic) and _nearest_ok(fp, ic):
         acc = fp[ACCUMULATOR]
         reduce_gemm_seq_nearest(a, np.ascontiguousarray(w), int(acc[0]), int(acc[1]), acc[2],
                                 out, col0)

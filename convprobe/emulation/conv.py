@@ -134,7 +134,7 @@ def _groups(groups: int) -> int:
 
 
 def _conv_core(x: np.ndarray, w: np.ndarray, model: AccumulationModel, strides, pads,
-               dilation, groups: int) -> np.ndarray:
+               dilation, groups: int, fp16_inputs: bool = False) -> np.ndarray:
     """Forward convolution on validated float64 arrays; returns float64 NHWC."""
     fp, ic, seed = kernel_config(model)
     n, h, wd, c = x.shape
@@ -152,8 +152,16 @@ def _conv_core(x: np.ndarray, w: np.ndarray, model: AccumulationModel, strides, 
         pg = patches[..., g * cg:(g + 1) * cg]
         a = np.ascontiguousarray(pg.transpose(0, 1, 2, *(3 + i for i in axes))).reshape(m, -1)
         wg = w[:, :, :, g * og:(g + 1) * og].transpose(*axes, 3).reshape(-1, og)
-        K.gemm(a, wg, fp, ic, seed, out, g * og)
+        K.gemm(a, wg, fp, ic, seed, out, g * og, fp16_inputs)
     return out.reshape(n, out_hw[0], out_hw[1], cout)
+
+
+_FP16_OR_NARROWER = ("float16", "float8_e4m3fn", "float8_e5m2")
+
+
+def fp16_or_narrower(*arrays) -> bool:
+    """Whether every array's dtype holds only fp16-representable values."""
+    return all(np.asarray(a).dtype.name in _FP16_OR_NARROWER for a in arrays)
 
 
 def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
@@ -180,7 +188,8 @@ def conv2d(x: np.ndarray, w: np.ndarray, model: AccumulationModel, *,
     if cout % groups:
         raise InvalidArgument(f"w output channels ({cout}) must be divisible by groups ({groups})")
     pads = resolve_padding(padding, x64.shape[1:3], (kh, kw), strides, dilation)
-    return finish(_conv_core(x64, w64, model, strides, pads, dilation, groups), model)
+    return finish(_conv_core(x64, w64, model, strides, pads, dilation, groups,
+                             fp16_or_narrower(x, w)), model)
 
 
 def _shape4(shape, argument: str) -> tuple[int, int, int, int]:
@@ -221,7 +230,8 @@ def conv2d_backprop_input(dy: np.ndarray, w: np.ndarray, input_shape: Sequence[i
     wt = (w64[::-1, ::-1].reshape(kh, kw, cg, groups, og).transpose(0, 1, 4, 3, 2)
           .reshape(kh, kw, og, groups * cg))
     wt = np.ascontiguousarray(wt)
-    return finish(_conv_core(dil, wt, model, (1, 1), tuple(back), dilation, groups), model)
+    return finish(_conv_core(dil, wt, model, (1, 1), tuple(back), dilation, groups,
+                             fp16_or_narrower(dy, w)), model)
 
 
 def conv2d_backprop_filter(x: np.ndarray, dy: np.ndarray, filter_shape: Sequence[int],
@@ -248,5 +258,6 @@ def conv2d_backprop_filter(x: np.ndarray, dy: np.ndarray, filter_shape: Sequence
     out = np.empty((kh * kw * cg, cout), dtype=np.float64)
     for g in range(groups):
         a = np.ascontiguousarray(patches[..., g * cg:(g + 1) * cg].reshape(m, -1).T)
-        K.gemm(a, dy64[..., g * og:(g + 1) * og].reshape(m, og), fp, ic, seed, out, g * og)
+        K.gemm(a, dy64[..., g * og:(g + 1) * og].reshape(m, og), fp, ic, seed, out, g * og,
+               fp16_or_narrower(x, dy))
     return finish(out.reshape(kh, kw, cg, cout), model)
