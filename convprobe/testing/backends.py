@@ -24,6 +24,8 @@ import numpy as np
 from convprobe.backends.configurations import (
     ACCUMULATE_CHOICES,
     MANAGED_VARIABLES,
+    MATRIX,
+    matrix_configs,
     BackendConfig,
     resolve_configs,
 )
@@ -40,7 +42,8 @@ _TASK_MODULE = "convprobe.testing._conv_task"
 _TARGET_FORMS = (
     "a BackendConfig, a ConvBackend, an AccumulationModel, an EmulatedBackend or "
     "TensorFlowBackend, or a string: 'tensorflow', 'tensorflow/cpu/fp16', "
-    "'tensorflow/cpu/default/jit', 'emulated/sequential:fp16' or a model spec like 'sequential:fp16'"
+    "'tensorflow/cpu/default/jit', a matrix row 'tensorflow/cpu/jit+strict', "
+    "'emulated/sequential:fp16' or a model spec like 'sequential:fp16'"
 )
 
 
@@ -62,8 +65,14 @@ def _tensorflow_from_label(text: str) -> BackendConfig:
             raise InvalidArgument(f"backend must be {_TARGET_FORMS}; received {text!r}")
         jit = True
     if accumulate not in ACCUMULATE_CHOICES:
+        # A row of the configuration matrix, as `convprobe fingerprint` labels it: 'tensorflow/cpu/jit+strict'.
+        rows = MATRIX.get(device if device in MATRIX else "cpu", {})
+        if accumulate in rows and not jit:
+            (config,) = matrix_configs(device, [accumulate])
+            return config
         raise InvalidArgument(
-            f"accumulate in {text!r} must be one of {', '.join(ACCUMULATE_CHOICES)}; received {accumulate!r}"
+            f"accumulate in {text!r} must be one of {', '.join(ACCUMULATE_CHOICES)} or a configuration "
+            f"matrix row ({', '.join(rows)}); received {accumulate!r}"
         )
     (config,) = resolve_configs(backend="tensorflow", accumulate=accumulate, device=device, jit_compile=jit)
     return config

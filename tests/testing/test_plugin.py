@@ -213,6 +213,9 @@ def test_resolve_target_accepts_every_documented_form():
     assert resolve_target("tensorflow").label == "tensorflow/cpu/default"
     assert resolve_target("tensorflow/cpu/fp16").env == {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE": "1"}
     assert resolve_target("tensorflow/cpu/fp32/jit").jit_compile is True
+    strict = resolve_target("tensorflow/cpu/jit+strict")  # a configuration-matrix row, as fingerprint labels it
+    assert strict.label == "tensorflow/cpu/jit+strict" and strict.jit_compile is True
+    assert strict.env == {"XLA_FLAGS": "--xla_cpu_strict_dot_conv_math=true"}
     assert resolve_target("emulated/sequential:fp16").label == "emulated/sequential:fp16"
     assert resolve_target("a100").model == parse_model("a100").to_spec()
     assert resolve_target(parse_model("pairwise:bf16")).label == "emulated/pairwise:bf16"
@@ -221,7 +224,7 @@ def test_resolve_target_accepts_every_documented_form():
     assert resolve_target(config) is config
     assert resolve_target(ConvBackend(config)) is config
     for bad, message in (
-        ("tensorflow/cpu/fp8", "accumulate in 'tensorflow/cpu/fp8' must be one of fp16, fp32, default; received 'fp8'"),
+        ("tensorflow/cpu/fp8", "accumulate in 'tensorflow/cpu/fp8' must be one of fp16, fp32, default or a configuration matrix row .*; received 'fp8'"),
         ("tensorflow/tpu", "device must be one of cpu, gpu, auto; received 'tpu'"),
         ("quantum:fp16", "backend must be .*received 'quantum:fp16'"),
         (3, "backend must be .*received int 3"),
