@@ -30,6 +30,11 @@ def _padding_arg(padding):
     return [[0, 0], [int(top), int(bottom)], [int(left), int(right)], [0, 0]]
 
 
+def _array(value):
+    """NumPy arrays as given; TensorFlow tensors (inside `run_together`) untouched."""
+    return value if hasattr(value, "dtype") and type(value).__module__.startswith("tensorflow") else np.asarray(value)
+
+
 class TensorFlowBackend(AbstractBackend):
     """`tf.nn.conv2d` and its two gradient kernels on one device, optionally under XLA."""
 
@@ -53,7 +58,12 @@ class TensorFlowBackend(AbstractBackend):
             raise UnsupportedConfiguration("TensorFlow sees no GPU in this process")
         return tf
 
+    #: True while `run_together` traces its one function: ops return symbolic tensors.
+    _symbolic = False
+
     def _run(self, fn, *args):
+        if self._symbolic:
+            return fn(*args)
         tf = self.tf
         if self.jit_compile:
             fn = tf.function(fn, jit_compile=True)
@@ -67,7 +77,7 @@ class TensorFlowBackend(AbstractBackend):
         def fn(x, w):
             return self.tf.nn.conv2d(x, w, strides=[1, *strides, 1], padding=pad, dilations=[1, *dilation, 1])
 
-        return self._run(fn, np.asarray(x), np.asarray(w))
+        return self._run(fn, _array(x), _array(w))
 
     def conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
         strides, dilation, pad = normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation"), _padding_arg(padding)
@@ -80,7 +90,7 @@ class TensorFlowBackend(AbstractBackend):
                 padding=pad_name, explicit_paddings=sum(explicit, []), dilations=[1, *dilation, 1],
             )
 
-        return self._run(fn, np.asarray(dy), np.asarray(w))
+        return self._run(fn, _array(dy), _array(w))
 
     def conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
         strides, dilation, pad = normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation"), _padding_arg(padding)
@@ -93,7 +103,7 @@ class TensorFlowBackend(AbstractBackend):
                 padding=pad_name, explicit_paddings=sum(explicit, []), dilations=[1, *dilation, 1],
             )
 
-        return self._run(fn, np.asarray(x), np.asarray(dy))
+        return self._run(fn, _array(x), _array(dy))
 
     def depthwise_conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):
         """`tf.nn.depthwise_conv2d`: NHWC x, filter (kh, kw, C, multiplier)."""
@@ -102,7 +112,7 @@ class TensorFlowBackend(AbstractBackend):
         def fn(x, w):
             return self.tf.nn.depthwise_conv2d(x, w, strides=[1, *strides, 1], padding=pad, dilations=list(dilation))
 
-        return self._run(fn, np.asarray(x), np.asarray(w))
+        return self._run(fn, _array(x), _array(w))
 
     def conv3d(self, x, w, *, strides=1, padding="VALID"):
         """`tf.nn.conv3d`: NDHWC x, DHWIO filter."""
@@ -114,7 +124,7 @@ class TensorFlowBackend(AbstractBackend):
         def fn(x, w):
             return self.tf.nn.conv3d(x, w, strides=[1, *stride, 1], padding=pad)
 
-        return self._run(fn, np.asarray(x), np.asarray(w))
+        return self._run(fn, _array(x), _array(w))
 
     def matmul(self, a, b):
         """`tf.linalg.matmul` of (..., M, K) by (..., K, N)."""
@@ -122,7 +132,7 @@ class TensorFlowBackend(AbstractBackend):
         def fn(a, b):
             return self.tf.linalg.matmul(a, b)
 
-        return self._run(fn, np.asarray(a), np.asarray(b))
+        return self._run(fn, _array(a), _array(b))
 
     def einsum(self, equation, a, b):
         """`tf.einsum(equation, a, b)` with two operands."""
@@ -130,7 +140,44 @@ class TensorFlowBackend(AbstractBackend):
         def fn(a, b):
             return self.tf.einsum(equation, a, b)
 
-        return self._run(fn, np.asarray(a), np.asarray(b))
+        return self._run(fn, _array(a), _array(b))
+
+    def run_together(self, calls):
+        """Run several op calls [(method name, args, kwargs)] as one function; NumPy results in order.
+
+        Under jit_compile this is one XLA compilation instead of one per call (the
+        compile, not the arithmetic, dominates a crafted-input battery); each op
+        keeps its own kernel, so the results are those of the separate calls.
+        Without jit the calls simply run one after another, eagerly, as always.
+        """
+        if not self.jit_compile:
+            return [np.asarray(getattr(self, name)(*args, **kwargs)) for name, args, kwargs in calls]
+        tf = self.tf
+        arrays: list[np.ndarray] = []
+        plan = []
+        for name, args, kwargs in calls:
+            slots = []
+            for arg in args:
+                if isinstance(arg, np.ndarray):
+                    slots.append(("tensor", len(arrays)))
+                    arrays.append(arg)
+                else:
+                    slots.append(("value", arg))
+            plan.append((name, slots, kwargs))
+
+        def body(*tensors):
+            self._symbolic = True
+            try:
+                return [
+                    getattr(self, name)(*(tensors[v] if kind == "tensor" else v for kind, v in slots), **kwargs)
+                    for name, slots, kwargs in plan
+                ]
+            finally:
+                self._symbolic = False
+
+        with tf.device("/GPU:0" if self.device == "gpu" else "/CPU:0"):
+            outputs = tf.function(body, jit_compile=True)(*(tf.constant(a) for a in arrays))
+        return [np.asarray(o.numpy()) for o in outputs]
 
     def runtime_info(self) -> dict:
         """What this TensorFlow process reports about itself (for provenance)."""

@@ -27,7 +27,7 @@ FIGURE_FORMATS = ("png", "svg")
 #: Short column titles for the fingerprint table (the JSON keeps the full property names).
 _SHORT = {
     "accumulation": "accumulation", "accumulator_bits": "acc bits", "extra_bits": "extra",
-    "rounding": "rounding", "product_bits": "products", "subnormal_inputs": "subn in",
+    "rounding": "rounding", "double_rounding": "2x round", "product_bits": "products", "subnormal_inputs": "subn in",
     "subnormal_results": "subn out", "overflow": "overflow", "accumulator_range": "acc range",
     "product_overflow": "65519 test", "block_size": "block", "chunk_size": "chunk",
 }
@@ -256,14 +256,13 @@ def _fingerprint(args) -> int:
     if args.list_configs:
         return _list_configs(args)
     from convprobe.analysis.tables import fingerprint_table, frame_from_records
-    from convprobe.probes.fingerprint import PROPERTIES, infer_observed
+    from convprobe.probes.fingerprint import PROPERTIES, infer_observed, run_grouped
     from convprobe.probes.fingerprint_ops import check_ops
-    from convprobe.probes.runner import run_probe
 
     ops = check_ops(args.op)
     configs = _configs(args)
     params = {"ops": list(ops), "seed": args.seed}
-    results = run_probe("fingerprint", configs, params, timeout=args.timeout, jobs=args.jobs)
+    results = run_grouped(configs, params, timeout=args.timeout, jobs=args.jobs)
     records, per_config = [], {}
     for result in results:
         per_op = infer_observed(result.observed) if result.status == "ok" else {}

@@ -23,6 +23,9 @@ dot products (`fingerprint_ops.reduce_rows`). What each test decides:
   significand bits; added to -(1 + 2**-i + 2**-i2) * 2**10 it leaves
   2**(10-i-i2) iff the product was kept (n = 3..21); both operand orders, the
   best counts (an fp16 accumulator loses it in one order).
+- double_rounding - for an fp16 accumulator: (1 + 2**-10) + 2**-11 (1 - 2**-20)
+  is just below a tie; added in fp32 first it lands on the tie and rounds to
+  even, up (an fp16 add done as float-add-then-convert, as CPU half types do).
 - subnormal inputs (2**-24 * 2**10) and results (2**-7 * 2**-10 = 2**-17): kept
   or flushed to zero.
 - overflow - 65504 + 32 = 65536 becomes inf or saturates to 65504;
@@ -50,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
+from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, base_op, check_ops, reduce_many
 
 __all__ = [
     "PROPERTIES",
@@ -69,7 +72,7 @@ __all__ = [
 
 #: The inferred properties, in table order.
 PROPERTIES = (
-    "accumulation", "accumulator_bits", "extra_bits", "rounding", "product_bits",
+    "accumulation", "accumulator_bits", "extra_bits", "rounding", "double_rounding", "product_bits",
     "subnormal_inputs", "subnormal_results", "overflow", "accumulator_range",
     "product_overflow", "block_size", "chunk_size",
 )
@@ -193,6 +196,10 @@ def battery() -> tuple[Group, ...]:
     special.add({"test": "subnormal_input"}, {100: 2.0**-24})
     special.add({"test": "subnormal_result"}, {101: 2.0**-7})
     special.add({"test": "subnormal_passthrough"}, {102: 2.0**-24})
+    b[110], b[111], b[112] = 1.0, 1.0 - 2.0**-10, 1.0
+    # (1 + 2**-10) + 2**-11 (1 - 2**-20) lies just below a tie: one rounding to fp16 goes down,
+    # rounding to fp32 first lands on the tie and then rounds to even, up
+    special.add({"test": "double_rounding"}, {110: 1.0 + 2.0**-10, 111: 2.0**-11 * (1.0 + 2.0**-10), 112: -(1.0 + 2.0**-10)})
     b[104], b[105] = F16MAX, -F16MAX
     special.add({"test": "product_overflow"}, {104: F16MAX, 105: F16MAX})
 
@@ -221,21 +228,63 @@ def run_battery(backend, op: str) -> dict[str, np.ndarray]:
     Ops whose cost grows as L**2 skip the long groups: their block and chunk
     sizes read "not run".
     """
-    return {
-        g.name: np.asarray(reduce_rows(backend, op, g.a, g.b, g.channel), dtype=np.float64)
-        for g in battery()
-        if not (op in QUADRATIC_OPS and g.a.shape[1] > QUADRATIC_LIMIT)
-    }
+    calls = _calls(op)
+    outputs = reduce_many(backend, op, [(g.a, g.b, g.channel) for g in calls])
+    return {g.name: np.asarray(y, dtype=np.float64) for g, y in zip(calls, outputs)}
 
 
-def run(backend, *, ops="conv2d", **_params) -> dict:
-    """Run the battery through each op; JSON-able outputs (repr strings) or why an op failed."""
+def _calls(op: str) -> list[Group]:
+    return [g for g in battery() if not (op in QUADRATIC_OPS and g.a.shape[1] > QUADRATIC_LIMIT)]
+
+
+def run_all(backend, ops) -> dict[str, dict[str, np.ndarray]]:
+    """`run_battery` for every op in one `reduce_many` (one XLA compilation for the lot)."""
+    plan = [(op, g) for op in ops for g in _calls(op)]
+    outputs = reduce_many(backend, [op for op, _ in plan], [(g.a, g.b, g.channel) for _, g in plan])
+    result: dict[str, dict[str, np.ndarray]] = {op: {} for op in ops}
+    for (op, g), y in zip(plan, outputs):
+        result[op][g.name] = np.asarray(y, dtype=np.float64)
+    return result
+
+
+def run(backend, *, ops="conv2d", jit_variants=None, **_params) -> dict:
+    """Run the battery through each op; JSON-able outputs (repr strings) or why an op failed.
+
+    All ops go through the backend together (one XLA compilation); if that fails,
+    each op runs alone so that one failing op cannot hide the others.
+    `jit_variants` ([False, True]) runs a TensorFlow backend once per jit
+    setting in this same process - configurations whose environments are equal
+    differ only by jit_compile, which is per function, not per process - and
+    returns {"variants": {"False": ..., "True": ...}}.
+    """
+    if jit_variants is not None:
+        from convprobe.backends.tensorflow import TensorFlowBackend
+
+        if not isinstance(backend, TensorFlowBackend):
+            from convprobe.errors import InvalidArgument
+
+            raise InvalidArgument("jit_variants applies to the TensorFlow backend only")
+        return {"variants": {
+            str(bool(jit)): run(TensorFlowBackend(backend.device, jit_compile=bool(jit)), ops=ops)
+            for jit in jit_variants
+        }}
+    return _run_ops(backend, ops)
+
+
+def _run_ops(backend, ops) -> dict:
     from convprobe.errors import UnsupportedConfiguration
 
-    results = {}
-    for op in check_ops(ops):
+    ops = check_ops(ops)
+    together = None
+    if len(ops) > 1 and all(base_op(op) in getattr(backend, "capabilities", ()) for op in ops):
         try:
-            outputs = run_battery(backend, op)
+            together = run_all(backend, ops)
+        except Exception:  # noqa: BLE001 - fall back to one op at a time, which reports the culprit
+            together = None
+    results = {}
+    for op in ops:
+        try:
+            outputs = together[op] if together is not None else run_battery(backend, op)
             results[op] = {"status": "ok", "outputs": {k: [repr(float(v)) for v in vals] for k, vals in outputs.items()}}
         except UnsupportedConfiguration as exc:
             results[op] = {"status": "unsupported", "error": str(exc)}
@@ -335,6 +384,19 @@ def infer(outputs: dict[str, np.ndarray]) -> dict[str, dict[str, str]]:
         put("product_bits", "exact", "products needing up to 21 significand bits were all kept (exact for fp16 inputs)")
     else:
         put("product_bits", n, f"a product of two fp16 numbers needing {n + 1} significand bits lost its last bit")
+
+    # double rounding: only meaningful for an 11-bit (fp16) accumulator
+    dr = get(test="double_rounding")
+    if out["product_bits"]["value"] != "exact":
+        put("double_rounding", "n/a", "products are rounded: the crafted product is not the value added")
+    elif out["rounding"]["value"] == "stochastic":
+        put("double_rounding", "n/a", "stochastic rounding: one crafted sum cannot tell")
+    elif p == 11:
+        put("double_rounding", "yes" if dr == 2.0**-10 else "no" if dr == 0.0 else f"unexpected {dr!r}",
+            f"(1+2**-10) + 2**-11(1-2**-20) - (1+2**-10) -> {dr!r}: 0 = one rounding to fp16, 2**-10 = rounded "
+            "through a wider format onto the tie first")
+    else:
+        put("double_rounding", "n/a", "the test is built for an 11-bit accumulator")
 
     name = _accumulation_name(p)
     if out["product_bits"]["value"] not in ("exact",):
@@ -453,6 +515,9 @@ def infer_observed(observed: dict) -> dict[str, dict]:
 
 def interpret(observed: dict) -> dict:
     """The runner's one-line view: accumulation per op; details stay in `infer_observed`."""
+    if "variants" in observed:
+        return {"accumulation": "unknown", "arithmetic": "", "verdict": "several jit variants (see run_grouped)",
+                "evidence": ""}
     per_op = infer_observed(observed)
     accs = {op: r["properties"]["accumulation"]["value"] if r["status"] == "ok" else r["status"] for op, r in per_op.items()}
     distinct = set(accs.values())
@@ -520,11 +585,18 @@ def expected_properties(model) -> dict[str, str]:
     if blocked and model.extra_bits < 2 and rounding != "stochastic":
         rounding = "toward_zero"  # 0.75 and 0.25 ulp are truncated away while aligning, before any rounding
     products = "exact" if product_precision >= 21 else str(product_precision)
+    if p != 11 or products != "exact" or rounding == "stochastic":
+        double = "n/a"
+    elif model.addition != "exact" and 22 <= model.addition.precision <= 31 and not blocked:
+        double = "yes"
+    else:
+        double = "no"
     return {
         "accumulation": _accumulation_name(p) + ("" if products == "exact" else f", products to {products} bits"),
         "accumulator_bits": _fmt_bits(p),
         "extra_bits": str(extra),
         "rounding": rounding,
+        "double_rounding": double,
         "product_bits": products,
         "subnormal_inputs": "kept",
         "subnormal_results": "flushed" if model.subnormals == "flush" else "kept",
@@ -535,4 +607,50 @@ def expected_properties(model) -> dict[str, str]:
         "block_size": block,
         "chunk_size": resolved_size(model.chunk) if isinstance(model, Chunked) and p + 1 in D_BITS else "n/a",
     }
+
+
+
+def run_grouped(configs, params: dict, *, timeout: float, jobs: int | None = None) -> list:
+    """`runner.run_probe('fingerprint', ...)` with one child per distinct environment.
+
+    TensorFlow configurations that differ only in jit_compile share a process
+    (one TensorFlow import instead of two); every configuration still gets its
+    own `ProbeResult`, in the order given, with a crashed child marking all of
+    its configurations.
+    """
+    import dataclasses
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from convprobe.probes.runner import run_one
+
+    groups: dict[tuple, list] = {}
+    for config in configs:
+        key = (config.backend, config.device, tuple(sorted(config.env.items())), config.model)
+        groups.setdefault(key, []).append(config)
+    leaders, leader_params = [], []
+    for members in groups.values():
+        leaders.append(members[0])
+        jits = sorted({c.jit_compile for c in members})
+        grouped = members[0].backend == "tensorflow" and len(jits) > 1
+        leader_params.append({**params, "jit_variants": jits} if grouped else params)
+    workers = max(1, min(len(leaders), jobs or os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_one, "fingerprint", leader, p, timeout=timeout)
+                   for leader, p in zip(leaders, leader_params)]
+        results_by_leader = {i: f.result() for i, f in enumerate(futures)}
+    out = []
+    for config in configs:
+        i = next(n for n, members in enumerate(groups.values()) if config in members)
+        result = results_by_leader[i]
+        observed = result.observed
+        if result.status == "ok" and "variants" in observed:
+            observed = observed["variants"][str(bool(config.jit_compile))]
+        copy = dataclasses.replace(result, config=config, observed=observed)
+        if copy.status == "ok":
+            inferred = interpret(observed)
+            copy.accumulation, copy.arithmetic = inferred["accumulation"], inferred["arithmetic"]
+            copy.verdict, copy.evidence = inferred["verdict"], inferred["evidence"]
+        out.append(copy)
+    return out
 

@@ -25,7 +25,10 @@ import numpy as np
 
 from convprobe.errors import UnsupportedConfiguration, invalid_choice
 
-__all__ = ["OPS", "CONV2D_OPS", "QUADRATIC_LIMIT", "QUADRATIC_OPS", "base_op", "check_ops", "reduce_rows"]
+__all__ = [
+    "OPS", "CONV2D_OPS", "QUADRATIC_LIMIT", "QUADRATIC_OPS", "base_op", "check_ops", "op_call", "reduce_rows",
+    "reduce_many",
+]
 
 #: Every op the battery knows, in table order. `_spatial` variants reduce over the
 #: filter width instead of channels: the same kernel can accumulate differently.
@@ -59,46 +62,77 @@ def check_ops(ops) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def reduce_rows(backend, op: str, a: np.ndarray, b: np.ndarray, channel: np.ndarray | None = None) -> np.ndarray:
-    """out[m] = sum_k a[m, k] * b[channel[m], k], computed by `backend`'s `op` (fp16 in and out).
+def op_call(op: str, a: np.ndarray, b: np.ndarray, channel: np.ndarray | None = None):
+    """(backend method, args, kwargs, post) computing out[m] = sum_k a[m, k] b[channel[m], k].
 
     `b` is one filter vector (L,) or several (C, L); with several, each op gets
     C output channels (filters, matmul columns, depthwise multipliers) and row m
-    reads channel[m]: one call, hence one XLA compilation, serves every filter.
+    reads channel[m]. `post(raw)` turns the method's output into the (M,) rows.
     """
-    if base_op(op) not in getattr(backend, "capabilities", ()):
-        raise UnsupportedConfiguration(f"{backend.name} does not implement {base_op(op)}")
     a = np.ascontiguousarray(a, dtype=np.float16)
     bs = np.ascontiguousarray(np.atleast_2d(b), dtype=np.float16)
     m, length = a.shape
     c = bs.shape[0]
+    rows = np.arange(m)
     channel = np.zeros(m, dtype=np.int64) if channel is None else np.asarray(channel, dtype=np.int64)
+    filters = np.ascontiguousarray(bs.T)  # (L, C)
+
+    def pick(raw):
+        return np.asarray(raw).reshape(m, c)[rows, channel]
+
+    if op == "conv2d":
+        return "conv2d", (a.reshape(m, 1, 1, length), filters.reshape(1, 1, length, c)), {}, pick
+    if op == "conv2d_spatial":
+        return "conv2d", (a.reshape(m, 1, length, 1), filters.reshape(1, length, 1, c)), {}, pick
+    if op == "conv2d_backprop_input":
+        return "conv2d_backprop_input", (a.reshape(m, 1, 1, length), bs.reshape(1, 1, c, length), (m, 1, 1, c)), {}, pick
+    if op == "conv2d_backprop_input_spatial":
+        if length > QUADRATIC_LIMIT:
+            raise UnsupportedConfiguration(f"{op} is limited to rows of {QUADRATIC_LIMIT} (cost grows as L**2)")
+        dy = np.ascontiguousarray(a[:, ::-1]).reshape(m, 1, length, 1)
+
+        def pick_middle(raw):
+            return np.asarray(raw)[:, 0, length - 1, :][rows, channel]
+
+        return "conv2d_backprop_input", (dy, filters.reshape(1, length, c, 1), (m, 1, 2 * length - 1, c)), {}, pick_middle
+    if op == "conv2d_backprop_filter":
+        x = np.ascontiguousarray(a.T).reshape(1, 1, length, m)
+        return "conv2d_backprop_filter", (x, filters.reshape(1, 1, length, c), (1, 1, m, c)), {}, pick
+    if op == "depthwise_conv2d":
+        return "depthwise_conv2d", (a.reshape(m, 1, length, 1), filters.reshape(1, length, 1, c)), {}, pick
+    if op == "conv3d":
+        return "conv3d", (a.reshape(m, 1, 1, 1, length), filters.reshape(1, 1, 1, length, c)), {}, pick
+    if op == "matmul":
+        return "matmul", (a, filters), {}, pick
+    if op == "einsum":
+        return "einsum", ("mk,kc->mc", a, filters), {}, pick
+    raise invalid_choice("op", op, OPS)
+
+
+def _check_capability(backend, op: str) -> None:
+    if base_op(op) not in getattr(backend, "capabilities", ()):
+        raise UnsupportedConfiguration(f"{backend.name} does not implement {base_op(op)}")
+
+
+def reduce_rows(backend, op: str, a: np.ndarray, b: np.ndarray, channel: np.ndarray | None = None) -> np.ndarray:
+    """out[m] = sum_k a[m, k] * b[channel[m], k], computed by `backend`'s `op` (fp16 in and out)."""
+    _check_capability(backend, op)
+    method, args, kwargs, post = op_call(op, a, b, channel)
     with np.errstate(over="ignore", invalid="ignore"):
-        if op == "conv2d":
-            y = backend.conv2d(a.reshape(m, 1, 1, length), bs.T.reshape(1, 1, length, c))
-        elif op == "conv2d_spatial":
-            y = backend.conv2d(a.reshape(m, 1, length, 1), bs.T.reshape(1, length, 1, c))
-        elif op == "conv2d_backprop_input":
-            y = backend.conv2d_backprop_input(a.reshape(m, 1, 1, length), bs.reshape(1, 1, c, length), (m, 1, 1, c))
-        elif op == "conv2d_backprop_input_spatial":
-            if length > QUADRATIC_LIMIT:
-                raise UnsupportedConfiguration(f"{op} is limited to rows of {QUADRATIC_LIMIT} (cost grows as L**2)")
-            dy = np.ascontiguousarray(a[:, ::-1]).reshape(m, 1, length, 1)
-            w = np.ascontiguousarray(bs.T).reshape(1, length, c, 1)
-            dx = backend.conv2d_backprop_input(dy, w, (m, 1, 2 * length - 1, c))
-            y = np.asarray(dx)[:, :, length - 1, :]
-        elif op == "conv2d_backprop_filter":
-            x = np.ascontiguousarray(a.T).reshape(1, 1, length, m)
-            y = backend.conv2d_backprop_filter(x, np.ascontiguousarray(bs.T).reshape(1, 1, length, c), (1, 1, m, c))
-        elif op == "depthwise_conv2d":
-            y = backend.depthwise_conv2d(a.reshape(m, 1, length, 1), np.ascontiguousarray(bs.T).reshape(1, length, 1, c))
-        elif op == "conv3d":
-            y = backend.conv3d(a.reshape(m, 1, 1, 1, length), np.ascontiguousarray(bs.T).reshape(1, 1, 1, length, c))
-        elif op == "matmul":
-            y = backend.matmul(a, np.ascontiguousarray(bs.T))
-        elif op == "einsum":
-            y = backend.einsum("mk,kc->mc", a, np.ascontiguousarray(bs.T))
+        return post(getattr(backend, method)(*args, **kwargs))
+
+
+def reduce_many(backend, op: str | list[str], requests) -> list[np.ndarray]:
+    """`reduce_rows` for several (a, b, channel) requests at once: one compilation under XLA
+    when the backend offers `run_together` (TensorFlow), one call each otherwise. `op` is one
+    op for every request or a list with one op per request."""
+    ops = [op] * len(requests) if isinstance(op, str) else list(op)
+    for name in dict.fromkeys(ops):
+        _check_capability(backend, name)
+    calls = [op_call(name, a, b, channel) for name, (a, b, channel) in zip(ops, requests)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        if hasattr(backend, "run_together"):
+            raws = backend.run_together([(method, args, kwargs) for method, args, kwargs, _ in calls])
         else:
-            raise invalid_choice("op", op, OPS)
-    y = np.asarray(y).reshape(m, c)
-    return y[np.arange(m), channel]
+            raws = [getattr(backend, method)(*args, **kwargs) for method, args, kwargs, _ in calls]
+    return [post(raw) for (_, _, _, post), raw in zip(calls, raws)]

@@ -35,6 +35,8 @@ __all__ = [
     "parse_candidate",
     "candidates",
     "inputs",
+    "channels",
+    "CHANNELS",
     "run",
     "match_fractions",
     "summarize_matches",
@@ -57,6 +59,7 @@ DEFAULT_CANDIDATES = (
     "pairwise:fp32:output=fp16",
     "pairwise:fp16",
     *(f"chunked:fp16:n={n}" for n in (8, 16, 32, 64, 128, 256)),
+    *(f"chunked:fp16:n={n}:addition=fp32:total={t}" for n in (256, 512, 1024, 2048) for t in ("fp32", "fp16")),
     *(f"blocked:fp16:b={b}" for b in (2, 4, 8, 16, 32)),
     *(f"blocked:fp16:b={b}:rounding=nearest_even" for b in (2, 4, 8, 16, 32)),
     *(f"blocked:fp32:b={b}:extra={e}:output=fp16" for b in (4, 8, 16) for e in (0, 3)),
@@ -77,18 +80,21 @@ class Candidate:
     combine_model: object = None
 
     def compute(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Row m of `a` against filter b[m % len(b)] (b may be one filter (k,) or several (c, k))."""
         from convprobe.emulation import dot
 
+        b = np.atleast_2d(b)
+        b = b[np.arange(a.shape[0]) % b.shape[0]]
         if not self.lanes:
-            return np.asarray(dot(a, b[None, :], self.model)).astype(np.float16)
+            return np.asarray(dot(a, b, self.model)).astype(np.float16)
         m, k = a.shape
         w = self.lanes
         if k % w:
             raise InvalidArgument(f"lane model {self.name} needs K divisible by {w}; received K={k}")
         # lane l holds terms l, l + w, l + 2w, ...: (m, w, k / w)
         lane_a = np.ascontiguousarray(a.reshape(m, k // w, w).transpose(0, 2, 1))
-        lane_b = np.ascontiguousarray(b.reshape(k // w, w).T)
-        sums = np.asarray(dot(lane_a, lane_b[None, :, :], self.lane_model))
+        lane_b = np.ascontiguousarray(b.reshape(m, k // w, w).transpose(0, 2, 1))
+        sums = np.asarray(dot(lane_a, lane_b, self.lane_model))
         # the lane sums are exact in the lane format: combine them with products by 1
         return np.asarray(dot(sums, np.ones((1, w), dtype=sums.dtype), self.combine_model)).astype(np.float16)
 
@@ -129,14 +135,20 @@ def candidates(specs=None) -> list[Candidate]:
     return [parse_candidate(s) for s in (specs or DEFAULT_CANDIDATES)]
 
 
-def inputs(seed: int, k: int, rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded fp16 rows for reduction length k; b ~ U[0, 1) with b[0] = b[k-1] = 1.
+#: Output channels (filters) of each call: real convolutions have many, and TensorFlow picks
+#: different kernels for one filter (a matrix-vector product) than for several.
+CHANNELS = 2
 
-    A third of the rows are U[0, 1) (growing sums: separate fp16 models), a
-    third U[-1, 1), and a third *offset* rows: U[0, 1) terms between
-    +c and -c, c = 2**15 * U[1, 1.5). The offset makes every fp32 partial sum
-    round at ulp 2**-8, so the order of fp32 additions shows in the fp16 result
-    (plain random rows are correctly rounded by every fp32 model).
+
+def inputs(seed: int, k: int, rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded fp16 rows (rows, k) and CHANNELS filters (CHANNELS, k); row m reads filter m % CHANNELS.
+
+    Filters ~ U[0, 1) with b[:, 0] = b[:, k-1] = 1. A third of the rows are
+    U[0, 1) (growing sums: separate fp16 models), a third U[-1, 1), and a third
+    *offset* rows: U[0, 1) terms between +c and -c, c = 2**15 * U[1, 1.5). The
+    offset makes every fp32 partial sum round at ulp 2**-8, so the order of fp32
+    additions shows in the fp16 result (plain random rows are correctly rounded
+    by every fp32 model).
     """
     rng = np.random.default_rng([seed, k])
     third = rows // 3
@@ -145,13 +157,18 @@ def inputs(seed: int, k: int, rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, np.
         rng.uniform(-1.0, 1.0, (third, k)),
         rng.uniform(0.0, 1.0, (third, k)),
     ]).astype(np.float16)
-    b = rng.uniform(0.0, 1.0, k).astype(np.float16)
+    b = rng.uniform(0.0, 1.0, (CHANNELS, k)).astype(np.float16)
     if k >= 2:
         offset = (2.0**15 * rng.uniform(1.0, 1.5, third)).astype(np.float16)
         a[rows - third:, 0] = offset
         a[rows - third:, k - 1] = -offset
-        b[0] = b[k - 1] = 1.0
+        b[:, 0] = b[:, k - 1] = 1.0
     return a, b
+
+
+def channels(rows: int) -> np.ndarray:
+    """The filter each row reads."""
+    return np.arange(rows) % CHANNELS
 
 
 def _ks_for(op: str, ks) -> list[int]:
@@ -169,7 +186,7 @@ def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed:
             per_k = {}
             for k in _ks_for(op, ks):
                 a, b = inputs(seed, k, rows)
-                y = np.asarray(reduce_rows(backend, op, a, b)).astype(np.float16)
+                y = np.asarray(reduce_rows(backend, op, a, b, channels(rows))).astype(np.float16)
                 per_k[str(k)] = encode_bits(y)
             results[op] = {"status": "ok", "bits": per_k}
         except UnsupportedConfiguration as exc:

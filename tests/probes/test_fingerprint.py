@@ -154,7 +154,82 @@ def test_run_output_is_json_and_interprets_like_in_process():
     assert set(per_op["conv2d"]["properties"]) == set(PROPERTIES)
 
 
-def test_outputs_are_exact_values():
-    outputs = run_battery(EmulatedBackend("sequential:fp16"), "matmul")
-    assert all(not math.isnan(v) or True for v in outputs["short"])
-    assert outputs["short"].dtype == np.float64 and outputs["long"].shape == (len(battery()[1].rows),)
+def test_all_ops_together_give_what_each_op_gives_alone():
+    backend = EmulatedBackend("blocked:fp16:b=4")
+    together = fingerprint.run_all(backend, ["conv2d", "matmul"])
+    for op in ("conv2d", "matmul"):
+        alone = run_battery(backend, op)
+        assert set(together[op]) == set(alone) == {"short", "long"}
+        for name in alone:
+            assert np.array_equal(together[op][name], alone[name], equal_nan=True)
+    assert not math.isnan(together["matmul"]["short"][0])
+
+
+# -- real TensorFlow: the five configurations the fingerprint must tell apart ------------
+
+from convprobe.backends.configurations import MUST_SHOW, matrix_configs  # noqa: E402
+from convprobe.probes.fingerprint_ops import CONV2D_OPS  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tf_must_show():
+    """The battery on conv2d forward and both gradients under the five must-show CPU configurations, once."""
+    results = fingerprint.run_grouped(matrix_configs("cpu", list(MUST_SHOW)), {"ops": list(CONV2D_OPS)}, timeout=600)
+    table = {}
+    for result in results:
+        assert result.status == "ok", (result.config.label, result.error)
+        for op, entry in fingerprint.infer_observed(result.observed).items():
+            assert entry["status"] == "ok", (result.config.label, op, entry["error"])
+            table[(result.config.name, op)] = {k: v["value"] for k, v in entry["properties"].items()}
+    return table
+
+
+FP32 = ("fp32", "24", "exact", "0 (wide or fused)")
+FP16 = ("fp16", "11", "exact", "inf (fp16 fused chain)")
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("config,op,expected", [
+    *[("default", op, FP32) for op in CONV2D_OPS],
+    ("onednn-off", "conv2d", FP32),
+    ("onednn-off", "conv2d_spatial", FP32),
+    ("onednn-off", "conv2d_backprop_input", ("fp32, products to 11 bits", "24", "11", "NaN (fp16 products)")),
+    ("onednn-off", "conv2d_backprop_input_spatial", ("fp16, products to 11 bits", "11", "11", "NaN (fp16 products)")),
+    ("onednn-off", "conv2d_backprop_filter", FP16),
+    ("onednn-off+fp16-acc", "conv2d", FP16),
+    ("onednn-off+fp16-acc", "conv2d_spatial", FP16),
+    ("onednn-off+fp16-acc", "conv2d_backprop_filter", FP16),
+    *[("jit", op, FP32) for op in CONV2D_OPS],
+    *[("jit+strict", op, FP16) for op in CONV2D_OPS],
+])
+def test_tensorflow_cpu_configurations_are_told_apart(tf_must_show, config, op, expected):
+    got = tf_must_show[(config, op)]
+    assert (got["accumulation"], got["accumulator_bits"], got["product_bits"], got["product_overflow"]) == expected
+
+
+@pytest.mark.tensorflow
+def test_strict_xla_is_a_sequential_fp16_chain_rounding_to_nearest(tf_must_show):
+    for op in ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"):
+        got = tf_must_show[("jit+strict", op)]
+        assert (got["block_size"], got["rounding"], got["accumulator_range"], got["overflow"]) == ("1", "nearest_even", "fp16", "inf")
+
+
+@pytest.mark.tensorflow
+def test_xla_fp32_reduction_interleaves_four_lanes(tf_must_show):
+    assert tf_must_show[("jit", "conv2d")]["block_size"] == "lanes=4"
+    assert tf_must_show[("default", "conv2d")]["block_size"] == "n/a"
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+def test_full_matrix_every_op_runs_and_gpu_switches_change_nothing_on_cpu():
+    from convprobe.probes.fingerprint_ops import OPS
+
+    configs = matrix_configs("cpu", "all")
+    results = {r.config.name: r for r in fingerprint.run_grouped(configs, {"ops": list(OPS)}, timeout=900)}
+    assert all(r.status == "ok" for r in results.values())
+    props = {name: fingerprint.infer_observed(r.observed) for name, r in results.items()}
+    assert props["gpu-switches"] == props["default"]  # the cuDNN/cuBLAS switches do nothing on a CPU
+    assert props["fp16-acc"] == props["default"]  # the Eigen switch does nothing while oneDNN is on
+    for op in OPS:
+        assert props["jit+strict+no-excess"][op]["properties"]["accumulation"]["value"] == "fp16"

@@ -1,0 +1,141 @@
+"""identify: the emulator must be recognised as itself, bit for bit, at every K."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from convprobe.backends import EmulatedBackend
+from convprobe.emulation import dot, parse_model
+from convprobe.errors import InvalidArgument
+from convprobe.probes import identify
+from convprobe.probes.identify import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_KS,
+    identify_backend,
+    inputs,
+    parse_candidate,
+    summarize_matches,
+)
+
+
+def test_default_ks_run_from_16_to_8192():
+    assert DEFAULT_KS[0] == 16 and DEFAULT_KS[-1] == 8192 and len(DEFAULT_KS) == 10
+
+
+@pytest.mark.parametrize("spec", [
+    "sequential:fp16",
+    "sequential:fp32:output=fp16",
+    "sequential:fp16:product=fp16",
+    "pairwise:fp16",
+    "pairwise:fp32:output=fp16",
+    "chunked:fp16:n=64",
+    "blocked:fp16:b=8",
+    "blocked:fp32:b=8:extra=3:output=fp16",
+    "exact:fp64:output=fp16",
+])
+def test_identify_on_the_emulator_recovers_the_model_it_was_given(spec):
+    result = identify_backend(EmulatedBackend(spec), "matmul")
+    summary = result["summary"]
+    assert summary["best"] == spec
+    assert summary["perfect"] == [spec]  # no other candidate reproduces it at every K
+    assert summary["stops_matching_at"] is None
+    assert summary["fractions"] == {k: 1.0 for k in DEFAULT_KS}
+
+
+def test_identify_through_conv2d_recovers_the_model_too():
+    result = identify_backend(EmulatedBackend("chunked:fp16:n=32"), "conv2d", ks=(16, 64, 256))
+    assert result["summary"]["best"] == "chunked:fp16:n=32"
+    assert result["summary"]["fractions"] == {16: 1.0, 64: 1.0, 256: 1.0}
+
+
+def test_a_model_outside_the_family_is_matched_only_up_to_where_it_differs():
+    # chunks of 512 in fp16 are sequential fp16 for K <= 512: the best candidate stops there
+    result = identify_backend(EmulatedBackend("chunked:fp16:n=512"), "matmul", ks=(64, 256, 512, 1024, 4096))
+    summary = result["summary"]
+    assert summary["best"] == "sequential:fp16"
+    assert summary["stops_matching_at"] == 1024
+    assert [summary["fractions"][k] for k in (64, 256, 512)] == [1.0, 1.0, 1.0]
+    assert summary["fractions"][1024] < 1.0
+
+
+def test_lane_candidates_deal_terms_round_robin():
+    cand = parse_candidate("lanes:fp16:w=4:then=pairwise")
+    a, filters = inputs(0, 64, rows=6)
+    b = filters[np.arange(6) % len(filters)]
+    lanes = np.stack([dot(a[:, i::4], b[:, i::4], parse_model("sequential:fp16")) for i in range(4)], axis=1)
+    expected = dot(lanes, np.ones((1, 4), dtype=np.float16), parse_model("pairwise:fp16"))
+    assert np.array_equal(cand.compute(a, b).view(np.uint16), expected.astype(np.float16).view(np.uint16))
+    with pytest.raises(InvalidArgument, match="needs K divisible by 4; received K=6"):
+        cand.compute(np.ones((1, 6), np.float16), np.ones(6, np.float16))
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("lanes:fp16", "lane model must look like"),
+    ("lanes:fp16:w=x", "lane model w must be a positive integer"),
+    ("lanes:fp16:w=4:then=tree", "then must be one of sequential, pairwise; received 'tree'"),
+    ("lanes:fp16:w=4:size=3", "parameters must be among w, then, product; received 'size'"),
+    ("sequentail:fp16", "model must be one of"),
+])
+def test_bad_candidates_are_invalid_arguments(spec, message):
+    with pytest.raises(InvalidArgument, match=message):
+        parse_candidate(spec)
+
+
+def test_every_default_candidate_parses_and_names_itself():
+    names = [c.name for c in identify.candidates()]
+    assert names == list(DEFAULT_CANDIDATES) and len(set(names)) == len(names)
+
+
+def test_inputs_are_seeded_and_carry_offset_rows():
+    a1, b1 = inputs(7, 32)
+    a2, b2 = inputs(7, 32)
+    assert b1.shape == (identify.CHANNELS, 32)
+    assert np.array_equal(a1.view(np.uint16), a2.view(np.uint16)) and np.array_equal(b1.view(np.uint16), b2.view(np.uint16))
+    third = a1.shape[0] // 3
+    assert np.all(a1[-third:, 0] >= 2.0**15) and np.array_equal(a1[-third:, -1], -a1[-third:, 0])
+    assert np.all(b1[:, 0] == 1.0) and np.all(b1[:, -1] == 1.0)
+    assert not np.array_equal(inputs(8, 32)[0], a1)
+
+
+def test_summary_prefers_the_earlier_of_equal_candidates_and_finds_the_stop():
+    table = {"simple": {16: 1.0, 32: 0.5}, "complex": {16: 1.0, 32: 0.5}, "worse": {16: 0.0, 32: 0.0}}
+    assert summarize_matches(table) == {"best": "simple", "fractions": {16: 1.0, 32: 0.5},
+                                        "stops_matching_at": 32, "perfect": []}
+
+
+def test_run_is_json_and_interpret_names_the_model():
+    observed = json.loads(json.dumps(identify.run(EmulatedBackend("sequential:fp16"), ops=["matmul"], ks=(16, 32))))
+    assert set(observed["ops"]["matmul"]["bits"]) == {"16", "32"}
+    verdict = identify.interpret(observed)
+    assert verdict["accumulation"] == "fp16"
+    assert verdict["verdict"] == "matmul: sequential:fp16 (matches at every K; K=16: 100%, K=32: 100%)"
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+def test_identify_names_a_model_for_each_tensorflow_cpu_configuration():
+    """Measured on an AVX512-FP16 CPU with TensorFlow 2.21 (see the report in the issue)."""
+    from convprobe.backends.configurations import MUST_SHOW, matrix_configs
+    from convprobe.probes.runner import run_probe
+
+    results = run_probe("identify", matrix_configs("cpu", list(MUST_SHOW)),
+                        {"ops": ["conv2d", "conv2d_backprop_filter"], "ks": list(DEFAULT_KS), "rows": 64, "seed": 0},
+                        timeout=900)
+    found = {}
+    for result in results:
+        assert result.status == "ok", result.error
+        for op, entry in identify.identify_observed(result.observed).items():
+            found[(result.config.name, op)] = entry["summary"]
+    assert found[("jit", "conv2d")]["best"] == "lanes:fp32:w=4:then=sequential"
+    assert found[("jit", "conv2d")]["stops_matching_at"] is None
+    strict = found[("jit+strict", "conv2d")]
+    assert strict["best"].startswith(("sequential:fp16", "chunked:fp16"))
+    assert all(strict["fractions"][k] == 1.0 for k in DEFAULT_KS if k <= 1024)
+    default = found[("default", "conv2d")]
+    assert default["best"] == "sequential:fp32:output=fp16"
+    assert all(default["fractions"][k] == 1.0 for k in DEFAULT_KS if k <= 4096)
+    for summary in found.values():
+        assert set(summary["fractions"]) == set(DEFAULT_KS)

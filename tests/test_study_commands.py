@@ -1,0 +1,159 @@
+"""The study commands end to end (fingerprint, identify, sweep, report), emulator-backed unless marked.
+
+They are called through `convprobe.cli.main`, with `study_commands` added to the
+command modules for the duration of each test (a no-op once it is wired in).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from convprobe import cli
+from convprobe.commands import study_commands
+from convprobe.provenance import SCHEMA_VERSION
+
+
+@pytest.fixture(autouse=True)
+def _wired(monkeypatch):
+    import convprobe.commands as commands
+
+    if study_commands not in commands.MODULES:
+        monkeypatch.setattr(commands, "MODULES", (*commands.MODULES, study_commands))
+
+
+def main(*argv: str) -> int:
+    return cli.main(list(argv))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """One emulator-only result file of each kind (and the tidy CSVs)."""
+    import convprobe.commands as commands
+
+    saved = commands.MODULES
+    commands.MODULES = (*saved, study_commands) if study_commands not in saved else saved
+    try:
+        out = tmp_path_factory.mktemp("results")
+        models = ("--model", "sequential:fp16", "--model", "sequential:fp32:output=fp16", "--model", "blocked:fp16:b=8")
+        paths = {}
+        for kind, extra in (
+            ("fingerprint", ("--op", "conv2d,matmul")),
+            ("identify", ("--op", "matmul", "--ks", "16,64,256")),
+            ("sweep", ("--op", "conv2d", "--ks", "9,72,576,4608,18432", "--rows", "8")),
+        ):
+            for suffix in ("json", "csv"):
+                paths[f"{kind}.{suffix}"] = out / f"{kind}.{suffix}"
+                code = cli.main([kind, "--configs", "none", *models, *extra, "--output", str(paths[f"{kind}.{suffix}"])])
+                assert code == 0
+        return paths
+    finally:
+        commands.MODULES = saved
+
+
+def test_fingerprint_prints_one_row_per_configuration_and_op(capsys):
+    assert main("fingerprint", "--configs", "none", "--model", "sequential:fp16", "--model", "a100:output=fp16",
+                "--op", "matmul") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["configuration", "op", "accumulation", "acc"]
+    assert lines[2].split()[:5] == ["emulated/sequential:fp16", "matmul", "fp16", "11", "0"]
+    assert lines[3].split()[:5] == ["emulated/blocked:fp32:b=8:extra=3:output=fp16", "matmul", "fp32", "24", "3"]
+
+
+def test_result_files_carry_schema_version_and_provenance(results):
+    for kind in ("fingerprint", "identify", "sweep"):
+        document = json.loads(results[f"{kind}.json"].read_text())
+        assert (document["schema_version"], document["kind"]) == (SCHEMA_VERSION, kind)
+        assert document["provenance"]["schema_version"] == SCHEMA_VERSION
+        assert document["provenance"]["seed"] == 0
+        assert all(r["provenance"]["versions"]["numpy"] for r in document["results"])
+    header = results["sweep.csv"].read_text().splitlines()[0].split(",")
+    assert header[:5] == ["schema_version", "backend", "configuration", "device", "op"] and "provenance" in header
+
+
+def test_identify_file_names_the_model_per_k(results):
+    document = json.loads(results["identify.json"].read_text())
+    summary = document["matches"]["emulated/blocked:fp16:b=8"]["matmul"]["summary"]
+    assert summary["best"] == "blocked:fp16:b=8"
+    assert summary["fractions"] == {"16": 1.0, "64": 1.0, "256": 1.0}
+
+
+@pytest.mark.parametrize("name", ["fingerprint.json", "fingerprint.csv", "identify.json", "identify.csv",
+                                  "sweep.json", "sweep.csv"])
+def test_report_renders_png_and_svg(results, tmp_path, capsys, name):
+    assert main("report", str(results[name]), "--out-dir", str(tmp_path)) == 0
+    written = capsys.readouterr().out.split()
+    assert written and all(p.endswith((".png", ".svg")) for p in written)
+    for path in written:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        assert data.startswith(b"\x89PNG") if path.endswith(".png") else b"<svg" in data[:2000]
+    if name == "sweep.json":
+        assert {p.rsplit("-", 1)[0].split("sweep-")[-1] for p in written} >= {"error-vs-k", "ulp"}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("fingerprint", "--configs", "none", "--model", "sequential:fp16", "--op", "conv4d"),
+     "op must be one of conv2d, conv2d_spatial"),
+    (("fingerprint", "--configs", "default,turbo"), "configuration must be one of default, onednn-off"),
+    (("identify", "--configs", "none", "--model", "sequentail:fp16"), "model must be one of"),
+    (("identify", "--configs", "none", "--model", "sequential:fp16", "--candidates", "lanes:fp16:w=0"),
+     "lane model w must be a positive integer"),
+    (("sweep", "--configs", "none", "--model", "sequential:fp16", "--distributions", "cauchy"),
+     "distribution must be one of uniform01"),
+    (("sweep", "--configs", "none"), "nothing to run"),
+    (("fingerprint", "--configs", "none", "--model", "sequential:fp16", "--op", "matmul", "--output", "x.txt"),
+     "output must end in .json or .csv"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    assert main(*argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_report_refuses_foreign_or_old_results(tmp_path, results, capsys):
+    old = json.loads(results["fingerprint.json"].read_text())
+    old["schema_version"] = SCHEMA_VERSION + 1
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "other.json").write_text(json.dumps({"kind": "training", "schema_version": SCHEMA_VERSION}))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    cases = {
+        "old.json": f"has schema_version {SCHEMA_VERSION + 1}; this convprobe reads version {SCHEMA_VERSION}",
+        "other.json": "has kind 'training'; report reads fingerprint, identify, sweep results",
+        "list.json": "is not a convprobe result",
+        "bad.csv": "does not match the probe schema",
+        "missing.json": "does not exist",
+    }
+    for name, message in cases.items():
+        assert main("report", str(results["sweep.json"]), str(tmp_path / name), "--out-dir", str(tmp_path / "f")) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (name, err)
+    assert not (tmp_path / "f").exists()  # validated before any figure was drawn
+    assert main("report", str(results["sweep.json"]), "--formats", "pdf") == 2
+    assert "formats must be one of png, svg; received 'pdf'" in capsys.readouterr().err
+
+
+def test_list_configs_says_the_gpu_switches_change_nothing_on_cpu(capsys):
+    assert main("fingerprint", "--list-configs") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("* default ")
+    assert "  gpu-switches " in out and "change nothing" in out
+
+
+def test_help_does_not_import_tensorflow():
+    code = (
+        "import sys, convprobe.commands as c; from convprobe.commands import study_commands as s; "
+        "c.MODULES = c.MODULES if s in c.MODULES else (*c.MODULES, s); from convprobe import cli\n"
+        "for cmd in ('fingerprint', 'identify', 'sweep', 'report'):\n"
+        "    try: cli.main([cmd, '--help'])\n"
+        "    except SystemExit: pass\n"
+        "print('tensorflow' in sys.modules, 'pandas' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False False"
