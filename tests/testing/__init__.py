@@ -1,0 +1,1 @@
+"""Tests of the public pytest plugin (`convprobe.testing`)."""
