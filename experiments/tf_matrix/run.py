@@ -72,6 +72,8 @@ def main(argv=None) -> int:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     subprocess.run([*base, "--output", str(output / "fingerprint.csv")], check=True, env=env)
     fingerprint = tables.fingerprint_table(tables.read_table(output / "fingerprint.csv", "probe"))
+    # read_table (pandas) reads the CLI's "n/a" cells as missing values, which print as "nan".
+    fingerprint = fingerprint.replace("nan", "n/a")
     figures.table_figure(fingerprint, title="Fingerprint: inferred arithmetic per configuration and op",
                          max_rows=max(60, len(fingerprint))).savefig(output / "fingerprint.png", dpi=110)
     print(f"results in {output}")
