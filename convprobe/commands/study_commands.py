@@ -542,12 +542,15 @@ def _figures(kind: str, document: dict | None, frame):
         for op in ops:
             yield f"match-{op}", identify_figure(matches, op)
         return
-    ok = frame[frame["status"] == "ok"]
+    ok = frame[frame["status"] == "ok"].copy()
+    ok["configuration"] = ok["configuration"].map(_short_label)
     for op in dict.fromkeys(ok["op"]):
-        part = ok[ok["op"] == op]
-        yield f"error-vs-k-{op}", figures.error_vs_k_figure(
-            part, accumulators=("fp16", "fp32"), output="fp16",
-            title=f"{op}: worst error / Σ|x·w| versus K (bounds: fp16 and fp32 accumulation, fp16 output)")
+        for dist in dict.fromkeys(ok[ok["op"] == op]["distribution"]):
+            part = ok[(ok["op"] == op) & (ok["distribution"] == dist)]
+            yield f"error-vs-k-{op}-{dist}", figures.error_vs_k_figure(
+                part, accumulators=("fp16", "fp32"), output="fp16", facet=None,
+                title=f"{op}, {dist} inputs: worst error / Σ|x·w| versus K\n"
+                      "(bounds for fp16 and fp32 accumulation, each + one fp16 output rounding)")
     if document is not None and document.get("ulp_errors"):
         per_op: dict[str, dict[str, list]] = {}
         for label, ops in document["ulp_errors"].items():
@@ -555,10 +558,23 @@ def _figures(kind: str, document: dict | None, frame):
                 for dist, entry in dists.items():
                     if dist == "uniform01":
                         values = [float(v) for v in entry["ulp_errors"]]
-                        per_op.setdefault(op, {})[f"{label.replace('tensorflow/', 'tf/')} (K={entry['k']})"] = values
+                        per_op.setdefault(op, {})[_short_label(label)] = values
+                        largest = entry["k"]
         for op, series in per_op.items():
             yield f"ulp-{op}", figures.ulp_histogram_figure(
-                series, "fp16", title=f"{op}: ULP errors at the largest K, U[0,1) inputs")
+                series, "fp16", title=f"{op}: ULP errors at K = {largest}, U[0,1) inputs")
+
+
+def _short_label(label: str) -> str:
+    """'tensorflow/cpu/jit+strict' -> 'tf jit+strict'; 'emulated/sequential:fp32:output=fp16' -> 'emu seq:fp32'."""
+    if label.startswith("tensorflow/"):
+        return "tf " + label.split("/", 2)[-1]
+    if label.startswith("emulated/"):
+        spec = label.removeprefix("emulated/").replace(":output=fp16", "")
+        for long, short in (("sequential", "seq"), ("pairwise", "pair"), ("blocked", "blk"), ("chunked", "chunk")):
+            spec = spec.replace(long, short)
+        return "emu " + spec
+    return label
 
 
 def _matches_from_frame(frame) -> dict:

@@ -317,8 +317,10 @@ def identify_figure(matches: dict, op: str):
         ks = sorted(fractions)
         ks_all.update(ks)
         name = label.replace("tensorflow/", "tf/")
-        ax.plot(ks, [100 * fractions[k] for k in ks], marker=markers[i % len(markers)], linewidth=1.8,
-                markersize=5, color=colours[i % len(colours)], label=f"{name}: {entry['summary']['best']}")
+        # earlier series drawn wider underneath, so identical curves stay visible
+        ax.plot(ks, [100 * fractions[k] for k in ks], marker=markers[i % len(markers)],
+                linewidth=max(1.2, 5.0 - 0.8 * i), markersize=max(4, 10 - i), alpha=0.85,
+                color=colours[i % len(colours)], label=f"{name}: {entry['summary']['best']}", zorder=2 + i)
         drawn += 1
     if ks_all:
         ax.set_xscale("log", base=2)

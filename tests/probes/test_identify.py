@@ -52,13 +52,13 @@ def test_identify_through_conv2d_recovers_the_model_too():
 
 
 def test_a_model_outside_the_family_is_matched_only_up_to_where_it_differs():
-    # chunks of 512 in fp16 are sequential fp16 for K <= 512: the best candidate stops there
-    result = identify_backend(EmulatedBackend("chunked:fp16:n=512"), "matmul", ks=(64, 256, 512, 1024, 4096))
+    # chunks of 4096 in fp16 (not a candidate) are sequential fp16 for K <= 4096: the best stops there
+    result = identify_backend(EmulatedBackend("chunked:fp16:n=4096"), "matmul", ks=(64, 1024, 4096, 8192))
     summary = result["summary"]
     assert summary["best"] == "sequential:fp16"
-    assert summary["stops_matching_at"] == 1024
-    assert [summary["fractions"][k] for k in (64, 256, 512)] == [1.0, 1.0, 1.0]
-    assert summary["fractions"][1024] < 1.0
+    assert summary["stops_matching_at"] == 8192
+    assert [summary["fractions"][k] for k in (64, 1024, 4096)] == [1.0, 1.0, 1.0]
+    assert summary["fractions"][8192] < 1.0
 
 
 def test_lane_candidates_deal_terms_round_robin():
