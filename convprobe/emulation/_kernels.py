@@ -705,9 +705,11 @@ def reduce_gemm_seq_nearest(a, w, p, emin, maxv, out, col0):
 
 
 @njit(cache=True, parallel=True)
-def reduce_gemm_fp16_direct(a, w, keep_sub, out, col0):
+def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
     """Sequential fp16 accumulation of fp16 (or fp8) products, nearest-even, overflow
-    to inf: one float64 add and one rounding per term, no TwoSum.
+    to inf: one float64 add and one rounding per term, no TwoSum. With `add32` each
+    addition is the hardware float32 add (exact operands: s is fp16 and p has 22
+    bits), then rounded to fp16 - the `addition=fp32` model, two roundings.
 
     Why one float64 add suffices: s is fp16 and p = a*b has at most 22 significand
     bits, both multiples of 2**-48. If s + p is inexact in float64, the two
@@ -731,7 +733,10 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, out, col0):
         for k in range(k_count):
             av = a[m, k]
             for n in range(n_count):
-                t = s[n] + av * w[k, n]
+                if add32:
+                    t = np.float64(np.float32(s[n]) + np.float32(av * w[k, n]))
+                else:
+                    t = s[n] + av * w[k, n]
                 b = f2i(t)
                 e = (b >> 52) & 0x7FF
                 eb = max(e, emin_b)
@@ -759,7 +764,9 @@ def _nearest_ok(fp, ic) -> bool:
 
 def _fp16_direct_ok(fp, ic) -> bool:
     acc = fp[ACCUMULATOR]
-    return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, 0] == 0.0 and fp[ADDITION, 0] == 0.0
+    add = fp[ADDITION]
+    add_ok = add[0] == 0.0 or tuple(add[:4]) == (24.0, -126.0, float(np.finfo(np.float32).max), 1.0)
+    return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, 0] == 0.0 and add_ok
             and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
             and tuple(acc[:4]) == (11.0, -14.0, 65504.0, 1.0) and (acc == fp[OUTPUT]).all())
 
@@ -771,7 +778,7 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False):
     `reduce_gemm_fp16_direct`."""
     if FAST_PATH and inputs_fp16 and _fp16_direct_ok(fp, ic):
         reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, 4] != 0.0,
-                                out, col0)
+                                fp[ADDITION, 0] != 0.0, out, col0)
     elif FAST_PATH and fast_ok(fp, ic) and _nearest_ok(fp, ic):
         acc = fp[ACCUMULATOR]
         reduce_gemm_seq_nearest(a, np.ascontiguousarray(w), int(acc[0]), int(acc[1]), acc[2],

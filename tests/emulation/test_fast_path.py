@@ -62,7 +62,8 @@ def test_fast_kernels_propagate_inf_and_nan(model):
     assert_same_bits(fast, want)
 
 
-@pytest.mark.parametrize("model", [em.Sequential(FP16), em.Sequential(FP16, subnormals="flush")],
+@pytest.mark.parametrize("model", [em.Sequential(FP16), em.Sequential(FP16, subnormals="flush"),
+                                   em.Sequential(FP16, addition=FP32)],
                          ids=lambda m: m.to_spec())
 def test_fp16_direct_kernel_equals_round_to_odd_kernel(model):
     """The one-add fp16 kernel (taken for fp16 inputs) against the round-to-odd kernel
