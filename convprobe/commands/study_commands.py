@@ -239,7 +239,7 @@ def _identity(result) -> dict:
 
 
 def _print(args, rows: list[dict], columns: list[str], document: dict, frame) -> None:
-    from convprobe.render import render_csv, render_json, render_table
+    from convprobe.render import render_json, render_table
 
     if args.format == "table":
         sys.stdout.write(render_table(rows, columns))

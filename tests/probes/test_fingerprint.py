@@ -212,6 +212,8 @@ def test_strict_xla_is_a_sequential_fp16_chain_rounding_to_nearest(tf_must_show)
     for op in ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"):
         got = tf_must_show[("jit+strict", op)]
         assert (got["block_size"], got["rounding"], got["accumulator_range"], got["overflow"]) == ("1", "nearest_even", "fp16", "inf")
+        # each fp16 addition is done in fp32 and rounded back: a sum just below a tie lands on it
+        assert got["double_rounding"] == "yes"
 
 
 @pytest.mark.tensorflow
