@@ -71,3 +71,14 @@ def test_fp64_toward_zero_overflow_rule(engine):
         rn = engine(a, b, Sequential("fp64", product="fp64"))
     assert rz == top
     assert rn == np.inf
+
+
+@pytest.mark.parametrize("engine", [dot, oracle.dot], ids=["engine", "oracle"])
+def test_fp32_addition_double_rounds_fp16_sums(engine):
+    """CPU half arithmetic (add in fp32, round to fp16) differs from a fused fp16 chain:
+    1 + 145 * 2**-13 * 113 * 2**-12 = 1 + 2**-11 + 2**-25 (2**14 + 1 = 145 * 113) is just
+    above the fp16 tie, but fp32 rounds it onto the tie, which then rounds to even."""
+    a = np.array([1, 145 * 2.0**-13], dtype=np.float16)
+    b = np.array([1, 113 * 2.0**-12], dtype=np.float16)
+    assert engine(a, b, Sequential(FP16)) == np.float16(1 + 2.0**-10)
+    assert engine(a, b, Sequential(FP16, addition=FP32)) == np.float16(1.0)
