@@ -22,7 +22,7 @@ import numpy as np
 
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
 
-__all__ = ["DISTRIBUTIONS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "inputs", "run", "records", "interpret"]
+__all__ = ["CHANNELS", "DISTRIBUTIONS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "inputs", "run", "records", "interpret"]
 
 DISTRIBUTIONS = ("uniform01", "uniform11", "normal", "heavy_tailed")
 DEFAULT_KS = tuple(9 * 2**i for i in range(12))  # 9 ... 18432
@@ -45,8 +45,13 @@ def check_distributions(names) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+#: Filters per call; row m reads filter m % CHANNELS (as in `identify`: TensorFlow picks other
+#: kernels for a single filter, a matrix-vector product, than for several).
+CHANNELS = 2
+
+
 def inputs(distribution: str, seed: int, k: int, rows: int = DEFAULT_ROWS) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded fp16 rows (rows x k) and one filter (k,) drawn from `distribution`.
+    """Seeded fp16 rows (rows x k) and CHANNELS filters (CHANNELS x k) drawn from `distribution`.
 
     uniform01: U[0, 1); uniform11: U[-1, 1); normal: N(0, 1); heavy_tailed:
     Student t with 2 degrees of freedom, clipped to [-64, 64].
@@ -62,16 +67,17 @@ def inputs(distribution: str, seed: int, k: int, rows: int = DEFAULT_ROWS) -> tu
             return rng.standard_normal(shape)
         return np.clip(rng.standard_t(2.0, shape), -HEAVY_CLIP, HEAVY_CLIP)
 
-    return draw((rows, k)).astype(np.float16), draw(k).astype(np.float16)
+    return draw((rows, k)).astype(np.float16), draw((CHANNELS, k)).astype(np.float16)
 
 
 def _measure(y: np.ndarray, a: np.ndarray, b: np.ndarray, k: int) -> tuple[dict, list[float]]:
     from convprobe.analysis import probabilistic_bound, summarize, ulp_error
     from convprobe.formats import FP16
 
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    exact = a64 @ b64
-    abs_sum = np.abs(a64) @ np.abs(b64)
+    a64 = a.astype(np.float64)
+    b64 = b.astype(np.float64)[np.arange(a.shape[0]) % b.shape[0]]  # each row's filter
+    exact = np.einsum("mk,mk->m", a64, b64)
+    abs_sum = np.einsum("mk,mk->m", np.abs(a64), np.abs(b64))
     with np.errstate(over="ignore", invalid="ignore"):
         metrics = summarize(y, exact, "fp16", abs_sum=abs_sum)
         ulps = ulp_error(y, exact, FP16)
@@ -104,7 +110,8 @@ def run(backend, *, ops="conv2d", ks=DEFAULT_KS, distributions=DISTRIBUTIONS, ro
                     if op in QUADRATIC_OPS and k > QUADRATIC_LIMIT:
                         continue
                     a, b = inputs(dist, seed, k, rows)
-                    y = np.asarray(reduce_rows(backend, op, a, b)).astype(np.float16)
+                    channel = np.arange(rows) % CHANNELS
+                    y = np.asarray(reduce_rows(backend, op, a, b, channel)).astype(np.float16)
                     metrics, ulp_list = _measure(y, a, b, k)
                     points.append({"distribution": dist, "k": int(k), **{m: _json_safe(v) for m, v in metrics.items()}})
                     ulps[dist] = {"k": int(k), "ulp_errors": [_json_safe(u) for u in ulp_list]}
