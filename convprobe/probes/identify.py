@@ -302,7 +302,7 @@ def identify_figure(matches: dict, op: str):
     """
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9.5, 4.8), layout="constrained")
+    fig = Figure(figsize=(13.5, 5.0), layout="constrained")
     ax = fig.add_subplot()
     colours = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
                "#bcbd22", "#7f7f7f")
@@ -319,7 +319,7 @@ def identify_figure(matches: dict, op: str):
         name = label.replace("tensorflow/", "tf/")
         # earlier series drawn wider underneath, so identical curves stay visible
         ax.plot(ks, [100 * fractions[k] for k in ks], marker=markers[i % len(markers)],
-                linewidth=max(1.2, 5.0 - 0.8 * i), markersize=max(4, 10 - i), alpha=0.85,
+                linewidth=max(1.2, 4.0 - 0.4 * i), markersize=max(4.0, 8.0 - 0.5 * i), alpha=0.85,
                 color=colours[i % len(colours)], label=f"{name}: {entry['summary']['best']}", zorder=2 + i)
         drawn += 1
     if ks_all:
@@ -334,6 +334,6 @@ def identify_figure(matches: dict, op: str):
     ax.grid(True, alpha=0.3)
     ax.set_title(f"{op}: how far does the best emulator model reproduce each configuration?", fontsize=11)
     if drawn:
-        fig.legend(loc="outside lower center", ncols=2, fontsize=8, frameon=False,
+        fig.legend(loc="outside right center", ncols=1, fontsize=8, frameon=False,
                    title="configuration: best model", title_fontsize=8)
     return fig
