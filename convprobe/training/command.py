@@ -50,6 +50,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, default=2,
                    help="logical CPU devices for --distribute mirrored (default 2)")
     p.add_argument("--learning-rate", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    p.add_argument("--bn-momentum", type=float, default=0.997,
+                   help="batch-norm moving-average momentum (default 0.997, the reference ResNet's; "
+                        "use ~0.9 for runs of a few hundred steps)")
     p.add_argument("--eval-batches", type=int, default=0, help="evaluation batches at the end (default 0)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint every N steps (default 50)")
     p.add_argument("--dynamic-growth-steps", type=int, default=2000,
@@ -72,7 +75,7 @@ def config_from_args(args):
         output=args.output, jit=args.jit, distribute=args.distribute, logical_devices=args.devices,
         learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every,
         eval_batches=args.eval_batches, dynamic_growth_steps=args.dynamic_growth_steps,
-        progress=progress,
+        progress=progress, bn_momentum=args.bn_momentum,
     )
     if config.output is None:
         from dataclasses import replace

@@ -136,6 +136,7 @@ class TrainConfig:
     checkpoint_every: int = 50
     eval_batches: int = 0
     synthetic_noise: float = 1.0
+    bn_momentum: float = 0.997
     progress: bool = False
 
     @property
@@ -166,6 +167,7 @@ def validate_config(
     logical_devices: int = 2, learning_rate: float = 0.1, checkpoint_every: int = 50,
     eval_batches: int = 0, dynamic_growth_steps: int = 2000, synthetic_noise: float = 1.0,
     progress: bool = False, weight_decay: float = 2e-4, momentum: float = 0.9,
+    bn_momentum: float = 0.997,
 ) -> TrainConfig:
     """Check every user-facing value and return the run's `TrainConfig`."""
     fmt = parse_format(dtype, argument="dtype", allowed=DTYPES)
@@ -198,8 +200,10 @@ def validate_config(
     for name, value in (("weight_decay", weight_decay), ("momentum", momentum)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise InvalidArgument(f"{name} must be a non-negative number; received {value!r}")
+    if not (isinstance(bn_momentum, (int, float)) and 0 <= bn_momentum < 1):
+        raise InvalidArgument(f"bn_momentum must be a number in [0, 1); received {bn_momentum!r}")
     return TrainConfig(
-        dtype=fmt.name, loss_scale=spec, steps=steps, record_every=record_every,
+        dtype=fmt.name, bn_momentum=float(bn_momentum), loss_scale=spec, steps=steps, record_every=record_every,
         batch_size=batch_size, resnet_size=resnet_size, image_size=image_size, seed=seed,
         data=data, data_dir=data_dir, output=output, jit=bool(jit), distribute=distribute,
         logical_devices=logical_devices, learning_rate=float(learning_rate),

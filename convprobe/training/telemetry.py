@@ -89,25 +89,26 @@ def _histogram(tf, a, mask):
     return tf.math.unsorted_segment_sum(tf.cast(mask, tf.int32), _exponent_bins(tf, a), N_BINS)
 
 
-# Joint classes: every element gets one code low_class * 5 + shadow_class, so one
-# scatter-add per step counts everything (XLA's CPU scatter is a serial loop: ten
-# separate masked scatters over ~10^8 elements made a ResNet-20 telemetry step ~7x
-# a plain step).
+# Joint classes: every element gets one code (low class, shadow class, low exponent
+# bin, shadow exponent bin), so a single scatter-add per telemetry step counts
+# everything; the count fields and both histograms are sums over that table. (XLA's
+# CPU scatter is a serial loop: one pass over ~10^8 elements instead of twelve.)
 #   low class:    0 zero, 1 subnormal (nonzero, below the smallest normal), 2 normal,
 #                 3 inf, 4 nan
 #   shadow class: 0 exactly zero, 1 rounds to zero (0 < |s| <= flush_below),
-#                 2 subnormal, 3 normal (<= largest), 4 beyond the range or non-finite
-_LOW_RANGE = (0, 1, 2, 3, 3)  # low class -> range class (zero, subnormal, normal, non-finite)
-_SHADOW_RANGE = (0, 0, 1, 2, 3)
+#                 2 subnormal, 3 normal (<= largest), 4 finite beyond the range, 5 non-finite
+_N_LOW, _N_SHADOW = 5, 6
+_LOW_RANGE = (0, 1, 2, 3, 3)  # class -> range class (zero, subnormal, normal, non-finite/beyond)
+_SHADOW_RANGE = (0, 0, 1, 2, 3, 3)
 
 
 def _field_matrix() -> np.ndarray:
-    """[25, len(COUNT_FIELDS)] 0/1: which joint codes each count field sums."""
-    m = np.zeros((25, len(COUNT_FIELDS)), dtype=np.int32)
+    """[_N_LOW * _N_SHADOW, len(COUNT_FIELDS)] 0/1: which joint classes each count field sums."""
+    m = np.zeros((_N_LOW * _N_SHADOW, len(COUNT_FIELDS)), dtype=np.int32)
     f = {name: i for i, name in enumerate(COUNT_FIELDS)}
-    for low in range(5):
-        for sh in range(5):
-            code = low * 5 + sh
+    for low in range(_N_LOW):
+        for sh in range(_N_SHADOW):
+            code = low * _N_SHADOW + sh
             m[code, f["n"]] = 1
             m[code, f["routing_zero"]] = low == 0 and sh == 0
             m[code, f["flushed"]] = low == 0 and sh == 1
@@ -126,10 +127,10 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
 
     All tensors are flattened into one vector with a segment id per tensor, so
     the graph has a fixed number of ops however many layers there are (XLA
-    compiles it in seconds), and three scatter-adds (joint class codes, two
-    histograms) do all the counting. Returns (counts [T, len(COUNT_FIELDS)]
-    int32, extremes [T, 2] float32, hist_low [T, B] int32, hist_shadow [T, B]
-    int32).
+    compiles it in seconds), and one scatter-add into a (tensor, low class,
+    shadow class, low exponent, shadow exponent) table does all the counting.
+    Returns (counts [T, len(COUNT_FIELDS)] int32, extremes [T, 2] float32,
+    hist_low [T, B] int32, hist_shadow [T, B] int32).
 
     "Subnormal" is tested as "nonzero and below the smallest normal" rather than
     ">= smallest subnormal": TensorFlow's CPU threads run with
@@ -147,11 +148,21 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
             tf.math.is_inf(a), 3, tf.where(
                 tf.equal(a, 0.0), 0, tf.where(a < thresholds.smallest_normal, 1, 2))))
     shadow_class = tf.where(
-        tf.equal(s, 0.0), 0, tf.where(
-            s <= thresholds.flush_below, 1, tf.where(
-                s < thresholds.smallest_normal, 2, tf.where(s <= thresholds.largest, 3, 4))))
-    joint = tf.math.unsorted_segment_sum(tf.ones_like(seg), seg * 25 + low_class * 5 + shadow_class, t * 25)
-    counts = tf.matmul(tf.reshape(joint, [t, 25]), tf.constant(_field_matrix()))
+        tf.logical_not(tf.math.is_finite(s)), 5, tf.where(
+            tf.equal(s, 0.0), 0, tf.where(
+                s <= thresholds.flush_below, 1, tf.where(
+                    s < thresholds.smallest_normal, 2, tf.where(s <= thresholds.largest, 3, 4)))))
+    low_bin = _exponent_bins(tf, tf.where(tf.math.is_finite(a), a, 1.0))
+    shadow_bin = _exponent_bins(tf, tf.where(tf.math.is_finite(s), s, 1.0))
+    index = ((seg * (_N_LOW * _N_SHADOW) + low_class * _N_SHADOW + shadow_class) * N_BINS + low_bin) * N_BINS \
+        + shadow_bin
+    size = t * _N_LOW * _N_SHADOW * N_BINS * N_BINS
+    table = tf.reshape(tf.math.unsorted_segment_sum(tf.ones_like(index), index, size),
+                       [t, _N_LOW, _N_SHADOW, N_BINS, N_BINS])
+    joint = tf.reshape(tf.reduce_sum(table, axis=[3, 4]), [t, _N_LOW * _N_SHADOW])
+    counts = tf.matmul(joint, tf.constant(_field_matrix()))
+    hist_low = tf.reduce_sum(table[:, 1:3], axis=[1, 2, 4])  # low finite nonzero
+    hist_shadow = tf.reduce_sum(table[:, :, 1:5], axis=[1, 2, 3])  # shadow finite nonzero
 
     inf = tf.constant(np.inf, tf.float32)
     mins, maxs = [], []
@@ -160,15 +171,6 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
         mins.append(tf.reduce_min(tf.where(tf.logical_and(ok, x > 0), x, inf)))
         maxs.append(tf.reduce_max(tf.where(ok, x, 0.0)))
     extremes = tf.stack([tf.stack(mins), tf.stack(maxs)], axis=1)
-
-    def hist(values, counted):
-        # Elements not counted go to one extra bin that is dropped.
-        index = tf.where(counted, seg * N_BINS + _exponent_bins(tf, tf.where(counted, values, 1.0)), t * N_BINS)
-        flat = tf.math.unsorted_segment_sum(tf.ones_like(index), index, t * N_BINS + 1)
-        return tf.reshape(flat[: t * N_BINS], [t, N_BINS])
-
-    hist_low = hist(a, tf.logical_or(tf.equal(low_class, 1), tf.equal(low_class, 2)))
-    hist_shadow = hist(s, tf.logical_and(tf.math.is_finite(s), tf.greater(s, 0.0)))
     return counts, extremes, hist_low, hist_shadow
 
 

@@ -115,7 +115,7 @@ class Trainer:
 
         with self.strategy.scope():
             common = dict(image_size=self.data.image_size, num_classes=self.data.num_classes,
-                          seed=config.seed)
+                          seed=config.seed, bn_momentum=config.bn_momentum)
             self.model = build_resnet(config.resnet_size, dtype=config.dtype, **common)
             self.shadow = build_resnet(config.resnet_size, dtype="fp32", **common)
             inner = keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum,

@@ -69,6 +69,7 @@ def main(argv=None) -> int:
                 data=config["data"], data_dir=config["data_dir"], jit=config["jit"],
                 learning_rate=config["learning_rate"], checkpoint_every=config["checkpoint_every"],
                 eval_batches=config["eval_batches"], synthetic_noise=config["synthetic_noise"],
+                bn_momentum=config.get("bn_momentum", 0.997),
                 output=str(output / setting["name"] / f"seed{seed}"),
             )
             result = train(run_config)
