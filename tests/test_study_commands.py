@@ -93,7 +93,9 @@ def test_report_renders_png_and_svg(results, tmp_path, capsys, name):
             data = handle.read()
         assert data.startswith(b"\x89PNG") if path.endswith(".png") else b"<svg" in data[:2000]
     if name == "sweep.json":
-        assert {p.rsplit("-", 1)[0].split("sweep-")[-1] for p in written} >= {"error-vs-k", "ulp"}
+        names = {path.rsplit("/", 1)[-1] for path in written}
+        assert {"sweep-error-vs-k-conv2d-uniform01.png", "sweep-error-vs-k-conv2d-heavy_tailed.svg",
+                "sweep-ulp-conv2d.png", "sweep-ulp-conv2d.svg"} <= names
 
 
 @pytest.mark.parametrize("argv,message", [
