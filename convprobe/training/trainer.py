@@ -21,6 +21,7 @@ the ones the update uses.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
@@ -355,6 +356,15 @@ def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer 
         start = files.start(config.to_json(), seed=config.seed, device=trainer.device_description(),
                             runtime=facts, layer_names={"weight": trainer.weight_names,
                                                         "activation": trainer.tap_names})
+        if start >= config.steps and files.summary_path.exists():  # already finished: report it
+            files.close()
+            done = json.loads(files.summary_path.read_text(encoding="utf-8"))
+            return RunResult(
+                directory=config.output, steps_run=0, final_step=done["final_step"],
+                skipped_steps=done["skipped_steps"], nonfinite_steps=done["nonfinite_steps"],
+                final_loss_scale=float(done["final_loss_scale"]), final_loss=float(done["final_loss"]),
+                eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
+                jit=done["jit"], summary=done)
         if start > 0:
             next_step, weights, opt_state, counters = load_checkpoint(files.checkpoint_path)
             trainer.restore(weights, opt_state)
