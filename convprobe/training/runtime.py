@@ -59,9 +59,9 @@ def tensorflow(logical_devices: int | None = None):
     before TensorFlow initialised its devices (a fresh process), and raises
     RuntimeError otherwise.
     """
+    already = "tensorflow" in sys.modules
+    present = ensure_xla_flags()  # idempotent; provenance reads os.environ
     if _state["flag_set_before_import"] is None:
-        already = "tensorflow" in sys.modules
-        present = ensure_xla_flags()
         _state["flag_set_before_import"] = present and not already
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf

@@ -1,8 +1,10 @@
 """Shared fixtures for the training harness tests.
 
-The faithful-fp16 XLA flags go into the environment here, before any test in
-this directory imports TensorFlow (the harness would do the same). Tests that
-need a pristine process (XLA flags, logical devices) run in a subprocess.
+The harness writes its XLA flags into os.environ when it imports TensorFlow;
+`_keep_environment` undoes that after every test so that tests elsewhere in the
+session (and the child processes they start) see the environment they expect.
+Tests that need a pristine process (XLA flags, logical devices) run in a
+subprocess.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from convprobe.training import runtime
 
-runtime.ensure_xla_flags()
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+@pytest.fixture(autouse=True)
+def _keep_environment(monkeypatch):
+    for name in ("XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL"):
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:
+            monkeypatch.delenv(name, raising=False)
+
 
 TINY = dict(batch_size=4, resnet_size=8, image_size=8, jit=False)
 
