@@ -35,6 +35,16 @@ def _array(value):
     return value if hasattr(value, "dtype") and type(value).__module__.startswith("tensorflow") else np.asarray(value)
 
 
+def _gradient_conv_args(strides, padding, dilation):
+    """(strides, dilation, padding name, flat explicit paddings) for the raw gradient ops."""
+    pad = _padding_arg(padding)
+    explicit = pad if isinstance(pad, list) else []
+    return (
+        normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation"),
+        "EXPLICIT" if explicit else pad, sum(explicit, []),
+    )
+
+
 class TensorFlowBackend(AbstractBackend):
     """`tf.nn.conv2d` and its two gradient kernels on one device, optionally under XLA."""
 
@@ -80,27 +90,23 @@ class TensorFlowBackend(AbstractBackend):
         return self._run(fn, _array(x), _array(w))
 
     def conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
-        strides, dilation, pad = normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation"), _padding_arg(padding)
-        explicit = pad if isinstance(pad, list) else []
-        pad_name = "EXPLICIT" if explicit else pad
+        strides, dilation, pad_name, explicit = _gradient_conv_args(strides, padding, dilation)
 
         def fn(dy, w):
             return self.tf.raw_ops.Conv2DBackpropInput(
                 input_sizes=list(input_shape), filter=w, out_backprop=dy, strides=[1, *strides, 1],
-                padding=pad_name, explicit_paddings=sum(explicit, []), dilations=[1, *dilation, 1],
+                padding=pad_name, explicit_paddings=explicit, dilations=[1, *dilation, 1],
             )
 
         return self._run(fn, _array(dy), _array(w))
 
     def conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
-        strides, dilation, pad = normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation"), _padding_arg(padding)
-        explicit = pad if isinstance(pad, list) else []
-        pad_name = "EXPLICIT" if explicit else pad
+        strides, dilation, pad_name, explicit = _gradient_conv_args(strides, padding, dilation)
 
         def fn(x, dy):
             return self.tf.raw_ops.Conv2DBackpropFilter(
                 input=x, filter_sizes=list(filter_shape), out_backprop=dy, strides=[1, *strides, 1],
-                padding=pad_name, explicit_paddings=sum(explicit, []), dilations=[1, *dilation, 1],
+                padding=pad_name, explicit_paddings=explicit, dilations=[1, *dilation, 1],
             )
 
         return self._run(fn, _array(x), _array(dy))

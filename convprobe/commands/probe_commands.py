@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from convprobe.commands.argtypes import positive_int, seed
 from convprobe.backends.configurations import ACCUMULATE_CHOICES, BACKEND_CHOICES, DEVICE_CHOICES
 from convprobe.render import FORMATS
 
@@ -28,26 +29,6 @@ _TABLE_COLUMNS = {
 }
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; received {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; received {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer; received {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer; received {text!r}")
-    return value
-
-
 def _add_common(parser: argparse.ArgumentParser) -> None:
     config = parser.add_argument_group("configurations")
     config.add_argument("--accumulate", choices=(*ACCUMULATE_CHOICES, "all"), default="all",
@@ -62,10 +43,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     config.add_argument("--model", metavar="SPEC",
                         help="emulator accumulation model instead of the per-request one, e.g. sequential:fp16, blocked:fp16:b=4")
     run = parser.add_argument_group("running")
-    run.add_argument("--seed", type=_seed, default=0, help="seed for random inputs (default: 0)")
-    run.add_argument("--timeout", type=_positive_int, default=300, metavar="SECONDS",
+    run.add_argument("--seed", type=seed, default=0, help="seed for random inputs (default: 0)")
+    run.add_argument("--timeout", type=positive_int, default=300, metavar="SECONDS",
                      help="per-configuration time limit (default: 300)")
-    run.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+    run.add_argument("--jobs", type=positive_int, default=None, metavar="N",
                      help="configurations run at once (default: number of cores)")
     out = parser.add_argument_group("output")
     out.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
@@ -99,7 +80,7 @@ def register(subparsers) -> None:
     _add_common(compare)
     shapes = compare.add_argument_group("shapes (default: the classic question's)")
     for name, default in (("batch", 16), ("height", 32), ("width", 32), ("channels", 16), ("filters", 16), ("kernel", 3)):
-        shapes.add_argument(f"--{name}", type=_positive_int, default=default, help=f"(default: {default})")
+        shapes.add_argument(f"--{name}", type=positive_int, default=default, help=f"(default: {default})")
     compare.set_defaults(handler=_handler("compare"))
 
 

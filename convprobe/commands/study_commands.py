@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from convprobe.commands.argtypes import positive_int, seed
 from convprobe.backends.configurations import DEVICE_CHOICES
 from convprobe.render import FORMATS
 
@@ -31,26 +32,6 @@ _SHORT = {
     "subnormal_results": "subn out", "overflow": "overflow", "accumulator_range": "acc range",
     "product_overflow": "65519 test", "block_size": "block", "chunk_size": "chunk",
 }
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; received {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; received {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer; received {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer; received {text!r}")
-    return value
 
 
 def _int_list(text: str) -> list[int]:
@@ -75,10 +56,10 @@ def _add_common(parser: argparse.ArgumentParser, *, default_ops: str) -> None:
                         help=f"ops, comma-separated or 'all' (default: {default_ops})")
     config.add_argument("--list-configs", action="store_true", help="list the configuration matrix and exit")
     run = parser.add_argument_group("running")
-    run.add_argument("--seed", type=_seed, default=0, help="seed for random inputs (default: 0)")
-    run.add_argument("--timeout", type=_positive_int, default=600, metavar="SECONDS",
+    run.add_argument("--seed", type=seed, default=0, help="seed for random inputs (default: 0)")
+    run.add_argument("--timeout", type=positive_int, default=600, metavar="SECONDS",
                      help="per-configuration time limit (default: 600)")
-    run.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+    run.add_argument("--jobs", type=positive_int, default=None, metavar="N",
                      help="configurations run at once (default: number of cores)")
     out = parser.add_argument_group("output")
     out.add_argument("--format", choices=FORMATS, default="table", help="what to print (default: table)")
@@ -114,7 +95,7 @@ def register(subparsers) -> None:
                           help="comma-separated model specs to search instead of the default family")
     identify.add_argument("--ks", type=_int_list, default=None, metavar="K,K,...",
                           help="reduction lengths (default: 16,32,...,8192)")
-    identify.add_argument("--rows", type=_positive_int, default=None, help="dot products per K (default: 64)")
+    identify.add_argument("--rows", type=positive_int, default=None, help="dot products per K (default: 64)")
     identify.set_defaults(handler=_identify)
 
     sweep = subparsers.add_parser(
@@ -131,7 +112,7 @@ def register(subparsers) -> None:
                        help="reduction lengths (default: 9,18,...,18432)")
     sweep.add_argument("--distributions", default="all", metavar="NAMES",
                        help="uniform01, uniform11, normal, heavy_tailed, comma-separated or 'all' (default)")
-    sweep.add_argument("--rows", type=_positive_int, default=None, help="outputs per point (default: 32)")
+    sweep.add_argument("--rows", type=positive_int, default=None, help="outputs per point (default: 32)")
     sweep.add_argument("--bound-format", default="fp16", metavar="FMT",
                        help="accumulator format of the bound columns and exceeds flag (default: fp16)")
     sweep.set_defaults(handler=_sweep)

@@ -1,0 +1,31 @@
+"""argparse `type=` converters shared by the commands.
+
+They raise `argparse.ArgumentTypeError`, which the CLI frame turns into one line
+naming the option, the value received and what is allowed, with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["positive_int", "seed"]
+
+
+def _integer(text: str, minimum: int, allowed: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {allowed}; received {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (sizes, counts, seconds)."""
+    return _integer(text, 1, "a positive integer")
+
+
+def seed(text: str) -> int:
+    """A non-negative integer seed."""
+    return _integer(text, 0, "a non-negative integer")

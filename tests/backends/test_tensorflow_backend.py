@@ -1,0 +1,36 @@
+"""TensorFlowBackend's ops agree exactly with the emulator's exact model on integer data.
+
+Small integers make every product and sum exact in fp32, so any difference is a
+convention bug (padding, strides, dilation, gradient shapes), not rounding.
+"""
+
+import numpy as np
+import pytest
+
+from convprobe.backends import EmulatedBackend, TensorFlowBackend
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("padding", ["VALID", "SAME", [(1, 1), (0, 2)]])
+@pytest.mark.parametrize("strides,dilation", [(1, 1), (2, 1), (1, 2)])
+def test_conv2d_and_both_gradients_match_exact_emulation(padding, strides, dilation):
+    if padding == "SAME" and strides > 1 and dilation > 1:
+        pytest.skip("TensorFlow rejects strides > 1 together with dilation > 1")
+    rng = np.random.default_rng(11)
+    x = rng.integers(-3, 4, (2, 9, 8, 3)).astype(np.float32)
+    w = rng.integers(-3, 4, (3, 2, 3, 4)).astype(np.float32)
+    tf_backend, exact = TensorFlowBackend("cpu"), EmulatedBackend("exact:fp64")
+    kwargs = {"strides": strides, "padding": padding, "dilation": dilation}
+    y = tf_backend.conv2d(x, w, **kwargs)
+    np.testing.assert_array_equal(y, exact.conv2d(x.astype(np.float64), w.astype(np.float64), **kwargs))
+    if dilation > 1:
+        return  # TensorFlow's CPU gradient kernels do not implement dilation > 1
+    dy = rng.integers(-3, 4, y.shape).astype(np.float32)
+    np.testing.assert_array_equal(
+        tf_backend.conv2d_backprop_input(dy, w, x.shape, **kwargs),
+        exact.conv2d_backprop_input(dy.astype(np.float64), w.astype(np.float64), x.shape, **kwargs),
+    )
+    np.testing.assert_array_equal(
+        tf_backend.conv2d_backprop_filter(x, dy, w.shape, **kwargs),
+        exact.conv2d_backprop_filter(x.astype(np.float64), dy.astype(np.float64), w.shape, **kwargs),
+    )
