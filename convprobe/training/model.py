@@ -32,7 +32,10 @@ def build_resnet(resnet_size: int = 20, *, image_size: int = 32, num_classes: in
                  dtype: str = "fp16", seed: int = 0, bn_momentum: float = 0.997):
     """A Keras functional ResNet whose outputs are `[logits_fp32, *taps]`.
 
-    `model.tap_names` lists the layer names of the taps in order. Weights are
+    `model.tap_names` lists the layer names of the taps in order;
+    `model.tap_same_gradient` maps a tap index to an earlier tap whose gradient
+    is the same tensor (a block's output and its conv2 output: the Add passes
+    the gradient through unchanged), so telemetry can measure it once. Weights are
     initialised from `seed`, so two calls with the same seed give the same
     initial weights whatever the dtype. `bn_momentum` 0.997 is the reference
     ResNet's (made for ~10^5 steps); short runs need a smaller one (e.g. 0.9) for
@@ -44,6 +47,7 @@ def build_resnet(resnet_size: int = 20, *, image_size: int = 32, num_classes: in
     n = resnet_blocks_per_stage(resnet_size)
     policy = keras.DTypePolicy(POLICIES[dtype])
     taps: list = []
+    same_gradient: dict[int, int] = {}
 
     def init(k: int):
         return keras.initializers.HeNormal(seed=seed * 1000 + k)
@@ -79,6 +83,8 @@ def build_resnet(resnet_size: int = 20, *, image_size: int = 32, num_classes: in
             y = conv(y, filters, 3, 1, f"{prefix}_conv2")
             x = layers.Add(dtype=policy, name=f"{prefix}_add")([y, shortcut])
             taps.append(x)
+            # conv2's output feeds only this Add, whose gradient passes through unchanged.
+            same_gradient[len(taps) - 1] = len(taps) - 2
     x = bn_relu(x, "final")
     x = layers.GlobalAveragePooling2D(dtype=policy, name="pool")(x)
     taps.append(x)
@@ -88,4 +94,5 @@ def build_resnet(resnet_size: int = 20, *, image_size: int = 32, num_classes: in
     logits = layers.Activation("linear", dtype="float32", name="logits_fp32")(x)
     model = keras.Model(inputs, [logits, *taps], name=f"resnet{resnet_size}_{dtype}")
     model.tap_names = [t._keras_history.operation.name for t in taps]
+    model.tap_same_gradient = same_gradient
     return model

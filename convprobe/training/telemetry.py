@@ -90,9 +90,9 @@ def _histogram(tf, a, mask):
 
 
 # Joint classes: every element gets one code (low class, shadow class, low exponent
-# bin, shadow exponent bin), so a single scatter-add per telemetry step counts
-# everything; the count fields and both histograms are sums over that table. (XLA's
-# CPU scatter is a serial loop: one pass over ~10^8 elements instead of twelve.)
+# bin, shadow exponent bin), so a single scatter-add per tensor counts everything;
+# the count fields and both histograms are sums over that table. (XLA's CPU scatter
+# is a serial loop: one pass over the elements instead of twelve.)
 #   low class:    0 zero, 1 subnormal (nonzero, below the smallest normal), 2 normal,
 #                 3 inf, 4 nan
 #   shadow class: 0 exactly zero, 1 rounds to zero (0 < |s| <= flush_below),
@@ -122,13 +122,42 @@ def _field_matrix() -> np.ndarray:
     return m
 
 
+def _tensor_table(tf, low, shadow, thresholds: Thresholds):
+    """The joint (low class, shadow class, low exponent bin, shadow exponent bin) table of one tensor.
+
+    Returns int32 [_N_LOW, _N_SHADOW, N_BINS, N_BINS + 1]: the low bin is that of
+    |low| where it is finite (0 for non-finite), the shadow bin that of |shadow| where
+    it is finite and nonzero, else the extra last bin. One scatter-add per tensor
+    into a table that stays in cache.
+    """
+    a = tf.abs(tf.reshape(tf.cast(low, tf.float32), [-1]))
+    s = tf.abs(tf.reshape(tf.cast(shadow, tf.float32), [-1]))
+    low_class = tf.where(
+        tf.math.is_nan(a), 4, tf.where(
+            tf.math.is_inf(a), 3, tf.where(
+                tf.equal(a, 0.0), 0, tf.where(a < thresholds.smallest_normal, 1, 2))))
+    s_finite = tf.math.is_finite(s)
+    shadow_class = tf.where(
+        tf.logical_not(s_finite), 5, tf.where(
+            tf.equal(s, 0.0), 0, tf.where(
+                s <= thresholds.flush_below, 1, tf.where(
+                    s < thresholds.smallest_normal, 2, tf.where(s <= thresholds.largest, 3, 4)))))
+    low_bin = _exponent_bins(tf, tf.where(tf.math.is_finite(a), a, 1.0))
+    shadow_bin = tf.where(tf.logical_and(s_finite, tf.not_equal(s, 0.0)),
+                          _exponent_bins(tf, tf.where(s_finite, s, 1.0)), N_BINS)
+    index = ((low_class * _N_SHADOW + shadow_class) * N_BINS + low_bin) * (N_BINS + 1) + shadow_bin
+    size = _N_LOW * _N_SHADOW * N_BINS * (N_BINS + 1)
+    table = tf.math.unsorted_segment_sum(tf.ones_like(index), index, size)
+    return tf.reshape(table, [_N_LOW, _N_SHADOW, N_BINS, N_BINS + 1])
+
+
 def batched_stats(lows, shadows, thresholds: Thresholds):
     """The classification above for a list of tensors at once, as stacked arrays.
 
-    All tensors are flattened into one vector with a segment id per tensor, so
-    the graph has a fixed number of ops however many layers there are (XLA
-    compiles it in seconds), and one scatter-add into a (tensor, low class,
-    shadow class, low exponent, shadow exponent) table does all the counting.
+    Each tensor gets its own joint (low class, shadow class, low exponent, shadow
+    exponent) table, filled by one scatter-add (XLA's CPU scatter is a serial
+    loop; a per-tensor table of ~70 KB stays in cache and nothing is
+    concatenated); the count fields and both histograms are sums over it.
     Returns (counts [T, len(COUNT_FIELDS)] int32, extremes [T, 2] float32,
     hist_low [T, B] int32, hist_shadow [T, B] int32).
 
@@ -138,35 +167,17 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
     """
     import tensorflow as tf
 
+    tables = tf.stack([_tensor_table(tf, x, s, thresholds) for x, s in zip(lows, shadows)])
     t = len(lows)
-    flat_low = [tf.abs(tf.reshape(tf.cast(x, tf.float32), [-1])) for x in lows]
-    a = tf.concat(flat_low, 0)
-    s = tf.abs(tf.concat([tf.reshape(tf.cast(x, tf.float32), [-1]) for x in shadows], 0))
-    seg = tf.concat([tf.fill([tf.size(x)], i) for i, x in enumerate(lows)], 0)
-    low_class = tf.where(
-        tf.math.is_nan(a), 4, tf.where(
-            tf.math.is_inf(a), 3, tf.where(
-                tf.equal(a, 0.0), 0, tf.where(a < thresholds.smallest_normal, 1, 2))))
-    shadow_class = tf.where(
-        tf.logical_not(tf.math.is_finite(s)), 5, tf.where(
-            tf.equal(s, 0.0), 0, tf.where(
-                s <= thresholds.flush_below, 1, tf.where(
-                    s < thresholds.smallest_normal, 2, tf.where(s <= thresholds.largest, 3, 4)))))
-    low_bin = _exponent_bins(tf, tf.where(tf.math.is_finite(a), a, 1.0))
-    shadow_bin = _exponent_bins(tf, tf.where(tf.math.is_finite(s), s, 1.0))
-    index = ((seg * (_N_LOW * _N_SHADOW) + low_class * _N_SHADOW + shadow_class) * N_BINS + low_bin) * N_BINS \
-        + shadow_bin
-    size = t * _N_LOW * _N_SHADOW * N_BINS * N_BINS
-    table = tf.reshape(tf.math.unsorted_segment_sum(tf.ones_like(index), index, size),
-                       [t, _N_LOW, _N_SHADOW, N_BINS, N_BINS])
-    joint = tf.reshape(tf.reduce_sum(table, axis=[3, 4]), [t, _N_LOW * _N_SHADOW])
+    joint = tf.reshape(tf.reduce_sum(tables, axis=[3, 4]), [t, _N_LOW * _N_SHADOW])
     counts = tf.matmul(joint, tf.constant(_field_matrix()))
-    hist_low = tf.reduce_sum(table[:, 1:3], axis=[1, 2, 4])  # low finite nonzero
-    hist_shadow = tf.reduce_sum(table[:, :, 1:5], axis=[1, 2, 3])  # shadow finite nonzero
+    hist_low = tf.reduce_sum(tables[:, 1:3], axis=[1, 2, 4])  # low finite nonzero
+    hist_shadow = tf.reduce_sum(tables[:, :, :, :, :N_BINS], axis=[1, 2, 3])  # shadow finite nonzero
 
     inf = tf.constant(np.inf, tf.float32)
     mins, maxs = [], []
-    for x in flat_low:
+    for low in lows:
+        x = tf.abs(tf.reshape(tf.cast(low, tf.float32), [-1]))
         ok = tf.math.is_finite(x)
         mins.append(tf.reduce_min(tf.where(tf.logical_and(ok, x > 0), x, inf)))
         maxs.append(tf.reduce_max(tf.where(ok, x, 0.0)))

@@ -85,6 +85,8 @@ def test_batched_stats_matches_reference_exactly(jit):
         s = s[np.isfinite(s) & (s != 0)]
         e = np.clip(np.frexp(s)[1] - 1, histogram_edges()[0], histogram_edges()[-1])
         assert hist_shadow[t].sum() == len(s)
+        want = {int(k): int(v) for k, v in zip(*np.unique(e, return_counts=True))}
+        assert decode_histogram(encode_histogram(hist_shadow[t])) == want
     assert counts[0].tolist() == [expected_counts()[f] for f in COUNT_FIELDS]
 
 

@@ -157,3 +157,24 @@ def test_compare_loss_scaling_writes_table_and_figures(tmp_path, tiny):
     none = table[table["scale"] == "none"]
     static = table[table["scale"] == "static-128"]
     assert none["subnormal_fraction"].sum() > static["subnormal_fraction"].sum()
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_taps_measured_once_have_identical_gradients(tiny, dtype):
+    # Telemetry measures a block output's gradient through its conv2 tap (the Add passes
+    # the gradient through unchanged); check that the two tensors are bitwise equal.
+    import tensorflow as tf
+
+    from convprobe.training.model import build_resnet
+
+    model = build_resnet(8, image_size=8, dtype=dtype)
+    assert model.tap_same_gradient  # one per block
+    images = tf.constant(np.random.default_rng(0).standard_normal((4, 8, 8, 3)).astype(np.float32))
+    with tf.GradientTape() as tape:
+        outs = model(images, training=True)
+        loss = tf.reduce_sum(tf.square(outs[0])) * 2.0**-20  # small: some values go subnormal
+    grads = tape.gradient(loss, list(outs[1:]))
+    for alias, source in model.tap_same_gradient.items():
+        assert model.tap_names[alias].endswith("_add") and model.tap_names[source].endswith("_conv2")
+        a, b = grads[alias].numpy(), grads[source].numpy()
+        assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
