@@ -178,3 +178,14 @@ def test_taps_measured_once_have_identical_gradients(tiny, dtype):
         assert model.tap_names[alias].endswith("_add") and model.tap_names[source].endswith("_conv2")
         a, b = grads[alias].numpy(), grads[source].numpy()
         assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_graph_steps_trace_once(tiny):
+    # Telemetry steps alternate with plain steps without retracing (or recompiling) anything.
+    from convprobe.training.trainer import Trainer
+
+    trainer = Trainer(validate_config(steps=4, **tiny))
+    for step, telemetry in enumerate((True, False, True, False)):
+        trainer.step(step, telemetry)
+    for fn in (trainer._plain, trainer._telem, trainer._stats, trainer._copy):
+        assert fn.experimental_get_tracing_count() == 1
