@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["positive_int", "seed"]
+__all__ = ["positive_int", "seed", "add_running_options"]
 
 
 def _integer(text: str, minimum: int, allowed: str) -> int:
@@ -29,3 +29,13 @@ def positive_int(text: str) -> int:
 def seed(text: str) -> int:
     """A non-negative integer seed."""
     return _integer(text, 0, "a non-negative integer")
+
+
+def add_running_options(parser: argparse.ArgumentParser, *, timeout: int) -> None:
+    """The "running" group every probe-style command shares: --seed, --timeout, --jobs."""
+    run = parser.add_argument_group("running")
+    run.add_argument("--seed", type=seed, default=0, help="seed for random inputs (default: 0)")
+    run.add_argument("--timeout", type=positive_int, default=timeout, metavar="SECONDS",
+                     help=f"per-configuration time limit (default: {timeout})")
+    run.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                     help="configurations run at once (default: number of cores)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from convprobe.commands.argtypes import positive_int, seed
+from convprobe.commands.argtypes import add_running_options, positive_int
 from convprobe.backends.configurations import ACCUMULATE_CHOICES, BACKEND_CHOICES, DEVICE_CHOICES
 from convprobe.render import FORMATS
 
@@ -42,12 +42,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     config.add_argument("--jit", action="store_true", help="run TensorFlow ops under XLA (jit_compile=True)")
     config.add_argument("--model", metavar="SPEC",
                         help="emulator accumulation model instead of the per-request one, e.g. sequential:fp16, blocked:fp16:b=4")
-    run = parser.add_argument_group("running")
-    run.add_argument("--seed", type=seed, default=0, help="seed for random inputs (default: 0)")
-    run.add_argument("--timeout", type=positive_int, default=300, metavar="SECONDS",
-                     help="per-configuration time limit (default: 300)")
-    run.add_argument("--jobs", type=positive_int, default=None, metavar="N",
-                     help="configurations run at once (default: number of cores)")
+    add_running_options(parser, timeout=300)
     out = parser.add_argument_group("output")
     out.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     out.add_argument("--output", metavar="FILE", help="also write the result in --format (json if table) to FILE")

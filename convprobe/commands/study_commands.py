@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from convprobe.commands.argtypes import positive_int, seed
+from convprobe.commands.argtypes import add_running_options, positive_int
 from convprobe.backends.configurations import DEVICE_CHOICES
 from convprobe.render import FORMATS
 
@@ -55,12 +55,7 @@ def _add_common(parser: argparse.ArgumentParser, *, default_ops: str) -> None:
     config.add_argument("--op", default=default_ops, metavar="OPS",
                         help=f"ops, comma-separated or 'all' (default: {default_ops})")
     config.add_argument("--list-configs", action="store_true", help="list the configuration matrix and exit")
-    run = parser.add_argument_group("running")
-    run.add_argument("--seed", type=seed, default=0, help="seed for random inputs (default: 0)")
-    run.add_argument("--timeout", type=positive_int, default=600, metavar="SECONDS",
-                     help="per-configuration time limit (default: 600)")
-    run.add_argument("--jobs", type=positive_int, default=None, metavar="N",
-                     help="configurations run at once (default: number of cores)")
+    add_running_options(parser, timeout=600)
     out = parser.add_argument_group("output")
     out.add_argument("--format", choices=FORMATS, default="table", help="what to print (default: table)")
     out.add_argument("--output", metavar="FILE",
