@@ -32,6 +32,8 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic
 
+from convprobe.emulation import _native_fp16
+
 # format slots in the fp table
 PRODUCT, ADDITION, ACCUMULATOR, OUTPUT, TOTAL = 0, 1, 2, 3, 4
 # integer configuration
@@ -771,12 +773,22 @@ def _fp16_direct_ok(fp, ic) -> bool:
             and tuple(acc[:4]) == (11.0, -14.0, 65504.0, 1.0) and (acc == fp[OUTPUT]).all())
 
 
+def native_fp16(fp, ic, inputs_fp16) -> bool:
+    """Whether `gemm` takes float16 arrays for this model and these inputs: the CPU's own
+    fp16 FMA does the arithmetic (see `convprobe.emulation._native_fp16`)."""
+    return FAST_PATH and inputs_fp16 and _fp16_direct_ok(fp, ic) and _native_fp16.available()
+
+
 def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False):
     """out[:, col0:col0 + N] = modelled reductions of a (M, K) against w (K, N).
 
     `inputs_fp16`: every value of a and w is an fp16 (or fp8) value, which enables
-    `reduce_gemm_fp16_direct`."""
-    if FAST_PATH and inputs_fp16 and _fp16_direct_ok(fp, ic):
+    `reduce_gemm_fp16_direct`. float16 arrays (a, w and out, where `native_fp16` says
+    so) go to the hardware fp16 kernel."""
+    if a.dtype == np.float16:
+        _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0,
+                                     add32=fp[ADDITION, 0] != 0.0, flush=fp[ACCUMULATOR, 4] == 0.0)
+    elif FAST_PATH and inputs_fp16 and _fp16_direct_ok(fp, ic):
         reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, 4] != 0.0,
                                 fp[ADDITION, 0] != 0.0, out, col0)
     elif FAST_PATH and fast_ok(fp, ic) and _nearest_ok(fp, ic):

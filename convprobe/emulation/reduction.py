@@ -57,8 +57,9 @@ def check_exact_products(x64: np.ndarray, narrow: bool, model: AccumulationModel
 
 
 def finish(out64: np.ndarray, model: AccumulationModel) -> np.ndarray:
-    """Results (float64, already representable) in the output format's storage dtype."""
-    return out64.astype(model.output_dtype)
+    """Results (already representable, in a float64 or float16 carrier) in the output
+    format's storage dtype."""
+    return out64.astype(model.output_dtype, copy=False)
 
 
 def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel) -> np.ndarray:

@@ -1,0 +1,152 @@
+"""Sequential fp16 accumulation on the CPU's own fp16 fused multiply-add, where it has one.
+
+Why this is exact: the default sequential fp16 model computes
+s_{k+1} = fp16(s_k + a_k * b_k) with the product exact and one rounding per step,
+nearest-even, subnormals kept, overflow to inf. For fp16 (or fp8) inputs that is,
+operation for operation, the IEEE 754 fusedMultiplyAdd in binary16, which CPUs with
+AVX512-FP16 (Intel Sapphire Rapids and later) execute 32 lanes at a time
+(``vfmadd231ph``). The ``addition=fp32`` variant (CPU half arithmetic: product and sum
+in float32, rounded back to fp16) is a float32 multiply (exact: at most 22 bits), a
+float32 add and one float32 -> fp16 conversion, none of them fused.
+
+Where the CPU lacks AVX512-FP16, LLVM would widen an fp16 FMA to a float32 FMA and
+round twice, which is NOT exact (1 + 2**-11 + 2**-32 rounds to 1 + 2**-11 in float32,
+then ties to 1 in fp16; the correct result is 1 + 2**-10). So `available()` gates
+these kernels on the instruction, and `convprobe.emulation._kernels` falls back to its
+float64 kernels. The tests compare both paths bit for bit where the instruction exists.
+
+Each parallel task runs four rows together so that four independent FMA chains hide
+the instruction's latency; LLVM vectorises the loop over output channels.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+__all__ = ["available", "sequential_gemm"]
+
+_ROWS = 4  # rows per task: independent accumulation chains
+
+
+def available() -> bool:
+    """Whether the host CPU has AVX512-FP16 (and CONVPROBE_NATIVE_FP16 is not "0")."""
+    return os.environ.get("CONVPROBE_NATIVE_FP16", "1") != "0" and _host_has_avx512fp16()
+
+
+@functools.cache
+def _host_has_avx512fp16() -> bool:
+    import llvmlite.binding as llvm  # noqa: PLC0415 - only when asked
+
+    return bool(llvm.get_host_cpu_features().get("avx512fp16", False))
+
+
+def _half_args(builder, args):
+    return [builder.bitcast(v, ir.HalfType()) for v in args]
+
+
+@intrinsic
+def fma_fp16(typingctx, a, b, s):
+    """fp16(a * b + s), one rounding, on fp16 bit patterns (uint16)."""
+    sig = types.uint16(types.uint16, types.uint16, types.uint16)
+
+    def codegen(context, builder, signature, args):
+        half = ir.HalfType()
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(half, [half, half, half]), "llvm.fma.f16")
+        return builder.bitcast(builder.call(fma, _half_args(builder, args)), ir.IntType(16))
+
+    return sig, codegen
+
+
+@intrinsic
+def mul_add_fp32_fp16(typingctx, a, b, s):
+    """fp16(fp32(fp32(a) * fp32(b) + fp32(s))) on fp16 bit patterns: two roundings."""
+    sig = types.uint16(types.uint16, types.uint16, types.uint16)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        x, y, z = (builder.fpext(v, f32) for v in _half_args(builder, args))
+        t = builder.fadd(builder.fmul(x, y), z)
+        return builder.bitcast(builder.fptrunc(t, ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _fma_step(av, wv, sv):
+    return fma_fp16(av, wv, sv)
+
+
+@njit(cache=True, inline="always")
+def _fma_flush_step(av, wv, sv):
+    r = fma_fp16(av, wv, sv)
+    return r & 0x8000 if (r & 0x7C00) == 0 else r
+
+
+@njit(cache=True, inline="always")
+def _add32_step(av, wv, sv):
+    return mul_add_fp32_fp16(av, wv, sv)
+
+
+@njit(cache=True, inline="always")
+def _add32_flush_step(av, wv, sv):
+    r = mul_add_fp32_fp16(av, wv, sv)
+    return r & 0x8000 if (r & 0x7C00) == 0 else r
+
+
+_STEPS = {(False, False): _fma_step, (False, True): _fma_flush_step,
+          (True, False): _add32_step, (True, True): _add32_flush_step}
+
+
+@njit(cache=True, parallel=True)
+def _gemm(a, w, out, col0, _step):
+    m_count, k_count = a.shape
+    n_count = w.shape[1]
+    tasks = (m_count + _ROWS - 1) // _ROWS
+    for t in prange(tasks):
+        m0 = t * _ROWS
+        if m0 + _ROWS <= m_count:
+            s0 = np.zeros(n_count, np.uint16)
+            s1 = np.zeros(n_count, np.uint16)
+            s2 = np.zeros(n_count, np.uint16)
+            s3 = np.zeros(n_count, np.uint16)
+            for k in range(k_count):
+                a0, a1, a2, a3 = a[m0, k], a[m0 + 1, k], a[m0 + 2, k], a[m0 + 3, k]
+                for n in range(n_count):
+                    wv = w[k, n]
+                    s0[n] = _step(a0, wv, s0[n])
+                    s1[n] = _step(a1, wv, s1[n])
+                    s2[n] = _step(a2, wv, s2[n])
+                    s3[n] = _step(a3, wv, s3[n])
+            for n in range(n_count):
+                out[m0, col0 + n] = s0[n]
+                out[m0 + 1, col0 + n] = s1[n]
+                out[m0 + 2, col0 + n] = s2[n]
+                out[m0 + 3, col0 + n] = s3[n]
+        else:
+            for m in range(m0, m_count):
+                s = np.zeros(n_count, np.uint16)
+                for k in range(k_count):
+                    av = a[m, k]
+                    for n in range(n_count):
+                        s[n] = _step(av, w[k, n], s[n])
+                for n in range(n_count):
+                    out[m, col0 + n] = s[n]
+
+
+def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
+                    add32: bool, flush: bool) -> None:
+    """out[:, col0:col0 + N] = sequential fp16 sums of a (M, K) against w (K, N), in K order.
+
+    a, w and out are float16 arrays (a and w C-contiguous); `add32` selects the
+    two-rounding float32 addition, `flush` flushes subnormal results to signed zero.
+    """
+    _gemm(a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0,
+          _STEPS[bool(add32), bool(flush)])

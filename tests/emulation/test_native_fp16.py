@@ -1,0 +1,98 @@
+"""The hardware fp16 kernel (AVX512-FP16 FMA) equals the float64 kernels bit for bit.
+
+Where the CPU lacks the instruction the kernel is never used; the comparisons then
+skip, and the detection test still checks that it is correctly switched off."""
+
+import numpy as np
+import pytest
+
+from convprobe import emulation as em
+from convprobe.emulation import _kernels as K
+from convprobe.emulation import _native_fp16
+from convprobe.emulation.models import kernel_config
+from convprobe.formats import FP8_E4M3, FP16, FP32
+
+from .conftest import assert_same_bits
+
+needs_fp16_fma = pytest.mark.skipif(not _native_fp16.available(),
+                                    reason="no AVX512-FP16 kernel (CPU lacks it or CONVPROBE_NATIVE_FP16=0)")
+
+MODELS = [em.Sequential(FP16), em.Sequential(FP16, subnormals="flush"),
+          em.Sequential(FP16, addition=FP32), em.Sequential(FP16, addition=FP32, subnormals="flush")]
+
+
+def _cpuinfo_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@pytest.mark.skipif(not _cpuinfo_flags(), reason="no /proc/cpuinfo flags to compare with")
+def test_detection_matches_the_kernel_flags(monkeypatch):
+    monkeypatch.delenv("CONVPROBE_NATIVE_FP16", raising=False)
+    assert _native_fp16.available() == ("avx512_fp16" in _cpuinfo_flags())
+    monkeypatch.setenv("CONVPROBE_NATIVE_FP16", "0")
+    assert not _native_fp16.available()
+
+
+def _float64_path(monkeypatch):
+    monkeypatch.setenv("CONVPROBE_NATIVE_FP16", "0")
+
+
+def _random_fp16(rng, shape, lo=0x0001, hi=0x7C00):
+    bits = rng.integers(lo, hi, size=shape, dtype=np.uint16)
+    bits |= rng.integers(0, 2, size=shape, dtype=np.uint16) << 15
+    return bits.view(np.float16)
+
+
+@needs_fp16_fma
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.to_spec())
+def test_native_kernel_equals_float64_kernel(model, monkeypatch):
+    """Every finite magnitude, both signs, overflow, subnormal results: 1.2M terms on
+    shapes that exercise the four-row blocks and the leftover rows."""
+    rng = np.random.default_rng(3)
+    x = _random_fp16(rng, (3, 7, 11, 24))
+    x[0] = np.copysign(np.float16(2.0**-23), x[0])  # sums that are subnormal or zero
+    w = _random_fp16(rng, (3, 3, 24, 5), lo=0x0001, hi=0x3C00)
+    kwargs = dict(strides=(1, 2), padding="SAME")
+    with np.errstate(all="ignore"):
+        native = em.conv2d(x, w, model, **kwargs)
+        dx_native = em.conv2d_backprop_input(native, w, x.shape, model, **kwargs)
+        dw_native = em.conv2d_backprop_filter(x, native, w.shape, model, **kwargs)
+        _float64_path(monkeypatch)
+        assert not K.native_fp16(*kernel_config(model)[:2], True)
+        assert_same_bits(native, em.conv2d(x, w, model, **kwargs))
+        assert_same_bits(dx_native, em.conv2d_backprop_input(native, w, x.shape, model, **kwargs))
+        assert_same_bits(dw_native, em.conv2d_backprop_filter(x, native, w.shape, model, **kwargs))
+    assert np.isinf(native).any() and (native == 0).any()  # the test reached both ends
+    assert model.subnormals == "flush" or (np.abs(native[native != 0]) < 2.0**-14).any()
+
+
+@needs_fp16_fma
+def test_one_rounding_where_float32_would_round_twice():
+    """1 + p with p = 2**-11 + 5.7e-8 (a product of two fp16 values): one rounding gives
+    1 + 2**-10; rounding first to float32 lands on the midpoint 1 + 2**-11, which ties to
+    1. The fp16 FMA must give the former, the addition=fp32 model the latter."""
+    x = np.array([1.0, 1.01953125], dtype=np.float16).reshape(1, 1, 2, 1)
+    w = np.array([1.0, 0.00047898292541503906], dtype=np.float16).reshape(1, 2, 1, 1)
+    assert em.conv2d(x, w, em.Sequential(FP16)).item() == 1.0 + 2.0**-10
+    assert em.conv2d(x, w, em.Sequential(FP16, addition=FP32)).item() == 1.0
+
+
+@needs_fp16_fma
+def test_fp8_inputs_take_the_native_kernel_and_agree(monkeypatch):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 6, 6, 8)).astype(FP8_E4M3.dtype)
+    w = rng.standard_normal((3, 3, 8, 4)).astype(FP8_E4M3.dtype)
+    model = em.Sequential(FP16)
+    fp, ic, _ = kernel_config(model)
+    assert K.native_fp16(fp, ic, em.conv.fp16_or_narrower(x, w))
+    native = em.conv2d(x, w, model, padding="SAME")
+    assert_same_bits(native, em.oracle.conv2d(x, w, model, padding="SAME"))
+    _float64_path(monkeypatch)
+    assert_same_bits(native, em.conv2d(x, w, model, padding="SAME"))
