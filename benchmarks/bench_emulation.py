@@ -8,14 +8,17 @@ in this one run, their ratios, and the peak memory of the emulator (NumPy
 allocations via tracemalloc, plus the process's peak RSS before TensorFlow is
 imported). CPU time is printed because shared machines make wall time noisy.
 
-Floor: the native kernel (oneDNN) issues one 16-lane fused multiply-add per 16 terms
-at close to peak. An exact emulation needs per term a multiply, an add, a rounding
-(exponent extraction, quantum, add/subtract or mask: about 8 operations) and an
-overflow/special-value select - about 12 operations even in the one-add fp16 kernel,
-about 25 with TwoSum and round-to-odd - so at equal vector width and throughput the
-floor is about 12-25x native; numba/LLVM emits 4-lane float64 vectors here (forcing
-512-bit vectors, a float32 carrier or interleaving rows did not help by more than
-1.2x when tried), which puts the realistic floor of this design near 50x.
+Floor: an exact emulation needs at least one multiply-add and one rounding per term.
+On a CPU with AVX512-FP16 the default sequential fp16 model (and its addition=fp32
+variant) is exactly the hardware's own fp16 fused multiply-add (or float32 multiply,
+add and one conversion), 32 (16) lanes per instruction, so its floor is the native
+kernel's: about 1x, plus the im2col copy that oneDNN avoids. Without that instruction,
+and for every other model, the float64 kernels need per term a multiply, an add, a
+rounding (exponent extraction, quantum, add/subtract or mask: about 8 operations) and
+an overflow/special-value select - about 12 operations in the one-add fp16 kernel,
+about 25 with TwoSum and round-to-odd, on 8-lane float64 vectors - so their floor is
+about 25-50x native; the blocked, stochastic and exact models, which are not
+vectorised across outputs, run far above it.
 """
 
 from __future__ import annotations
