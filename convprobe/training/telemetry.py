@@ -174,13 +174,13 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
     hist_low = tf.reduce_sum(tables[:, 1:3], axis=[1, 2, 4])  # low finite nonzero
     hist_shadow = tf.reduce_sum(tables[:, :, :, :, :N_BINS], axis=[1, 2, 3])  # shadow finite nonzero
 
-    inf = tf.constant(np.inf, tf.float32)
     mins, maxs = [], []
-    for low in lows:
-        x = tf.abs(tf.reshape(tf.cast(low, tf.float32), [-1]))
+    for low in lows:  # in the tensor's own dtype (min and max are exact): less memory traffic
+        x = tf.abs(tf.reshape(low, [-1]))
         ok = tf.math.is_finite(x)
-        mins.append(tf.reduce_min(tf.where(tf.logical_and(ok, x > 0), x, inf)))
-        maxs.append(tf.reduce_max(tf.where(ok, x, 0.0)))
+        inf, zero = tf.constant(np.inf, x.dtype), tf.zeros([], x.dtype)
+        mins.append(tf.cast(tf.reduce_min(tf.where(tf.logical_and(ok, x > 0), x, inf)), tf.float32))
+        maxs.append(tf.cast(tf.reduce_max(tf.where(ok, x, zero)), tf.float32))
     extremes = tf.stack([tf.stack(mins), tf.stack(maxs)], axis=1)
     return counts, extremes, hist_low, hist_shadow
 
