@@ -110,14 +110,26 @@ def splitmix64(z):
 
 
 @njit(cache=True, inline="always")
+def stream_key(seed, index):
+    """The key of output `index`'s random stream (see `random_bits`)."""
+    return splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(index)))
+
+
+@njit(cache=True, inline="always")
+def stream_bits(key, event, rbits):
+    """The rbits-bit random integer of event `event` in the stream with this key."""
+    z = splitmix64(key + np.uint64(event))
+    return np.int64(z >> np.uint64(64 - rbits))
+
+
+@njit(cache=True, inline="always")
 def random_bits(seed, index, event, rbits):
     """The rbits-bit random integer of stochastic rounding event `event` of output `index`.
 
     Counter-based, so the same (seed, output, event) always gives the same bits,
     whatever the traversal order or threading.
     """
-    z = splitmix64(splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(index))) + np.uint64(event))
-    return np.int64(z >> np.uint64(64 - rbits))
+    return stream_bits(stream_key(seed, index), event, rbits)
 
 
 @njit(cache=True)
@@ -636,6 +648,10 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
     acc64 = cp == 53
     for m in prange(m_count):
         s = np.zeros(n_count)
+        keys = np.empty(n_count, dtype=np.uint64)  # each output's random stream, once
+        if mode == STOCHASTIC:
+            for n in range(n_count):
+                keys[n] = stream_key(seed, m * width + col0 + n)
         for k in range(k_count):
             av = a[m, k]
             for n in range(n_count):
@@ -659,7 +675,7 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
                                    a_keep, NEAREST_EVEN, sat, 0, rbits)
                 r = 0
                 if mode == STOCHASTIC:
-                    r = random_bits(seed, m * width + col0 + n, k, rbits)
+                    r = stream_bits(keys[n], k, rbits)
                 s[n] = fast_round(t, cp, c_elow, c_eminb, c_max, c_tiny, c_inf, c_keep,
                                   mode, sat, r, rbits)
         for n in range(n_count):
