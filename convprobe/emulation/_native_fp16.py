@@ -80,14 +80,19 @@ def mul_add_fp32_fp16(typingctx, a, b, s):
 
 
 @njit(cache=True, inline="always")
+def _flushed(r):
+    """A subnormal fp16 result (exponent field 0) as a zero of its sign."""
+    return r & 0x8000 if (r & 0x7C00) == 0 else r
+
+
+@njit(cache=True, inline="always")
 def _fma_step(av, wv, sv):
     return fma_fp16(av, wv, sv)
 
 
 @njit(cache=True, inline="always")
 def _fma_flush_step(av, wv, sv):
-    r = fma_fp16(av, wv, sv)
-    return r & 0x8000 if (r & 0x7C00) == 0 else r
+    return _flushed(fma_fp16(av, wv, sv))
 
 
 @njit(cache=True, inline="always")
@@ -97,8 +102,7 @@ def _add32_step(av, wv, sv):
 
 @njit(cache=True, inline="always")
 def _add32_flush_step(av, wv, sv):
-    r = mul_add_fp32_fp16(av, wv, sv)
-    return r & 0x8000 if (r & 0x7C00) == 0 else r
+    return _flushed(mul_add_fp32_fp16(av, wv, sv))
 
 
 _STEPS = {(False, False): _fma_step, (False, True): _fma_flush_step,
