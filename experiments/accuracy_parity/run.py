@@ -16,19 +16,18 @@ top-1 75.87 % in fp16 against 75.75 % +- 0.28 % (3 runs) in fp32.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import statistics
 from pathlib import Path
 
+from convprobe import experiment
+
 HERE = Path(__file__).resolve().parent
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(HERE / "config.json"))
-    parser.add_argument("--output", default="results/accuracy_parity")
+    parser = experiment.parser(__doc__, HERE, output="results/accuracy_parity")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--seeds", help="comma-separated seeds")
     parser.add_argument("--resnet-size", type=int)
@@ -39,12 +38,9 @@ def main(argv=None) -> int:
     parser.add_argument("--settings", help="comma-separated subset of setting names")
     args = parser.parse_args(argv)
 
-    config = json.loads(Path(args.config).read_text(encoding="utf-8"))
-    for key, value in (("steps", args.steps), ("resnet_size", args.resnet_size),
-                       ("batch_size", args.batch_size), ("image_size", args.image_size),
-                       ("synthetic_noise", args.noise), ("eval_batches", args.eval_batches)):
-        if value is not None:
-            config[key] = value
+    config, output = experiment.load(
+        args, steps=args.steps, resnet_size=args.resnet_size, batch_size=args.batch_size,
+        image_size=args.image_size, synthetic_noise=args.noise, eval_batches=args.eval_batches)
     if args.seeds:
         config["seeds"] = [int(s) for s in args.seeds.split(",")]
     if args.settings:
@@ -57,8 +53,6 @@ def main(argv=None) -> int:
     from convprobe.training.trainer import train
 
     runtime.tensorflow()
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
     runs = []
     for setting in config["settings"]:
         for seed in config["seeds"]:

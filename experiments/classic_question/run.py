@@ -17,9 +17,10 @@ ulp_histogram.png (emulator models on the question's inputs).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+
+from convprobe import experiment
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,13 +43,8 @@ def write_records(results, path: Path, observed_columns=()) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(HERE / "config.json"))
-    parser.add_argument("--output", default=str(HERE / "results"))
-    args = parser.parse_args(argv)
-    config = json.loads(Path(args.config).read_text(encoding="utf-8"))
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
+    args = experiment.parser(__doc__, HERE).parse_args(argv)
+    config, output = experiment.load(args)
 
     import pandas as pd
 

@@ -19,23 +19,19 @@ this directory.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+
+from convprobe import experiment
 
 HERE = Path(__file__).resolve().parent
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(HERE / "config.json"))
-    parser.add_argument("--output", default=str(HERE / "results"))
+    parser = experiment.parser(__doc__, HERE)
     parser.add_argument("--steps", type=int, help="override the config's steps (a shorter run)")
     args = parser.parse_args(argv)
-    config = json.loads(Path(args.config).read_text(encoding="utf-8"))
-    if args.steps is not None:
-        config["steps"] = args.steps
-    output = Path(args.output)
+    config, output = experiment.load(args, steps=args.steps)
 
     from convprobe import provenance
     from convprobe.testing import assert_no_gradient_underflow

@@ -18,12 +18,13 @@ figures overflow.png and fingerprint.png (tables, fp16 cells warm, fp32 cool).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from convprobe import experiment
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,13 +34,8 @@ ENV_HEADER = "environment variables set in the configuration's own process"
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(HERE / "config.json"))
-    parser.add_argument("--output", default=str(HERE / "results"))
-    args = parser.parse_args(argv)
-    config = json.loads(Path(args.config).read_text(encoding="utf-8"))
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
+    args = experiment.parser(__doc__, HERE).parse_args(argv)
+    config, output = experiment.load(args)
 
     import pandas as pd
 
