@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from convprobe.analysis.bounds import DEFAULT_LAMBDA, dot_error_bound, probabilistic_bound
+from convprobe.analysis.bounds import DEFAULT_LAMBDA, dot_error_bound
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import parse_format
 
@@ -359,16 +359,15 @@ def add_bounds(
     frame = validate_frame(df, SWEEP_SCHEMA)
     acc = parse_format(accumulator, argument="accumulator")
     k = frame["k"].to_numpy(dtype=np.float64)
-    u = acc.unit_roundoff
-    defined = k * u < 1.0
+    measured = k >= 1  # rows of failed runs carry k = 0 and get no bound
+    defined = measured & (k * acc.unit_roundoff < 1.0)
     gam = np.full(k.shape, np.nan)
+    prob = np.full(k.shape, np.nan)
     if defined.any():
         gam[defined] = dot_error_bound(k[defined].astype(np.int64), acc, "deterministic", output=output)
-    prob = (
-        dot_error_bound(k.astype(np.int64), acc, "probabilistic", lam=lam, output=output)
-        if k.size
-        else np.asarray(probabilistic_bound(np.ones(0), u))
-    )
+    if measured.any():
+        prob[measured] = dot_error_bound(k[measured].astype(np.int64), acc, "probabilistic", lam=lam,
+                                         output=output)
     frame["bound_format"] = pd.Series([acc.name] * len(frame), index=frame.index, dtype="str")
     frame["lam"] = float(lam)
     frame["gamma_bound"] = np.asarray(gam, dtype=np.float64)

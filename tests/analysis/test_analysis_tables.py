@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from convprobe.analysis import gamma, probabilistic_bound, summarize
+from convprobe.analysis import summarize
 from convprobe.analysis.tables import (
     PROBE_SCHEMA,
     STATUSES,
@@ -139,14 +139,28 @@ def test_read_table_refuses_foreign_files(tmp_path):
 def test_add_bounds_values_and_flags():
     df = add_bounds(frame_from_records(_sweep_rows(), "sweep"), "fp16", lam=2.0)
     assert df["bound_format"].tolist() == ["fp16"] * 3
-    assert df.loc[0, "gamma_bound"] == gamma(9, U16)
+    # closed forms (Higham's gamma_K = K u / (1 - K u), lambda sqrt(K) u), not the bounds module;
+    # a few float64 roundings apart at most
+    close = dict(rel=4 * 2.0**-53)
+    assert df.loc[0, "gamma_bound"] == pytest.approx(9 * U16 / (1 - 9 * U16), **close)
     assert math.isnan(df.loc[1, "gamma_bound"])  # 4096 * 2**-11 >= 1: gamma gives no information
-    assert df["probabilistic_bound"].tolist() == [probabilistic_bound(k, U16, 2.0) for k in (9, 4096, 16384)]
+    assert df["probabilistic_bound"].tolist() == pytest.approx(
+        [2.0 * math.sqrt(k) * U16 for k in (9, 4096, 16384)], **close)
     assert df.loc[2, "probabilistic_bound"] == 2.0 * 128 * U16
     assert df["exceeds_probabilistic"].tolist() == [False, True, pd.NA]
     with_output = add_bounds(frame_from_records(_sweep_rows(), "sweep"), "fp32", output="fp16")
     u32 = 2.0**-24
-    assert with_output.loc[0, "gamma_bound"] == U16 + (1 + U16) * gamma(9, u32)
+    assert with_output.loc[0, "gamma_bound"] == pytest.approx(
+        U16 + (1 + U16) * 9 * u32 / (1 - 9 * u32), **close)
+
+
+def test_add_bounds_leaves_rows_of_failed_runs_and_empty_tables_without_bounds():
+    """A crashed configuration's row has k = 0 (nothing measured): no bound, no error."""
+    crashed = {**BASE, "configuration": "gone", "k": 0, "status": "crashed", "detail": "SIGABRT"}
+    df = add_bounds(frame_from_records([*_sweep_rows(), crashed], "sweep"), "fp16")
+    assert math.isnan(df.loc[3, "gamma_bound"]) and math.isnan(df.loc[3, "probabilistic_bound"])
+    assert df.loc[0, "probabilistic_bound"] > 0 and df.loc[3, "exceeds_probabilistic"] is pd.NA
+    assert add_bounds(empty_frame("sweep"), "fp16").shape == (0, len(SWEEP_SCHEMA.names))
 
 
 def test_fingerprint_table_pivots_and_keeps_crashed_rows():
