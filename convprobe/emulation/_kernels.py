@@ -550,7 +550,7 @@ def round_array(x, out, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits):
 
 
 @njit(cache=True, inline="always")
-def fast_round(x, p, elow, emin_b, maxv, tiny, has_inf, keep_sub, mode, sat, r, rbits):
+def fast_round(x, p, elow, maxv, tiny, has_inf, keep_sub, mode, sat, r, rbits):
     """Branch-light `round_f64` for formats away from float64's underflow (see `fast_ok`).
 
     x must be exact or rounded to odd at >= p + 2 bits. Nearest-even adds and
@@ -624,7 +624,7 @@ def _slot_params(fp, slot):
     emin_b = int(fp[slot, 1]) + 1023
     keep = fp[slot, 4] != 0.0
     elow = emin_b if keep else emin_b - p - 1
-    return p, elow, emin_b, fp[slot, 2], math.ldexp(1.0, int(fp[slot, 1])), fp[slot, 3] != 0.0, keep
+    return p, elow, fp[slot, 2], math.ldexp(1.0, int(fp[slot, 1])), fp[slot, 3] != 0.0, keep
 
 
 @njit(cache=True, parallel=True)
@@ -640,9 +640,9 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
     mode = ic[IC_MODE]
     sat = ic[IC_SAT] != 0
     rbits = ic[IC_RBITS]
-    pp, p_elow, p_eminb, p_max, p_tiny, p_inf, p_keep = _slot_params(fp, PRODUCT)
-    ap, a_elow, a_eminb, a_max, a_tiny, a_inf, a_keep = _slot_params(fp, ADDITION)
-    cp, c_elow, c_eminb, c_max, c_tiny, c_inf, c_keep = _slot_params(fp, ACCUMULATOR)
+    pp, p_elow, p_max, p_tiny, p_inf, p_keep = _slot_params(fp, PRODUCT)
+    ap, a_elow, a_max, a_tiny, a_inf, a_keep = _slot_params(fp, ADDITION)
+    cp, c_elow, c_max, c_tiny, c_inf, c_keep = _slot_params(fp, ACCUMULATOR)
     prod_round = pp != 0 and pp <= 51
     add_kind = 0 if ap == 0 else (2 if ap == 53 else 1)
     acc64 = cp == 53
@@ -657,7 +657,7 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
             for n in range(n_count):
                 pv = av * w[k, n]
                 if prod_round:
-                    pv = fast_round(pv, pp, p_elow, p_eminb, p_max, p_tiny, p_inf, p_keep,
+                    pv = fast_round(pv, pp, p_elow, p_max, p_tiny, p_inf, p_keep,
                                     NEAREST_EVEN, sat, 0, rbits)
                 sv = s[n]
                 if acc64:
@@ -671,15 +671,15 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
                 elif add_kind == 2:
                     t = sv + pv
                 else:
-                    t = fast_round(add_odd(sv, pv), ap, a_elow, a_eminb, a_max, a_tiny, a_inf,
+                    t = fast_round(add_odd(sv, pv), ap, a_elow, a_max, a_tiny, a_inf,
                                    a_keep, NEAREST_EVEN, sat, 0, rbits)
                 r = 0
                 if mode == STOCHASTIC:
                     r = stream_bits(keys[n], k, rbits)
-                s[n] = fast_round(t, cp, c_elow, c_eminb, c_max, c_tiny, c_inf, c_keep,
+                s[n] = fast_round(t, cp, c_elow, c_max, c_tiny, c_inf, c_keep,
                                   mode, sat, r, rbits)
         for n in range(n_count):
-            r = random_bits(seed, m * width + col0 + n, k_count, rbits) if mode == STOCHASTIC else 0
+            r = stream_bits(keys[n], k_count, rbits) if mode == STOCHASTIC else 0
             out[m, col0 + n] = round_slot(s[n], fp, OUTPUT, mode, sat, r, rbits)
 
 

@@ -184,9 +184,6 @@ class _Stepper:
             exact = self.rnd(exact, self.m.addition, "nearest_even")
         return self.rnd(exact, fmt or self.m.accumulator)
 
-    def event(self) -> None:
-        """Account for a stochastic event (the engine numbers rounding events)."""
-
 
 def _block_sum(s: Value, terms: list[Value], p_acc: int, extra: int) -> Value:
     addends = [_norm(v) for v in (s, *terms)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import Format, parse_format
@@ -148,9 +148,6 @@ class TrainConfig:
         d["loss_scale"] = {"mode": self.loss_scale.mode.value, "scale": self.loss_scale.scale,
                            "label": self.loss_scale.label}
         return d
-
-    def with_loss_scale(self, spec: LossScaleSpec, output: str | None) -> "TrainConfig":
-        return replace(self, loss_scale=spec, output=output)
 
 
 def _positive_int(name: str, value: object) -> int:

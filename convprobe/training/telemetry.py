@@ -84,11 +84,6 @@ def _exponent_bins(tf, a):
     return tf.clip_by_value(exponent, HIST_MIN_EXPONENT - 1, HIST_MAX_EXPONENT) - (HIST_MIN_EXPONENT - 1)
 
 
-def _histogram(tf, a, mask):
-    """Counts per exponent bin of the elements of `a` where `mask` holds."""
-    return tf.math.unsorted_segment_sum(tf.cast(mask, tf.int32), _exponent_bins(tf, a), N_BINS)
-
-
 # Joint classes: every element gets one code (low class, shadow class, low exponent
 # bin, shadow exponent bin), so a single scatter-add per tensor counts everything;
 # the count fields and both histograms are sums over that table. (XLA's CPU scatter
