@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from convprobe import provenance
+from convprobe.render import write_atomic
 from convprobe.errors import InvalidArgument
 from convprobe.training.telemetry import COUNT_FIELDS, histogram_edges
 
@@ -55,12 +56,6 @@ _RESUMABLE_CHANGES = {"steps", "progress", "output", "checkpoint_every", "eval_b
 
 def read_header(directory: str | Path) -> dict:
     return json.loads((Path(directory) / "header.json").read_text(encoding="utf-8"))
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _truncate_csv(path: Path, keep_below_step: int) -> None:
@@ -126,7 +121,7 @@ class RunFiles:
             ),
             "layers": layer_names,
         }
-        _atomic_write(self.header_path, json.dumps(header, indent=2, sort_keys=True, default=str))
+        write_atomic(str(self.header_path), json.dumps(header, indent=2, sort_keys=True, default=str))
         _truncate_csv(self.steps_path, start_step)
         _truncate_csv(self.telemetry_path, start_step)
         self._steps = self._open(self.steps_path, STEP_COLUMNS)
@@ -154,7 +149,7 @@ class RunFiles:
         handle.flush()
 
     def finish(self, summary: dict) -> None:
-        _atomic_write(self.summary_path, json.dumps(summary, indent=2, sort_keys=True, default=str))
+        write_atomic(str(self.summary_path), json.dumps(summary, indent=2, sort_keys=True, default=str))
         self.close()
 
     def close(self) -> None:
