@@ -236,8 +236,7 @@ MATRIX: dict[str, dict[str, tuple[dict[str, str], bool, str, str]]] = {
         "default": ({}, False, "default", "nothing set: oneDNN f16 kernels"),
         "onednn-off": ({"TF_ENABLE_ONEDNN_OPTS": "0"}, False, "default", "Eigen kernels"),
         "onednn-off+fp16-acc": (
-            {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE": "1"}, False, "fp16",
-            "Eigen conv2d asked to accumulate in fp16",
+            SETTINGS[("cpu", "fp16")].env, False, "fp16", "Eigen conv2d asked to accumulate in fp16",
         ),
         "fp16-acc": ({"TF_CONV2D_USE_FP16_ACCUMULATE": "1"}, False, "fp16", "control: the Eigen switch with oneDNN on"),
         "jit": ({}, True, "default", "XLA CPU, default flags"),
@@ -250,24 +249,21 @@ MATRIX: dict[str, dict[str, tuple[dict[str, str], bool, str, str]]] = {
             {"TF_ENABLE_ONEDNN_OPTS": "0", "XLA_FLAGS": _STRICT}, True, "fp16", "strict XLA with oneDNN off",
         ),
         "gpu-switches": (
-            {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "0"}, False, "fp16",
+            SETTINGS[("gpu", "fp16")].env, False, "fp16",
             "control: the cuDNN/cuBLAS fp16-compute switches on a CPU (expected: no effect)",
         ),
     },
     "gpu": {
         "default": ({}, False, "default", "cuDNN/cuBLAS defaults"),
         "fp16-compute": (
-            {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "0"}, False, "fp16",
-            "cuDNN/cuBLAS fp16 compute type",
+            SETTINGS[("gpu", "fp16")].env, False, "fp16", "cuDNN/cuBLAS fp16 compute type",
         ),
         "fp32-compute": (
-            {"TF_FP16_CONV_USE_FP32_COMPUTE": "1", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "1"}, False, "fp32",
-            "cuDNN/cuBLAS fp32 compute type",
+            SETTINGS[("gpu", "fp32")].env, False, "fp32", "cuDNN/cuBLAS fp32 compute type",
         ),
         "jit": ({}, True, "default", "XLA GPU"),
         "jit+fp16-compute": (
-            {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "TF_FP16_MATMUL_USE_FP32_COMPUTE": "0"}, True, "fp16",
-            "XLA GPU with the fp16 compute switches",
+            SETTINGS[("gpu", "fp16")].env, True, "fp16", "XLA GPU with the fp16 compute switches",
         ),
     },
 }
