@@ -228,28 +228,30 @@ def fp16_or_narrower(*arrays) -> bool:
 
 
 def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
-    """Validated (x, w) in the carrier dtype the kernels take: float16 where the CPU's
-    fp16 FMA does the arithmetic (`_kernels.native_fp16`), float64 otherwise."""
+    """(x, w) validated and in the carrier dtype the kernels take - float16 where the CPU's
+    fp16 FMA does the arithmetic (`_kernels.native_fp16`), float64 otherwise - and
+    whether both hold only fp16-representable values."""
     fp, ic, _ = kernel_config(model)
-    if K.native_fp16(fp, ic, fp16_or_narrower(x, w)):
+    narrow = fp16_or_narrower(x, w)
+    if K.native_fp16(fp, ic, narrow):
         x16, w16 = np.ascontiguousarray(x, np.float16), np.ascontiguousarray(w, np.float16)
         _check4(x16, x_name, x_layout)
         _check4(w16, w_name, w_layout)
-        return x16, w16
+        return x16, w16, narrow
     x64, x_narrow = as_float64(x, x_name)
     w64, w_narrow = as_float64(w, w_name)
     _check4(x64, x_name, x_layout)
     _check4(w64, w_name, w_layout)
     check_exact_products(x64, x_narrow, model, x_name)
     check_exact_products(w64, w_narrow, model, w_name)
-    return x64, w64
+    return x64, w64, narrow
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, model: AccumulationModel, *,
            strides: int | Sequence[int] = 1, padding: Padding = "VALID",
            dilation: int | Sequence[int] = 1, groups: int = 1) -> np.ndarray:
     """Convolution (cross-correlation, as in TensorFlow) of NHWC x with HWIO w under `model`."""
-    xc, wc = _prepare(x, w, model, "x", "w", "NHWC", "HWIO")
+    xc, wc, narrow = _prepare(x, w, model, "x", "w", "NHWC", "HWIO")
     strides, dilation, groups = pair(strides, "strides"), pair(dilation, "dilation"), _groups(groups)
     c, (kh, kw, cg, cout) = xc.shape[3], wc.shape
     if c != cg * groups:
@@ -258,8 +260,7 @@ def conv2d(x: np.ndarray, w: np.ndarray, model: AccumulationModel, *,
     if cout % groups:
         raise InvalidArgument(f"w output channels ({cout}) must be divisible by groups ({groups})")
     pads = resolve_padding(padding, xc.shape[1:3], (kh, kw), strides, dilation)
-    return finish(_conv_core(xc, wc, model, strides, pads, dilation, groups,
-                             fp16_or_narrower(x, w)), model)
+    return finish(_conv_core(xc, wc, model, strides, pads, dilation, groups, narrow), model)
 
 
 def _shape4(shape, argument: str) -> tuple[int, int, int, int]:
@@ -277,7 +278,7 @@ def conv2d_backprop_input(dy: np.ndarray, w: np.ndarray, input_shape: Sequence[i
                           padding: Padding = "VALID", dilation: int | Sequence[int] = 1,
                           groups: int = 1) -> np.ndarray:
     """Gradient of conv2d w.r.t. its input: dx (NHWC, `input_shape`) from dy and w."""
-    dyc, wc = _prepare(dy, w, model, "dy", "w", "NHWC", "HWIO")
+    dyc, wc, narrow = _prepare(dy, w, model, "dy", "w", "NHWC", "HWIO")
     strides, dilation, groups = pair(strides, "strides"), pair(dilation, "dilation"), _groups(groups)
     n, h, wd, c = _shape4(input_shape, "input_shape")
     kh, kw, cg, cout = wc.shape
@@ -300,8 +301,8 @@ def conv2d_backprop_input(dy: np.ndarray, w: np.ndarray, input_shape: Sequence[i
     wt = (wc[::-1, ::-1].reshape(kh, kw, cg, groups, og).transpose(0, 1, 4, 3, 2)
           .reshape(kh, kw, og, groups * cg))
     wt = np.ascontiguousarray(wt)
-    return finish(_conv_core(dil, wt, model, (1, 1), tuple(back), dilation, groups,
-                             fp16_or_narrower(dy, w)), model)
+    return finish(_conv_core(dil, wt, model, (1, 1), tuple(back), dilation, groups, narrow),
+                  model)
 
 
 def conv2d_backprop_filter(x: np.ndarray, dy: np.ndarray, filter_shape: Sequence[int],
@@ -309,7 +310,7 @@ def conv2d_backprop_filter(x: np.ndarray, dy: np.ndarray, filter_shape: Sequence
                            padding: Padding = "VALID", dilation: int | Sequence[int] = 1,
                            groups: int = 1) -> np.ndarray:
     """Gradient of conv2d w.r.t. its filter: dw (HWIO, `filter_shape`) from x and dy."""
-    xc, dyc = _prepare(x, dy, model, "x", "dy", "NHWC", "NHWC")
+    xc, dyc, narrow = _prepare(x, dy, model, "x", "dy", "NHWC", "NHWC")
     strides, dilation, groups = pair(strides, "strides"), pair(dilation, "dilation"), _groups(groups)
     kh, kw, cg, cout = _shape4(filter_shape, "filter_shape")
     n, h, wd, c = xc.shape
@@ -329,5 +330,5 @@ def conv2d_backprop_filter(x: np.ndarray, dy: np.ndarray, filter_shape: Sequence
         a = _im2col(xc, (kh, kw), strides, dilation, pads, out_hw, (g * cg, (g + 1) * cg),
                     transposed=True)
         K.gemm(a, dyc[..., g * og:(g + 1) * og].reshape(m, og), fp, ic, seed, out, g * og,
-               fp16_or_narrower(x, dy))
+               narrow)
     return finish(out.reshape(kh, kw, cg, cout), model)
