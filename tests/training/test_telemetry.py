@@ -16,8 +16,6 @@ from convprobe.training.telemetry import (
     numpy_tensor_stats,
 )
 
-pytestmark = pytest.mark.tensorflow
-
 T16 = Thresholds.of(FP16)
 TINY_SUB = FP16.smallest_subnormal  # 2**-24
 # (low-precision value, fp32 shadow value, expected categories)
@@ -58,6 +56,7 @@ def test_numpy_reference_on_crafted_values():
 
 
 @pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.tensorflow
 def test_batched_stats_matches_reference_exactly(jit):
     tf = pytest.importorskip("tensorflow")
     rng = np.random.default_rng(0)
