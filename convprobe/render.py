@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import tempfile
 
@@ -49,6 +50,18 @@ def render_csv(rows: list[dict]) -> str:
 def render_json(document: dict) -> str:
     """Strict JSON: non-finite floats must already be encoded as strings."""
     return json.dumps(document, indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def json_clean(value):
+    """`value` with non-finite floats (nested in dicts, lists, tuples) as their repr
+    strings, so `render_json` can stay strict."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: json_clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_clean(v) for v in value]
+    return value
 
 
 def write_atomic(path: str, text: str) -> None:

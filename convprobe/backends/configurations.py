@@ -109,6 +109,11 @@ class BackendConfig:
             parts.append("jit")
         return "/".join(parts)
 
+    @property
+    def environment(self) -> str:
+        """The configuration's environment as 'NAME=VALUE NAME=VALUE' ('' if none)."""
+        return " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
+
     def to_dict(self) -> dict:
         return {
             "backend": self.backend, "accumulate": self.accumulate, "device": self.device,

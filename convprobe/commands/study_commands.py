@@ -17,7 +17,7 @@ from pathlib import Path
 
 from convprobe.commands.argtypes import add_running_options, positive_int
 from convprobe.backends.configurations import DEVICE_CHOICES
-from convprobe.render import FORMATS
+from convprobe.render import FORMATS, json_clean
 
 __all__ = ["register", "KINDS", "load_results"]
 
@@ -181,7 +181,7 @@ def _write(args, document: dict, frame, schema: str) -> None:
         return
     path = Path(args.output)
     if path.suffix == ".json":
-        write_atomic(str(path), render_json(_json_clean(document)))
+        write_atomic(str(path), render_json(json_clean(document)))
     elif path.suffix == ".csv":
         from convprobe.analysis.tables import write_table
 
@@ -191,36 +191,13 @@ def _write(args, document: dict, frame, schema: str) -> None:
         raise InvalidArgument(f"output must end in .json or .csv; received {args.output!r}")
 
 
-def _json_clean(value):
-    """Non-finite floats as strings, so the JSON stays strict."""
-    import math
-
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, dict):
-        return {k: _json_clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_clean(v) for v in value]
-    return value
-
-
-def _identity(result) -> dict:
-    config = result.config
-    return {
-        "backend": config.backend, "configuration": config.label,
-        "device": config.device if config.backend != "emulated" else "cpu",
-        "environment": " ".join(f"{k}={v}" for k, v in sorted(config.env.items())) or None,
-        "provenance": json.dumps(result.provenance, sort_keys=True), "wall_s": result.wall_s,
-    }
-
-
 def _print(args, rows: list[dict], columns: list[str], document: dict, frame) -> None:
     from convprobe.render import render_json, render_table
 
     if args.format == "table":
         sys.stdout.write(render_table(rows, columns))
     elif args.format == "json":
-        sys.stdout.write(render_json(_json_clean(document)))
+        sys.stdout.write(render_json(json_clean(document)))
     else:
         sys.stdout.write(frame.to_csv(index=False))
 
@@ -245,7 +222,7 @@ def _fingerprint(args) -> int:
         per_config[result.config.label] = per_op
         for op in ops:
             entry = per_op.get(op, {"status": result.status, "error": result.error, "properties": {}})
-            base = {**_identity(result), "op": op, "probe": "fingerprint", "seed": args.seed}
+            base = {**result.identity(), "op": op, "probe": "fingerprint", "seed": args.seed}
             if entry["status"] != "ok":
                 records.append({**base, "property": "status", "value": None, "status": entry["status"],
                                 "detail": entry.get("error"), "evidence": None})
@@ -302,7 +279,7 @@ def _identify(args) -> int:
                                         for op, e in per_op.items()}
         for op in ops:
             entry = per_op.get(op, {"status": result.status, "error": result.error, "summary": {}})
-            base = {**_identity(result), "op": op, "probe": "identify", "seed": args.seed}
+            base = {**result.identity(), "op": op, "probe": "identify", "seed": args.seed}
             row = {"configuration": result.config.label, "op": op, "status": entry["status"]}
             if entry["status"] != "ok":
                 row["best model"] = entry.get("error") or entry["status"]

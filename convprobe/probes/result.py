@@ -67,6 +67,16 @@ class ProbeResult:
             "wall_s": self.wall_s,
         }
 
+    def identity(self) -> dict:
+        """The identity columns every table row of this result carries (tables.py's schemas)."""
+        config = self.config
+        return {
+            "backend": config.backend, "configuration": config.label,
+            "device": config.device if config.backend != "emulated" else "cpu",
+            "environment": config.environment or None,
+            "provenance": json.dumps(self.provenance, sort_keys=True), "wall_s": self.wall_s,
+        }
+
     def to_row(self, observed_columns: tuple[str, ...] = ()) -> dict:
         """A flat row: configuration, verdict, chosen observations, provenance as JSON."""
         row = {
@@ -83,6 +93,6 @@ class ProbeResult:
         for column in observed_columns:
             row[column] = self.observed.get(column, "")
         row["verdict"] = self.verdict if self.status == "ok" else (self.error or self.status)
-        row["environment"] = " ".join(f"{k}={v}" for k, v in sorted(self.config.env.items())) or "-"
+        row["environment"] = self.config.environment or "-"
         row["provenance"] = json.dumps(self.provenance, sort_keys=True)
         return row

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
+from convprobe.render import json_clean
 
 __all__ = ["CHANNELS", "DISTRIBUTIONS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "inputs", "run", "records", "interpret"]
 
@@ -90,12 +91,6 @@ def _measure(y: np.ndarray, a: np.ndarray, b: np.ndarray, k: int) -> tuple[dict,
     return metrics, [float(u) for u in np.asarray(ulps, dtype=np.float64).ravel()]
 
 
-def _json_safe(value):
-    if isinstance(value, float) and not np.isfinite(value):
-        return repr(value)
-    return value
-
-
 def run(backend, *, ops="conv2d", ks=DEFAULT_KS, distributions=DISTRIBUTIONS, rows: int = DEFAULT_ROWS,
         seed: int = 0, **_params) -> dict:
     """Child side: metrics per op x distribution x K, and the ULP errors at the largest K."""
@@ -113,8 +108,8 @@ def run(backend, *, ops="conv2d", ks=DEFAULT_KS, distributions=DISTRIBUTIONS, ro
                     channel = np.arange(rows) % CHANNELS
                     y = np.asarray(reduce_rows(backend, op, a, b, channel)).astype(np.float16)
                     metrics, ulp_list = _measure(y, a, b, k)
-                    points.append({"distribution": dist, "k": int(k), **{m: _json_safe(v) for m, v in metrics.items()}})
-                    ulps[dist] = {"k": int(k), "ulp_errors": [_json_safe(u) for u in ulp_list]}
+                    points.append({"distribution": dist, "k": int(k), **{m: json_clean(v) for m, v in metrics.items()}})
+                    ulps[dist] = {"k": int(k), "ulp_errors": [json_clean(u) for u in ulp_list]}
             results[op] = {"status": "ok", "points": points, "ulp_errors_at_largest_k": ulps}
         except UnsupportedConfiguration as exc:
             results[op] = {"status": "unsupported", "error": str(exc)}
@@ -131,15 +126,7 @@ def _unjson(value):
 
 def records(result, seed: int) -> list[dict]:
     """SWEEP_SCHEMA records (without bounds) for one `ProbeResult` of this probe; non-ok rows kept."""
-    import json
-
-    config = result.config
-    identity = {
-        "backend": config.backend, "configuration": config.label,
-        "device": config.device if config.backend != "emulated" else "cpu",
-        "environment": " ".join(f"{k}={v}" for k, v in sorted(config.env.items())) or None,
-        "provenance": json.dumps(result.provenance, sort_keys=True), "wall_s": result.wall_s,
-    }
+    identity = result.identity()
     out = []
     ops = result.observed.get("ops", {}) if result.status == "ok" else {}
     if not ops:

@@ -450,6 +450,6 @@ def assert_accumulates_in(
         lines.append(f"  {title}: {r.accumulation} - {r.verdict}")
         if r.evidence:
             lines.append(f"      {r.evidence}")
-    env = " ".join(f"{k}={v}" for k, v in sorted(config.env.items())) or "(nothing set)"
+    env = config.environment or "(nothing set)"
     lines.append(f"  configuration: {config.label}; environment {env}" + (f"; {config.note}" if config.note else ""))
     raise AssertionError("\n".join(lines))

@@ -192,6 +192,6 @@ class ConvBackend:
         return decode_array(result.observed["output"])
 
     def __repr__(self) -> str:
-        env = " ".join(f"{k}={v}" for k, v in sorted(self.config.env.items()))
+        env = self.config.environment
         return f"ConvBackend({self.label}{', ' + env if env else ''})"
 
