@@ -27,6 +27,7 @@ __all__ = [
     "SETTINGS",
     "MANAGED_VARIABLES",
     "BackendConfig",
+    "emulated_config",
     "resolve_configs",
     "resolve_device",
     "parse_env_assignments",
@@ -177,6 +178,15 @@ def _expand(value: str, choices: tuple[str, ...], argument: str) -> tuple[str, .
     return (value,)
 
 
+def emulated_config(spec: str) -> BackendConfig:
+    """The emulator under the model `spec` (validated; labelled by its canonical spec)."""
+    from convprobe.emulation import parse_model  # noqa: PLC0415 - numba only when asked
+
+    model = parse_model(spec)
+    return BackendConfig("emulated", "model", "emulated", model=model.to_spec(),
+                         note=f"exact emulation: {model.describe()}")
+
+
 def resolve_configs(
     *,
     backend: str = "tensorflow",
@@ -198,7 +208,7 @@ def resolve_configs(
     configs = []
     for name in backends:
         if name == "emulated" and model is not None:
-            configs.append(BackendConfig("emulated", "model", "emulated", model=model, note="emulator model given by --model"))
+            configs.append(emulated_config(model))
             continue
         for acc in accumulates:
             if name == "tensorflow":

@@ -124,10 +124,6 @@ def _run(probe: str, args: argparse.Namespace) -> int:
         backend=args.backend, accumulate=args.accumulate, device=args.device,
         extra_env=parse_env_assignments(args.env), jit_compile=args.jit, model=args.model,
     )
-    if args.model is not None:
-        from convprobe.emulation import parse_model
-
-        parse_model(args.model)  # bad specs fail before anything runs
     params = _params(probe, args)
     results = run_probe(probe, configs, params, timeout=args.timeout, jobs=args.jobs)
     rows = _rows(probe, results)

@@ -128,17 +128,13 @@ def register(subparsers) -> None:
 
 def _configs(args):
     """TensorFlow matrix rows plus emulator models, validated before anything runs."""
-    from convprobe.backends.configurations import BackendConfig, matrix_configs
-    from convprobe.emulation import parse_model
+    from convprobe.backends.configurations import emulated_config, matrix_configs
 
     configs = []
     if args.configs != "none":
         names = None if args.configs is None else args.configs
         configs += matrix_configs(args.device, names)
-    for spec in args.model:
-        model = parse_model(spec)
-        configs.append(BackendConfig("emulated", "model", "emulated", model=model.to_spec(),
-                                     note=f"exact emulation: {model.describe()}"))
+    configs += [emulated_config(spec) for spec in args.model]
     if not configs:
         from convprobe.errors import InvalidArgument
 

@@ -1,8 +1,8 @@
 import pytest
 
 from convprobe.backends.configurations import (
-    MANAGED_VARIABLES, SETTINGS, BackendConfig, gpu_visible, parse_env_assignments, resolve_configs,
-    resolve_device,
+    MANAGED_VARIABLES, SETTINGS, BackendConfig, emulated_config, gpu_visible, parse_env_assignments,
+    resolve_configs, resolve_device,
 )
 from convprobe.backends.isolation import child_environment
 from convprobe.errors import InvalidArgument
@@ -72,3 +72,11 @@ def test_child_environment_drops_inherited_switches_and_applies_the_config():
 def test_config_round_trips_through_its_dict():
     for config in resolve_configs(backend="all", accumulate="all", jit_compile=True):
         assert BackendConfig.from_dict(config.to_dict()) == config
+
+
+def test_a_model_spec_gets_one_canonical_label_and_is_validated_up_front():
+    via_request = resolve_configs(backend="emulated", model="a100")
+    assert [c.label for c in via_request] == [emulated_config("a100").label]
+    assert via_request[0].label != "emulated/a100"  # the preset's full spec, as `sweep --model` shows it
+    with pytest.raises(InvalidArgument, match="b must be an integer >= 1; received 0"):
+        resolve_configs(backend="emulated", model="blocked:fp16:b=0")
