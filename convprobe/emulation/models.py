@@ -113,6 +113,7 @@ class AccumulationModel:
                     f"{argument} precision must be at most 51 bits (or exactly fp64); "
                     f"received {fmt.name} with {fmt.precision}"
                 )
+        self._validate()
         if self.rounding == "stochastic":
             for fmt, argument in self._stochastic_formats():
                 if fmt.precision > 50:
@@ -120,7 +121,6 @@ class AccumulationModel:
                         f"stochastic rounding needs {argument} precision of at most 50 bits; "
                         f"received {fmt.name}"
                     )
-        self._validate()
 
     # -- hooks -------------------------------------------------------------
     def _validate(self) -> None:
@@ -138,6 +138,14 @@ class AccumulationModel:
 
     def _extra_params(self) -> dict[str, Any]:
         return {}
+
+    @property
+    def random_bits(self) -> int:
+        """R, the random bits each stochastic rounding draws: the fewest that any
+        stochastically rounded format allows (`rounding.stochastic_bits`); 1 otherwise."""
+        if self.rounding != "stochastic":
+            return 1
+        return min(stochastic_bits(fmt) for fmt, _ in self._stochastic_formats())
 
     # -- public ------------------------------------------------------------
     @property
@@ -283,10 +291,10 @@ class Chunked(AccumulationModel):
         if total.precision > 51 and not _is_fp64(total):
             raise InvalidArgument(f"total precision must be at most 51 bits (or exactly fp64); "
                                   f"received {total.name}")
-        if self.rounding == "stochastic" and total.precision > 50:
-            raise InvalidArgument(f"stochastic rounding needs total precision of at most 50 "
-                                  f"bits; received {total.name}")
         self._set("total", total)
+
+    def _stochastic_formats(self) -> list[tuple[Format, str]]:
+        return [*super()._stochastic_formats(), (self.total, "total")]
 
     def _extra_params(self) -> dict[str, Any]:
         out: dict[str, Any] = {"n": self.chunk}
@@ -393,15 +401,13 @@ def kernel_config(model: AccumulationModel) -> tuple[np.ndarray, np.ndarray, int
         fp[K.ADDITION] = format_row(model.addition, sub)
     fp[K.ACCUMULATOR] = format_row(model.accumulator, sub)
     fp[K.OUTPUT] = format_row(model.output, sub)
-    stoch = [model.accumulator, model.output]
     if isinstance(model, Chunked):
         fp[K.TOTAL] = format_row(model.total, sub)
-        stoch.append(model.total)
     ic = np.zeros(K.IC_SIZE, dtype=np.int64)
     ic[K.IC_KIND] = model._kind_code
     ic[K.IC_MODE] = ROUNDINGS.index(model.rounding)
     ic[K.IC_SAT] = int(model.overflow == "saturate")
-    ic[K.IC_RBITS] = min(stochastic_bits(f) for f in stoch) if model.rounding == "stochastic" else 1
+    ic[K.IC_RBITS] = model.random_bits
     if isinstance(model, Blocked):
         ic[K.IC_B] = model.b
         ic[K.IC_EXTRA] = model.extra_bits

@@ -157,10 +157,7 @@ class _Stepper:
         self.m = model
         self.index = index
         self.ev = 0
-        stoch = [model.accumulator, model.output]
-        if isinstance(model, Chunked):
-            stoch.append(model.total)
-        self.rbits = min(stochastic_bits(f) for f in stoch) if model.rounding == "stochastic" else 1
+        self.rbits = model.random_bits
 
     def rnd(self, v: Value, fmt: Format, mode: str | None = None) -> float:
         m = self.m
