@@ -33,6 +33,7 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from convprobe.emulation import _native_fp16
+from convprobe.formats import FP16, FP32
 
 # format slots in the fp table
 PRODUCT, ADDITION, ACCUMULATOR, OUTPUT, TOTAL = 0, 1, 2, 3, 4
@@ -780,13 +781,17 @@ def _nearest_ok(fp, ic) -> bool:
             and acc[1] >= -900 and (acc == out).all())
 
 
+def _same_format(row, fmt) -> bool:
+    """Whether a format-table row is `fmt` (its subnormal handling aside)."""
+    return (row[0], row[1], row[2], row[3] != 0.0) == (fmt.precision, fmt.emin, fmt.max, fmt.has_inf)
+
+
 def _fp16_direct_ok(fp, ic) -> bool:
     acc = fp[ACCUMULATOR]
-    add = fp[ADDITION]
-    add_ok = add[0] == 0.0 or tuple(add[:4]) == (24.0, -126.0, float(np.finfo(np.float32).max), 1.0)
+    add_ok = fp[ADDITION, 0] == 0.0 or _same_format(fp[ADDITION], FP32)
     return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, 0] == 0.0 and add_ok
             and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
-            and tuple(acc[:4]) == (11.0, -14.0, 65504.0, 1.0) and (acc == fp[OUTPUT]).all())
+            and _same_format(acc, FP16) and (acc == fp[OUTPUT]).all())
 
 
 def native_fp16(fp, ic, inputs_fp16) -> bool:
