@@ -121,7 +121,6 @@ class TrainConfig:
     batch_size: int = 128
     resnet_size: int = 20
     image_size: int = 32
-    num_classes: int = 10
     seed: int = 0
     data: str = "synthetic"
     data_dir: str | None = None
