@@ -1,4 +1,4 @@
-"""argparse `type=` converters shared by the commands.
+"""argparse `type=` converters and option groups shared by the commands.
 
 They raise `argparse.ArgumentTypeError`, which the CLI frame turns into one line
 naming the option, the value received and what is allowed, with exit code 2.
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["positive_int", "seed", "add_running_options"]
+from convprobe.render import FORMATS
+
+__all__ = ["positive_int", "seed", "add_running_options", "add_output_options"]
 
 
 def _integer(text: str, minimum: int, allowed: str) -> int:
@@ -39,3 +41,13 @@ def add_running_options(parser: argparse.ArgumentParser, *, timeout: int) -> Non
                      help=f"per-configuration time limit (default: {timeout})")
     run.add_argument("--jobs", type=positive_int, default=None, metavar="N",
                      help="configurations run at once (default: number of cores)")
+
+
+def add_output_options(parser: argparse.ArgumentParser, *, format_help: str,
+                       output_help: str) -> argparse._ArgumentGroup:
+    """The "output" group every probe-style command shares: --format and --output.
+    Returns the group, for command-specific output options."""
+    out = parser.add_argument_group("output")
+    out.add_argument("--format", choices=FORMATS, default="table", help=f"{format_help} (default: table)")
+    out.add_argument("--output", metavar="FILE", help=output_help)
+    return out

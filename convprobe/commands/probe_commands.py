@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from convprobe.commands.argtypes import add_running_options, positive_int
+from convprobe.commands.argtypes import add_output_options, add_running_options, positive_int
 from convprobe.backends.configurations import ACCUMULATE_CHOICES, BACKEND_CHOICES, DEVICE_CHOICES
-from convprobe.render import FORMATS
 
 __all__ = ["register", "EXPECT_CHOICES"]
 
@@ -43,9 +42,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     config.add_argument("--model", metavar="SPEC",
                         help="emulator accumulation model instead of the per-request one, e.g. sequential:fp16, blocked:fp16:b=4")
     add_running_options(parser, timeout=300)
-    out = parser.add_argument_group("output")
-    out.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
-    out.add_argument("--output", metavar="FILE", help="also write the result in --format (json if table) to FILE")
+    out = add_output_options(parser, format_help="output format",
+                             output_help="also write the result in --format (json if table) to FILE")
     out.add_argument("--expect", choices=EXPECT_CHOICES,
                      help="exit 1 unless every configuration is observed to accumulate like this")
 

@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from convprobe.commands.argtypes import add_running_options, positive_int
+from convprobe.commands.argtypes import add_output_options, add_running_options, positive_int
 from convprobe.backends.configurations import DEVICE_CHOICES
-from convprobe.render import FORMATS, json_clean
+from convprobe.render import json_clean
 
 __all__ = ["register", "KINDS", "load_results"]
 
@@ -56,10 +56,8 @@ def _add_common(parser: argparse.ArgumentParser, *, default_ops: str) -> None:
                         help=f"ops, comma-separated or 'all' (default: {default_ops})")
     config.add_argument("--list-configs", action="store_true", help="list the configuration matrix and exit")
     add_running_options(parser, timeout=600)
-    out = parser.add_argument_group("output")
-    out.add_argument("--format", choices=FORMATS, default="table", help="what to print (default: table)")
-    out.add_argument("--output", metavar="FILE",
-                     help="write the results: FILE.json (document with provenance) or FILE.csv (tidy table)")
+    add_output_options(parser, format_help="what to print",
+                       output_help="write the results: FILE.json (document with provenance) or FILE.csv (tidy table)")
 
 
 def register(subparsers) -> None:
