@@ -22,6 +22,7 @@ __all__ = [
     "FP8_E5M2",
     "BF16",
     "FP16",
+    "TF32",
     "FP32",
     "FP64",
     "parse_format",
@@ -104,6 +105,12 @@ FP16 = Format(
     "fp16", bits=16, precision=11, emin=-14, emax=15, max=float.fromhex("0x1.ffcp15"),
     dtype_name="float16", aliases=("float16", "half"), default_loss_scale=128.0,
 )
+# NVIDIA's TensorFloat-32: fp32's range with fp16's 10 fraction bits, carried in float32
+# storage (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020, "TF32").
+TF32 = Format(
+    "tf32", bits=19, precision=11, emin=-126, emax=127, max=float.fromhex("0x1.ffcp127"),
+    aliases=("tensorfloat32", "tensorfloat-32"),
+)
 FP32 = Format(
     "fp32", bits=32, precision=24, emin=-126, emax=127, max=float.fromhex("0x1.fffffep127"),
     dtype_name="float32", aliases=("float32", "single"),
@@ -114,7 +121,9 @@ FP64 = Format(
     aliases=("float64", "double"),
 )
 
-FORMATS: dict[str, Format] = {f.name: f for f in (FP8_E4M3, FP8_E5M2, BF16, FP16, FP32, FP64)}
+FORMATS: dict[str, Format] = {
+    f.name: f for f in (FP8_E4M3, FP8_E5M2, BF16, FP16, TF32, FP32, FP64)
+}
 _BY_ALIAS: dict[str, Format] = {
     alias: f for f in FORMATS.values() for alias in (f.name, *f.aliases)
 }
@@ -141,10 +150,11 @@ def parse_format(
 def format_of_dtype(dtype: np.dtype | type) -> Format:
     """The `Format` whose storage dtype is `dtype`."""
     dt = np.dtype(dtype)
-    for fmt in FORMATS.values():
+    stored = [fmt for fmt in FORMATS.values() if fmt.dtype_name is not None]
+    for fmt in stored:
         if fmt.dtype == dt:
             return fmt
-    raise invalid_choice("dtype", str(dt), [f.dtype.name for f in FORMATS.values()])
+    raise invalid_choice("dtype", str(dt), [f.dtype.name for f in stored])
 
 
 def custom_format(

@@ -13,7 +13,8 @@ import math
 import os
 import tempfile
 
-__all__ = ["FORMATS", "render_table", "render_csv", "render_json", "write_atomic"]
+__all__ = ["FORMATS", "render_table", "render_csv", "render_json", "write_atomic",
+           "check_output_path"]
 
 FORMATS = ("table", "json", "csv")
 
@@ -62,6 +63,26 @@ def json_clean(value):
     if isinstance(value, (list, tuple)):
         return [json_clean(v) for v in value]
     return value
+
+
+def check_output_path(path: str, file_format: str, argument: str = "--output") -> None:
+    """Refuse, before any work, an output file that could not be written or whose suffix
+    contradicts its format (``--format csv --output o.json``)."""
+    from convprobe.errors import InvalidArgument
+
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if suffix in FORMATS and suffix != "table" and suffix != file_format:
+        raise InvalidArgument(f"{argument} {path!r} ends in .{suffix} but the output format is "
+                              f"{file_format}; name it *.{file_format} or choose --format {suffix}")
+    if os.path.isdir(path):
+        raise InvalidArgument(f"{argument} must be a file path; received the directory {path!r}")
+    parent = os.path.dirname(os.path.abspath(path))
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise InvalidArgument(f"{argument} {path!r} cannot be written: {existing!r} is not a "
+                              f"writable directory")
 
 
 def write_atomic(path: str, text: str) -> None:

@@ -14,7 +14,7 @@ def _finfo(fmt):
     return ml_dtypes.finfo(fmt.dtype)
 
 
-@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("name", sorted(n for n, f in FORMATS.items() if f.dtype_name))
 def test_constants_match_the_storage_dtype(name):
     fmt = FORMATS[name]
     info = _finfo(fmt)
@@ -25,6 +25,15 @@ def test_constants_match_the_storage_dtype(name):
     assert fmt.precision == info.nmant + 1
     assert fmt.unit_roundoff == fmt.epsilon / 2
     assert fmt.dtype.itemsize * 8 == fmt.bits
+
+
+def test_tf32_is_fp32_range_with_fp16_precision():
+    from convprobe.formats import TF32
+
+    assert (TF32.precision, TF32.emin, TF32.emax) == (FP16.precision, FP32.emin, FP32.emax)
+    assert TF32.max == float(np.float32(FP32.max)) - (2.0**(128 - 11) - 2.0**(128 - 24))
+    assert TF32.smallest_subnormal == 2.0**-136 and TF32.dtype_name is None
+    assert parse_format("tensorfloat32") is TF32
 
 
 def test_fp16_constants_are_the_textbook_ones():
@@ -40,7 +49,7 @@ def test_aliases(alias, name):
 
 
 def test_parse_rejects_unknown_names_listing_valid_ones():
-    with pytest.raises(InvalidArgument, match=r"^format must be one of fp8_e4m3, fp8_e5m2, bf16, fp16, fp32, fp64; received 'int8'$"):
+    with pytest.raises(InvalidArgument, match=r"^format must be one of fp8_e4m3, fp8_e5m2, bf16, fp16, tf32, fp32, fp64; received 'int8'$"):
         parse_format("int8")
 
 
@@ -56,7 +65,7 @@ def test_default_loss_scale_follows_the_reference_resnet():
 
 
 def test_format_of_dtype_round_trips():
-    for fmt in FORMATS.values():
+    for fmt in (f for f in FORMATS.values() if f.dtype_name):
         assert format_of_dtype(fmt.dtype) is fmt
     with pytest.raises(InvalidArgument, match="dtype must be one of"):
         format_of_dtype(np.int8)

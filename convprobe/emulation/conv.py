@@ -200,7 +200,6 @@ def _conv_core(x: np.ndarray, w: np.ndarray, model: AccumulationModel, strides, 
                dilation, groups: int, fp16_inputs: bool = False) -> np.ndarray:
     """Forward convolution on arrays from `_prepare`; returns NHWC results (exact) in
     their carrier dtype."""
-    fp, ic, seed = kernel_config(model)
     n, h, wd, c = x.shape
     kh, kw, cg, cout = w.shape
     og = cout // groups
@@ -215,7 +214,7 @@ def _conv_core(x: np.ndarray, w: np.ndarray, model: AccumulationModel, strides, 
         a = _im2col(x, (kh, kw), strides, dilation, pads, out_hw, (g * cg, (g + 1) * cg),
                     model.order)
         wg = w[:, :, :, g * og:(g + 1) * og].transpose(*axes, 3).reshape(-1, og)
-        K.gemm(a, wg, fp, ic, seed, out, g * og, fp16_inputs)
+        model.gemm_into(a, wg, out, g * og, fp16_inputs)
     return out.reshape(n, out_hw[0], out_hw[1], cout)
 
 
@@ -322,13 +321,11 @@ def conv2d_backprop_filter(x: np.ndarray, dy: np.ndarray, filter_shape: Sequence
     if min(out_hw) < 1 or dyc.shape != (n, *out_hw, cout):
         raise InvalidArgument(f"dy shape must be {(n, *out_hw, cout)} for x {xc.shape} and "
                               f"filter_shape {(kh, kw, cg, cout)}; received {dyc.shape}")
-    fp, ic, seed = kernel_config(model)
     m = n * out_hw[0] * out_hw[1]
     og = cout // groups
     out = np.empty((kh * kw * cg, cout), dtype=xc.dtype)
     for g in range(groups):
         a = _im2col(xc, (kh, kw), strides, dilation, pads, out_hw, (g * cg, (g + 1) * cg),
                     transposed=True)
-        K.gemm(a, dyc[..., g * og:(g + 1) * og].reshape(m, og), fp, ic, seed, out, g * og,
-               narrow)
+        model.gemm_into(a, dyc[..., g * og:(g + 1) * og].reshape(m, og), out, g * og, narrow)
     return finish(out.reshape(kh, kw, cg, cout), model)

@@ -29,7 +29,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from convprobe.emulation import _kernels as K
+from convprobe.emulation.gpus import GPU_PRESETS, tensor_core_parameters
 from convprobe.emulation.rounding import (
+    MODE_CODES,
     OVERFLOWS,
     ROUNDINGS,
     SUBNORMALS,
@@ -41,6 +43,7 @@ from convprobe.emulation.rounding import (
 )
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import FP16, FP32, FP64, Format
+from convprobe.options import Alignment, CAddition, KLayout, Rounding, parse_option
 
 __all__ = [
     "AccumulationModel",
@@ -198,6 +201,24 @@ class AccumulationModel:
     def _describe_kind(self) -> str:
         raise NotImplementedError
 
+    # -- arithmetic (the compiled kernels; composite and block-FMA models override) --
+    def reduce_rows(self, a: np.ndarray, b: np.ndarray, c: np.ndarray | None) -> np.ndarray:
+        """out[r] = the modelled reduction of a[r, :] * b[r, :] (float64 (R, K) operands)."""
+        if c is not None:
+            raise InvalidArgument(f"c (an accumulator input, D = A.B + C) needs a block-FMA "
+                                  f"model such as a100 or blocked:fp32:b=8; received "
+                                  f"{self.to_spec()}")
+        fp, ic, seed = kernel_config(self)
+        out = np.empty(a.shape[0], dtype=np.float64)
+        K.reduce_pairs(a, b, fp, ic, np.uint64(seed), out)
+        return out
+
+    def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
+                  inputs_fp16: bool) -> None:
+        """out[:, col0:col0 + N] = the modelled reductions of a (M, K) against w (K, N)."""
+        fp, ic, seed = kernel_config(self)
+        K.gemm(a, w, fp, ic, seed, out, col0, inputs_fp16)
+
 
 @dataclass(frozen=True)
 class Sequential(AccumulationModel):
@@ -225,38 +246,93 @@ class Pairwise(AccumulationModel):
 
 @dataclass(frozen=True)
 class Blocked(AccumulationModel):
-    """Fused multi-term addition of b products and the accumulator, as in tensor cores.
+    """Block fused multiply-add, as in tensor cores: D = C + sum_k a_k * b_k, block by block.
 
-    Each block: the accumulator and b exact products are aligned to the largest
-    exponent E, truncated to multiples of 2**(E - (p_acc - 1) - extra_bits), added
-    exactly, and the sum rounded (default toward zero) to the accumulator.
-    Published models: V100 b=4 (Fasi, Higham, Mikaitis & Pranesh, PeerJ Comput.
-    Sci. 7:e330, 2021), A100 b=8 and H100 b=16 with 3 extra alignment bits
-    (Li et al., "FTTN: Feature-targeted testing for numerical properties of NVIDIA
-    & AMD matrix accelerators", CCGrid 2024); see `TENSOR_CORE_PRESETS`.
+    One MMA instruction takes `step` products (default: one block of `b`); within it, in
+    `layout` order, each block of `b` exact products and the running value s (the
+    accumulator input c, rounded to `accumulator`, for the first block; +0 there when
+    `c_addition` is "separate") is
+
+    1. aligned to the largest exponent E: with `alignment` "input_exponents" a product
+       counts as e_a + e_b, each exponent clamped at the `input` format's emin (the
+       significand product lies in [0, 4)); s counts with its own exponent;
+    2. truncated toward zero to a multiple of 2**(E - (p_adder - 1) - extra_bits), p_adder
+       the precision of the `adder` format (default: the accumulator), unless `truncate` is
+       false (then nothing is lost while aligning);
+    3. summed exactly, and the sum rounded (`rounding`) to `accumulator`, narrowed to
+       p_adder + extra_bits bits when extra_bits < 0 (e.g. fp8 on Ada and H100: 13
+       fraction bits). That value is the next block's s.
+
+    With `c_addition` "separate", c is added to each instruction's result at its end, in
+    one nearest-even rounding to `accumulator`. Products are exact unless `product` is a
+    format; `addition` must stay exact. Published parameters: `convprobe.emulation.gpus`.
     """
 
     b: int = 4
     extra_bits: int = 0
     rounding: str = field(default="toward_zero", kw_only=True)
+    input: Format | str = field(default=FP16, kw_only=True)
+    adder: Format | str | None = field(default=None, kw_only=True)
+    alignment: str = field(default=Alignment.INPUT_EXPONENTS, kw_only=True)
+    truncate: bool = field(default=True, kw_only=True)
+    step: int | None = field(default=None, kw_only=True)
+    layout: str = field(default=KLayout.CONTIGUOUS, kw_only=True)
+    c_addition: str = field(default=CAddition.FUSED, kw_only=True)
 
     kind: ClassVar[str] = "blocked"
     _kind_code: ClassVar[int] = K.BLOCKED
 
     def _validate(self) -> None:
-        for name in ("b", "extra_bits"):
-            value = getattr(self, name)
-            low = 1 if name == "b" else 0
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise InvalidArgument(f"{name} must be an integer >= {low}; received {value!r}")
-            self._set(name, int(value))
-        width = self.accumulator.precision + self.extra_bits + math.ceil(math.log2(self.b + 1))
+        self._set("b", _int_at_least("b", self.b, 1))
+        if isinstance(self.extra_bits, bool) or not isinstance(self.extra_bits, (int, np.integer)):
+            raise InvalidArgument(f"extra_bits must be an integer; received {self.extra_bits!r}")
+        self._set("extra_bits", int(self.extra_bits))
+        self._set("input", resolve_format(self.input, "input"))
+        self._set("adder", self.accumulator if self.adder is None
+                  else resolve_format(self.adder, "adder"))
+        self._set("alignment", parse_option("alignment", self.alignment, Alignment))
+        self._set("layout", parse_option("layout", self.layout, KLayout))
+        self._set("c_addition", parse_option("c_addition", self.c_addition, CAddition))
+        if not isinstance(self.truncate, (bool, np.bool_)):
+            raise InvalidArgument(f"truncate must be true or false; received {self.truncate!r}")
+        self._set("truncate", bool(self.truncate))
+        step = self.b if self.step is None else _int_at_least("step", self.step, 1)
+        if step % self.b:
+            raise InvalidArgument(f"step must be a multiple of b ({self.b}); received {step}")
+        self._set("step", step)
+        if self.layout == KLayout.PAIR_INTERLEAVED and step % 4:
+            raise InvalidArgument(f"layout pair_interleaved needs step to be a multiple of 4; "
+                                  f"received {step}")
+        if self.rounding == Rounding.STOCHASTIC:
+            raise InvalidArgument("rounding of a blocked model must be one of nearest_even, "
+                                  "toward_zero; received 'stochastic'")
+        if self.addition != _EXACT:
+            raise InvalidArgument(f"addition of a blocked model must be exact (the block adder "
+                                  f"sums exactly); received {self.addition.name}")
+        narrowed = self.adder.precision + min(self.extra_bits, 0)
+        if narrowed < 2:
+            raise InvalidArgument(f"extra_bits must be at least {2 - self.adder.precision} for "
+                                  f"adder {self.adder.name}; received {self.extra_bits}")
+        width = self.adder.precision + self.extra_bits + 1 + math.ceil(math.log2(self.b + 1))
         if width > 53:
             raise InvalidArgument(
-                f"b and extra_bits must satisfy p_acc + extra_bits + ceil(log2(b + 1)) <= 53 "
-                f"(exact float64 block sums); received b={self.b}, extra_bits={self.extra_bits} "
-                f"with accumulator {self.accumulator}"
+                f"b and extra_bits must satisfy p_adder + extra_bits + 1 + ceil(log2(b + 1)) <= "
+                f"53 (exact float64 block sums); received b={self.b}, extra_bits="
+                f"{self.extra_bits} with adder {self.adder}"
             )
+
+    @property
+    def block_format(self) -> Format:
+        """The format each block's sum is rounded to: the accumulator, narrowed when
+        extra_bits < 0."""
+        p = min(self.accumulator.precision, self.adder.precision + min(self.extra_bits, 0))
+        if p == self.accumulator.precision:
+            return self.accumulator
+        from convprobe.formats import custom_format
+
+        return custom_format(p, self.accumulator.emax, subnormals=self.accumulator.subnormals,
+                             has_inf=self.accumulator.has_inf,
+                             name=f"{self.accumulator.name}_p{p}")
 
     def _extra_params(self) -> dict[str, Any]:
         out: dict[str, Any] = {"b": self.b}
@@ -264,9 +340,49 @@ class Blocked(AccumulationModel):
             out["extra"] = self.extra_bits
         return out
 
+    def to_spec(self) -> str:
+        spec = super().to_spec()
+        parts = []
+        defaults = {"input": FP16, "adder": self.accumulator,
+                    "alignment": Alignment.INPUT_EXPONENTS, "truncate": True, "step": self.b,
+                    "layout": KLayout.CONTIGUOUS, "c_addition": CAddition.FUSED}
+        for key, default in defaults.items():
+            value = getattr(self, key)
+            if value != default:
+                text = value.name if isinstance(value, Format) else str(value).lower()
+                parts.append(f"{key}={text}")
+        return ":".join([spec, *parts])
+
     def _describe_kind(self) -> str:
-        return (f"blocked fused sum of {self.b} products plus the {self.accumulator} "
-                f"accumulator, aligned with {self.extra_bits} extra bits and truncated")
+        text = (f"block FMA of {self.b} products plus the {self.accumulator} accumulator "
+                f"({self.input} inputs), aligned to the largest "
+                f"{'e_a + e_b' if self.alignment == Alignment.INPUT_EXPONENTS else 'exponent'}"
+                f" with {self.extra_bits} extra bits beyond {self.adder}"
+                f"{' and truncated' if self.truncate else ' exactly'}")
+        if self.step != self.b or self.layout != KLayout.CONTIGUOUS:
+            text += f", {self.step} products per instruction in {self.layout} order"
+        if self.c_addition == CAddition.SEPARATE:
+            text += ", c added after each instruction (nearest even)"
+        return text
+
+    # the block adder runs in NumPy, vectorised across outputs (`_block_fma`)
+    def reduce_rows(self, a: np.ndarray, b: np.ndarray, c: np.ndarray | None) -> np.ndarray:
+        from convprobe.emulation import _block_fma
+
+        return _block_fma.reduce_rows(a, b, c, self)
+
+    def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
+                  inputs_fp16: bool) -> None:
+        from convprobe.emulation import _block_fma
+
+        out[:, col0:col0 + w.shape[1]] = _block_fma.gemm(np.asarray(a, np.float64),
+                                                         np.asarray(w, np.float64), self)
+
+
+def _int_at_least(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise InvalidArgument(f"{name} must be an integer >= {low}; received {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -327,17 +443,12 @@ MODEL_KINDS: dict[str, type[AccumulationModel]] = {
     cls.kind: cls for cls in (Sequential, Pairwise, Blocked, Chunked, Exact)
 }
 
-TENSOR_CORE_PRESETS: dict[str, dict[str, Any]] = {
-    # Fasi et al. 2021 (V100): 4-term fused, truncation, round toward zero.
-    "v100": {"b": 4, "extra_bits": 0},
-    # Fasi et al. 2021 / Li et al. 2024 (A100): 8-term fused, 3 extra alignment bits.
-    "a100": {"b": 8, "extra_bits": 3},
-    # Li et al. 2024 (H100): 16-term fused, 3 extra alignment bits.
-    "h100": {"b": 16, "extra_bits": 3},
-}
+TENSOR_CORE_PRESETS = GPU_PRESETS
 
-_KEY_ALIASES = {"extra": "extra_bits", "n": "chunk", "acc": "accumulator", "out": "output"}
-_INT_KEYS = {"b", "extra_bits", "chunk", "seed"}
+_KEY_ALIASES = {"extra": "extra_bits", "n": "chunk", "acc": "accumulator", "out": "output",
+                "in": "input"}
+_INT_KEYS = {"b", "extra_bits", "chunk", "seed", "step"}
+_BOOL_KEYS = {"truncate"}
 
 
 def parse_model(spec: str) -> AccumulationModel:
@@ -360,17 +471,23 @@ def parse_model(spec: str) -> AccumulationModel:
     parts = [p.strip() for p in spec.strip().split(":")]
     kind = parts[0].lower()
     kwargs: dict[str, Any] = {}
+    rest = parts[1:]
     if kind in TENSOR_CORE_PRESETS:
         cls: type[AccumulationModel] = Blocked
-        kwargs.update(TENSOR_CORE_PRESETS[kind])
-        kwargs["accumulator"] = FP32
+        formats = {"input": "fp16", "output": "fp32"}
+        for item in list(rest):
+            key, _, value = item.partition("=")
+            key = _KEY_ALIASES.get(key.strip().lower(), key.strip().lower())
+            if key in formats:
+                formats[key] = value
+                rest.remove(item)
+        kwargs.update(tensor_core_parameters(kind, formats["input"], formats["output"]))
     elif kind in MODEL_KINDS:
         cls = MODEL_KINDS[kind]
+        if rest and "=" not in rest[0]:
+            kwargs["accumulator"] = rest.pop(0)
     else:
         raise invalid_choice("model", parts[0], (*MODEL_KINDS, *TENSOR_CORE_PRESETS))
-    rest = parts[1:]
-    if rest and "=" not in rest[0]:
-        kwargs["accumulator"] = rest.pop(0)
     allowed = {f.name for f in fields(cls) if f.name != "_"}
     for item in rest:
         key, sep, value = item.partition("=")
@@ -383,6 +500,11 @@ def parse_model(spec: str) -> AccumulationModel:
                 kwargs[key] = int(value)
             except ValueError:
                 raise InvalidArgument(f"{key} must be an integer; received {value!r}") from None
+        elif key in _BOOL_KEYS:
+            flag = value.strip().lower()
+            if flag not in ("true", "false"):
+                raise invalid_choice(key, value, ("true", "false"))
+            kwargs[key] = flag == "true"
         else:
             kwargs[key] = value
     return cls(**kwargs)
@@ -405,7 +527,7 @@ def kernel_config(model: AccumulationModel) -> tuple[np.ndarray, np.ndarray, int
         fp[K.TOTAL] = format_row(model.total, sub)
     ic = np.zeros(K.IC_SIZE, dtype=np.int64)
     ic[K.IC_KIND] = model._kind_code
-    ic[K.IC_MODE] = ROUNDINGS.index(model.rounding)
+    ic[K.IC_MODE] = MODE_CODES[model.rounding]
     ic[K.IC_SAT] = int(model.overflow == "saturate")
     ic[K.IC_RBITS] = model.random_bits
     if isinstance(model, Blocked):

@@ -27,6 +27,7 @@ from convprobe.emulation.models import (
 )
 from convprobe.emulation.rounding import resolve_format, stochastic_bits
 from convprobe.formats import Format
+from convprobe.options import Alignment, CAddition, KLayout
 
 __all__ = [
     "round_value",
@@ -182,29 +183,71 @@ class _Stepper:
         return self.rnd(exact, fmt or self.m.accumulator)
 
 
-def _block_sum(s: Value, terms: list[Value], p_acc: int, extra: int) -> Value:
-    addends = [_norm(v) for v in (s, *terms)]
-    if any(isinstance(v, float) and not math.isfinite(v) for v in addends):
-        s = addends[0]
-        out = s if isinstance(s, float) else (1.0 if s > 0 else -1.0)
-        for t in addends[1:]:
-            out = out + (t if isinstance(t, float) else (1.0 if t > 0 else -1.0))
-        return out
-    nonzero = [Fraction(v) for v in addends if v != 0]
-    if not nonzero:
-        return 0.0
-    e = max(_floor_log2(abs(v)) for v in nonzero)
-    quantum = Fraction(2) ** (e - (p_acc - 1) - extra)
+def _exponent(v: float, emin: int) -> int | None:
+    """floor(log2|v|) clamped below at emin; None for zero."""
+    return None if v == 0 else max(_floor_log2(abs(Fraction(v))), emin)
+
+
+def _block_fma(s: Value, a: list[float], b: list[float], model: Blocked, st: _Stepper) -> float:
+    """One block of `models.Blocked`, straight from its definition: align s and the exact
+    products to the largest exponent, truncate, sum exactly, round once."""
+    prods = [st.product(x, y) for x, y in zip(a, b)]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in (s, *prods)):
+        out = s
+        for t in prods:
+            out = _add(out, t)
+        return float(out)
+    acc = model.accumulator
+    exps = []
+    if s != 0:
+        exps.append(_exponent(s, acc.emin if acc.subnormals else -10**9))
+    for x, y, p in zip(a, b, prods):
+        if p == 0:
+            continue
+        if model.alignment == Alignment.INPUT_EXPONENTS:
+            exps.append(_exponent(x, model.input.emin) + _exponent(y, model.input.emin))
+        else:
+            exps.append(_floor_log2(abs(Fraction(p))))
+    if not exps:
+        return float(s) if isinstance(s, float) else 0.0
+    quantum = Fraction(2) ** (max(exps) - (model.adder.precision - 1) - model.extra_bits)
     total = Fraction(0)
-    for v in nonzero:
-        t = math.trunc(v / quantum)
-        total += t * quantum
-    return total if total != 0 else 0.0
+    for v in (s, *prods):
+        v = Fraction(v)
+        total += (math.trunc(v / quantum) * quantum) if model.truncate else v
+    return st.rnd(total if total != 0 else 0.0, model.block_format)
 
 
-def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int = 0) -> float:
-    """One modelled reduction of sum a[k] * b[k] (k in list order); `index` keys the SR stream."""
+def _blocked(a: list[float], b: list[float], c: float, model: Blocked, st: _Stepper) -> float:
+    """`models.Blocked` over a whole reduction: instruction by instruction, block by block."""
+    order = list(range(len(a)))
+    if model.layout == KLayout.PAIR_INTERLEAVED:
+        order = []
+        for s0 in range(0, len(a), model.step):
+            idx = range(s0, min(s0 + model.step, len(a)))
+            order += [k for k in idx if k % 4 < 2] + [k for k in idx if k % 4 >= 2]
+    a, b = [a[k] for k in order], [b[k] for k in order]
+    s = st.rnd(c, model.accumulator, "nearest_even")
+    for s0 in range(0, max(len(a), 1), model.step):
+        c_in = s
+        if model.c_addition == CAddition.SEPARATE:
+            s = 0.0
+        for j0 in range(s0, min(s0 + model.step, len(a)), model.b):
+            j1 = min(j0 + model.b, s0 + model.step)
+            s = _block_fma(s, a[j0:j1], b[j0:j1], model, st)
+        if model.c_addition == CAddition.SEPARATE:
+            s = st.rnd(_add(s, c_in), model.accumulator, "nearest_even")
+    return s
+
+
+def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int = 0,
+           c: float | None = None) -> float:
+    """One modelled reduction of c + sum a[k] * b[k] (k in list order); `index` keys the SR
+    stream; `c` (block-FMA models only) is the accumulator input."""
     st = _Stepper(model, index)
+    if isinstance(model, Blocked):
+        s = _blocked([float(v) for v in a], [float(v) for v in b], float(c or 0.0), model, st)
+        return st.rnd(s, model.output)
     terms = [st.product(float(x), float(y)) for x, y in zip(a, b)]
     if isinstance(model, Sequential):
         s: Value = 0.0
@@ -220,12 +263,6 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
                 nxt.append(level[-1])
             level = nxt
         s = level[0]
-    elif isinstance(model, Blocked):
-        s = 0.0
-        for j0 in range(0, len(terms), model.b):
-            t = _block_sum(s, terms[j0:j0 + model.b], model.accumulator.precision,
-                           model.extra_bits)
-            s = st.rnd(t, model.accumulator)
     elif isinstance(model, Chunked):
         total: Value = 0.0
         low: Value = 0.0
@@ -246,15 +283,17 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
     return st.rnd(s, model.output)
 
 
-def dot(a, b, model: AccumulationModel) -> np.ndarray:
-    """Scalar `dot`: reduce along the last axis, leading axes broadcast."""
+def dot(a, b, model: AccumulationModel, c=None) -> np.ndarray:
+    """Scalar `dot`: reduce c + a.b along the last axis, leading axes broadcast."""
     a64 = np.asarray(a).astype(np.float64)
     b64 = np.asarray(b).astype(np.float64)
     lead = np.broadcast_shapes(a64.shape[:-1], b64.shape[:-1])
     k = a64.shape[-1]
     aa = np.broadcast_to(a64, (*lead, k)).reshape(-1, k)
     bb = np.broadcast_to(b64, (*lead, k)).reshape(-1, k)
-    out = [reduce(list(aa[i]), list(bb[i]), model, i) for i in range(aa.shape[0])]
+    cc = None if c is None else np.broadcast_to(np.asarray(c, np.float64), lead).reshape(-1)
+    out = [reduce(list(aa[i]), list(bb[i]), model, i, None if cc is None else float(cc[i]))
+           for i in range(aa.shape[0])]
     return np.array(out, dtype=np.float64).reshape(lead).astype(model.output_dtype)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from convprobe.emulation import _kernels as K
 from convprobe.emulation.models import AccumulationModel, kernel_config
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP64
@@ -62,14 +61,16 @@ def finish(out64: np.ndarray, model: AccumulationModel) -> np.ndarray:
     return out64.astype(model.output_dtype, copy=False)
 
 
-def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel) -> np.ndarray:
-    """Reduce ``a * b`` along the last axis, in index order, under `model`.
+def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
+        c: np.ndarray | None = None) -> np.ndarray:
+    """Reduce ``c + a * b`` along the last axis, in index order, under `model`.
 
-    Leading axes broadcast; the result has the broadcast leading shape and the
-    model's output dtype. Stochastic rounding is keyed by the flat (C-order)
-    index of each result.
+    Leading axes broadcast (c's too); the result has the broadcast leading shape and the
+    model's output dtype. `c`, the accumulator input of D = A.B + C, needs a block-FMA
+    model (tensor cores); it is rounded to the accumulator first. Stochastic rounding is
+    keyed by the flat (C-order) index of each result.
     """
-    fp, ic, seed = kernel_config(model)
+    kernel_config(model)
     a64, a_narrow = as_float64(a, "a")
     b64, b_narrow = as_float64(b, "b")
     if a64.ndim == 0 or b64.ndim == 0:
@@ -87,6 +88,13 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel) -> np.ndarray:
     k = a64.shape[-1]
     aa = np.ascontiguousarray(np.broadcast_to(a64, (*lead, k))).reshape(-1, k)
     bb = np.ascontiguousarray(np.broadcast_to(b64, (*lead, k))).reshape(-1, k)
-    out = np.empty(aa.shape[0], dtype=np.float64)
-    K.reduce_pairs(aa, bb, fp, ic, np.uint64(seed), out)
+    cc = None
+    if c is not None:
+        c64, _ = as_float64(c, "c")
+        try:
+            cc = np.ascontiguousarray(np.broadcast_to(c64, lead)).reshape(-1)
+        except ValueError:
+            raise InvalidArgument(f"c must broadcast to the result shape {lead}; received "
+                                  f"shape {c64.shape}") from None
+    out = model.reduce_rows(aa, bb, cc)
     return finish(out.reshape(lead), model)

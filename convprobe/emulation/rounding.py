@@ -31,6 +31,7 @@ import numpy as np
 from convprobe.emulation import _kernels as K
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import Format, parse_format
+from convprobe.options import ROUNDING_ALIASES, Overflow, Rounding, Subnormals
 
 __all__ = [
     "ROUNDINGS",
@@ -41,15 +42,16 @@ __all__ = [
     "resolve_format",
     "stochastic_bits",
     "check_choice",
+    "MODE_CODES",
 ]
 
-Rounding = Literal["nearest_even", "toward_zero", "stochastic"]
-ROUNDINGS: tuple[str, ...] = ("nearest_even", "toward_zero", "stochastic")
-SUBNORMALS: tuple[str, ...] = ("keep", "flush")
-OVERFLOWS: tuple[str, ...] = ("inf", "saturate")
-_ROUNDING_ALIASES = {"rn": "nearest_even", "rne": "nearest_even", "nearest": "nearest_even",
-                     "rz": "toward_zero", "rtz": "toward_zero", "truncate": "toward_zero",
-                     "sr": "stochastic"}
+ROUNDINGS: tuple[str, ...] = tuple(Rounding)
+SUBNORMALS: tuple[str, ...] = tuple(Subnormals)
+OVERFLOWS: tuple[str, ...] = tuple(Overflow)
+_ROUNDING_ALIASES = ROUNDING_ALIASES
+# the kernels' integer mode codes, by name (not by position in an option tuple)
+MODE_CODES = {Rounding.NEAREST_EVEN: K.NEAREST_EVEN, Rounding.TOWARD_ZERO: K.TOWARD_ZERO,
+              Rounding.STOCHASTIC: K.STOCHASTIC}
 _CUSTOM_PREFIX = "p"
 
 
@@ -61,7 +63,7 @@ def check_choice(argument: str, value: object, choices: tuple[str, ...],
         key = aliases[key]
     if key not in choices:
         raise invalid_choice(argument, value, choices)
-    return key
+    return str(key)
 
 
 def resolve_format(value: str | Format, argument: str) -> Format:
@@ -145,5 +147,5 @@ def round_to_format(
     row = format_row(fmt, subnormals)
     out = np.empty_like(flat)
     K.round_array(flat, out, int(row[0]), int(row[1]), row[2], bool(row[3]), bool(row[4]),
-                  ROUNDINGS.index(rounding), overflow == "saturate", r, rbits)
+                  MODE_CODES[Rounding(rounding)], overflow == "saturate", r, rbits)
     return out.reshape(x.shape)

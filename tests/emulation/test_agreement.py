@@ -103,7 +103,7 @@ def test_gradients_match_oracle(model, case):
 
 
 FP32_MODELS = [em.Sequential(FP32), em.Sequential(BF16, addition=FP32), em.Pairwise(FP32),
-               em.Blocked(FP32, b=4, extra_bits=3), em.Chunked(FP32, chunk=4, total="fp64"),
+               em.Blocked(FP32, b=4, extra_bits=3, input=FP32), em.Chunked(FP32, chunk=4, total="fp64"),
                em.Exact(FP32, rounding="toward_zero")]
 
 

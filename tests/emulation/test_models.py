@@ -38,7 +38,13 @@ def test_defaults_and_format_names():
     ("exact:fp64", em.Exact(FP64)),
     ("exact", em.Exact()),
     ("sequential:p11_emax15:order=chw", em.Sequential(custom_format(11, 15), order="chw")),
-    ("a100", em.Blocked(FP32, b=8, extra_bits=3)),
+    ("a100", em.Blocked(FP32, b=8, extra_bits=1, adder=FP32)),
+    ("v100:out=fp16", em.Blocked(FP16, b=4, rounding="nearest_even", adder=FP32)),
+    ("h100:in=bf16", em.Blocked(FP32, b=16, extra_bits=2, input=BF16)),
+    ("ada:in=e4m3", em.Blocked(FP32, b=16, extra_bits=-10, input="fp8_e4m3")),
+    ("b200:in=fp8_e5m2:out=fp16", em.Blocked(FP16, b=16, extra_bits=2, adder=FP32, step=32,
+                                            input="fp8_e5m2", rounding="nearest_even",
+                                            layout="pair_interleaved", c_addition="separate")),
 ])
 def test_parse_model(spec, expected):
     got = em.parse_model(spec)
@@ -54,7 +60,15 @@ def test_every_kind_and_preset_parses():
 
 @pytest.mark.parametrize("spec,message", [
     ("serial:fp16", "model must be one of sequential, pairwise, blocked, chunked, exact, v100, "
-                    "a100, h100; received 'serial'"),
+                    "a100, a2, a30, ada, l40s, h100, h200, b200; received 'serial'"),
+    ("v100:in=bf16", "in for v100 must be one of fp16; received 'bf16'"),
+    ("a100:in=tf32:out=fp16", "out=fp16 needs fp16 or fp8 inputs"),
+    ("h100:out=fp64", "out must be one of fp32, fp16; received 'fp64'"),
+    ("blocked:fp32:b=4:rounding=stochastic", "rounding of a blocked model must be one of"),
+    ("blocked:fp32:b=4:layout=zigzag", "layout must be one of contiguous, pair_interleaved"),
+    ("blocked:fp32:b=4:truncate=maybe", "truncate must be one of true, false; received 'maybe'"),
+    ("blocked:fp32:b=4:step=6", "step must be a multiple of b"),
+    ("blocked:fp32:b=4:extra=-23", "extra_bits must be at least -22"),
     ("sequential:fp12", "accumulator must be one of"),
     ("blocked:fp16:b=0", "b must be an integer >= 1; received 0"),
     ("blocked:fp16:b=-3", "b must be an integer >= 1"),
@@ -66,7 +80,7 @@ def test_every_kind_and_preset_parses():
     ("sequential:fp16:colour=red", "sequential model parameter must be one of"),
     ("exact:fp64:rounding=stochastic", "stochastic rounding needs accumulator precision"),
     ("sequential:p52_emax100", "accumulator precision must be at most 51"),
-    ("blocked:fp32:b=4:extra=40", "p_acc \\+ extra_bits"),
+    ("blocked:fp32:b=4:extra=40", "p_adder \\+ extra_bits"),
     ("", "model spec must be a non-empty string"),
 ])
 def test_bad_specs_say_what_is_valid(spec, message):

@@ -1,0 +1,93 @@
+"""Closed option sets, as StrEnums: the bottom layer every module validates against.
+
+A member compares equal to its string value, so ``Rounding.NEAREST_EVEN ==
+"nearest_even"`` and option strings from files or the command line keep working;
+`parse_option` turns user text (or an alias) into a member or raises the one error
+shape, ``rounding must be one of nearest_even, toward_zero, stochastic; received 'x'``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TypeVar
+
+from convprobe.errors import invalid_choice
+
+__all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "parse_option"]
+
+
+class Rounding(StrEnum):
+    """How a value is rounded to a format (definitions: `convprobe.emulation.rounding`)."""
+
+    NEAREST_EVEN = "nearest_even"
+    TOWARD_ZERO = "toward_zero"
+    STOCHASTIC = "stochastic"
+
+
+class Subnormals(StrEnum):
+    """Whether results below a format's smallest normal are kept or flushed to zero."""
+
+    KEEP = "keep"
+    FLUSH = "flush"
+
+
+class Overflow(StrEnum):
+    """What a result beyond a format's largest finite value becomes."""
+
+    INF = "inf"
+    SATURATE = "saturate"
+
+
+class Alignment(StrEnum):
+    """Which exponent a block-FMA adder aligns its addends to.
+
+    ``input_exponents``: a product a*b counts with exponent e_a + e_b, each input's
+    exponent clamped at its format's emin, so its significand lies in [0, 4)
+    (Khattak & Mikaitis, "Accurate Models of NVIDIA Tensor Cores", arXiv:2512.07004;
+    what real tensor cores do). ``values``: each addend's own normalised exponent.
+    """
+
+    INPUT_EXPONENTS = "input_exponents"
+    VALUES = "values"
+
+
+class KLayout(StrEnum):
+    """The order in which one MMA instruction feeds its K products to the block adder.
+
+    ``contiguous``: k = 0, 1, 2, ...  ``pair_interleaved``: the products at k mod 4 in
+    {0, 1} first, then those at k mod 4 in {2, 3} (the two k16 halves of an fp8
+    mma.sync m16n8k32, whose registers hold interleaved pairs of k).
+    """
+
+    CONTIGUOUS = "contiguous"
+    PAIR_INTERLEAVED = "pair_interleaved"
+
+
+class CAddition(StrEnum):
+    """Where a block-FMA instruction adds its accumulator input c.
+
+    ``fused``: c is an addend of the first block. ``separate``: the products are summed
+    from +0 and c is added at the end, in one nearest-even rounding.
+    """
+
+    FUSED = "fused"
+    SEPARATE = "separate"
+
+
+ROUNDING_ALIASES = {"rn": "nearest_even", "rne": "nearest_even", "nearest": "nearest_even",
+                    "rz": "toward_zero", "rtz": "toward_zero", "truncate": "toward_zero",
+                    "sr": "stochastic"}
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def parse_option(argument: str, value: object, options: type[E],
+                 aliases: dict[str, str] | None = None) -> E:
+    """The member of `options` named by `value` (case and surrounding space ignored)."""
+    key = value.strip().lower() if isinstance(value, str) else value
+    if aliases and isinstance(key, str):
+        key = aliases.get(key, key)
+    try:
+        return options(key)
+    except ValueError:
+        raise invalid_choice(argument, value, [m.value for m in options]) from None
