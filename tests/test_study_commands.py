@@ -56,12 +56,12 @@ def results(tmp_path_factory):
 
 
 def test_fingerprint_prints_one_row_per_configuration_and_op(capsys):
-    assert main("fingerprint", "--configs", "none", "--model", "sequential:fp16", "--model", "a100:output=fp16",
+    assert main("fingerprint", "--configs", "none", "--model", "sequential:fp16", "--model", "a100",
                 "--op", "matmul") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["configuration", "op", "accumulation", "acc"]
     assert lines[2].split()[:5] == ["emulated/sequential:fp16", "matmul", "fp16", "11", "0"]
-    assert lines[3].split()[:5] == ["emulated/blocked:fp32:b=8:extra=3:output=fp16", "matmul", "fp32", "24", "3"]
+    assert lines[3].split()[:5] == ["emulated/a100", "matmul", "fp32", "24", "1"]
 
 
 def test_result_files_carry_schema_version_and_provenance(results):

@@ -83,7 +83,7 @@ class EmulatedBackend(AbstractBackend):
         kh, kw, c, mult = w.shape
         grouped = w.reshape(kh, kw, 1, c * mult)
         return conv2d(
-            x, grouped, self.model, strides=normalize_pair(strides, "strides"), padding=padding,
+            x, grouped, self.model_for(x, w), strides=normalize_pair(strides, "strides"), padding=padding,
             dilation=normalize_pair(dilation, "dilation"), groups=c,
         )
 
@@ -100,14 +100,14 @@ class EmulatedBackend(AbstractBackend):
         windows = windows[:, ::stride[0], ::stride[1], ::stride[2]]
         patches = windows.transpose(0, 1, 2, 3, 5, 6, 7, 4).reshape(*windows.shape[:4], 1, -1)
         filters = w.reshape(-1, o).T  # O, K
-        return dot(patches, filters, self.model)
+        return dot(patches, filters, self.model_for(x, w))
 
     def matmul(self, a, b):
         """(..., M, K) @ (K, N) with every output reduced over K in index order."""
         from convprobe.emulation import dot
 
         a, b = np.asarray(a), np.asarray(b)
-        return dot(a[..., :, None, :], np.swapaxes(b, -1, -2)[..., None, :, :], self.model)
+        return dot(a[..., :, None, :], np.swapaxes(b, -1, -2)[..., None, :, :], self.model_for(a, b))
 
     def einsum(self, equation, a, b):
         """Two-operand einsum whose contracted indices appear in both operands; they are reduced
@@ -131,7 +131,7 @@ class EmulatedBackend(AbstractBackend):
             shape = [sizes[i] if i in labels else 1 for i in output] + [-1]
             return moved.reshape(shape)
 
-        return dot(arrange(a, left), arrange(b, right), self.model)
+        return dot(arrange(a, left), arrange(b, right), self.model_for(a, b))
 
     def describe(self) -> dict:
         return {"backend": self.name, "model": self.model.name, "model_description": self.model.describe()}

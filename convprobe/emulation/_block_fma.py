@@ -149,7 +149,7 @@ def _reduce(a, b, c, model, ea, eb):
             s = _block(s, prods, np.broadcast_to(exps, prods.shape), model, fmt)
         if separate:
             s = _round(_add_odd(s, c_in), acc, model, Rounding.NEAREST_EVEN)
-    return _round(s, model.output, model, model.rounding)
+    return _round(s, model.output, model, Rounding.NEAREST_EVEN)
 
 
 def _prepared(x: np.ndarray, model, argument: str) -> tuple[np.ndarray, np.ndarray]:

@@ -34,7 +34,8 @@ from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, TF32, Format, parse_format
 from convprobe.options import CAddition, KLayout
 
-__all__ = ["GPU_FAMILIES", "GPU_PRESETS", "INPUTS", "OUTPUTS", "tensor_core_parameters"]
+__all__ = ["GPU_FAMILIES", "GPU_PRESETS", "INPUTS", "OUTPUTS", "tensor_core_parameters",
+           "preset_spec"]
 
 # GPU name -> family whose tensor cores it shares (Khattak & Mikaitis: A2 and A30 share
 # the A100 model, H200 the H100 one, L40S the Ada one).
@@ -91,3 +92,10 @@ def tensor_core_parameters(gpu: str, input: str | Format = FP16,
     params.update(input=fin, adder=FP32, accumulator=fout, output=fout,
                   rounding="toward_zero" if fout == FP32 else "nearest_even")
     return params
+
+
+def preset_spec(gpu: str, input: Format, output: Format) -> str:
+    """The canonical spelling of a preset: ``a100``, ``a100:in=bf16``, ``v100:out=fp16``."""
+    return str(gpu).strip().lower() + "".join(
+        f":{key}={fmt.name}" for key, fmt, default in (("in", input, FP16), ("out", output, FP32))
+        if fmt != default)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from convprobe.emulation import _kernels as K
-from convprobe.emulation.gpus import GPU_PRESETS, tensor_core_parameters
+from convprobe.emulation.gpus import GPU_PRESETS, preset_spec, tensor_core_parameters
 from convprobe.emulation.rounding import (
     MODE_CODES,
     OVERFLOWS,
@@ -264,7 +264,8 @@ class Blocked(AccumulationModel):
        fraction bits). That value is the next block's s.
 
     With `c_addition` "separate", c is added to each instruction's result at its end, in
-    one nearest-even rounding to `accumulator`. Products are exact unless `product` is a
+    one nearest-even rounding to `accumulator`. The result is converted to `output` with
+    nearest-even, as a GPU kernel's epilogue (cvt.rn) converts an fp32 accumulator. Products are exact unless `product` is a
     format; `addition` must stay exact. Published parameters: `convprobe.emulation.gpus`.
     """
 
@@ -278,6 +279,7 @@ class Blocked(AccumulationModel):
     step: int | None = field(default=None, kw_only=True)
     layout: str = field(default=KLayout.CONTIGUOUS, kw_only=True)
     c_addition: str = field(default=CAddition.FUSED, kw_only=True)
+    preset: str | None = field(default=None, kw_only=True, compare=False)
 
     kind: ClassVar[str] = "blocked"
     _kind_code: ClassVar[int] = K.BLOCKED
@@ -341,6 +343,14 @@ class Blocked(AccumulationModel):
         return out
 
     def to_spec(self) -> str:
+        """The GPU preset's spec where the model came from one (``a100``,
+        ``v100:out=fp16``), else the explicit ``blocked:...`` spec."""
+        if self.preset is not None and parse_model(self.preset) == self:
+            return self.preset
+        return self.explicit_spec()
+
+    def explicit_spec(self) -> str:
+        """The ``blocked:...`` spec that rebuilds this model, even where it is a preset."""
         spec = super().to_spec()
         parts = []
         defaults = {"input": FP16, "adder": self.accumulator,
@@ -482,6 +492,8 @@ def parse_model(spec: str) -> AccumulationModel:
                 formats[key] = value
                 rest.remove(item)
         kwargs.update(tensor_core_parameters(kind, formats["input"], formats["output"]))
+        if not rest:
+            kwargs["preset"] = preset_spec(kind, kwargs["input"], kwargs["output"])
     elif kind in MODEL_KINDS:
         cls = MODEL_KINDS[kind]
         if rest and "=" not in rest[0]:

@@ -247,7 +247,7 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
     st = _Stepper(model, index)
     if isinstance(model, Blocked):
         s = _blocked([float(v) for v in a], [float(v) for v in b], float(c or 0.0), model, st)
-        return st.rnd(s, model.output)
+        return st.rnd(s, model.output, "nearest_even")
     terms = [st.product(float(x), float(y)) for x, y in zip(a, b)]
     if isinstance(model, Sequential):
         s: Value = 0.0

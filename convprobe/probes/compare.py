@@ -11,7 +11,14 @@ bounds (in fp16 ulps, elementwise, S = sum |x||w| in float64):
     fp16 accumulation:  0.5 + gamma_K(2**-11) * S / ulp_fp16(ref)
 
 with gamma_K(u) = K u / (1 - K u) (Higham 2002, §3.1) and K = kh*kw*C_in. Within
-the first bound, the difference is only summation order; beyond it, the
+the first bound, the difference is only summation order. Between the first bound and
+
+    fp32 block FMA, truncating:  0.5 + gamma_{4K+2}(2**-23) * S / ulp_fp16(ref)
+
+lies an fp32 tensor-core accumulator: each block of b products and the running sum
+loses less than one quantum 2**(E-23) per addend while aligning (2**E <= the largest
+addend, for normal inputs) plus one truncation of the sum, so q = ceil(K/b) blocks lose
+at most q (b + 2) 2**-23 S <= (4K + 2) 2**-23 S to first order. Beyond it, the
 accumulator is narrower than fp32.
 """
 
@@ -62,6 +69,8 @@ def run(backend, *, seed: int = 0, **shape) -> dict:
     real_errors, real_ulps = _errors(real, reference)
     fake_errors, _ = _errors(fake, reference)
     fp32_bound = 0.5 + ulp_error(reference + gamma(k, FP32.unit_roundoff) * magnitude, reference, FP16)
+    truncating_bound = 0.5 + ulp_error(reference + gamma(4 * k + 2, FP32.epsilon) * magnitude,
+                                       reference, FP16)
     fp16_bound = 0.5 + ulp_error(reference + gamma(k, FP16.unit_roundoff) * magnitude, reference, FP16)
     return {
         "shapes": {"x": list(x.shape), "w": list(w.shape), "y": list(real.shape)},
@@ -73,8 +82,10 @@ def run(backend, *, seed: int = 0, **shape) -> dict:
         "real": real_errors,
         "fake": fake_errors,
         "fp32_bound_max_ulp": float(np.max(fp32_bound)),
+        "fp32_block_bound_max_ulp": float(np.max(truncating_bound)),
         "fp16_bound_max_ulp": float(np.max(fp16_bound)),
         "real_within_fp32_bound": bool(np.all(real_ulps <= fp32_bound)),
+        "real_within_fp32_block_bound": bool(np.all(real_ulps <= truncating_bound)),
         "real_within_fp16_bound": bool(np.all(real_ulps <= fp16_bound)),
     }
 
@@ -94,6 +105,11 @@ def interpret(observed: dict) -> dict:
         return {"accumulation": "fp32", "arithmetic": "fp32 accumulation, different summation order",
                 "verdict": "differs from fake fp16 only within the fp32-accumulation bound (summation order)",
                 "evidence": numbers}
+    if observed.get("real_within_fp32_block_bound"):
+        return {"accumulation": "fp32",
+                "arithmetic": "fp32 block FMA with truncation (tensor-core-like)",
+                "verdict": "differs beyond round-to-nearest fp32, within the truncating fp32 "
+                           "block-FMA bound", "evidence": numbers}
     if observed["real_within_fp16_bound"]:
         return {"accumulation": "fp16", "arithmetic": "accumulation below fp32 (consistent with fp16)",
                 "verdict": "differs: accumulation below fp32", "evidence": numbers}

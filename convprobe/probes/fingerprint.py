@@ -36,7 +36,11 @@ dot products (`fingerprint_ops.reduce_rows`). What each test decides:
   both gives 0, separate accumulation steps overflow (inf; NaN when two
   partial sums overflow separately: a tree). The smallest d that overflows is the
   block size; for wide accumulators with extra alignment bits the same sweep
-  runs on tiny = 2**(15-(p+1)) between big and -big at distance d.
+  runs on tiny = 2**(15-(p+1)) between big and -big at distance d. Where neither
+  shows a block, the alignment sweep does: 2**10 and -2**10 first, then
+  x = 2**-8 + 2**-18 at distance d. A truncating block adder aligns x to 2**10 and
+  drops its last bit while x shares a block with them, and keeps x whole once it
+  starts a block of its own: the first d that keeps x is the block size.
 - chunk_size - big first, -big last, tiny at distance d: tiny survives once it
   starts a new chunk that is summed separately and promoted to a wider total.
 
@@ -89,6 +93,7 @@ MAX_LEN = 8192
 #: power-of-two size is pinned exactly and any other one to an interval.
 DISTANCES = tuple(range(1, 17)) + tuple(d for k in range(5, 13) for d in (2**k - 1, 2**k))
 C_BITS = (9, 12, 25)  # tiny one bit beyond bf16, fp16, fp32 accumulators
+ALIGNED_X = 2.0**-8 + 2.0**-18  # its last bit lies below the quantum of a block aligned to 2**10
 D_BITS = (9, 12)
 F16MAX = 65504.0
 
@@ -215,6 +220,8 @@ def battery() -> tuple[Group, ...]:
     for j in D_BITS:
         for d in DISTANCES:
             long.add({"test": "chunk", "j": j, "d": d}, {0: big, d: 2.0 ** (15 - j), LONG - 1: -big})
+    for d in DISTANCES[1:]:
+        long.add({"test": "block_alignment", "d": d}, {0: 2.0**10, 1: -(2.0**10), d: ALIGNED_X})
     # two calls per op (one XLA compilation each): rows of <= 128 terms and rows of 16384
     return (_merge("short", [short.build(), special.build()]), _merge("long", [maxg.build(), long.build()]))
 
@@ -467,9 +474,9 @@ def infer(outputs: dict[str, np.ndarray]) -> dict[str, dict[str, str]]:
             elif kept and lost:
                 put("block_size", "irregular", f"{evidence}...: neither a block nor lanes")
             else:
-                put("block_size", "n/a", f"+P/-P never overflowed and a bit beyond the accumulator was {'always' if not lost else 'never'} kept")
+                _alignment_block(get, put, f"+P/-P never overflowed and a bit beyond the accumulator was {'always' if not lost else 'never'} kept")
         else:
-            put("block_size", "n/a", "+P/-P never overflowed (no fp16-range accumulation stage)")
+            _alignment_block(get, put, "+P/-P never overflowed (no fp16-range accumulation stage)")
 
     # chunk size
     j = p + 1
@@ -539,6 +546,22 @@ def fingerprint_backend(backend, op: str = "matmul") -> dict[str, str]:
     return {k: v["value"] for k, v in infer(run_battery(backend, op)).items()}
 
 
+def _alignment_block(get, put, before: str) -> None:
+    """block_size from the alignment sweep (see the module docstring), or n/a."""
+    swept = DISTANCES[1:]
+    kept = [d for d in swept if get(test="block_alignment", d=d) == ALIGNED_X]
+    shown = ", ".join(f"d={d}: {'kept' if d in kept else 'lost'}" for d in swept[:8])
+    if kept and kept[0] > swept[0] and all(d in kept for d in swept if d >= kept[0]):
+        first = kept[0]
+        prev = max(d for d in DISTANCES if d < first)
+        put("block_size", str(first) if prev == first - 1 else f"({prev},{first}]",
+            f"{before}; 2**10 - 2**10 + x: x's last bit is truncated while x shares a block with "
+            f"2**10 and kept from d={first} on ({shown}, ...): blocks of {first} fused products")
+    else:
+        put("block_size", "n/a", f"{before}; 2**10 - 2**10 + x kept x at every d >= 2" if
+            len(kept) == len(swept) else f"{before}; alignment sweep irregular ({shown}, ...)")
+
+
 # -- what a model should give (the self-check's expectation) -----------------------
 
 
@@ -558,16 +581,18 @@ def expected_properties(model) -> dict[str, str]:
     exact = isinstance(model, Exact)
     p = MAX_J + 1 if exact else acc.precision
     blocked = isinstance(model, Blocked)
-    extra = model.extra_bits if blocked and model.b >= 3 else 0
+    # alignment bits beyond the accumulator's own (an fp16-output tensor core aligns at fp32)
+    aligned = model.adder.precision + model.extra_bits if blocked else p
+    extra = max(aligned - p, 0) if blocked and model.b >= 3 else 0
     fp16_range = acc.emax <= 15 and not exact
     product_precision = 22 if model.product == "exact" else model.product.precision
     if blocked:  # the block adder aligns the product to the cancelling term and truncates
-        product_precision = min(product_precision, p + model.extra_bits)
+        product_precision = min(product_precision, aligned)
     if p <= 9:  # the cancelling term -(1 + 2**-i + 2**-i2) needs i2 + 1 bits: it must fit the accumulator
         product_precision = min(product_precision, 2 * p - 1)
     narrow_products = model.product != "exact" and model.product.emax <= 15
     coarse = p < 11  # even P = 65504**2 rounded to the accumulator leaves an error above 65504
-    if blocked and (fp16_range or model.extra_bits > 0):
+    if blocked and (fp16_range or aligned > p or (model.b >= 3 and model.truncate)):
         block = resolved_size(model.b)
     elif (fp16_range or coarse) and not narrow_products:
         block = "tree" if isinstance(model, Pairwise) else "1"
@@ -582,7 +607,7 @@ def expected_properties(model) -> dict[str, str]:
     if fp16_range and narrow_products:
         block = "n/a"  # products overflow on their own; see product_overflow
     rounding = "n/a" if exact else model.rounding
-    if blocked and model.extra_bits < 2 and rounding != "stochastic":
+    if blocked and aligned - p < 2 and rounding != "stochastic":
         rounding = "toward_zero"  # 0.75 and 0.25 ulp are truncated away while aligning, before any rounding
     products = "exact" if product_precision >= 21 else str(product_precision)
     if p != 11 or products != "exact" or rounding == "stochastic":

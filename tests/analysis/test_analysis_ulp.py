@@ -152,7 +152,7 @@ def test_ulp_distance_accepts_storage_dtypes_and_broadcasts():
 def test_ulp_distance_rejects_unrepresentable_bad_dtypes_and_shapes():
     with pytest.raises(InvalidArgument, match=r"a holds 1 value\(s\) not representable in fp16, e.g. 0.1"):
         ulp_distance([0.1, 0.5], 0.5, FP16)
-    with pytest.raises(InvalidArgument, match="fmt must be one of fp8_e4m3, fp8_e5m2, bf16, fp16, fp32, fp64; received 'fp12'"):
+    with pytest.raises(InvalidArgument, match="fmt must be one of fp8_e4m3, fp8_e5m2, bf16, fp16, tf32, fp32, fp64; received 'fp12'"):
         ulp_distance(1.0, 1.0, "fp12")
     with pytest.raises(InvalidArgument, match="b must hold real floating-point numbers; received dtype complex128"):
         ulp_distance(1.0, [1j], FP16)

@@ -45,9 +45,8 @@ SELF_CHECK_MODELS = (
     "blocked:fp16:b=8:rounding=nearest_even",
     "blocked:fp16:b=12",
     "blocked:fp16:b=16:extra=3:rounding=nearest_even",
-    "v100:output=fp16",
-    "a100:output=fp16",
-    "h100:output=fp16",
+    *(f"{gpu}{out}" for gpu in ("v100", "a100", "ada", "h100", "b200") for out in ("", ":out=fp16")),
+    "blocked:fp32:b=12",
     "chunked:fp16:n=32",
     "chunked:fp16:n=48",
     "chunked:fp16:n=128:rounding=toward_zero",
@@ -70,8 +69,12 @@ def test_self_check_recovers_every_model_s_parameters(spec):
     ("sequential:fp32:output=fp16", "24", "nearest_even", "n/a", "n/a"),
     ("blocked:fp16:b=4", "11", "toward_zero", "4", "n/a"),
     ("blocked:fp16:b=16:extra=3:rounding=nearest_even", "11", "nearest_even", "16", "n/a"),
-    ("a100:output=fp16", "24", "toward_zero", "8", "n/a"),
-    ("h100:output=fp16", "24", "toward_zero", "16", "n/a"),
+    ("v100", "24", "toward_zero", "4", "n/a"),
+    ("a100", "24", "toward_zero", "8", "n/a"),
+    ("h100", "24", "toward_zero", "16", "n/a"),
+    ("v100:out=fp16", "11", "nearest_even", "4", "n/a"),
+    ("h100:out=fp16", "11", "nearest_even", "16", "n/a"),
+    ("blocked:fp32:b=12", "24", "toward_zero", "12", "n/a"),
     ("chunked:fp16:n=64", "11", "nearest_even", "1", "64"),
     ("pairwise:fp16", "11", "nearest_even", "tree", "n/a"),
     ("exact:fp64:output=fp16", ">=39", "n/a", "n/a", "n/a"),
@@ -81,9 +84,12 @@ def test_self_check_names_the_parameters_themselves(spec, bits, rounding, block,
     assert (got["accumulator_bits"], got["rounding"], got["block_size"], got["chunk_size"]) == (bits, rounding, block, chunk)
 
 
-def test_extra_alignment_bits_of_a_fused_adder_show_as_adjacent_minus_spread():
-    assert fingerprint_backend(EmulatedBackend("a100:output=fp16"), "matmul")["extra_bits"] == "3"
-    assert fingerprint_backend(EmulatedBackend("v100:output=fp16"), "matmul")["extra_bits"] == "0"
+@pytest.mark.parametrize("spec,extra", [("v100", "0"), ("a100", "1"), ("h100", "2"),
+                                        ("blocked:fp32:b=8:extra=3", "3"),
+                                        ("v100:out=fp16", "13"),  # aligned at fp32: 24 - 11 bits
+                                        ("h100:out=fp16", "15")])
+def test_extra_alignment_bits_of_a_fused_adder_show_as_adjacent_minus_spread(spec, extra):
+    assert fingerprint_backend(EmulatedBackend(spec), "matmul")["extra_bits"] == extra
 
 
 @pytest.mark.parametrize("op", [op for op in OPS if op not in QUADRATIC_OPS])

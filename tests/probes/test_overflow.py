@@ -85,19 +85,36 @@ def test_expect_holds_with_exit_0_and_csv_file_output(tmp_path):
     assert json.loads(row["provenance"])["environment"]["TF_CONV2D_USE_FP16_ACCUMULATE"] == "1"
 
 
-@pytest.mark.parametrize("model,output,accumulation,arithmetic", [
-    ("sequential:fp16", ["inf"] * 3, "fp16", overflow.FP16_FUSED),
-    ("sequential:fp16:product=fp16", ["nan"] * 3, "fp16", overflow.FP16_SEPARATE),
-    ("sequential:fp32", ["0.0"] * 3, "fp32", overflow.WIDE),
-    ("blocked:fp16:b=4", ["0.0"] * 3, "fp32", overflow.WIDE),  # both products fused in one block
+@pytest.mark.parametrize("model,output,accumulation,arithmetic,first_inf", [
+    ("sequential:fp16", ["inf"] * 3, "fp16", overflow.FP16_FUSED, 1),
+    ("sequential:fp16:product=fp16", ["nan"] * 3, "fp16", overflow.FP16_SEPARATE, None),
+    ("sequential:fp32", ["0.0"] * 3, "fp32", overflow.WIDE, None),
+    # both products fused in one block give 0; the spread test overflows from d = b on
+    ("blocked:fp16:b=4", ["0.0"] * 3, "fp16", overflow.blocked_arithmetic(4), 4),
+    ("v100:out=fp16", ["0.0"] * 3, "fp16", overflow.blocked_arithmetic(4), 4),
+    ("h100:out=fp16", ["0.0"] * 3, "fp16", overflow.blocked_arithmetic(16), 16),
+    ("a100", ["0.0"] * 3, "fp32", overflow.WIDE, None),
 ])
-def test_all_three_outcomes_are_reachable_on_the_emulator_from_the_cli(model, output, accumulation, arithmetic):
+def test_all_three_outcomes_are_reachable_on_the_emulator_from_the_cli(model, output, accumulation, arithmetic,
+                                                                        first_inf):
     proc = run_cli("overflow", "--backend", "emulated", "--model", model, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(proc.stdout)["results"]
     assert row["observed"]["output"] == output
     assert (row["accumulation"], row["arithmetic"]) == (accumulation, arithmetic)
     assert row["config"]["label"] == f"emulated/{model}"
+    spread = row["observed"]["spread"]
+    assert len(spread) == len(overflow.SPREADS)
+    assert overflow.block_size(spread) == first_inf
+
+
+@pytest.mark.parametrize("model,expect,code", [
+    ("blocked:fp16:b=4", "fp32", 1), ("blocked:fp16:b=4", "fp16", 0),
+    ("a100", "fp32", 0), ("a100", "fp16", 1), ("v100:out=fp16", "fp16", 0),
+])
+def test_expect_agrees_with_the_block_fma_report(model, expect, code):
+    proc = run_cli("overflow", "--backend", "emulated", "--model", model, "--expect", expect)
+    assert proc.returncode == code, proc.stderr
 
 
 def test_a_bad_model_spec_is_one_line_and_exit_2():

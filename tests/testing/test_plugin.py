@@ -249,13 +249,21 @@ def test_accumulates_in_passes_for_the_model_it_was_given():
     assert_accumulates_in("sequential:fp16", "fp16", compare_params={"batch": 2})
 
 
+@pytest.mark.parametrize("spec,accumulation", [("blocked:fp16:b=4", "fp16"), ("v100:out=fp16", "fp16"),
+                                               ("a100", "fp32"), ("h100", "fp32")])
+def test_accumulates_in_agrees_with_the_probes_on_block_fma_models(spec, accumulation):
+    """The overflow probe's spread test names an fp16 block accumulator (inf once the products are
+    a block apart); a truncating fp32 block FMA stays within the fp32 block bound of compare."""
+    assert_accumulates_in(spec, accumulation, compare_params={"batch": 2})
+
+
 def test_accumulates_in_says_when_the_probes_disagree():
-    """A blocked fp16 accumulator fuses the two 65519 products in one block (overflow sees 0, as
-    wide accumulation would) while the compare probe sees fp16 errors: neither claim holds."""
+    """A block of 128 fp16 products is longer than the spread test's 64 positions (overflow sees 0
+    at every distance, as wide accumulation would) while compare sees fp16 errors."""
     with pytest.raises(AssertionError) as info:
-        assert_accumulates_in("blocked:fp16:b=4", "fp16", compare_params={"batch": 2})
+        assert_accumulates_in("blocked:fp16:b=128", "fp16", compare_params={"batch": 2})
     message = str(info.value)
     assert message.startswith(
-        "emulated/blocked:fp16:b=4 does not accumulate in fp16: the probes disagree (overflow says fp32, compare says fp16)."
+        "emulated/blocked:fp16:b=128 does not accumulate in fp16: the probes disagree (overflow says fp32, compare says fp16)."
     )
     assert "compare probe (real vs fake fp16): fp16 - differs: accumulation below fp32" in message
