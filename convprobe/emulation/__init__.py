@@ -4,11 +4,14 @@ The accumulation is a parameter: an `AccumulationModel` says in which formats,
 order and rounding a sum of products is formed; `dot` and the convolutions run
 any model bit-exactly, and `oracle` is the slow exact-rational reference they
 are tested against. Modules: `rounding` (one rounding definition), `models`
-(the models and `parse_model`), `reduction` (`dot`), `conv` (im2col
-convolutions and gradients), `_kernels` (compiled arithmetic), `oracle`.
+(the models and `parse_model`), `composites` (split-K and lanes around any
+model), `gpus` (tensor-core presets), `reduction` (`dot`), `conv` (im2col
+convolutions and gradients), `_kernels` (compiled arithmetic), `_block_fma`
+(the block-FMA adder, vectorised), `oracle`.
 """
 
-from convprobe.emulation import oracle
+from convprobe.emulation import gpus, oracle
+from convprobe.emulation.composites import Lanes, SplitK
 from convprobe.emulation.conv import conv2d, conv2d_backprop_filter, conv2d_backprop_input
 from convprobe.emulation.models import (
     AccumulationModel,
@@ -29,6 +32,8 @@ __all__ = [
     "Blocked",
     "Chunked",
     "Exact",
+    "SplitK",
+    "Lanes",
     "parse_model",
     "round_to_format",
     "dot",
@@ -36,4 +41,5 @@ __all__ = [
     "conv2d_backprop_input",
     "conv2d_backprop_filter",
     "oracle",
+    "gpus",
 ]

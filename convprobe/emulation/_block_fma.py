@@ -100,8 +100,10 @@ def _exact_sums(s: np.ndarray, prods: np.ndarray) -> np.ndarray:
     """s + sum(prods) rounded to odd at 53 bits (exact rationals; the `truncate=False`
     model, which no published GPU needs)."""
     flat_s, flat_p = s.reshape(-1), prods.reshape(-1, prods.shape[-1])
-    out = np.empty(flat_s.shape)
+    out = np.zeros(flat_s.shape)
     for i in range(flat_s.size):
+        if not (np.isfinite(flat_s[i]) and np.isfinite(flat_p[i]).all()):
+            continue  # an inf or NaN row: `_block` takes the IEEE sum instead
         total = Fraction(float(flat_s[i])) + sum(Fraction(float(v)) for v in flat_p[i])
         out[i] = _to_odd(total)
     return out.reshape(s.shape)
@@ -146,6 +148,7 @@ def _reduce(a, b, c, model, ea, eb):
                 exps = np.where((ea[..., j0:j1] == _NONE) | (eb[..., j0:j1] == _NONE), _NONE, exps)
             else:
                 exps = _floor_log2(prods)
+            exps = np.where(prods == 0, _NONE, exps)  # a zero product takes no part in alignment
             s = _block(s, prods, np.broadcast_to(exps, prods.shape), model, fmt)
         if separate:
             s = _round(_add_odd(s, c_in), acc, model, Rounding.NEAREST_EVEN)

@@ -258,7 +258,8 @@ class Blocked(AccumulationModel):
        significand product lies in [0, 4)); s counts with its own exponent;
     2. truncated toward zero to a multiple of 2**(E - (p_adder - 1) - extra_bits), p_adder
        the precision of the `adder` format (default: the accumulator), unless `truncate` is
-       false (then nothing is lost while aligning);
+       false (then nothing is lost while aligning); zero products take no part, and a
+       block of zero products leaves s as it is;
     3. summed exactly, and the sum rounded (`rounding`) to `accumulator`, narrowed to
        p_adder + extra_bits bits when extra_bits < 0 (e.g. fp8 on Ada and H100: 13
        fraction bits). That value is the next block's s.
@@ -464,20 +465,40 @@ _BOOL_KEYS = {"truncate"}
 def parse_model(spec: str) -> AccumulationModel:
     """Build a model from a spec string.
 
-    Grammar: ``KIND[:ACCUMULATOR][:KEY=VALUE]...`` where KIND is one of
-    sequential, pairwise, blocked, chunked, exact, or a tensor-core preset
-    (v100, a100, h100 = blocked fp32 with their b and extra bits); ACCUMULATOR is
-    a format name (fp16, bf16, fp32, fp64, fp8_e4m3, fp8_e5m2, aliases, or
-    ``p<precision>_emax<emax>``). Keys: product, addition (format or exact),
-    output, total (formats), rounding (nearest_even|toward_zero|stochastic, or
-    rn|rz|sr), subnormals (keep|flush), overflow (inf|saturate), seed, order
-    (permutation of hwc), b, extra (extra_bits), n (chunk).
-    Examples: ``sequential:fp16``, ``sequential:fp16:addition=fp32``,
-    ``blocked:fp16:b=4``, ``chunked:fp16:n=64``, ``exact:fp64``, ``a100``.
+    Grammar, three forms:
+
+    * ``KIND[:ACCUMULATOR][:KEY=VALUE]...``, KIND one of sequential, pairwise, blocked,
+      chunked, exact; ACCUMULATOR a format name (fp16, bf16, tf32, fp32, fp64, fp8_e4m3,
+      fp8_e5m2, aliases, or ``p<precision>_emax<emax>``). Keys: product, addition (format
+      or exact), output, total (formats), rounding (nearest_even|toward_zero|stochastic,
+      or rn|rz|sr), subnormals (keep|flush), overflow (inf|saturate), seed, order
+      (permutation of hwc), n (chunk, any length); blocked also takes b, extra (extra
+      bits, negative to narrow), in (input format), adder (format), alignment
+      (input_exponents|values), truncate (true|false), step, layout
+      (contiguous|pair_interleaved), c_addition (fused|separate).
+    * ``GPU[:in=FORMAT][:out=FORMAT][:KEY=VALUE]...``: a tensor-core preset (v100, a100,
+      a2, a30, ada, l40s, h100, h200, b200; `convprobe.emulation.gpus`), input fp16 (the
+      default), bf16, tf32, fp8_e4m3 or fp8_e5m2, output fp32 (the default) or fp16;
+      further keys override the preset's blocked parameters.
+    * ``splitk(PARTS | length=N, INNER, combine=FORMAT[, output=FORMAT])`` and
+      ``lanes(WIDTH, INNER, combine=MODEL)``: composites around any inner spec
+      (`convprobe.emulation.composites`); identify's ``lanes:FMT:w=W[:then=ORDER]`` is
+      shorthand for a lanes model.
+
+    Examples: ``sequential:fp16``, ``sequential:fp16:addition=fp32``, ``blocked:fp16:b=4``,
+    ``chunked:fp16:n=1000``, ``exact:fp64``, ``a100``, ``h100:in=fp8_e4m3:out=fp16``,
+    ``splitk(4, a100, combine=fp16)``, ``lanes(8, sequential:fp32, combine=pairwise:fp32)``.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidArgument(f"model spec must be a non-empty string like 'sequential:fp16'; "
                               f"received {spec!r}")
+    from convprobe.emulation import composites
+
+    head = spec.strip().split(":")[0]
+    if "(" in head:
+        return composites.parse_composite(spec.strip(), parse_model)
+    if head.strip().lower() == "lanes":
+        return composites.lanes_shorthand(spec, parse_model)
     parts = [p.strip() for p in spec.strip().split(":")]
     kind = parts[0].lower()
     kwargs: dict[str, Any] = {}

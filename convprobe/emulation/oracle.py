@@ -16,6 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from convprobe.emulation.composites import Lanes, SplitK
 from convprobe.emulation.conv import conv_output_shape, pair, resolve_padding
 from convprobe.emulation.models import (
     AccumulationModel,
@@ -245,8 +246,22 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
     """One modelled reduction of c + sum a[k] * b[k] (k in list order); `index` keys the SR
     stream; `c` (block-FMA models only) is the accumulator input."""
     st = _Stepper(model, index)
+    if isinstance(model, SplitK):
+        k = len(a)
+        size = model.length if model.length is not None else max(1, math.ceil(k / model.parts))
+        total: Value = 0.0
+        for j0 in range(0, k, size):
+            part = reduce(a[j0:j0 + size], b[j0:j0 + size], model.inner)
+            total = st.rnd(_add(total, part), model.accumulator, "nearest_even")
+        return st.rnd(total, model.output, "nearest_even")
+    if isinstance(model, Lanes):
+        sums = [reduce(a[lane::model.width], b[lane::model.width], model.inner)
+                for lane in range(model.width)]
+        return st.rnd(reduce(sums, [1.0] * model.width, model.combine), model.output,
+                      "nearest_even")
     if isinstance(model, Blocked):
-        s = _blocked([float(v) for v in a], [float(v) for v in b], float(c or 0.0), model, st)
+        s = _blocked([float(v) for v in a], [float(v) for v in b], 0.0 if c is None else float(c),
+                     model, st)
         return st.rnd(s, model.output, "nearest_even")
     terms = [st.product(float(x), float(y)) for x, y in zip(a, b)]
     if isinstance(model, Sequential):

@@ -90,7 +90,10 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
     bb = np.ascontiguousarray(np.broadcast_to(b64, (*lead, k))).reshape(-1, k)
     cc = None
     if c is not None:
-        c64, _ = as_float64(c, "c")
+        c64 = np.asarray(c)
+        if c64.dtype.kind not in "fiu" and c64.dtype.name not in _NARROW:
+            raise InvalidArgument(f"c must be a numeric array; received dtype {c64.dtype}")
+        c64 = c64.astype(np.float64)
         try:
             cc = np.ascontiguousarray(np.broadcast_to(c64, lead)).reshape(-1)
         except ValueError:

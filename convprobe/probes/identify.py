@@ -13,8 +13,7 @@ Besides the emulator's own models (`convprobe.emulation.parse_model` specs),
 the family includes *lane* models, ``lanes:FMT:w=W:then=ORDER``: the K terms
 are dealt round-robin to W accumulators (k mod W), each summed sequentially
 in FMT, and the W lane sums are then combined sequentially or pairwise - what
-a SIMD reduction over the contracted axis does. They are built from two
-emulator `dot` calls, so they are as exact as the emulator.
+a SIMD reduction over the contracted axis does (`convprobe.emulation.Lanes`).
 """
 
 from __future__ import annotations
@@ -75,9 +74,6 @@ class Candidate:
 
     name: str
     model: object = None
-    lanes: int = 0
-    lane_model: object = None
-    combine_model: object = None
 
     def compute(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Row m of `a` against filter b[m % len(b)] (b may be one filter (k,) or several (c, k))."""
@@ -85,49 +81,15 @@ class Candidate:
 
         b = np.atleast_2d(b)
         b = b[np.arange(a.shape[0]) % b.shape[0]]
-        if not self.lanes:
-            return np.asarray(dot(a, b, self.model)).astype(np.float16)
-        m, k = a.shape
-        w = self.lanes
-        if k % w:
-            raise InvalidArgument(f"lane model {self.name} needs K divisible by {w}; received K={k}")
-        # lane l holds terms l, l + w, l + 2w, ...: (m, w, k / w)
-        lane_a = np.ascontiguousarray(a.reshape(m, k // w, w).transpose(0, 2, 1))
-        lane_b = np.ascontiguousarray(b.reshape(m, k // w, w).transpose(0, 2, 1))
-        sums = np.asarray(dot(lane_a, lane_b, self.lane_model))
-        # the lane sums are exact in the lane format: combine them with products by 1
-        return np.asarray(dot(sums, np.ones((1, w), dtype=sums.dtype), self.combine_model)).astype(np.float16)
+        return np.asarray(dot(a, b, self.model)).astype(np.float16)
 
 
 def parse_candidate(spec: str) -> Candidate:
-    """A candidate from a model spec, or a lane spec 'lanes:FMT:w=W[:then=ORDER][:product=FMT]'."""
+    """A candidate from any `convprobe.emulation.parse_model` spec (lane models included)."""
     from convprobe.emulation import parse_model
 
     text = spec.strip()
-    if not text.lower().startswith("lanes"):
-        return Candidate(text, model=parse_model(text))
-    parts = text.split(":")
-    if len(parts) < 3:
-        raise InvalidArgument(f"lane model must look like 'lanes:fp16:w=16:then=pairwise'; received {spec!r}")
-    fmt = parts[1]
-    options = dict(p.partition("=")[::2] for p in parts[2:])
-    unknown = sorted(set(options) - {"w", "then", "product"})
-    if unknown:
-        raise InvalidArgument(f"lane model parameters must be among w, then, product; received {unknown[0]!r} in {spec!r}")
-    try:
-        width = int(options.get("w", ""))
-    except ValueError:
-        raise InvalidArgument(f"lane model w must be a positive integer; received {spec!r}") from None
-    if width < 1:
-        raise InvalidArgument(f"lane model w must be a positive integer; received {spec!r}")
-    then = options.get("then", "sequential")
-    if then not in ("sequential", "pairwise"):
-        raise InvalidArgument(f"lane model then must be one of sequential, pairwise; received {then!r}")
-    product = options.get("product", "exact")
-    out = "" if fmt in ("fp16", "float16", "half") else ":output=fp16"
-    lane_model = parse_model(f"sequential:{fmt}:product={product}")
-    combine = parse_model(f"{then}:{fmt}{out}")
-    return Candidate(text, lanes=width, lane_model=lane_model, combine_model=combine)
+    return Candidate(text, model=parse_model(text))
 
 
 def candidates(specs=None) -> list[Candidate]:

@@ -68,15 +68,17 @@ def test_lane_candidates_deal_terms_round_robin():
     lanes = np.stack([dot(a[:, i::4], b[:, i::4], parse_model("sequential:fp16")) for i in range(4)], axis=1)
     expected = dot(lanes, np.ones((1, 4), dtype=np.float16), parse_model("pairwise:fp16"))
     assert np.array_equal(cand.compute(a, b).view(np.uint16), expected.astype(np.float16).view(np.uint16))
-    with pytest.raises(InvalidArgument, match="needs K divisible by 4; received K=6"):
-        cand.compute(np.ones((1, 6), np.float16), np.ones(6, np.float16))
+    # K need not be a multiple of the width: lanes 0 and 1 get two terms, lanes 2 and 3 one
+    ones = np.ones((1, 6), np.float16)
+    assert float(cand.compute(ones, np.ones(6, np.float16))[0]) == 6.0
 
 
 @pytest.mark.parametrize("spec,message", [
     ("lanes:fp16", "lane model must look like"),
     ("lanes:fp16:w=x", "lane model w must be a positive integer"),
     ("lanes:fp16:w=4:then=tree", "then must be one of sequential, pairwise; received 'tree'"),
-    ("lanes:fp16:w=4:size=3", "parameters must be among w, then, product; received 'size'"),
+    ("lanes:fp16:w=4:size=3", "lane model parameter must be one of w, then, product; received 'size'"),
+    ("lanes:fp16:w=0", "width must be an integer >= 1; received 0"),
     ("sequentail:fp16", "model must be one of"),
 ])
 def test_bad_candidates_are_invalid_arguments(spec, message):

@@ -1,0 +1,310 @@
+"""Composite models: real GEMM and convolution kernels built from inner models.
+
+* `SplitK` - K cut into `parts` contiguous ranges (``ceil(K / parts)`` terms each, the
+  last shorter), or into ranges of `length` terms; each range is reduced by `inner`
+  from +0 (its result in the inner model's output format), and the partial results
+  are summed in order into a running total in `combine` (nearest even, from +0), as
+  split-K GEMMs and chunked CPU kernels combine their slices.
+* `Lanes` - the terms dealt round-robin to `width` accumulators (term k to lane
+  k mod width), each lane reduced by `inner`, and the lane results then reduced, in
+  lane order, by the model `combine` (as products with 1): what a SIMD reduction over
+  the contracted axis does.
+
+Inner models may be any model, tensor-core presets and other composites included, but
+not stochastically rounded ones (their random streams are keyed per output of one
+reduction). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
+``splitk(length=1024, sequential:fp16, combine=fp32)``,
+``lanes(8, sequential:fp32, combine=pairwise:fp32)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from convprobe.emulation.models import AccumulationModel
+from convprobe.emulation.rounding import resolve_format, round_to_format
+from convprobe.errors import InvalidArgument
+from convprobe.formats import FP32, Format
+from convprobe.options import Rounding
+
+__all__ = ["SplitK", "Lanes", "COMPOSITE_KINDS", "ranges", "add_rounded"]
+
+
+def add_rounded(x: np.ndarray, y: np.ndarray, fmt: Format, model: AccumulationModel) -> np.ndarray:
+    """x + y (exact, then rounded to odd in float64), rounded to nearest in `fmt`."""
+    from convprobe.emulation._block_fma import _add_odd
+
+    total = x + y if fmt.precision > 51 else _add_odd(x, y)
+    return round_to_format(total, fmt, Rounding.NEAREST_EVEN, subnormals=model.subnormals,
+                           overflow=model.overflow)
+
+
+def _check_inner(model: AccumulationModel, argument: str) -> None:
+    if not isinstance(model, AccumulationModel):
+        raise InvalidArgument(f"{argument} must be a model; received {model!r}")
+    if model.rounding == Rounding.STOCHASTIC:
+        raise InvalidArgument(f"{argument} of a composite cannot round stochastically; received "
+                              f"{model.to_spec()}")
+
+
+@dataclass(frozen=True)
+class _Composite(AccumulationModel):
+    """Common frame: `accumulator` is the combining format, `output` the result's."""
+
+    inner: AccumulationModel | None = field(default=None, kw_only=True)
+
+    def _validate(self) -> None:
+        if self.inner is None:
+            raise InvalidArgument(f"{self.kind} needs an inner model")
+        _check_inner(self.inner, "inner")
+        if self.product != "exact" or self.addition != "exact":
+            raise InvalidArgument(f"{self.kind}: set product and addition on the inner model")
+        if self.rounding != Rounding.NEAREST_EVEN:
+            raise InvalidArgument(f"{self.kind} combines with nearest-even rounding; set rounding "
+                                  f"on the inner model")
+
+    def _summed_formats(self) -> list[tuple[Format, str]]:
+        return [(self.accumulator, "combine")]
+
+    def _describe_kind(self) -> str:
+        raise NotImplementedError
+
+    def _finish(self, out: np.ndarray) -> np.ndarray:
+        if self.output == self.accumulator:
+            return out
+        return round_to_format(out, self.output, Rounding.NEAREST_EVEN, subnormals=self.subnormals,
+                               overflow=self.overflow)
+
+
+def ranges(k: int, parts: int | None, length: int | None) -> list[tuple[int, int]]:
+    """The contiguous K ranges of a split: `parts` of ceil(k/parts), or runs of `length`."""
+    step = length if length is not None else max(1, -(-k // parts))
+    return [(j, min(j + step, k)) for j in range(0, max(k, 1), step)] if k else [(0, 0)]
+
+
+@dataclass(frozen=True)
+class SplitK(_Composite):
+    """Contiguous K ranges reduced by `inner`, partial results summed in `combine`."""
+
+    accumulator: Format | str = FP32
+    parts: int | None = field(default=None, kw_only=True)
+    length: int | None = field(default=None, kw_only=True)
+
+    kind: ClassVar[str] = "splitk"
+
+    def _validate(self) -> None:
+        super()._validate()
+        if (self.parts is None) == (self.length is None):
+            raise InvalidArgument("splitk needs exactly one of parts (ranges) or length (terms "
+                                  f"per range); received parts={self.parts!r}, length={self.length!r}")
+        for name in ("parts", "length"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                      or value < 1):
+                raise InvalidArgument(f"{name} must be an integer >= 1; received {value!r}")
+
+    def to_spec(self) -> str:
+        size = str(self.parts) if self.parts is not None else f"length={self.length}"
+        extra = "" if self.output == self.accumulator else f", output={self.output.name}"
+        return f"splitk({size}, {self.inner.to_spec()}, combine={self.accumulator.name}{extra})"
+
+    @property
+    def name(self) -> str:
+        return self.to_spec()
+
+    def _describe_kind(self) -> str:
+        size = (f"{self.parts} contiguous K ranges" if self.parts is not None
+                else f"K ranges of {self.length} terms")
+        return (f"split-K: {size}, each reduced as [{self.inner.describe()}], the partial "
+                f"results summed in {self.accumulator}")
+
+    def reduce_rows(self, a, b, c):
+        if c is not None:
+            raise InvalidArgument("c (an accumulator input) is not defined for splitk models")
+        total = np.zeros(a.shape[0])
+        for j0, j1 in ranges(a.shape[1], self.parts, self.length):
+            part = self.inner.reduce_rows(np.ascontiguousarray(a[:, j0:j1]),
+                                          np.ascontiguousarray(b[:, j0:j1]), None)
+            total = add_rounded(total, np.asarray(part, np.float64), self.accumulator, self)
+        return self._finish(total)
+
+    def gemm_into(self, a, w, out, col0, inputs_fp16):
+        m, n = a.shape[0], w.shape[1]
+        total = np.zeros((m, n))
+        part = np.empty((m, n), dtype=np.float64)
+        for j0, j1 in ranges(a.shape[1], self.parts, self.length):
+            self.inner.gemm_into(np.ascontiguousarray(a[:, j0:j1], np.float64),
+                                 np.ascontiguousarray(w[j0:j1], np.float64), part, 0, inputs_fp16)
+            total = add_rounded(total, part, self.accumulator, self)
+        out[:, col0:col0 + n] = self._finish(total)
+
+
+@dataclass(frozen=True)
+class Lanes(_Composite):
+    """Terms k mod `width` reduced by `inner` per lane; the lanes reduced by `combine`."""
+
+    width: int = 4
+    combine: AccumulationModel | None = field(default=None, kw_only=True)
+
+    kind: ClassVar[str] = "lanes"
+
+    def __post_init__(self) -> None:
+        if self.combine is None:
+            raise InvalidArgument("lanes needs a combine model (how the lane sums are reduced)")
+        _check_inner(self.combine, "combine")
+        object.__setattr__(self, "accumulator", self.combine.accumulator)
+        if self.output is None:
+            object.__setattr__(self, "output", self.combine.output)
+        super().__post_init__()
+
+    def _validate(self) -> None:
+        super()._validate()
+        if isinstance(self.width, bool) or not isinstance(self.width, (int, np.integer)) or self.width < 1:
+            raise InvalidArgument(f"width must be an integer >= 1; received {self.width!r}")
+
+    def to_spec(self) -> str:
+        return f"lanes({self.width}, {self.inner.to_spec()}, combine={self.combine.to_spec()})"
+
+    @property
+    def name(self) -> str:
+        return self.to_spec()
+
+    def _describe_kind(self) -> str:
+        return (f"{self.width} interleaved lanes (term k to lane k mod {self.width}), each "
+                f"reduced as [{self.inner.describe()}], then the lanes as "
+                f"[{self.combine.describe()}]")
+
+    def _lane_columns(self, k: int) -> list[np.ndarray]:
+        return [np.arange(lane, k, self.width) for lane in range(self.width)]
+
+    def _combined(self, sums: list[np.ndarray]) -> np.ndarray:
+        stack = np.stack([np.asarray(s, np.float64).reshape(-1) for s in sums], axis=1)
+        out = self.combine.reduce_rows(stack, np.ones_like(stack), None)
+        return np.asarray(out, np.float64)
+
+    def reduce_rows(self, a, b, c):
+        if c is not None:
+            raise InvalidArgument("c (an accumulator input) is not defined for lanes models")
+        sums = [self.inner.reduce_rows(np.ascontiguousarray(a[:, cols]),
+                                       np.ascontiguousarray(b[:, cols]), None)
+                for cols in self._lane_columns(a.shape[1])]
+        return self._finish(self._combined(sums))
+
+    def gemm_into(self, a, w, out, col0, inputs_fp16):
+        m, n = a.shape[0], w.shape[1]
+        sums = []
+        for cols in self._lane_columns(a.shape[1]):
+            part = np.empty((m, n), dtype=np.float64)
+            self.inner.gemm_into(np.ascontiguousarray(a[:, cols], np.float64),
+                                 np.ascontiguousarray(w[cols], np.float64), part, 0, inputs_fp16)
+            sums.append(part)
+        out[:, col0:col0 + n] = self._finish(self._combined(sums)).reshape(m, n)
+
+
+COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes}
+
+
+def _split_arguments(text: str) -> list[str]:
+    """Top-level comma-separated arguments of a call (nested parentheses kept whole)."""
+    depth, start, out = 0, 0, []
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise InvalidArgument(f"unbalanced parentheses in model spec {text!r}")
+        elif ch == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    if depth:
+        raise InvalidArgument(f"unbalanced parentheses in model spec {text!r}")
+    out.append(text[start:].strip())
+    return [a for a in out if a]
+
+
+def parse_composite(spec: str, parse_model) -> AccumulationModel:
+    """``KIND(POSITIONAL, ..., KEY=VALUE, ...)`` for KIND in splitk, lanes."""
+    from convprobe.errors import invalid_choice
+
+    head, _, rest = spec.partition("(")
+    kind = head.strip().lower()
+    if kind not in COMPOSITE_KINDS:
+        raise invalid_choice("composite model", head.strip(), list(COMPOSITE_KINDS))
+    if not rest.rstrip().endswith(")"):
+        raise InvalidArgument(f"{kind} spec must end with ')'; received {spec!r}")
+    args = _split_arguments(rest.rstrip()[:-1])
+    positional, keywords = [], {}
+    for a in args:
+        key, sep, value = a.partition("=")
+        if sep and not any(ch in key for ch in ":("):  # KEY=VALUE, not an inner spec's own keys
+            keywords[key.strip().lower()] = value.strip()
+        else:
+            positional.append(a)
+    usage = {"splitk": "splitk(PARTS | length=N, INNER, combine=FORMAT[, output=FORMAT])",
+             "lanes": "lanes(WIDTH, INNER, combine=MODEL)"}[kind]
+    allowed = {"splitk": {"length", "combine", "output", "inner", "parts"},
+               "lanes": {"combine", "output", "inner", "width"}}[kind]
+    unknown = sorted(set(keywords) - allowed)
+    if unknown:
+        raise invalid_choice(f"{kind} parameter", unknown[0], sorted(allowed))
+
+    def integer(name: str, text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise InvalidArgument(f"{name} must be an integer; received {text!r}") from None
+
+    values: dict[str, Any] = {}
+    size_name = "parts" if kind == "splitk" else "width"
+    if positional and positional[0].strip().lstrip("-").isdigit():
+        values[size_name] = integer(size_name, positional.pop(0))
+    if positional:
+        values["inner"] = positional.pop(0)
+    if positional:
+        raise InvalidArgument(f"{kind} takes {usage}; received {spec!r}")
+    for key in ("parts", "width", "length"):
+        if key in keywords:
+            values[key] = integer(key, keywords.pop(key))
+    values.update(keywords)
+    if "inner" not in values:
+        raise InvalidArgument(f"{kind} needs an inner model: {usage}; received {spec!r}")
+    inner = parse_model(values.pop("inner"))
+    if kind == "splitk":
+        combine = resolve_format(values.pop("combine", "fp32"), "combine")
+        return SplitK(combine, inner=inner, output=values.pop("output", None), **values)
+    if "combine" not in values:
+        raise InvalidArgument(f"lanes needs combine=MODEL: {usage}; received {spec!r}")
+    combine = parse_model(values.pop("combine"))
+    return Lanes(width=values.pop("width", 4), inner=inner, combine=combine,
+                 output=values.pop("output", None))
+
+
+def lanes_shorthand(spec: str, parse_model) -> Lanes:
+    """identify's lane family: ``lanes:FMT:w=W[:then=sequential|pairwise][:product=FMT]`` =
+    ``lanes(W, sequential:FMT:product=P, combine=THEN:FMT[:output=fp16])``."""
+    from convprobe.errors import invalid_choice
+
+    parts = spec.strip().split(":")
+    if len(parts) < 3:
+        raise InvalidArgument(f"lane model must look like 'lanes:fp16:w=16:then=pairwise'; "
+                              f"received {spec!r}")
+    fmt = parts[1]
+    options = dict(p.partition("=")[::2] for p in parts[2:])
+    unknown = sorted(set(options) - {"w", "then", "product"})
+    if unknown:
+        raise invalid_choice("lane model parameter", unknown[0], ("w", "then", "product"))
+    try:
+        width = int(options.get("w", ""))
+    except ValueError:
+        raise InvalidArgument(f"lane model w must be a positive integer; received {spec!r}") from None
+    then = options.get("then", "sequential")
+    if then not in ("sequential", "pairwise"):
+        raise invalid_choice("lane model then", then, ("sequential", "pairwise"))
+    product = options.get("product", "exact")
+    out = "" if resolve_format(fmt, "lane format").name == "fp16" else ":output=fp16"
+    return Lanes(width=width, inner=parse_model(f"sequential:{fmt}:product={product}"),
+                 combine=parse_model(f"{then}:{fmt}{out}"))

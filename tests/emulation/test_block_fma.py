@@ -1,0 +1,244 @@
+"""The block-FMA (tensor-core) model: NumPy kernel == exact-rational oracle, and hand-made
+cases every preset must get right.
+
+The random half draws models over every parameter (block size, extra bits from -12 to 3,
+fp16/fp32 accumulators and adders, rounding, input formats, instruction layout, where c
+is added, alignment rule, truncation) and vectors uniformly over each input format's
+encodings, so exponent spreads, subnormals and cancellations are common; c is drawn over
+fp32's encodings. 10,000 cases in all with the composites (test_composites.py).
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from convprobe import emulation as em
+from convprobe.emulation import oracle
+from convprobe.emulation.gpus import INPUTS, OUTPUTS, tensor_core_parameters
+from convprobe.emulation.rounding import round_to_format
+from convprobe.errors import InvalidArgument
+from convprobe.formats import FP16, FP32, TF32, parse_format
+from convprobe.options import Alignment, CAddition, KLayout
+from convprobe.testing.strategies import representable_arrays
+
+from .conftest import assert_same_bits
+
+def budget(quick: int, thorough: int):
+    """Two runs of one property: `quick` cases in the default suite, `thorough` under -m slow
+    (6,000 + 2,000 here and 2,000 in test_composites.py: the 10,000 of the tensor-core work)."""
+    return pytest.mark.parametrize("cases_budget", [
+        pytest.param(quick, id="quick"), pytest.param(thorough, id="thorough", marks=pytest.mark.slow)])
+
+
+def run_cases(count: int, body) -> None:
+    """Run the property `body(data)` on `count` derandomized hypothesis cases."""
+    settings(max_examples=count, deadline=None, derandomize=True,
+             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
+        given(data=st.data())(body))()
+
+
+def _values(fmt, shape, specials=False):
+    """Arrays of `fmt` numbers as float64, uniform over its encodings (tf32 via fp32)."""
+    if fmt == TF32:
+        return representable_arrays("fp32", shape, allow_nan=specials, allow_infinity=specials).map(
+            lambda x: round_to_format(x.astype(np.float64), TF32))
+    return representable_arrays(fmt, shape, allow_nan=specials,
+                                allow_infinity=specials).map(lambda x: x.astype(np.float64))
+
+
+@st.composite
+def blocked_models(draw):
+    acc = draw(st.sampled_from([FP32, FP16]))
+    adder = draw(st.sampled_from([FP32, acc]))
+    b = draw(st.integers(1, 16))
+    step = b * draw(st.integers(1, 3))
+    layout = draw(st.sampled_from(list(KLayout))) if step % 4 == 0 else KLayout.CONTIGUOUS
+    return em.Blocked(
+        acc, b=b, extra_bits=draw(st.integers(max(-12, 2 - adder.precision), 3)), adder=adder,
+        input=draw(st.sampled_from([parse_format(f) for f in INPUTS])),
+        rounding=draw(st.sampled_from(["toward_zero", "nearest_even"])),
+        output=draw(st.sampled_from([acc, FP16, FP32])),
+        alignment=draw(st.sampled_from(list(Alignment))),
+        truncate=draw(st.booleans()) if draw(st.integers(0, 9)) == 0 else True,
+        step=step, layout=layout, c_addition=draw(st.sampled_from(list(CAddition))),
+        subnormals=draw(st.sampled_from(["keep", "flush"])),
+        overflow=draw(st.sampled_from(["inf", "saturate"])),
+        product=draw(st.sampled_from(["exact", "exact", "exact", "fp32"])),
+    )
+
+
+@st.composite
+def cases(draw, model):
+    k = draw(st.integers(1, 40))
+    rows = draw(st.integers(1, 3))
+    specials = draw(st.integers(0, 9)) == 0
+    a = draw(_values(model.input, (rows, k), specials))
+    b = draw(_values(model.input, (rows, k), specials))
+    c = draw(st.one_of(st.just(np.zeros(rows)), _values(parse_format("fp32"), (rows,), specials)))
+    return a, b, c
+
+
+@budget(500, 6000)
+def test_block_fma_matches_the_oracle_over_every_parameter(cases_budget):
+    def body(data):
+        model = data.draw(blocked_models())
+        a, b, c = data.draw(cases(model))
+        with np.errstate(all="ignore"):
+            assert_same_bits(em.dot(a, b, model, c=c), oracle.dot(a, b, model, c=c))
+
+    run_cases(cases_budget, body)
+
+
+def _presets():
+    out = []
+    for gpu in ("v100", "a100", "ada", "h100", "b200"):
+        for fin in INPUTS:
+            for fout in OUTPUTS:
+                try:
+                    tensor_core_parameters(gpu, fin, fout)
+                except InvalidArgument:
+                    continue
+                out.append(f"{gpu}:in={fin}:out={fout}")
+    return out
+
+
+PRESETS = _presets()
+
+
+def test_every_family_has_its_published_formats():
+    assert len(PRESETS) == 30  # the 30 sets of the validation data: one preset each
+    assert "v100:in=fp16:out=fp16" in PRESETS and "b200:in=fp8_e5m2:out=fp32" in PRESETS
+
+
+@budget(300, 2000)
+def test_every_preset_matches_the_oracle_on_wide_ranging_vectors(cases_budget):
+    def body(data):
+        model = em.parse_model(data.draw(st.sampled_from(PRESETS)))
+        a, b, c = data.draw(cases(model))
+        with np.errstate(all="ignore"):
+            assert_same_bits(em.dot(a, b, model, c=c), oracle.dot(a, b, model, c=c))
+
+    run_cases(cases_budget, body)
+
+
+# -- hand-made cases: what the data's random vectors do not reach ----------------------
+
+def _dot(spec, a, b, c=0.0):
+    model = em.parse_model(spec)
+    a, b = np.array([a], np.float64), np.array([b], np.float64)
+    c = np.array([c], np.float64)
+    with np.errstate(all="ignore"):
+        got = em.dot(a, b, model, c=c)
+        want = oracle.dot(a, b, model, c=c)
+    assert_same_bits(got, want)
+    return float(got[0])
+
+
+def _pad(values, k):
+    return list(values) + [0.0] * (k - len(values))
+
+
+def test_the_issue_s_single_block_examples():
+    """Alignment to e_a + e_b: 384 * 384 has exponent 16 + 1 carry bits above e_a + e_b = 16."""
+    assert _dot("v100", [384, -384, 2**-3, 0], [384, 384, 2**-4, 0]) == 2**-7
+    assert _dot("a100", _pad([256, -256, 2**-5], 8), _pad([256, 256, 2**-5], 8)) == 0.0
+
+
+@pytest.mark.parametrize("spec", PRESETS)
+def test_exact_cancellation_leaves_the_small_term(spec):
+    model = em.parse_model(spec)
+    k = model.step
+    big = 2.0**4
+    got = _dot(spec, _pad([big, -big, 1.0], k), _pad([1.0, 1.0, 2.0**-3], k))
+    assert got == 2.0**-3
+
+
+@pytest.mark.parametrize("spec", PRESETS)
+def test_alignment_shift_wider_than_the_accumulator_drops_the_small_term(spec):
+    """2**top * 2**top and 2**emin * 2**emin lie 2 (top - emin) >= 26 bits apart, beyond every
+    preset's alignment (at most 23 + 2 fraction bits): the small product is truncated away,
+    and the result is the large product alone, even where nearest rounding of the exact
+    sum would also drop it."""
+    model = em.parse_model(spec)
+    top, low = min(model.input.emax - 1, 7), model.input.emin
+    assert 2 * (top - low) > 23 + model.extra_bits  # below the quantum 2**(E - 23 - extra)
+    k = model.step
+    got = _dot(spec, _pad([2.0**top, 2.0**low], k), _pad([2.0**top, 2.0**low], k))
+    assert got == 2.0 ** (2 * top)
+    # the same small product alone is kept exactly: it was the alignment that dropped it
+    assert _dot(spec, _pad([2.0**low], k), _pad([2.0**low], k)) == float(
+        round_to_format(np.array([2.0 ** (2 * low)]), model.output)[0])
+
+
+@pytest.mark.parametrize("spec", PRESETS)
+def test_subnormal_inputs_and_results_are_kept(spec):
+    model = em.parse_model(spec)
+    fin = model.input
+    k = model.step
+    sub = fin.smallest_subnormal
+    got = _dot(spec, _pad([sub], k), _pad([1.0], k))
+    assert got == float(round_to_format(np.array([sub]), model.output)[0]) and got != 0.0
+    if model.output == FP32:  # a product below fp32's normal range: a subnormal fp32 result
+        tiny = 2.0**-130
+        if fin.emin <= -65:  # bf16 and tf32 inputs reach it
+            assert _dot(spec, _pad([2.0**-65], k), _pad([2.0**-65], k)) == tiny
+
+
+@pytest.mark.parametrize("spec", [s for s in PRESETS if s.endswith("out=fp32")])
+def test_a_carry_at_the_top_of_fp32_overflows_to_inf(spec):
+    """c = fp32 max plus a product that carries it past 2**128: inf, although every term is
+    finite and the sum is truncated (tensor cores overflow to inf in every rounding)."""
+    model = em.parse_model(spec)
+    k = model.step
+    top = float(np.finfo(np.float32).max)
+    big = 2.0 ** min(model.input.emax, 60)
+    got = _dot(spec, _pad([big], k), _pad([big], k), c=top)
+    # fp8 inputs cannot reach 2**104 (one ulp of fp32 max): the sum stays finite
+    kept = float(round_to_format(np.array([top]), model.block_format, "toward_zero")[0])
+    assert got == (math.inf if big * big >= 2.0**104 else kept)
+    # a narrowed (e8m13) accumulator truncates c itself to 14 bits
+    assert _dot(spec, _pad([1.0], k), _pad([1.0], k), c=top) == kept
+
+
+@pytest.mark.parametrize("spec", PRESETS)
+def test_inf_and_nan_propagate(spec):
+    model = em.parse_model(spec)
+    k = model.step
+    if model.input.has_inf:
+        inf = math.inf
+        assert _dot(spec, _pad([inf, 1.0], k), _pad([1.0, 1.0], k)) == inf
+        assert math.isnan(_dot(spec, _pad([inf, inf], k), _pad([1.0, -1.0], k)))
+        assert math.isnan(_dot(spec, _pad([inf], k), _pad([0.0], k)))
+    assert math.isnan(_dot(spec, _pad([math.nan], k), _pad([1.0], k)))
+    assert _dot(spec, _pad([1.0], k), _pad([1.0], k), c=-math.inf) == -math.inf
+
+
+def test_c_is_rounded_to_an_fp16_accumulator_first():
+    """fp16 output: c = 1 + 2**-12 becomes 1 before it meets the products."""
+    assert _dot("v100:out=fp16", [2.0**-11, 0, 0, 0], [1.0, 0, 0, 0], c=1.0 + 2.0**-12) == 1.0
+    assert _dot("v100", [2.0**-11, 0, 0, 0], [1.0, 0, 0, 0], c=1.0 + 2.0**-12) == 1.0 + 2.0**-11 + 2.0**-12
+
+
+def test_b200_fp8_adds_c_after_the_products_to_nearest():
+    """The products sum (truncated) to 1 + 2**-23 + 2**-24 ... then c is added in one
+    nearest-even rounding: a fused truncating block would lose what nearest keeps."""
+    k = 32
+    a = _pad([1.0], k)
+    b = _pad([1.0], k)
+    c = 2.0**-24 * 3  # 1 + 3 * 2**-24: nearest gives 1 + 2**-22, truncation 1 + 2**-23
+    assert _dot("b200:in=fp8_e4m3", a, b, c=c) == 1.0 + 2.0**-22
+    assert _dot("h100:in=fp8_e4m3:out=fp32", a, b, c=0.0) == 1.0
+
+
+def test_c_needs_a_block_fma_model():
+    with pytest.raises(InvalidArgument, match="c \\(an accumulator input, D = A.B \\+ C\\) needs a block-FMA"):
+        em.dot(np.ones(4, np.float16), np.ones(4, np.float16), em.parse_model("sequential:fp16"),
+               c=np.zeros(()))
+
+
+def test_inputs_outside_the_input_format_are_refused():
+    with pytest.raises(InvalidArgument, match="not fp16 numbers, the input format of a100"):
+        em.dot(np.full(8, 1.0 + 2.0**-20, np.float32), np.ones(8, np.float32), em.parse_model("a100"))

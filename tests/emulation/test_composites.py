@@ -1,0 +1,98 @@
+"""Composite models (split-K, lanes) with any inner model: the NumPy path equals the
+exact oracle (`oracle.reduce` recomputes each part from its definition), for dot and
+for convolutions; their specs round-trip."""
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+
+from convprobe import emulation as em
+from convprobe.emulation import oracle
+from convprobe.errors import InvalidArgument
+from convprobe.testing.strategies import fp16_arrays
+
+from .conftest import assert_same_bits
+from .test_block_fma import budget, run_cases
+
+INNER = ["sequential:fp16", "sequential:fp32", "sequential:fp32:output=fp16",
+         "sequential:fp16:product=fp16", "pairwise:fp32", "chunked:fp16:n=5",
+         "exact:fp32", "a100", "v100:out=fp16", "h100", "blocked:fp16:b=3"]
+
+
+@st.composite
+def composites(draw, depth=0):
+    inner = draw(st.sampled_from(INNER)) if depth else draw(
+        st.one_of(st.sampled_from(INNER), composites(depth=1)))
+    if draw(st.booleans()):
+        size = (str(draw(st.integers(1, 6))) if draw(st.booleans())
+                else f"length={draw(st.integers(1, 24))}")
+        combine = draw(st.sampled_from(["fp16", "fp32", "bf16"]))
+        output = draw(st.sampled_from(["", ", output=fp16"]))
+        return f"splitk({size}, {inner}, combine={combine}{output})"
+    combine = draw(st.sampled_from(["sequential:fp32", "pairwise:fp16", "sequential:fp32:output=fp16",
+                                    "exact:fp32"]))
+    return f"lanes({draw(st.integers(1, 9))}, {inner}, combine={combine})"
+
+
+@budget(300, 2000)
+def test_composites_match_the_oracle(cases_budget):
+    def body(data):
+        model = em.parse_model(data.draw(composites()))
+        assert em.parse_model(model.to_spec()) == model
+        k = data.draw(st.integers(1, 48))
+        a = data.draw(fp16_arrays((2, k), min_value=-8, max_value=8))
+        b = data.draw(fp16_arrays((2, k), min_value=-8, max_value=8))
+        with np.errstate(all="ignore"):
+            assert_same_bits(em.dot(a, b, model), oracle.dot(a, b, model))
+
+    run_cases(cases_budget, body)
+
+
+@pytest.mark.parametrize("spec", ["splitk(3, a100, combine=fp16)",
+                                  "splitk(length=4, sequential:fp16, combine=fp32, output=fp16)",
+                                  "lanes(4, h100, combine=pairwise:fp32)",
+                                  "splitk(2, lanes(3, v100, combine=sequential:fp32), combine=fp32)"])
+def test_composite_convolutions_and_gradients_match_the_oracle(spec):
+    model = em.parse_model(spec)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 5, 5, 6)).astype(np.float16)
+    w = rng.standard_normal((3, 3, 6, 3)).astype(np.float16)
+    dy = rng.standard_normal((1, 3, 3, 3)).astype(np.float16)
+    with np.errstate(all="ignore"):
+        assert_same_bits(em.conv2d(x, w, model), oracle.conv2d(x, w, model))
+        assert_same_bits(em.conv2d_backprop_input(dy, w, x.shape, model),
+                         oracle.conv2d_backprop_input(dy, w, x.shape, model))
+        assert_same_bits(em.conv2d_backprop_filter(x, dy, w.shape, model),
+                         oracle.conv2d_backprop_filter(x, dy, w.shape, model))
+
+
+def test_split_k_combines_partials_in_the_combine_format():
+    """Two halves of 2048 + 1 each: summed in fp16 the 1s are lost; in fp32 they are kept."""
+    a = np.array([[2048.0, 1.0, 2048.0, 1.0]], np.float16)
+    b = np.ones((1, 4), np.float16)
+    assert float(em.dot(a, b, em.parse_model("splitk(2, exact:fp32, combine=fp16)"))[0]) == 4096.0
+    assert float(em.dot(a, b, em.parse_model("splitk(2, exact:fp32, combine=fp32)"))[0]) == 4098.0
+    assert em.parse_model("splitk(2, exact:fp32, combine=fp16)").output.name == "fp16"
+
+
+def test_lanes_deal_terms_round_robin():
+    """Lane 0 gets 2048 and 1 (fp16: 2048), lane 1 gets 1 and 1 (2): 2050, not 2051."""
+    a = np.array([[2048.0, 1.0, 1.0, 1.0]], np.float16)
+    model = em.parse_model("lanes(2, sequential:fp16, combine=sequential:fp32)")
+    assert float(em.dot(a, np.ones((1, 4), np.float16), model)[0]) == 2050.0
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("splitk(a100, combine=fp16)", "splitk needs exactly one of parts"),
+    ("splitk(2, 3, a100)", "splitk takes splitk\\(PARTS | length=N, INNER"),
+    ("splitk(0, a100)", "parts must be an integer >= 1; received 0"),
+    ("splitk(2, a100, colour=red)", "splitk parameter must be one of"),
+    ("splitk(2, a100", "splitk spec must end with"),
+    ("splitk(2, lanes(2, a100, combine=exact:fp32)), combine=fp32)", "unbalanced parentheses"),
+    ("lanes(4, sequential:fp16)", "lanes needs combine=MODEL"),
+    ("lanes(4, sequential:fp16:rounding=sr, combine=sequential:fp32)", "cannot round stochastically"),
+    ("warp(4, a100)", "composite model must be one of splitk, lanes; received 'warp'"),
+])
+def test_bad_composite_specs_say_what_is_allowed(spec, message):
+    with pytest.raises(InvalidArgument, match=message):
+        em.parse_model(spec)
