@@ -1,4 +1,4 @@
-"""Compiled (numba) arithmetic of the emulator: one rounding routine, every model.
+"""Compiled (numba) arithmetic of the emulator: one rounding routine, the scalar models.
 
 Everything here works on float64 carriers. Why it is exact:
 
@@ -38,10 +38,10 @@ from convprobe.formats import FP16, FP32
 # format slots in the fp table
 PRODUCT, ADDITION, ACCUMULATOR, OUTPUT, TOTAL = 0, 1, 2, 3, 4
 # integer configuration
-IC_KIND, IC_MODE, IC_SAT, IC_RBITS, IC_B, IC_EXTRA, IC_CHUNK = 0, 1, 2, 3, 4, 5, 6
-IC_SIZE = 7
-# model kinds
-SEQUENTIAL, PAIRWISE, BLOCKED, CHUNKED, EXACT = 0, 1, 2, 3, 4
+IC_KIND, IC_MODE, IC_SAT, IC_RBITS, IC_CHUNK = 0, 1, 2, 3, 4
+IC_SIZE = 5
+# model kinds (block-FMA models run in `_block_fma`, composites in `composites`)
+SEQUENTIAL, PAIRWISE, CHUNKED, EXACT = 0, 1, 3, 4
 # rounding modes
 NEAREST_EVEN, TOWARD_ZERO, STOCHASTIC = 0, 1, 2
 
@@ -295,52 +295,6 @@ def product(a, b, fp, sat, rbits):
 
 
 @njit(cache=True)
-def block_sum(s, terms, n, fp, extra):
-    """Exact sum of s and terms[:n] after aligning to the largest and truncating.
-
-    Each addend is truncated toward zero to a multiple of
-    2**(E - (p_acc - 1) - extra), E the exponent of the largest nonzero addend
-    (Fasi, Higham, Mikaitis & Pranesh, "Numerical behavior of NVIDIA tensor
-    cores", PeerJ Comput. Sci. 7:e330, 2021). The truncated sum is exact in
-    float64 because the model validates p_acc + extra + log2(n + 1) <= 53.
-    """
-    special = False
-    for j in range(n):
-        if not math.isfinite(terms[j]):
-            special = True
-    if special or not math.isfinite(s):
-        t = s
-        for j in range(n):
-            t = t + terms[j]
-        return t
-    # biased exponents straight from the bits; float64 subnormals count as exponent 1
-    e = 0
-    for j in range(-1, n):
-        v = s if j < 0 else terms[j]
-        if v != 0.0:
-            ev = (f2i(v) >> 52) & 0x7FF
-            ev = ev if ev > 0 else 1
-            if ev > e:
-                e = ev
-    if e == 0:
-        return 0.0
-    qe = e - (int(fp[ACCUMULATOR, 0]) - 1) - extra  # biased exponent of the quantum
-    total = 0.0
-    for j in range(-1, n):
-        v = s if j < 0 else terms[j]
-        b = f2i(v)
-        ev = (b >> 52) & 0x7FF
-        ev = ev if ev > 0 else 1
-        nclear = 52 - ev + qe  # low bits of v below the quantum
-        if nclear > 52:
-            continue  # |v| < quantum: truncates to zero
-        if nclear > 0:
-            b = b & ~((1 << nclear) - 1)
-        total += i2f(b)  # multiples of the quantum, < 2**53 quanta in all: exact
-    return total
-
-
-@njit(cache=True)
 def superacc_add(limbs, v):
     """Add the finite float64 v exactly to the long accumulator."""
     if v == 0.0:
@@ -448,17 +402,6 @@ def reduce_one(a, ia, b, ib, k, fp, ic, seed, index, scratch, limbs):
                     scratch[half] = scratch[n - 1]
                 n = half + (n & 1)
             s = scratch[0]
-    elif kind == BLOCKED:
-        s = 0.0
-        bs = ic[IC_B]
-        for j0 in range(0, k, bs):
-            m = min(bs, k - j0)
-            for j in range(m):
-                scratch[j] = product(a[ia + j0 + j], b[ib + j0 + j], fp, sat, rbits)
-            t = block_sum(s, scratch, m, fp, ic[IC_EXTRA])
-            r = random_bits(seed, index, ev, rbits) if mode == STOCHASTIC else 0
-            ev += 1
-            s = round_slot(t, fp, ACCUMULATOR, mode, sat, r, rbits)
     elif kind == CHUNKED:
         total = 0.0
         low = 0.0

@@ -283,7 +283,6 @@ class Blocked(AccumulationModel):
     preset: str | None = field(default=None, kw_only=True, compare=False)
 
     kind: ClassVar[str] = "blocked"
-    _kind_code: ClassVar[int] = K.BLOCKED
 
     def _validate(self) -> None:
         self._set("b", _int_at_least("b", self.b, 1))
@@ -563,9 +562,6 @@ def kernel_config(model: AccumulationModel) -> tuple[np.ndarray, np.ndarray, int
     ic[K.IC_MODE] = MODE_CODES[model.rounding]
     ic[K.IC_SAT] = int(model.overflow == "saturate")
     ic[K.IC_RBITS] = model.random_bits
-    if isinstance(model, Blocked):
-        ic[K.IC_B] = model.b
-        ic[K.IC_EXTRA] = model.extra_bits
     if isinstance(model, Chunked):
         ic[K.IC_CHUNK] = model.chunk
     return fp, ic, model.seed
