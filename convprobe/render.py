@@ -85,12 +85,20 @@ def check_output_path(path: str, file_format: str, argument: str = "--output") -
                               f"writable directory")
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str, text: str) -> None:
-    """Write via a temporary file and rename, so a failure never leaves half a file."""
+    """Write via a temporary file and rename, so a failure never leaves half a file. The file
+    gets the mode a plain open() would give it (0666 less the umask), not mkstemp's 0600."""
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".convprobe-", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)

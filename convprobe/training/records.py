@@ -14,7 +14,11 @@ Layout of a run directory:
   atomically. `summary.json` at the end.
 
 An interrupted run keeps every row written so far. Resuming drops rows after
-the last checkpoint (those steps are recomputed, with the same batches).
+the last checkpoint (those steps are recomputed, with the same batches) and rows
+of the wrong width (a write cut short). Nothing is changed on disk until the
+header and the checkpoint have been read and validated completely (`RunFiles.plan`,
+which runs before TensorFlow is imported) and the checkpoint has been restored into
+the model: a corrupt or foreign directory leaves every file as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +40,7 @@ __all__ = [
     "STEP_COLUMNS",
     "TELEMETRY_COLUMNS",
     "RunFiles",
+    "ResumePlan",
     "read_header",
     "save_checkpoint",
     "load_checkpoint",
@@ -55,18 +61,40 @@ _RESUMABLE_CHANGES = {"steps", "progress", "output", "checkpoint_every", "eval_b
 
 
 def read_header(directory: str | Path) -> dict:
-    return json.loads((Path(directory) / "header.json").read_text(encoding="utf-8"))
+    """The run's header.json, validated; InvalidArgument (one line) if unreadable."""
+    path = Path(directory) / "header.json"
+    try:
+        header = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(f"{path} is not a readable convprobe run header ({exc.__class__.__name__}); "
+                              f"nothing was changed: use a new --output directory") from None
+    if not isinstance(header, dict) or not isinstance(header.get("config"), dict) or not isinstance(
+            header.get("resumed_at_steps", []), list):
+        raise InvalidArgument(f"{path} is not a convprobe run header (no 'config' object); nothing was "
+                              f"changed: use a new --output directory")
+    return header
 
 
-def _truncate_csv(path: Path, keep_below_step: int) -> None:
-    """Keep the header and the rows whose step is below `keep_below_step`."""
+def _step_of(row: list[str], width: int) -> int | None:
+    """The step of a well-formed CSV row, None for a malformed one."""
+    if len(row) != width:
+        return None
+    try:
+        return int(row[0])
+    except ValueError:
+        return None
+
+
+def _truncate_csv(path: Path, keep_below_step: int, columns) -> None:
+    """Keep the header and the well-formed rows whose step is below `keep_below_step`."""
     if not path.exists():
         return
     with path.open(newline="", encoding="utf-8") as handle:
         rows = list(csv.reader(handle))
     if not rows:
         return
-    kept = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) < keep_below_step]
+    kept = [rows[0]] + [r for r in rows[1:]
+                        if (step := _step_of(r, len(columns))) is not None and step < keep_below_step]
     tmp = path.with_suffix(".tmp")
     with tmp.open("w", newline="", encoding="utf-8") as handle:
         csv.writer(handle).writerows(kept)
@@ -86,28 +114,44 @@ class RunFiles:
         self._steps = self._telemetry = None
 
     # -- lifecycle ---------------------------------------------------------------
-    def start(self, config_json: dict, *, seed: int, device: str, runtime: dict,
-              layer_names: dict) -> int:
-        """Create or reopen the directory; returns the step to start from."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        start_step = 0
-        resumed: list = []
-        if self.header_path.exists():
-            old = read_header(self.directory)
-            old_config = old.get("config", {})
-            for key, value in config_json.items():
-                if key in _RESUMABLE_CHANGES:
-                    continue
-                if old_config.get(key) != value:
-                    raise InvalidArgument(
-                        f"output '{self.directory}' holds a run with a different {key} "
-                        f"({old_config.get(key)!r}, now {value!r}); use a new --output directory"
-                    )
-            resumed = old.get("resumed_at_steps", [])
+    def plan(self, config_json: dict) -> "ResumePlan":
+        """Read and validate what the directory holds, changing nothing: a new run, or a
+        resume from the checkpoint (loaded here), or a finished run."""
+        if self.directory.exists() and not self.directory.is_dir():
+            raise InvalidArgument(f"--output {str(self.directory)!r} is a file; it must be a run directory")
+        existing = self.directory
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise InvalidArgument(f"--output {str(self.directory)!r} cannot be written: {str(existing)!r} "
+                                  f"is not a writable directory")
+        if not self.header_path.exists():
             if self.checkpoint_path.exists():
-                with np.load(self.checkpoint_path) as ckpt:
-                    start_step = int(ckpt["next_step"])
-            resumed = resumed + [start_step]
+                raise InvalidArgument(f"{self.directory} holds a checkpoint but no header.json; nothing was "
+                                      f"changed: use a new --output directory")
+            return ResumePlan(0, [])
+        old = read_header(self.directory)
+        old_config = old["config"]
+        for key, value in config_json.items():
+            if key in _RESUMABLE_CHANGES:
+                continue
+            if old_config.get(key) != value:
+                raise InvalidArgument(
+                    f"output '{self.directory}' holds a run with a different {key} "
+                    f"({old_config.get(key)!r}, now {value!r}); use a new --output directory"
+                )
+        resumed = list(old.get("resumed_at_steps", []))
+        if not self.checkpoint_path.exists():
+            return ResumePlan(0, resumed + [0])
+        state = load_checkpoint(self.checkpoint_path)
+        return ResumePlan(state[0], resumed + [state[0]], state)
+
+    def start(self, plan: "ResumePlan", *, config_json: dict, seed: int, device: str, runtime: dict,
+              layer_names: dict) -> int:
+        """Write the header and drop the rows the resume recomputes; returns the first step.
+        Call only after the plan's checkpoint has been restored into the model."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        start_step, resumed = plan.start_step, plan.resumed
         header = {
             "provenance": provenance.collect(seed=seed, device=device, extra={"runtime": runtime}),
             "config": config_json,
@@ -122,8 +166,8 @@ class RunFiles:
             "layers": layer_names,
         }
         write_atomic(str(self.header_path), json.dumps(header, indent=2, sort_keys=True, default=str))
-        _truncate_csv(self.steps_path, start_step)
-        _truncate_csv(self.telemetry_path, start_step)
+        _truncate_csv(self.steps_path, start_step, STEP_COLUMNS)
+        _truncate_csv(self.telemetry_path, start_step, TELEMETRY_COLUMNS)
         self._steps = self._open(self.steps_path, STEP_COLUMNS)
         self._telemetry = self._open(self.telemetry_path, TELEMETRY_COLUMNS)
         return start_step
@@ -171,8 +215,47 @@ def save_checkpoint(path: Path, next_step: int, weights: list[np.ndarray],
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a run directory holds: the step to start from, the resume history, and the
+    checkpoint (next step, weights, optimizer state, counters) when resuming."""
+
+    start_step: int
+    resumed: list
+    checkpoint: tuple | None = None
+
+
 def load_checkpoint(path: Path) -> tuple[int, list[np.ndarray], list[np.ndarray], dict]:
-    with np.load(path) as ckpt:
-        weights = [ckpt[f"w{i}"] for i in range(sum(k.startswith("w") for k in ckpt.files))]
-        opt = [ckpt[f"o{i}"] for i in range(sum(k.startswith("o") for k in ckpt.files))]
-        return int(ckpt["next_step"]), weights, opt, json.loads(str(ckpt["counters"]))
+    """(next step, weights, optimizer state, counters), every part validated; a corrupt or
+    foreign file is one InvalidArgument line, not a traceback."""
+    def bad(why: str) -> InvalidArgument:
+        return InvalidArgument(f"{path} is not a usable convprobe checkpoint ({why}); nothing was "
+                               f"changed: use a new --output directory")
+
+    try:
+        with open(path, "rb") as handle, np.load(handle, allow_pickle=False) as ckpt:
+            files = set(ckpt.files)
+            nw = sum(k.startswith("w") for k in files)
+            no = sum(k.startswith("o") for k in files)
+            expected = {f"w{i}" for i in range(nw)} | {f"o{i}" for i in range(no)} | {"next_step", "counters"}
+            if files != expected:
+                raise bad(f"arrays {sorted(files ^ expected)[:3]} missing or unexpected")
+            weights = [ckpt[f"w{i}"] for i in range(nw)]
+            opt = [ckpt[f"o{i}"] for i in range(no)]
+            step, counters_text = ckpt["next_step"], ckpt["counters"]
+    except InvalidArgument:
+        raise
+    except Exception as exc:  # zip, format or pickle errors of a damaged file
+        raise bad(exc.__class__.__name__) from None
+    if step.shape != () or step.dtype.kind not in "iu" or int(step) < 1:
+        raise bad(f"next_step must be a positive integer; found {step!r}")
+    try:
+        counters = json.loads(str(counters_text))
+    except json.JSONDecodeError:
+        counters = None
+    if not isinstance(counters, dict) or set(counters) != {"skipped", "nonfinite"} or not all(
+            isinstance(v, int) and v >= 0 for v in counters.values()):
+        raise bad("counters must be a JSON object of skipped and nonfinite step counts")
+    if not weights:
+        raise bad("it holds no weights")
+    return int(step), weights, opt, counters

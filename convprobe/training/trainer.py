@@ -35,7 +35,7 @@ import numpy as np
 from convprobe.training import runtime
 from convprobe.training.config import LossScaleMode, TrainConfig
 from convprobe.training.data import Batches, make_data
-from convprobe.training.records import RunFiles, load_checkpoint, save_checkpoint
+from convprobe.training.records import RunFiles, save_checkpoint
 from convprobe.training.telemetry import COUNT_FIELDS, Thresholds, batched_stats, encode_histogram
 
 __all__ = ["Trainer", "RunResult", "train"]
@@ -358,6 +358,22 @@ def _progress(step: int, total: int, result: dict, stream=sys.stderr) -> None:
     stream.flush()
 
 
+def _read_summary(path) -> dict:
+    """A finished run's summary.json, validated."""
+    from convprobe.errors import InvalidArgument
+
+    keys = ("final_step", "skipped_steps", "nonfinite_steps", "final_loss_scale", "final_loss",
+            "eval_accuracy", "median_images_per_second", "jit")
+    try:
+        done = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        done = None
+    if not isinstance(done, dict) or any(k not in done for k in keys):
+        raise InvalidArgument(f"{path} is not a convprobe run summary; nothing was changed: use a new "
+                              f"--output directory")
+    return done
+
+
 def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer | None = None,
           stop_after: int | None = None, eager: bool = False) -> RunResult:
     """Run (or resume) a training run, streaming records to `config.output` if set.
@@ -366,29 +382,29 @@ def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer 
     it as an interrupted run would (records and last checkpoint on disk).
     `eager` runs without graph tracing (see `Trainer`).
     """
-    trainer = trainer or Trainer(config, data=data, eager=eager)
     files = RunFiles(config.output) if config.output else None
+    plan = files.plan(config.to_json()) if files is not None else None  # validates, writes nothing
     start = 0
     counters = {"skipped": 0, "nonfinite": 0}
+    if plan is not None and plan.start_step >= config.steps and files.summary_path.exists():
+        done = _read_summary(files.summary_path)  # already finished: report it, touch nothing
+        return RunResult(
+            directory=config.output, steps_run=0, final_step=done["final_step"],
+            skipped_steps=done["skipped_steps"], nonfinite_steps=done["nonfinite_steps"],
+            final_loss_scale=float(done["final_loss_scale"]), final_loss=float(done["final_loss"]),
+            eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
+            jit=done["jit"], summary=done)
+    trainer = trainer or Trainer(config, data=data, eager=eager)
     if files is not None:
+        if plan.checkpoint is not None:
+            _, weights, opt_state, counters = plan.checkpoint
+            trainer.restore(weights, opt_state)  # a foreign checkpoint fails here, files untouched
         facts = runtime.runtime_facts()
         facts["jit_effective"] = trainer.jit
         facts["eager"] = trainer.eager
-        start = files.start(config.to_json(), seed=config.seed, device=trainer.device_description(),
-                            runtime=facts, layer_names={"weight": trainer.weight_names,
-                                                        "activation": trainer.tap_names})
-        if start >= config.steps and files.summary_path.exists():  # already finished: report it
-            files.close()
-            done = json.loads(files.summary_path.read_text(encoding="utf-8"))
-            return RunResult(
-                directory=config.output, steps_run=0, final_step=done["final_step"],
-                skipped_steps=done["skipped_steps"], nonfinite_steps=done["nonfinite_steps"],
-                final_loss_scale=float(done["final_loss_scale"]), final_loss=float(done["final_loss"]),
-                eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
-                jit=done["jit"], summary=done)
-        if start > 0:
-            next_step, weights, opt_state, counters = load_checkpoint(files.checkpoint_path)
-            trainer.restore(weights, opt_state)
+        start = files.start(plan, config_json=config.to_json(), seed=config.seed,
+                            device=trainer.device_description(), runtime=facts,
+                            layer_names={"weight": trainer.weight_names, "activation": trainer.tap_names})
     speeds: list[float] = []
     last: dict = {}
     steps_run = 0

@@ -1,0 +1,142 @@
+"""A resume validates the header and checkpoint completely before it changes anything: a
+corrupt or foreign run directory costs no record, and TensorFlow is not even imported."""
+
+import csv
+import hashlib
+import json
+import os
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convprobe.errors import InvalidArgument
+from convprobe.training.config import validate_config
+from convprobe.training.records import STEP_COLUMNS, TELEMETRY_COLUMNS, RunFiles, _truncate_csv, load_checkpoint
+
+ARGS = ["--batch-size", "8", "--resnet-size", "8", "--image-size", "8", "--record-every", "1",
+        "--checkpoint-every", "2"]
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "convprobe", *args], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL, timeout=600)
+
+
+def _config(output, steps=6):
+    return validate_config(batch_size=8, resnet_size=8, image_size=8, record_every=1,
+                           checkpoint_every=2, steps=steps, output=str(output), progress=False)
+
+
+def _run_dir(tmp_path):
+    """A run directory as a 4-step run leaves it: header, 4 step rows, telemetry, checkpoint."""
+    out = tmp_path / "rep"
+    out.mkdir()
+    header = {"config": _config(out, steps=4).to_json(), "resumed_at_steps": []}
+    (out / "header.json").write_text(json.dumps(header))
+    with (out / "steps.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(STEP_COLUMNS)
+        for step in range(4):
+            writer.writerow([step, 2.3, 0.1, 128, True, False, True, 0.1, 80.0])
+    with (out / "telemetry.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerow(TELEMETRY_COLUMNS)
+    np.savez(out / "checkpoint.npz", w0=np.zeros(3), o0=np.zeros(1), next_step=np.array(4),
+             counters=np.array(json.dumps({"skipped": 0, "nonfinite": 0})))
+    return out
+
+
+def _digest(directory):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+BAD_CHECKPOINTS = {
+    "counters": lambda p: np.savez(p, w0=np.zeros(3), next_step=np.array(2), counters=np.array("{}")),
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[:100]),
+    "not a zip": lambda p: p.write_text("hello"),
+    "no step": lambda p: np.savez(p, w0=np.zeros(3), counters=np.array('{"skipped": 0, "nonfinite": 0}')),
+    "step zero": lambda p: np.savez(p, w0=np.zeros(3), next_step=np.array(0),
+                                    counters=np.array('{"skipped": 0, "nonfinite": 0}')),
+    "pickled": lambda p: np.savez(p, w0=np.array([{"a": 1}], dtype=object), next_step=np.array(2),
+                                  counters=np.array('{"skipped": 0, "nonfinite": 0}')),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(BAD_CHECKPOINTS))
+def test_a_bad_checkpoint_is_refused_and_nothing_changes(tmp_path, damage):
+    out = _run_dir(tmp_path)
+    BAD_CHECKPOINTS[damage](out / "checkpoint.npz")
+    before = _digest(out)
+    with pytest.raises(InvalidArgument, match="is not a usable convprobe checkpoint .*nothing was changed"):
+        RunFiles(out).plan(_config(out).to_json())
+    assert _digest(out) == before
+
+
+@pytest.mark.parametrize("text", ['{"config": ', "[]", '{"config": 3}', ""])
+def test_a_bad_header_is_refused_and_nothing_changes(tmp_path, text):
+    out = _run_dir(tmp_path)
+    (out / "header.json").write_text(text)
+    before = _digest(out)
+    with pytest.raises(InvalidArgument, match="header"):
+        RunFiles(out).plan(_config(out).to_json())
+    assert _digest(out) == before
+
+
+def test_the_issue_s_repro_from_the_cli_leaves_every_file_and_imports_no_tensorflow(tmp_path):
+    out = _run_dir(tmp_path)
+    np.savez(out / "checkpoint.npz", w0=np.zeros(3), next_step=np.array(2), counters=np.array("{}"))
+    before = _digest(out)
+    proc = run_cli("train", "--steps", "6", *ARGS, "--output", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "checkpoint" in proc.stderr  # one line, no TF logs
+    assert _digest(out) == before
+
+
+def test_a_valid_checkpoint_plans_a_resume_without_writing(tmp_path):
+    out = _run_dir(tmp_path)
+    before = _digest(out)
+    plan = RunFiles(out).plan(_config(out).to_json())
+    assert (plan.start_step, plan.resumed, plan.checkpoint[0]) == (4, [4], 4)
+    assert _digest(out) == before
+
+
+def test_a_changed_configuration_is_refused(tmp_path):
+    out = _run_dir(tmp_path)
+    other = validate_config(batch_size=16, resnet_size=8, image_size=8, record_every=1, checkpoint_every=2,
+                            steps=6, output=str(out)).to_json()
+    with pytest.raises(InvalidArgument, match="holds a run with a different batch_size"):
+        RunFiles(out).plan(other)
+
+
+def test_truncation_drops_malformed_rows_and_rows_past_the_checkpoint(tmp_path):
+    path = tmp_path / "steps.csv"
+    rows = [list(STEP_COLUMNS), [0] + ["1"] * 8, ["1", "2.0"], ["x"] + ["1"] * 8, [2] + ["1"] * 8]
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows(rows)
+    _truncate_csv(path, 2, STEP_COLUMNS)
+    with path.open(newline="") as handle:
+        kept = list(csv.reader(handle))
+    assert [r[0] for r in kept] == ["step", "0"]
+
+
+def test_unusable_output_paths_are_refused_before_any_work(tmp_path):
+    plain = tmp_path / "file"
+    plain.write_text("x")
+    with pytest.raises(InvalidArgument, match="is a file; it must be a run directory"):
+        RunFiles(plain).plan({})
+    with pytest.raises(InvalidArgument, match="cannot be written"):
+        RunFiles(plain / "run").plan({})
+
+
+def test_load_checkpoint_round_trips_what_save_writes(tmp_path):
+    from convprobe.training.records import save_checkpoint
+
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, 3, [np.ones(2)], [np.zeros(1)], {"skipped": 1, "nonfinite": 0})
+    step, weights, opt, counters = load_checkpoint(path)
+    assert (step, counters) == (3, {"skipped": 1, "nonfinite": 0})
+    assert np.array_equal(weights[0], np.ones(2)) and np.array_equal(opt[0], np.zeros(1))
+    assert oct(os.stat(path).st_mode & 0o777) != "0o600"
