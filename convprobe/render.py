@@ -14,7 +14,7 @@ import os
 import tempfile
 
 __all__ = ["FORMATS", "render_table", "render_csv", "render_json", "write_atomic",
-           "check_output_path"]
+           "check_output_path", "can_create_in"]
 
 FORMATS = ("table", "json", "csv")
 
@@ -76,13 +76,21 @@ def check_output_path(path: str, file_format: str, argument: str = "--output") -
                               f"{file_format}; name it *.{file_format} or choose --format {suffix}")
     if os.path.isdir(path):
         raise InvalidArgument(f"{argument} must be a file path; received the directory {path!r}")
-    parent = os.path.dirname(os.path.abspath(path))
-    existing = parent
+    existing = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+    if not os.path.isdir(existing) or not can_create_in(existing):
         raise InvalidArgument(f"{argument} {path!r} cannot be written: {existing!r} is not a "
                               f"writable directory")
+
+
+def can_create_in(directory: str) -> bool:
+    """Whether a file can really be created there (access() says yes to root on /proc)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory, prefix=".convprobe-check-"):
+            return True
+    except OSError:
+        return False
 
 
 def _umask() -> int:

@@ -101,8 +101,8 @@ class BackendConfig:
     @property
     def label(self) -> str:
         """Short, unique name for tables: 'tensorflow/cpu/fp16', 'emulated/sequential:fp16'."""
-        if self.backend == "emulated":
-            return f"emulated/{self.model}"
+        if self.backend == "emulated":  # the default request shares fp32's model: say which row
+            return f"emulated/{self.model}" + (" (default)" if self.accumulate == "default" else "")
         if self.name is not None:
             return f"{self.backend}/{self.device}/{self.name}"
         parts = [self.backend, self.device, self.accumulate]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from convprobe.commands.argtypes import add_output_options, add_running_options, positive_int
+from convprobe.commands.argtypes import add_output_options, add_running_options, bounded_int, check_output
 from convprobe.backends.configurations import ACCUMULATE_CHOICES, BACKEND_CHOICES, DEVICE_CHOICES
 
 __all__ = ["register", "EXPECT_CHOICES"]
@@ -72,8 +72,10 @@ def register(subparsers) -> None:
     )
     _add_common(compare)
     shapes = compare.add_argument_group("shapes (default: the classic question's)")
-    for name, default in (("batch", 16), ("height", 32), ("width", 32), ("channels", 16), ("filters", 16), ("kernel", 3)):
-        shapes.add_argument(f"--{name}", type=positive_int, default=default, help=f"(default: {default})")
+    for name, default, high in (("batch", 16, 4096), ("height", 32, 4096), ("width", 32, 4096),
+                                ("channels", 16, 8192), ("filters", 16, 8192), ("kernel", 3, 64)):
+        shapes.add_argument(f"--{name}", type=bounded_int(1, high), default=default,
+                            help=f"1 to {high} (default: {default})")
     compare.set_defaults(handler=_handler("compare"))
 
 
@@ -87,12 +89,24 @@ def _handler(probe: str):
 def _params(probe: str, args: argparse.Namespace) -> dict:
     params = {"seed": args.seed}
     if probe == "compare":
-        if args.kernel > min(args.height, args.width):
-            from convprobe.errors import InvalidArgument
+        from convprobe.errors import InvalidArgument
+        from convprobe.probes.compare import memory_estimate
 
+        if args.kernel > min(args.height, args.width):
             raise InvalidArgument(f"kernel must be at most height and width ({min(args.height, args.width)}); received {args.kernel}")
         params.update({k: getattr(args, k) for k in ("batch", "height", "width", "channels", "filters", "kernel")})
+        need, limit = memory_estimate(**{k: v for k, v in params.items() if k != "seed"}), _memory_limit()
+        if need > limit:
+            raise InvalidArgument(f"compare shapes need about {need / 2**30:.1f} GiB (float64 reference and "
+                                  f"patches); at most {limit / 2**30:.1f} GiB (half this machine's memory) is "
+                                  f"allowed: reduce --batch, --height, --width, --channels or --filters")
     return params
+
+
+def _memory_limit() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 def _rows(probe: str, results) -> list[dict]:
@@ -118,6 +132,7 @@ def _run(probe: str, args: argparse.Namespace) -> int:
     from convprobe.render import render_csv, render_json, render_table, write_atomic
     from convprobe.provenance import SCHEMA_VERSION
 
+    check_output(args.output, "json" if args.format == "table" else args.format)
     configs = resolve_configs(
         backend=args.backend, accumulate=args.accumulate, device=args.device,
         extra_env=parse_env_assignments(args.env), jit_compile=args.jit, model=args.model,

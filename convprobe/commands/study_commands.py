@@ -15,7 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from convprobe.commands.argtypes import add_output_options, add_running_options, positive_int
+from convprobe.commands.argtypes import (add_output_options, add_running_options, bounded_int,
+                                         check_output, int_list)
 from convprobe.backends.configurations import DEVICE_CHOICES
 from convprobe.render import json_clean
 
@@ -24,6 +25,8 @@ __all__ = ["register", "KINDS", "load_results"]
 #: The result documents these commands write (JSON `kind`).
 KINDS = ("fingerprint", "identify", "sweep")
 FIGURE_FORMATS = ("png", "svg")
+MAX_K = 65536  # reduction lengths: 4x the battery's longest row
+MAX_ROWS = 4096
 
 #: Short column titles for the fingerprint table (the JSON keeps the full property names).
 _SHORT = {
@@ -32,16 +35,6 @@ _SHORT = {
     "subnormal_results": "subn out", "overflow": "overflow", "accumulator_range": "acc range",
     "product_overflow": "65519 test", "block_size": "block", "chunk_size": "chunk",
 }
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers; received {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers; received {text!r}")
-    return values
 
 
 def _add_common(parser: argparse.ArgumentParser, *, default_ops: str) -> None:
@@ -86,9 +79,10 @@ def register(subparsers) -> None:
     _add_common(identify, default_ops="conv2d,conv2d_backprop_input,conv2d_backprop_filter")
     identify.add_argument("--candidates", metavar="SPECS",
                           help="comma-separated model specs to search instead of the default family")
-    identify.add_argument("--ks", type=_int_list, default=None, metavar="K,K,...",
-                          help="reduction lengths (default: 16,32,...,8192)")
-    identify.add_argument("--rows", type=positive_int, default=None, help="dot products per K (default: 64)")
+    identify.add_argument("--ks", type=int_list(1, MAX_K), default=None, metavar="K,K,...",
+                          help=f"reduction lengths, 1 to {MAX_K} (default: 16,32,...,8192)")
+    identify.add_argument("--rows", type=bounded_int(1, MAX_ROWS), default=None,
+                          help=f"dot products per K, 1 to {MAX_ROWS} (default: 64)")
     identify.set_defaults(handler=_identify)
 
     sweep = subparsers.add_parser(
@@ -101,11 +95,12 @@ def register(subparsers) -> None:
         ),
     )
     _add_common(sweep, default_ops="conv2d")
-    sweep.add_argument("--ks", type=_int_list, default=None, metavar="K,K,...",
-                       help="reduction lengths (default: 9,18,...,18432)")
+    sweep.add_argument("--ks", type=int_list(1, MAX_K), default=None, metavar="K,K,...",
+                       help=f"reduction lengths, 1 to {MAX_K} (default: 9,18,...,18432)")
     sweep.add_argument("--distributions", default="all", metavar="NAMES",
                        help="uniform01, uniform11, normal, heavy_tailed, comma-separated or 'all' (default)")
-    sweep.add_argument("--rows", type=positive_int, default=None, help="outputs per point (default: 32)")
+    sweep.add_argument("--rows", type=bounded_int(1, MAX_ROWS), default=None,
+                       help=f"outputs per point, 1 to {MAX_ROWS} (default: 32)")
     sweep.add_argument("--bound-format", default="fp16", metavar="FMT",
                        help="accumulator format of the bound columns and exceeds flag (default: fp16)")
     sweep.set_defaults(handler=_sweep)
@@ -202,6 +197,7 @@ def _print(args, rows: list[dict], columns: list[str], document: dict, frame) ->
 def _fingerprint(args) -> int:
     if args.list_configs:
         return _list_configs(args)
+    check_output(args.output, "json", allowed=("json", "csv"))
     from convprobe.analysis.tables import fingerprint_table, frame_from_records
     from convprobe.probes.fingerprint import PROPERTIES, infer_observed, run_grouped
     from convprobe.probes.fingerprint_ops import check_ops
@@ -252,13 +248,22 @@ def _fingerprint(args) -> int:
 def _identify(args) -> int:
     if args.list_configs:
         return _list_configs(args)
+    check_output(args.output, "json", allowed=("json", "csv"))
     from convprobe.analysis.tables import frame_from_records
     from convprobe.probes import identify
     from convprobe.probes.fingerprint_ops import check_ops
     from convprobe.probes.runner import run_probe
 
     ops = check_ops(args.op)
-    specs = [s for s in args.candidates.split(",") if s.strip()] if args.candidates else None
+    specs = None
+    if args.candidates is not None:
+        from convprobe.emulation.composites import split_arguments
+        from convprobe.errors import InvalidArgument
+
+        specs = split_arguments(args.candidates)  # commas inside splitk(...) stay
+        if not specs:
+            raise InvalidArgument(f"--candidates must name at least one model spec; received "
+                                  f"{args.candidates!r}")
     identify.candidates(specs)  # bad specs fail before anything runs
     ks = args.ks or list(identify.DEFAULT_KS)
     rows = args.rows or identify.DEFAULT_ROWS
@@ -312,6 +317,7 @@ def _identify(args) -> int:
 def _sweep(args) -> int:
     if args.list_configs:
         return _list_configs(args)
+    check_output(args.output, "json", allowed=("json", "csv"))
     from convprobe.analysis.tables import add_bounds, frame_from_records
     from convprobe.formats import parse_format
     from convprobe.probes import sweep
@@ -440,8 +446,11 @@ def _report(args) -> int:
             raise invalid_choice("formats", f, FIGURE_FORMATS)
     if not formats:
         raise InvalidArgument("formats must name at least one of png, svg")
-    loaded = [(path, *load_results(path)) for path in args.results]  # all validated before any figure
     out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InvalidArgument(f"--out-dir must be a directory; received the file {args.out_dir!r}")
+    check_output(str(out_dir / "figure.png"), "png")
+    loaded = [(path, *load_results(path)) for path in args.results]  # all validated before any figure
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for path, kind, document, frame in loaded:

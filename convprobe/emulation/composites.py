@@ -30,7 +30,8 @@ from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32, Format
 from convprobe.options import Rounding
 
-__all__ = ["SplitK", "Lanes", "COMPOSITE_KINDS", "ranges", "add_rounded"]
+__all__ = ["SplitK", "Lanes", "COMPOSITE_KINDS", "ranges", "add_rounded", "split_arguments",
+           "parse_composite"]
 
 
 def add_rounded(x: np.ndarray, y: np.ndarray, fmt: Format, model: AccumulationModel) -> np.ndarray:
@@ -207,7 +208,7 @@ class Lanes(_Composite):
 COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes}
 
 
-def _split_arguments(text: str) -> list[str]:
+def split_arguments(text: str) -> list[str]:
     """Top-level comma-separated arguments of a call (nested parentheses kept whole)."""
     depth, start, out = 0, 0, []
     for i, ch in enumerate(text):
@@ -236,7 +237,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         raise invalid_choice("composite model", head.strip(), list(COMPOSITE_KINDS))
     if not rest.rstrip().endswith(")"):
         raise InvalidArgument(f"{kind} spec must end with ')'; received {spec!r}")
-    args = _split_arguments(rest.rstrip()[:-1])
+    args = split_arguments(rest.rstrip()[:-1])
     positional, keywords = [], {}
     for a in args:
         key, sep, value = a.partition("=")

@@ -185,9 +185,15 @@ def _im2col(x: np.ndarray, k_hw, strides, dilation, pads, out_hw, channels: tupl
 
 
 def _check4(arr: np.ndarray, argument: str, layout: str) -> None:
+    """4-D, with every axis but the batch (N of NHWC) of size at least 1."""
     if arr.ndim != 4:
         raise InvalidArgument(f"{argument} must be a 4-D {layout} array; received shape "
                               f"{arr.shape}")
+    sized = arr.shape[1:] if layout == "NHWC" else arr.shape
+    if min(sized) < 1:
+        names = ", ".join(layout[1:] if layout == "NHWC" else layout)
+        raise InvalidArgument(f"{argument} ({layout}) must have {names} of at least 1; received "
+                              f"shape {arr.shape}")
 
 
 def _groups(groups: int) -> int:

@@ -71,6 +71,9 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
     keyed by the flat (C-order) index of each result.
     """
     kernel_config(model)
+    if np.ndim(a) == 0 or np.ndim(b) == 0:
+        raise InvalidArgument(f"a and b must have at least one axis to reduce; received shapes "
+                              f"{np.shape(a)} and {np.shape(b)}")
     a64, a_narrow = as_float64(a, "a")
     b64, b_narrow = as_float64(b, "b")
     if a64.ndim == 0 or b64.ndim == 0:
@@ -86,8 +89,9 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
         raise InvalidArgument(f"a and b leading shapes must broadcast; received "
                               f"{a64.shape[:-1]} and {b64.shape[:-1]}") from None
     k = a64.shape[-1]
-    aa = np.ascontiguousarray(np.broadcast_to(a64, (*lead, k))).reshape(-1, k)
-    bb = np.ascontiguousarray(np.broadcast_to(b64, (*lead, k))).reshape(-1, k)
+    rows = int(np.prod(lead, dtype=np.int64))
+    aa = np.ascontiguousarray(np.broadcast_to(a64, (*lead, k))).reshape(rows, k)
+    bb = np.ascontiguousarray(np.broadcast_to(b64, (*lead, k))).reshape(rows, k)
     cc = None
     if c is not None:
         c64 = np.asarray(c)
@@ -95,7 +99,7 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
             raise InvalidArgument(f"c must be a numeric array; received dtype {c64.dtype}")
         c64 = c64.astype(np.float64)
         try:
-            cc = np.ascontiguousarray(np.broadcast_to(c64, lead)).reshape(-1)
+            cc = np.ascontiguousarray(np.broadcast_to(c64, lead)).reshape(rows)
         except ValueError:
             raise InvalidArgument(f"c must broadcast to the result shape {lead}; received "
                                   f"shape {c64.shape}") from None

@@ -53,6 +53,7 @@ _ROUNDING_ALIASES = ROUNDING_ALIASES
 MODE_CODES = {Rounding.NEAREST_EVEN: K.NEAREST_EVEN, Rounding.TOWARD_ZERO: K.TOWARD_ZERO,
               Rounding.STOCHASTIC: K.STOCHASTIC}
 _CUSTOM_PREFIX = "p"
+_NARROW_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def check_choice(argument: str, value: object, choices: tuple[str, ...],
@@ -126,6 +127,8 @@ def round_to_format(
     subnormals = check_choice("subnormals", subnormals, SUBNORMALS)
     overflow = check_choice("overflow", overflow, OVERFLOWS)
     x = np.asarray(values)
+    if x.dtype.kind not in "fiub" and x.dtype.name not in _NARROW_DTYPES:
+        raise InvalidArgument(f"values must be numbers (a numeric array); received dtype {x.dtype}")
     if x.dtype.kind not in "fiu":
         x = x.astype(np.float64)
     x = np.ascontiguousarray(x, dtype=np.float64)

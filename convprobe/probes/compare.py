@@ -29,9 +29,16 @@ import numpy as np
 from convprobe.formats import FP16, FP32
 from convprobe.probes.reference import conv2d_float64
 
-__all__ = ["DEFAULT_SHAPES", "inputs", "run", "interpret"]
+__all__ = ["DEFAULT_SHAPES", "inputs", "run", "interpret", "memory_estimate"]
 
 DEFAULT_SHAPES = {"batch": 16, "height": 32, "width": 32, "channels": 16, "filters": 16, "kernel": 3}
+
+
+def memory_estimate(batch: int, height: int, width: int, channels: int, filters: int, kernel: int) -> int:
+    """Bytes the largest run holds at once, roughly: the inputs in float64, the im2col patches
+    (M x K float64) and a dozen float64 output-sized arrays (reference, magnitude, errors)."""
+    m = batch * (height - kernel + 1) * (width - kernel + 1)
+    return 8 * (batch * height * width * channels + m * kernel * kernel * channels + 12 * m * filters)
 
 
 def inputs(seed: int, batch: int, height: int, width: int, channels: int, filters: int, kernel: int):

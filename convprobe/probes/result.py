@@ -67,12 +67,17 @@ class ProbeResult:
             "wall_s": self.wall_s,
         }
 
+    @property
+    def device(self) -> str:
+        """Where the arithmetic ran: cpu or gpu (the emulator always runs on the CPU)."""
+        return "cpu" if self.config.backend == "emulated" else self.config.device
+
     def identity(self) -> dict:
         """The identity columns every table row of this result carries (tables.py's schemas)."""
         config = self.config
         return {
             "backend": config.backend, "configuration": config.label,
-            "device": config.device if config.backend != "emulated" else "cpu",
+            "device": self.device,
             "environment": config.environment or None,
             "provenance": json.dumps(self.provenance, sort_keys=True), "wall_s": self.wall_s,
         }
@@ -83,7 +88,7 @@ class ProbeResult:
             "probe": self.probe,
             "configuration": self.config.label,
             "backend": self.config.backend,
-            "device": self.config.device,
+            "device": self.device,
             "requested": self.config.accumulate,
             "status": self.status,
             "accumulation": self.accumulation or "",

@@ -149,10 +149,32 @@ class TrainConfig:
         return d
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgument(f"{name} must be a positive integer; received {value!r}")
+def _positive_int(name: str, value: object, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or (
+            high is not None and value > high):
+        allowed = "a positive integer" if high is None else f"an integer from 1 to {high}"
+        raise InvalidArgument(f"--{name.replace('_', '-')} must be {allowed}; received {value!r}")
     return value
+
+
+#: Upper bounds of the size options: far above any run this harness is for, low enough that a
+#: typo is caught before TensorFlow allocates.
+LIMITS = {"steps": 10**9, "record_every": 10**9, "batch_size": 65536, "image_size": 1024,
+          "checkpoint_every": 10**9, "logical_devices": 64, "dynamic_growth_steps": 10**9}
+
+
+def memory_estimate(batch_size: int, image_size: int, resnet_size: int) -> int:
+    """Rough bytes of one training step: per image, every conv layer's output (16 channels
+    at full resolution or the same volume later) in fp16, its fp32 shadow and both their
+    gradients (2 + 4 bytes, twice), plus the fp32 input."""
+    layers = resnet_size
+    return batch_size * image_size * image_size * (12 + layers * 16 * 12)
+
+
+def _memory_limit() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 def validate_config(
@@ -173,8 +195,15 @@ def validate_config(
                         ("checkpoint_every", checkpoint_every),
                         ("logical_devices", logical_devices),
                         ("dynamic_growth_steps", dynamic_growth_steps)):
-        _positive_int(name, value)
+        _positive_int(name, value, LIMITS[name])
     resnet_blocks_per_stage(resnet_size)
+    if resnet_size > 1202:
+        raise InvalidArgument(f"--resnet-size must be at most 1202; received {resnet_size}")
+    need, limit = memory_estimate(batch_size, image_size, resnet_size), _memory_limit()
+    if need > limit:
+        raise InvalidArgument(f"--batch-size {batch_size} at --image-size {image_size} with ResNet-{resnet_size} "
+                              f"needs about {need / 2**30:.1f} GiB; at most {limit / 2**30:.1f} GiB (half this "
+                              f"machine's memory) is allowed: use a smaller batch or image")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InvalidArgument(f"seed must be a non-negative integer; received {seed!r}")
     if isinstance(eval_batches, bool) or not isinstance(eval_batches, int) or eval_batches < 0:

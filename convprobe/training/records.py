@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from convprobe import provenance
-from convprobe.render import write_atomic
+from convprobe.render import can_create_in, write_atomic
 from convprobe.errors import InvalidArgument
 from convprobe.training.telemetry import COUNT_FIELDS, histogram_edges
 
@@ -122,7 +122,7 @@ class RunFiles:
         existing = self.directory
         while not existing.exists():
             existing = existing.parent
-        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        if not existing.is_dir() or not can_create_in(str(existing)):
             raise InvalidArgument(f"--output {str(self.directory)!r} cannot be written: {str(existing)!r} "
                                   f"is not a writable directory")
         if not self.header_path.exists():

@@ -24,7 +24,7 @@ def test_all_expands_to_one_config_per_backend_and_request():
     labels = [c.label for c in resolve_configs(backend="all", accumulate="all", device="cpu")]
     assert labels == [
         "tensorflow/cpu/fp16", "tensorflow/cpu/fp32", "tensorflow/cpu/default",
-        "emulated/sequential:fp16", "emulated/sequential:fp32", "emulated/sequential:fp32",
+        "emulated/sequential:fp16", "emulated/sequential:fp32", "emulated/sequential:fp32 (default)",
     ]
 
 

@@ -34,10 +34,18 @@ def budget(quick: int, thorough: int):
 
 
 def run_cases(count: int, body) -> None:
-    """Run the property `body(data)` on `count` derandomized hypothesis cases."""
+    """Run the property `body(data)` on `count` derandomized hypothesis cases, and check that
+    all `count` really ran (hypothesis stops early when it believes a space exhausted)."""
+    ran = []
+
+    def counted(data):
+        body(data)
+        ran.append(1)
+
     settings(max_examples=count, deadline=None, derandomize=True,
              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
-        given(data=st.data())(body))()
+        given(data=st.data())(counted))()
+    assert len(ran) >= count, f"only {len(ran)} of {count} cases ran"
 
 
 def _values(fmt, shape, specials=False):

@@ -36,7 +36,7 @@ def test_cli_invalid_dtype_raises_before_tensorflow():
 @pytest.mark.parametrize("steps", [0, -1, -100])
 def test_non_positive_steps_rejected(steps):
     args = parser().parse_args(["train", "--steps", str(steps)])
-    with pytest.raises(InvalidArgument, match=rf"^steps must be a positive integer; received {steps}$"):
+    with pytest.raises(InvalidArgument, match=rf"^--steps must be an integer from 1 to 1000000000; received {steps}$"):
         args.handler(args)
 
 
@@ -121,4 +121,4 @@ def test_convprobe_cli_train_bad_input_exits_2(capsys):
     err = capsys.readouterr().err
     assert err == "convprobe train: error: dtype must be one of fp16, bf16, fp32; received 'int8'\n"
     assert cli.main(["train", "--steps", "0"]) == 2
-    assert "steps must be a positive integer; received 0" in capsys.readouterr().err
+    assert "--steps must be an integer from 1 to 1000000000; received 0" in capsys.readouterr().err
