@@ -1,0 +1,160 @@
+"""Bad input, CLI and API: one clear line naming what was wrong and what is allowed, exit 2,
+no traceback, nothing written, and (for the CLI) before any work starts."""
+
+import contextlib
+import io
+
+import numpy as np
+import pytest
+
+from convprobe import cli
+from convprobe.errors import InvalidArgument
+
+
+def _run(argv, tmp_path):
+    """cli.main in-process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+EMU = ["--configs", "none", "--model", "v100"]
+CLI_CASES = [
+    # options with closed sets and ranges
+    (["overflow", "--accumulate", "fp8"], "invalid choice: 'fp8'"),
+    (["overflow", "--backend", "cuda"], "invalid choice: 'cuda'"),
+    (["overflow", "--format", "xml"], "invalid choice: 'xml'"),
+    (["overflow", "--timeout", "1e23"], "--timeout: must be an integer from 1 to 604800"),
+    (["overflow", "--timeout", "0"], "--timeout: must be an integer from 1 to 604800"),
+    (["overflow", "--jobs", "0"], "--jobs: must be an integer from 1 to 256"),
+    (["overflow", "--seed", "-1"], "--seed: must be an integer from 0 to 2**63 - 1"),
+    (["overflow", "--env", "FOO"], "env must be NAME=VALUE"),
+    (["overflow", "--backend", "tensorflow", "--model", "v100"], "model applies only to --backend emulated"),
+    (["overflow", "--backend", "emulated", "--model", "serial:fp16"], "model must be one of sequential"),
+    (["overflow", "--backend", "emulated", "--model", "blocked:fp16:b=0"], "b must be an integer >= 1"),
+    (["overflow", "--backend", "emulated", "--model", "a100:in=int8"], "in must be one of fp16, bf16"),
+    (["overflow", "--backend", "emulated", "--model", "splitk(2, a100"], "splitk spec must end with ')'"),
+    (["overflow", "--backend", "emulated", "--model", "lanes(4, v100)"], "lanes needs combine=MODEL"),
+    (["overflow", "--expect", "fp64"], "invalid choice: 'fp64'"),
+    (["compare", "--batch", "0"], "--batch: must be an integer from 1 to 4096"),
+    (["compare", "--kernel", "40", "--height", "8", "--width", "8"], "kernel must be at most height and width"),
+    (["compare", "--batch", "4096", "--height", "4096", "--width", "4096"], "GiB (half this machine's memory)"),
+    (["compare", "--channels", "100000"], "--channels: must be an integer from 1 to 8192"),
+    # outputs, checked before any work
+    (["overflow", "--output", "/proc/x.json"], "cannot be written: '/proc' is not a writable directory"),
+    (["overflow", "--format", "csv", "--output", "{tmp}/o.json"], "ends in .json but the output format is csv"),
+    (["overflow", "--output", "{tmp}"], "--output must be a file path"),
+    (["overflow", "--output", "{tmp}/file/o.json"], "is not a writable directory"),
+    (["fingerprint", *EMU, "--output", "{tmp}/x.txt"], "--output must end in .json or .csv"),
+    (["identify", *EMU, "--output", "{tmp}/x.png"], "--output must end in .json or .csv"),
+    (["sweep", *EMU, "--output", "/proc/s.csv"], "cannot be written"),
+    (["report", "{tmp}/missing.json", "--out-dir", "{tmp}/file"], "--out-dir must be a directory"),
+    (["replay", "--output", "{tmp}/r.csv"], "ends in .csv but the output format is json"),
+    # study commands
+    (["fingerprint", "--op", "warp", *EMU], "op must be one of conv2d"),
+    (["fingerprint", "--configs", "nosuch"], "configuration must be one of default"),
+    (["fingerprint", "--configs", "none"], "nothing to run: --configs none and no --model"),
+    (["identify", "--candidates", ",", *EMU], "--candidates must name at least one model spec"),
+    (["identify", "--candidates", "sequentail:fp16", *EMU], "model must be one of"),
+    (["identify", "--ks", "0", *EMU], "--ks: must be comma-separated integers from 1 to 65536"),
+    (["identify", "--ks", "100000", *EMU], "--ks: must be comma-separated integers from 1 to 65536"),
+    (["identify", "--ks", "16,x", *EMU], "--ks: must be comma-separated integers"),
+    (["identify", "--rows", "100000", *EMU], "--rows: must be an integer from 1 to 4096"),
+    (["sweep", "--distributions", "gauss", *EMU], "distribution must be one of uniform01"),
+    (["sweep", "--bound-format", "fp12", *EMU], "bound-format must be one of"),
+    (["sweep", "--rows", "0", *EMU], "--rows: must be an integer from 1 to 4096"),
+    (["report", "{tmp}/missing.json"], "does not exist"),
+    (["report", "--formats", "gif", "{tmp}/missing.json"], "formats must be one of png, svg"),
+    (["report", "--formats", ",", "{tmp}/missing.json"], "formats must name at least one of png, svg"),
+    # replay
+    (["replay", "--data", "{tmp}/nowhere"], "--data must be a directory"),
+    (["replay", "--gpu", ","], "--gpu must name at least one GPU"),
+    (["replay", "--gpu", "t4"], "no bundled vector sets for --gpu t4"),
+    # train
+    (["train", "--steps", "0"], "--steps must be an integer from 1 to"),
+    (["train", "--batch-size", "100000000"], "--batch-size must be an integer from 1 to 65536"),
+    (["train", "--batch-size", "60000", "--image-size", "1024"], "GiB (half this machine's memory)"),
+    (["train", "--image-size", "5000"], "--image-size must be an integer from 1 to 1024"),
+    (["train", "--dtype", "fp8"], "dtype must be one of fp16, bf16, fp32"),
+    (["train", "--loss-scale", "-3"], "loss_scale must be one of none, dynamic or a positive number"),
+    (["train", "--resnet-size", "21"], "resnet_size must be 6n+2"),
+    (["train", "--record-every", "0"], "--record-every must be an integer from 1 to"),
+    (["train", "--learning-rate", "nan"], "learning_rate must be a positive number"),
+    (["train", "--distribute", "tpu"], "distribute must be one of none, mirrored"),
+    (["train", "--output", "/proc/run"], "cannot be written"),
+    (["train", "--output", "{tmp}/file"], "is a file; it must be a run directory"),
+    (["train", "--data", "cifar10"], "data_dir must name a directory"),
+]
+
+
+@pytest.mark.parametrize("argv,message", CLI_CASES, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_cli_bad_input_is_one_line_with_exit_2(tmp_path, argv, message):
+    (tmp_path / "file").write_text("a file, not a directory")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, out, err = _run(argv, tmp_path)
+    assert code == 2, (code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err and out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def _api_cases():
+    from convprobe import analysis
+    from convprobe import emulation as em
+
+    m = em.parse_model("sequential:fp16")
+    x = np.ones((1, 4, 4, 2), np.float16)
+    return [
+        (lambda: em.conv2d(x, np.ones((0, 3, 2, 2), np.float16), m), "must have H, W, I, O of at least 1"),
+        (lambda: em.conv2d(x, np.ones((3, 3, 2, 0), np.float16), m), "must have H, W, I, O of at least 1"),
+        (lambda: em.conv2d(x, np.ones((3, 3, 3, 2), np.float16), m), "must equal x channels"),
+        (lambda: em.conv2d(x[0], np.ones((3, 3, 2, 2), np.float16), m), "must be a 4-D NHWC array"),
+        (lambda: em.conv2d(np.ones((1, 0, 4, 2), np.float16), np.ones((1, 1, 2, 2), np.float16), m),
+         "must have H, W, C of at least 1"),
+        (lambda: em.conv2d(x, np.ones((3, 3, 2, 2), np.float16), m, padding="FULL"), "padding must be one of"),
+        (lambda: em.conv2d(x, np.ones((3, 3, 2, 2), np.float16), m, strides=0), "strides must be a positive"),
+        (lambda: em.conv2d(x, np.ones((5, 5, 2, 2), np.float16), m), "is too small for a 5x5 filter"),
+        (lambda: em.conv2d(np.array([["a"]]), np.ones((1, 1, 1, 1)), m), "must be a numeric array"),
+        (lambda: em.dot(np.float16(1), np.float16(2), m), "must have at least one axis to reduce"),
+        (lambda: em.dot(np.ones(3), np.ones(4), m), "same last axis length"),
+        (lambda: em.dot(np.ones((2, 3)), np.ones((3, 3)), m), "leading shapes must broadcast"),
+        (lambda: em.dot(np.ones(3), np.ones(3), m, c=np.zeros(())), "needs a block-FMA model"),
+        (lambda: em.dot(np.ones(8, np.float16), np.ones(8, np.float16), em.parse_model("a100"),
+                        c=np.ones(3)), "c must broadcast to the result shape"),
+        (lambda: em.dot(np.full(8, 0.1, np.float32), np.ones(8, np.float32), em.parse_model("a100")),
+         "not fp16 numbers"),
+        (lambda: em.round_to_format(np.array(["a"]), "fp16"), "values must be numbers"),
+        (lambda: em.round_to_format("1.0", "fp16"), "values must be numbers"),
+        (lambda: em.round_to_format(np.ones(2), "fp12"), "fmt must be one of"),
+        (lambda: em.round_to_format(np.ones(2), "fp16", "up"), "rounding must be one of"),
+        (lambda: em.round_to_format(np.ones(2), "fp16", "stochastic"), "rng must be a numpy Generator"),
+        (lambda: em.parse_model(""), "model spec must be a non-empty string"),
+        (lambda: em.parse_model("h100:out=fp64"), "out must be one of fp32, fp16"),
+        (lambda: em.parse_model("splitk(0, a100)"), "parts must be an integer >= 1"),
+        (lambda: em.Blocked("fp32", b=4, rounding="stochastic"), "rounding of a blocked model"),
+        (lambda: em.Blocked("fp32", b=4, step=6), "step must be a multiple of b"),
+        (lambda: analysis.ulp_distance(np.ones(2), np.ones(3), "fp16"), "must have broadcastable shapes"),
+        (lambda: analysis.ulp_distance(np.array([0.1]), np.array([1.0]), "fp16"), "representable"),
+    ]
+
+
+API_CASES = _api_cases()
+
+
+@pytest.mark.parametrize("index", range(len(API_CASES)))
+def test_api_bad_input_raises_invalid_argument_with_the_allowed_set(index):
+    call, message = API_CASES[index]
+    with np.errstate(all="ignore"), pytest.raises(InvalidArgument) as info:
+        call()
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_suite_has_at_least_60_distinct_cases():
+    assert len(CLI_CASES) + len(API_CASES) >= 60
+    assert len({tuple(a) for a, _ in CLI_CASES}) == len(CLI_CASES)
