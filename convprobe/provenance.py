@@ -20,6 +20,7 @@ __all__ = [
     "cpu_flags",
     "precision_environment",
     "package_versions",
+    "memory_limit",
 ]
 
 SCHEMA_VERSION = 1
@@ -108,3 +109,9 @@ def collect(
     if extra:
         record.update(extra)
     return record
+
+
+def memory_limit() -> int:
+    """Bytes a single run may plan to hold: half of this machine's physical memory (the
+    bound that size options are checked against before anything is allocated)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2

@@ -34,6 +34,7 @@ def answer(request: dict) -> dict:
 
     config = BackendConfig.from_dict(request["config"])
     runtime: dict = {}
+    detail = None
     try:
         probe = get_probe(request["probe"])
         backend = make_backend(config)
@@ -44,11 +45,12 @@ def answer(request: dict) -> dict:
         observed, status, error = {}, "unsupported", str(exc)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a result row
         observed, status = {}, "failed"
-        error = f"{type(exc).__name__}: {exc}".strip()
-        traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]  # the row's one-line reason
+        detail = traceback.format_exc()  # the whole story goes to the JSON, not the terminal
     return {
         "status": status,
         "error": error,
+        **({"traceback": detail} if status == "failed" else {}),
         "observed": observed,
         "runtime": runtime,
         "provenance": provenance.collect(seed=request.get("params", {}).get("seed"), device=config.device),

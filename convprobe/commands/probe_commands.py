@@ -91,22 +91,18 @@ def _params(probe: str, args: argparse.Namespace) -> dict:
     if probe == "compare":
         from convprobe.errors import InvalidArgument
         from convprobe.probes.compare import memory_estimate
+        from convprobe.provenance import memory_limit
 
         if args.kernel > min(args.height, args.width):
             raise InvalidArgument(f"kernel must be at most height and width ({min(args.height, args.width)}); received {args.kernel}")
         params.update({k: getattr(args, k) for k in ("batch", "height", "width", "channels", "filters", "kernel")})
-        need, limit = memory_estimate(**{k: v for k, v in params.items() if k != "seed"}), _memory_limit()
+        need, limit = memory_estimate(**{k: v for k, v in params.items() if k != "seed"}), memory_limit()
         if need > limit:
             raise InvalidArgument(f"compare shapes need about {need / 2**30:.1f} GiB (float64 reference and "
                                   f"patches); at most {limit / 2**30:.1f} GiB (half this machine's memory) is "
                                   f"allowed: reduce --batch, --height, --width, --channels or --filters")
     return params
 
-
-def _memory_limit() -> int:
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 def _rows(probe: str, results) -> list[dict]:
@@ -161,6 +157,8 @@ def _run(probe: str, args: argparse.Namespace) -> int:
         for result in results:
             if result.status == "ok" and result.evidence:
                 print(f"  {result.config.label}: {result.evidence}")
+            elif result.status != "ok" and result.error:
+                print(f"  {result.config.label}: {result.status}: {result.error}")
     if args.expect is None:
         return 0
     failing = [r for r in results if r.status != "ok" or r.accumulation != args.expect]

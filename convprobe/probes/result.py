@@ -41,6 +41,7 @@ class ProbeResult:
     environment: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
     wall_s: float | None = None
+    error_detail: str | None = None  # a failure's traceback: for the JSON, never the terminal
 
     @property
     def honoured(self) -> bool | None:
@@ -60,6 +61,7 @@ class ProbeResult:
             "verdict": self.verdict,
             "evidence": self.evidence,
             "error": self.error,
+            "error_detail": self.error_detail,
             "observed": self.observed,
             "runtime": self.runtime,
             "environment": self.environment,

@@ -42,7 +42,7 @@ def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float =
         error=error, runtime=payload.get("runtime", {}),
         environment=provenance.precision_environment(environment),
         provenance=payload.get("provenance") or provenance.collect(seed=params.get("seed"), device=config.device),
-        wall_s=round(wall, 3),
+        wall_s=round(wall, 3), error_detail=payload.get("traceback"),
     )
     if status == "ok":
         inferred = get_probe(probe).interpret(result.observed)

@@ -171,11 +171,6 @@ def memory_estimate(batch_size: int, image_size: int, resnet_size: int) -> int:
     return batch_size * image_size * image_size * (12 + layers * 16 * 12)
 
 
-def _memory_limit() -> int:
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-
 
 def validate_config(
     *, dtype: str = "fp16", loss_scale: str | float | None = None, skip: bool = True,
@@ -199,7 +194,9 @@ def validate_config(
     resnet_blocks_per_stage(resnet_size)
     if resnet_size > 1202:
         raise InvalidArgument(f"--resnet-size must be at most 1202; received {resnet_size}")
-    need, limit = memory_estimate(batch_size, image_size, resnet_size), _memory_limit()
+    from convprobe.provenance import memory_limit
+
+    need, limit = memory_estimate(batch_size, image_size, resnet_size), memory_limit()
     if need > limit:
         raise InvalidArgument(f"--batch-size {batch_size} at --image-size {image_size} with ResNet-{resnet_size} "
                               f"needs about {need / 2**30:.1f} GiB; at most {limit / 2**30:.1f} GiB (half this "

@@ -121,3 +121,15 @@ def test_a_bad_model_spec_is_one_line_and_exit_2():
     proc = run_cli("overflow", "--backend", "emulated", "--model", "blocked:fp16:b=0")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "convprobe overflow: error: b must be an integer >= 1; received 0"
+
+
+def test_a_probe_failing_inside_an_emulated_configuration_is_a_failed_row_without_a_traceback():
+    """fp16 inputs through a bf16-input tensor core: the emulator refuses them. The row says so
+    in one line; the traceback goes to the JSON record only."""
+    proc = run_cli("overflow", "--backend", "emulated", "--model", "a100:in=bf16")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr + proc.stdout
+    assert "emulated/a100:in=bf16: failed: InvalidArgument: x holds values that are not bf16 numbers" in proc.stdout
+    proc = run_cli("overflow", "--backend", "emulated", "--model", "a100:in=bf16", "--format", "json")
+    (row,) = json.loads(proc.stdout)["results"]
+    assert row["status"] == "failed" and "\n" not in row["error"]
+    assert row["error_detail"].startswith("Traceback") and "InvalidArgument" in row["error_detail"]
