@@ -40,9 +40,9 @@ def test_python_dash_m_shows_the_commands():
     (["overflow", "--format", "xml"], "argument --format: invalid choice: 'xml' (choose from 'table', 'json', 'csv')"),
     (["compare", "--backend", "torch"], "argument --backend: invalid choice: 'torch'"),
     (["overflow", "--env", "NOEQUALS"], "env must be NAME=VALUE"),
-    (["compare", "--batch", "0"], "argument --batch: must be a positive integer; received '0'"),
+    (["compare", "--batch", "0"], "argument --batch: must be an integer from 1 to 4096; received '0'"),
     (["compare", "--kernel", "40"], "kernel must be at most height and width (32); received 40"),
-    (["overflow", "--seed", "-1"], "argument --seed: must be a non-negative integer"),
+    (["overflow", "--seed", "-1"], "argument --seed: must be an integer from 0 to 2**63 - 1"),
     (["overflow", "--backend", "tensorflow", "--model", "sequential:fp16"], "model applies only to --backend emulated"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, expected):
@@ -65,3 +65,23 @@ def test_gpu_requested_without_a_gpu_is_one_line_and_exit_2():
 def test_no_command_prints_help_and_exits_2():
     proc = run_cli()
     assert proc.returncode == 2 and "overflow" in proc.stdout
+
+
+def test_gpu_rows_can_be_listed_on_a_machine_without_a_gpu():
+    proc = run_cli("fingerprint", "--list-configs", "--device", "gpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "fp16-compute" in proc.stdout and "TF_FP16_CONV_USE_FP32_COMPUTE=0" in proc.stdout
+
+
+def test_a_switch_inherited_from_the_shell_is_named_on_stderr():
+    proc = run_cli("overflow", "--backend", "emulated", "--accumulate", "fp16",
+                   env={"TF_FP16_CONV_USE_FP32_COMPUTE": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert ("note: ignoring TF_FP16_CONV_USE_FP32_COMPUTE=0 from your environment" in proc.stderr)
+
+
+def test_a_gpu_switch_on_the_cpu_says_it_has_no_effect_in_the_table_and_the_json():
+    proc = run_cli("overflow", "--backend", "tensorflow", "--accumulate", "default",
+                   "--env", "TF_FP16_CONV_USE_FP32_COMPUTE=0")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: TF_FP16_CONV_USE_FP32_COMPUTE=0 has no effect on the CPU" in proc.stdout

@@ -80,6 +80,25 @@ MANAGED_VARIABLES = frozenset(
     name for setting in SETTINGS.values() for name in setting.env
 ) | {"XLA_FLAGS"}
 
+#: cuDNN/cuBLAS compute-type switches: read by TensorFlow's GPU kernels only.
+GPU_ONLY_SWITCHES = ("TF_FP16_CONV_USE_FP32_COMPUTE", "TF_FP16_MATMUL_USE_FP32_COMPUTE")
+
+
+def gpu_switch_warnings(device: str, env: dict[str, str]) -> tuple[str, ...]:
+    """One note per GPU-only switch set for a CPU configuration: it changes nothing there."""
+    if device != "cpu":
+        return ()
+    return tuple(f"{name}={env[name]} has no effect on the CPU: only TensorFlow's GPU (cuDNN/cuBLAS) "
+                 f"kernels read it" for name in GPU_ONLY_SWITCHES if name in env)
+
+
+def inherited_switches(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The managed switches set in the user's shell, which every child has removed (each
+    configuration sets its own; --env passes one on purpose)."""
+    source = os.environ if environ is None else environ
+    return {k: source[k] for k in sorted(MANAGED_VARIABLES) if k in source}
+
+
 #: For the emulated backend, each request names an accumulation model.
 EMULATED_MODELS = {"fp16": "sequential:fp16", "fp32": "sequential:fp32", "default": "sequential:fp32"}
 
@@ -97,6 +116,8 @@ class BackendConfig:
     note: str = ""
     #: Name of a configuration-matrix row ('onednn-off'); None for request-built configs.
     name: str | None = None
+    #: Things the user should know about this configuration (a switch with no effect here).
+    warnings: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -120,6 +141,7 @@ class BackendConfig:
             "backend": self.backend, "accumulate": self.accumulate, "device": self.device,
             "env": dict(self.env), "jit_compile": self.jit_compile, "model": self.model,
             "note": self.note, "label": self.label, "name": self.name,
+            "warnings": list(self.warnings),
         }
 
     @classmethod
@@ -128,6 +150,7 @@ class BackendConfig:
             backend=data["backend"], accumulate=data["accumulate"], device=data["device"],
             env=dict(data.get("env", {})), jit_compile=bool(data.get("jit_compile", False)),
             model=data.get("model"), note=data.get("note", ""), name=data.get("name"),
+            warnings=tuple(data.get("warnings", ())),
         )
 
 
@@ -213,9 +236,10 @@ def resolve_configs(
         for acc in accumulates:
             if name == "tensorflow":
                 setting = SETTINGS[(resolved_device, acc)]
+                env = {**setting.env, **(extra_env or {})}
                 configs.append(BackendConfig(
-                    "tensorflow", acc, resolved_device, env={**setting.env, **(extra_env or {})},
-                    jit_compile=jit_compile, note=setting.note,
+                    "tensorflow", acc, resolved_device, env=env, jit_compile=jit_compile,
+                    note=setting.note, warnings=gpu_switch_warnings(resolved_device, extra_env or {}),
                 ))
             else:
                 configs.append(BackendConfig(

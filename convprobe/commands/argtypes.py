@@ -11,7 +11,8 @@ import argparse
 from convprobe.render import FORMATS
 
 __all__ = ["positive_int", "bounded_int", "int_list", "seed", "add_running_options",
-           "add_output_options", "check_output", "MAX_TIMEOUT", "MAX_JOBS"]
+           "add_output_options", "check_output", "announce_inherited_switches", "MAX_TIMEOUT",
+           "MAX_JOBS"]
 
 MAX_TIMEOUT = 7 * 24 * 3600  # a week: longer is a typo, and overflows some timers
 MAX_JOBS = 256
@@ -96,3 +97,16 @@ def check_output(path: str | None, file_format: str, allowed: tuple[str, ...] | 
         raise InvalidArgument(f"--output must end in {' or '.join('.' + a for a in allowed)}; "
                               f"received {path!r}")
     check_output_path(path, suffix if allowed is not None else file_format)
+
+
+def announce_inherited_switches(command: str) -> None:
+    """Name, on stderr, the precision switches of the user's shell that no child will see."""
+    import sys
+
+    from convprobe.backends.configurations import inherited_switches
+
+    found = inherited_switches()
+    if found:
+        shown = " ".join(f"{k}={v}" for k, v in found.items())
+        print(f"convprobe {command}: note: ignoring {shown} from your environment: each configuration "
+              f"sets its own switches (pass one on purpose with --env NAME=VALUE)", file=sys.stderr)

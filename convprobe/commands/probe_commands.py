@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from convprobe.commands.argtypes import add_output_options, add_running_options, bounded_int, check_output
+from convprobe.commands.argtypes import (add_output_options, add_running_options,
+                                         announce_inherited_switches, bounded_int, check_output)
 from convprobe.backends.configurations import ACCUMULATE_CHOICES, BACKEND_CHOICES, DEVICE_CHOICES
 
 __all__ = ["register", "EXPECT_CHOICES"]
@@ -129,6 +130,7 @@ def _run(probe: str, args: argparse.Namespace) -> int:
     from convprobe.provenance import SCHEMA_VERSION
 
     check_output(args.output, "json" if args.format == "table" else args.format)
+    announce_inherited_switches(probe)
     configs = resolve_configs(
         backend=args.backend, accumulate=args.accumulate, device=args.device,
         extra_env=parse_env_assignments(args.env), jit_compile=args.jit, model=args.model,
@@ -153,8 +155,13 @@ def _run(probe: str, args: argparse.Namespace) -> int:
     if args.output:
         file_format = "json" if args.format == "table" else args.format
         write_atomic(args.output, rendered[file_format]())
+    if args.format != "table":  # the table says it under each row; the JSON in config.warnings
+        for warning in sorted({w for c in configs for w in c.warnings}):
+            print(f"convprobe {probe}: note: {warning}", file=sys.stderr)
     if args.format == "table":
         for result in results:
+            for warning in result.config.warnings:
+                print(f"  {result.config.label}: note: {warning}")
             if result.status == "ok" and result.evidence:
                 print(f"  {result.config.label}: {result.evidence}")
             elif result.status != "ok" and result.error:

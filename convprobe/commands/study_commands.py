@@ -15,8 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from convprobe.commands.argtypes import (add_output_options, add_running_options, bounded_int,
-                                         check_output, int_list)
+from convprobe.commands.argtypes import (add_output_options, add_running_options,
+                                         announce_inherited_switches, bounded_int, check_output,
+                                         int_list)
 from convprobe.backends.configurations import DEVICE_CHOICES
 from convprobe.render import json_clean
 
@@ -136,9 +137,10 @@ def _configs(args):
 
 
 def _list_configs(args) -> int:
+    """The matrix rows of a device; listing needs no GPU (it only says what would run)."""
     from convprobe.backends.configurations import MATRIX, MATRIX_DEFAULT, resolve_device
 
-    device = resolve_device(args.device)
+    device = args.device if args.device in MATRIX else resolve_device(args.device)
     for name, (env, jit, _acc, note) in MATRIX[device].items():
         default = "*" if name in MATRIX_DEFAULT[device] else " "
         settings = " ".join(f"{k}={v}" for k, v in env.items()) or "(nothing set)"
@@ -198,6 +200,7 @@ def _fingerprint(args) -> int:
     if args.list_configs:
         return _list_configs(args)
     check_output(args.output, "json", allowed=("json", "csv"))
+    announce_inherited_switches(args.command)
     from convprobe.analysis.tables import fingerprint_table, frame_from_records
     from convprobe.probes.fingerprint import PROPERTIES, infer_observed, run_grouped
     from convprobe.probes.fingerprint_ops import check_ops
@@ -249,6 +252,7 @@ def _identify(args) -> int:
     if args.list_configs:
         return _list_configs(args)
     check_output(args.output, "json", allowed=("json", "csv"))
+    announce_inherited_switches(args.command)
     from convprobe.analysis.tables import frame_from_records
     from convprobe.probes import identify
     from convprobe.probes.fingerprint_ops import check_ops
@@ -318,6 +322,7 @@ def _sweep(args) -> int:
     if args.list_configs:
         return _list_configs(args)
     check_output(args.output, "json", allowed=("json", "csv"))
+    announce_inherited_switches(args.command)
     from convprobe.analysis.tables import add_bounds, frame_from_records
     from convprobe.formats import parse_format
     from convprobe.probes import sweep

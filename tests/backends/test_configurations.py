@@ -77,6 +77,27 @@ def test_config_round_trips_through_its_dict():
 def test_a_model_spec_gets_one_canonical_label_and_is_validated_up_front():
     via_request = resolve_configs(backend="emulated", model="a100")
     assert [c.label for c in via_request] == [emulated_config("a100").label]
-    assert via_request[0].label != "emulated/a100"  # the preset's full spec, as `sweep --model` shows it
+    assert via_request[0].label == "emulated/a100"  # the preset's own spelling
+    assert emulated_config("A30:in=bf16").label == "emulated/a30:in=bf16"
+    assert emulated_config("a100:subnormals=flush").label == "emulated/blocked:fp32:b=8:extra=1:subnormals=flush"
     with pytest.raises(InvalidArgument, match="b must be an integer >= 1; received 0"):
         resolve_configs(backend="emulated", model="blocked:fp16:b=0")
+
+
+def test_a_gpu_only_switch_on_the_cpu_carries_a_no_effect_note():
+    (config,) = resolve_configs(backend="tensorflow", accumulate="default", device="cpu",
+                                extra_env={"TF_FP16_CONV_USE_FP32_COMPUTE": "0"})
+    assert config.warnings == ("TF_FP16_CONV_USE_FP32_COMPUTE=0 has no effect on the CPU: only "
+                               "TensorFlow's GPU (cuDNN/cuBLAS) kernels read it",)
+    assert config.to_dict()["warnings"] == list(config.warnings)
+    assert BackendConfig.from_dict(config.to_dict()) == config
+    (plain,) = resolve_configs(backend="tensorflow", accumulate="default", device="cpu",
+                               extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert plain.warnings == ()
+
+
+def test_inherited_switches_are_named():
+    from convprobe.backends.configurations import inherited_switches
+
+    env = {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "HOME": "/root", "XLA_FLAGS": "--x"}
+    assert inherited_switches(env) == {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "XLA_FLAGS": "--x"}
