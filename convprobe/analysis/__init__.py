@@ -70,7 +70,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'convprobe.analysis' has no attribute {name!r}")
 
 
-__all__ = [
+__all__ = [  # noqa: PLE0604 - _LAZY holds names (strings) too
     # metrics
     "ULP_DISTANCE_MAX",
     "abs_sum_error",

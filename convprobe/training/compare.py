@@ -74,18 +74,19 @@ def format_table(table) -> str:
     routing = table[table["scale"] == labels[0]].set_index(["kind", "index", "layer"])["routing_zero_fraction"]
     lines = []
     head = f"{'kind':<10} {'layer':<34} {'routing0':>8} " + " ".join(
-        f"{'flush:' + l:>18} {'subn:' + l:>18}" for l in labels)
+        f"{'flush:' + label:>18} {'subn:' + label:>18}" for label in labels)
     lines.append(head)
     for key in pivot.index:
         kind, _, layer = key
-        cells = " ".join(f"{pivot.loc[key, ('flushed_fraction', l)]:>18.3e} "
-                         f"{pivot.loc[key, ('subnormal_fraction', l)]:>18.3e}" for l in labels)
+        cells = " ".join(f"{pivot.loc[key, ('flushed_fraction', label)]:>18.3e} "
+                         f"{pivot.loc[key, ('subnormal_fraction', label)]:>18.3e}" for label in labels)
         lines.append(f"{kind:<10} {layer[:34]:<34} {routing.loc[key]:>8.3f} {cells}")
     totals = table.groupby("scale", sort=False)[["flushed_fraction", "subnormal_fraction"]].mean()
     lines.append("")
     lines.append("mean over tensors: " + "; ".join(
-        f"{l}: flushed {totals.loc[l, 'flushed_fraction']:.3e}, subnormal {totals.loc[l, 'subnormal_fraction']:.3e}"
-        for l in labels))
+        f"{label}: flushed {totals.loc[label, 'flushed_fraction']:.3e}, "
+        f"subnormal {totals.loc[label, 'subnormal_fraction']:.3e}"
+        for label in labels))
     return "\n".join(lines) + "\n"
 
 

@@ -215,8 +215,8 @@ class Trainer:
 
         if self.eager:
             self._copy = copy_weights
-            self._plain = lambda i, l: self._replica_step(i, l, False)
-            self._telem = lambda i, l: self._replica_step(i, l, True)
+            self._plain = lambda images, labels: self._replica_step(images, labels, False)
+            self._telem = lambda images, labels: self._replica_step(images, labels, True)
             self._stats = self._statistics
             self._predict = lambda i: self.model(i, training=False)[0]
             return
@@ -235,8 +235,10 @@ class Trainer:
             self._telem = tf.function(telem)
             self._stats = tf.function(stats)
         else:
-            self._plain = tf.function(lambda i, l: self._replica_step(i, l, False), jit_compile=self.jit)
-            self._telem = tf.function(lambda i, l: self._replica_step(i, l, True), jit_compile=self.jit)
+            self._plain = tf.function(lambda images, labels: self._replica_step(images, labels, False),
+                                      jit_compile=self.jit)
+            self._telem = tf.function(lambda images, labels: self._replica_step(images, labels, True),
+                                      jit_compile=self.jit)
             # A separate compiled function: inside the step, XLA fuses the statistics into the
             # backward pass's fusions and recomputes them (measured ~4x slower on ResNet-20).
             self._stats = tf.function(self._statistics, jit_compile=self.jit)

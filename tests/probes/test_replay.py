@@ -94,7 +94,7 @@ def test_unknown_folders_and_missing_files_are_one_line_with_exit_2(tmp_path, la
         (tmp_path / folder).mkdir(parents=True)
     proc = run_cli("replay", "--data", str(tmp_path))
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith(f"convprobe replay: error: ") and message in proc.stderr
+    assert proc.stderr.startswith("convprobe replay: error: ") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
