@@ -104,7 +104,7 @@ def test_report_renders_png_and_svg(results, tmp_path, capsys, name):
     (("fingerprint", "--configs", "default,turbo"), "configuration must be one of default, onednn-off"),
     (("identify", "--configs", "none", "--model", "sequentail:fp16"), "model must be one of"),
     (("identify", "--configs", "none", "--model", "sequential:fp16", "--candidates", "lanes:fp16:w=0"),
-     "lane model w must be a positive integer"),
+     "width must be an integer >= 1; received 0"),
     (("sweep", "--configs", "none", "--model", "sequential:fp16", "--distributions", "cauchy"),
      "distribution must be one of uniform01"),
     (("sweep", "--configs", "none"), "nothing to run"),

@@ -42,7 +42,8 @@ def test_non_positive_steps_rejected(steps):
 
 @pytest.mark.parametrize("name,value", [("record_every", 0), ("batch_size", -4), ("checkpoint_every", 0)])
 def test_other_counts_rejected(name, value):
-    with pytest.raises(InvalidArgument, match=f"^{name} must be a positive integer"):
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(InvalidArgument, match=f"^{flag} must be an integer from 1 to "):
         validate_config(**{name: value})
 
 
