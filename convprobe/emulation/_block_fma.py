@@ -1,7 +1,8 @@
 """The block-FMA (tensor-core) adder in NumPy, vectorised across outputs.
 
 The fast twin of the block-FMA branch of `convprobe.emulation.oracle`, which computes
-the same definition (`models.Blocked`) one output at a time in exact rationals. Why
+the same definition (`models.Blocked`) one output at a time in exact rationals; GEMMs
+in the common case go on to the compiled kernel of `_block_fma_compiled`. Why
 float64 is exact here: every product of two inputs of at most 26 significand bits is
 exact; scaling by a power of two (`ldexp`) is exact; after truncation each addend is an
 integer multiple of the quantum below 2**(p_adder + extra + 1), and the model checks
@@ -86,7 +87,7 @@ def _block(s, prods, exps, model, fmt):
     with np.errstate(invalid="ignore", over="ignore"):
         if model.truncate:
             total = np.trunc(np.ldexp(s, -q)) + np.trunc(np.ldexp(prods, -q[..., None])).sum(-1)
-            value = np.ldexp(total, q)
+            value = np.where(total == 0, 0.0, np.ldexp(total, q))  # an exact zero sum is +0
         else:
             value = _exact_sums(s, prods)
         out = np.where(live, _round(np.where(live, value, 0.0), fmt, model, model.rounding), s)
@@ -168,10 +169,18 @@ def reduce_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, model) -> np
     return _reduce(a, b, c, model, ea, eb)
 
 
-def gemm(a: np.ndarray, w: np.ndarray, model) -> np.ndarray:
-    """out[m, n] = sum_k a[m, k] * w[k, n] under `model` (a (M, K), w (K, N) float64)."""
+def gemm(a: np.ndarray, w: np.ndarray, model, compiled: bool = True) -> np.ndarray:
+    """out[m, n] = sum_k a[m, k] * w[k, n] under `model` (a (M, K), w (K, N) float64);
+    `compiled`: use the compiled kernel where it applies (the tests compare both paths)."""
+    from convprobe.emulation import _block_fma_compiled as kernel
+
+    use_compiled = compiled
     order = step_order(a.shape[1], model)
-    a, ea = _prepared(a[:, order], model, "x")
+    a, ea = _prepared(np.ascontiguousarray(a[:, order]), model, "x")
+    if use_compiled and kernel.applies(model):
+        w, ew = _prepared(np.ascontiguousarray(w[order]), model, "w")
+        acc = kernel.gemm(a, w, ea, ew, model)
+        return _round(acc, model.output, model, Rounding.NEAREST_EVEN)
     wt, ewt = _prepared(np.ascontiguousarray(w.T[:, order]), model, "w")
     m, n = a.shape[0], wt.shape[0]
     out = np.empty((m, n))

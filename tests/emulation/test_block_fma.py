@@ -8,6 +8,7 @@ encodings, so exponent spreads, subnormals and cancellations are common; c is dr
 fp32's encodings. 10,000 cases in all with the composites (test_composites.py).
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -250,3 +251,26 @@ def test_c_needs_a_block_fma_model():
 def test_inputs_outside_the_input_format_are_refused():
     with pytest.raises(InvalidArgument, match="not fp16 numbers, the input format of a100"):
         em.dot(np.full(8, 1.0 + 2.0**-20, np.float32), np.ones(8, np.float32), em.parse_model("a100"))
+
+
+@budget(200, 2000)
+def test_the_compiled_gemm_equals_the_numpy_gemm(cases_budget):
+    """Convolutions go through `_block_fma_compiled` where it applies: bit for bit the NumPy
+    path (itself checked against the oracle above), on (M, K) x (K, N) problems."""
+    from convprobe.emulation import _block_fma, _block_fma_compiled
+
+    def body(data):
+        model = data.draw(blocked_models())
+        if not _block_fma_compiled.applies(model):
+            model = dataclasses.replace(model, product="exact", alignment=Alignment.INPUT_EXPONENTS,
+                                        truncate=True, layout=KLayout.CONTIGUOUS,
+                                        c_addition=CAddition.FUSED, step=model.b)
+        assert _block_fma_compiled.applies(model)
+        m, k, n = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 40)), data.draw(st.integers(1, 5))
+        specials = data.draw(st.integers(0, 9)) == 0
+        a = data.draw(_values(model.input, (m, k), specials))
+        w = data.draw(_values(model.input, (k, n), specials))
+        with np.errstate(all="ignore"):
+            assert_same_bits(_block_fma.gemm(a, w, model), _block_fma.gemm(a, w, model, compiled=False))
+
+    run_cases(cases_budget, body)
