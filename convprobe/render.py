@@ -74,7 +74,7 @@ def check_output_path(path: str, file_format: str, argument: str = "--output") -
     if suffix in FORMATS and suffix != "table" and suffix != file_format:
         raise InvalidArgument(f"{argument} {path!r} ends in .{suffix} but the output format is "
                               f"{file_format}; name it *.{file_format} or choose --format {suffix}")
-    if os.path.isdir(path):
+    if os.path.isdir(path) or path.endswith(os.sep):
         raise InvalidArgument(f"{argument} must be a file path; received the directory {path!r}")
     existing = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(existing):

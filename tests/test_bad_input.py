@@ -74,6 +74,8 @@ CLI_CASES = [
     (["replay", "--data", "{tmp}/nowhere"], "--data must be a directory"),
     (["replay", "--gpu", ","], "--gpu must name at least one GPU"),
     (["replay", "--gpu", "t4"], "no bundled vector sets for --gpu t4"),
+    (["replay", "--gpu", "v100,t4x"], "--gpu 't4x' matches no GPU folder or preset of this data"),
+    (["overflow", "--output", "{tmp}/newdir/"], "--output must be a file path"),
     # train
     (["train", "--steps", "0"], "--steps must be an integer from 1 to"),
     (["train", "--batch-size", "100000000"], "--batch-size must be an integer from 1 to 65536"),

@@ -171,9 +171,9 @@ def _write(args, document: dict, frame, schema: str) -> None:
     if not args.output:
         return
     path = Path(args.output)
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":
         write_atomic(str(path), render_json(json_clean(document)))
-    elif path.suffix == ".csv":
+    elif path.suffix.lower() == ".csv":
         from convprobe.analysis.tables import write_table
 
         path.parent.mkdir(parents=True, exist_ok=True)

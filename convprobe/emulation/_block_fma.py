@@ -151,8 +151,9 @@ def _reduce(a, b, c, model, ea, eb):
                 exps = _floor_log2(prods)
             exps = np.where(prods == 0, _NONE, exps)  # a zero product takes no part in alignment
             s = _block(s, prods, np.broadcast_to(exps, prods.shape), model, fmt)
-        if separate:
-            s = _round(_add_odd(s, c_in), acc, model, Rounding.NEAREST_EVEN)
+        if separate:  # one nearest rounding of s + c: native for fp64, else via round-to-odd
+            total = s + c_in if acc.precision > 51 else _add_odd(s, c_in)
+            s = _round(total, acc, model, Rounding.NEAREST_EVEN)
     return _round(s, model.output, model, Rounding.NEAREST_EVEN)
 
 

@@ -167,7 +167,8 @@ class Lanes(_Composite):
             raise InvalidArgument(f"width must be an integer >= 1; received {self.width!r}")
 
     def to_spec(self) -> str:
-        return f"lanes({self.width}, {self.inner.to_spec()}, combine={self.combine.to_spec()})"
+        extra = "" if self.output == self.combine.output else f", output={self.output.name}"
+        return f"lanes({self.width}, {self.inner.to_spec()}, combine={self.combine.to_spec()}{extra})"
 
     @property
     def name(self) -> str:

@@ -327,7 +327,9 @@ class Blocked(AccumulationModel):
     def block_format(self) -> Format:
         """The format each block's sum is rounded to: the accumulator, narrowed when
         extra_bits < 0."""
-        p = min(self.accumulator.precision, self.adder.precision + min(self.extra_bits, 0))
+        p = self.accumulator.precision
+        if self.extra_bits < 0:
+            p = min(p, self.adder.precision + self.extra_bits)
         if p == self.accumulator.precision:
             return self.accumulator
         from convprobe.formats import custom_format

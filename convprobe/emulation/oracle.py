@@ -304,9 +304,10 @@ def dot(a, b, model: AccumulationModel, c=None) -> np.ndarray:
     b64 = np.asarray(b).astype(np.float64)
     lead = np.broadcast_shapes(a64.shape[:-1], b64.shape[:-1])
     k = a64.shape[-1]
-    aa = np.broadcast_to(a64, (*lead, k)).reshape(-1, k)
-    bb = np.broadcast_to(b64, (*lead, k)).reshape(-1, k)
-    cc = None if c is None else np.broadcast_to(np.asarray(c, np.float64), lead).reshape(-1)
+    rows = int(np.prod(lead, dtype=np.int64))
+    aa = np.broadcast_to(a64, (*lead, k)).reshape(rows, k)
+    bb = np.broadcast_to(b64, (*lead, k)).reshape(rows, k)
+    cc = None if c is None else np.broadcast_to(np.asarray(c, np.float64), lead).reshape(rows)
     out = [reduce(list(aa[i]), list(bb[i]), model, i, None if cc is None else float(cc[i]))
            for i in range(aa.shape[0])]
     return np.array(out, dtype=np.float64).reshape(lead).astype(model.output_dtype)

@@ -65,11 +65,19 @@ def _format_of(gpu: str, folder: str) -> str:
     return FORMAT_FOLDERS[key]
 
 
+def _hex_word(word: str) -> int:
+    if len(word) != 8 or any(ch not in "0123456789abcdefABCDEF" for ch in word):
+        raise ValueError(word)
+    return int(word, 16)
+
+
 def _read_hex(path: str) -> np.ndarray:
     try:
         with open(path, encoding="ascii") as handle:
-            rows = [[int(word, 16) for word in line.split()] for line in handle if line.strip()]
+            rows = [[_hex_word(word) for word in line.split()] for line in handle if line.strip()]
         out = np.array(rows, dtype=np.uint32)
+    except OSError as exc:
+        raise InvalidArgument(f"{path} cannot be read ({exc.strerror})") from None
     except (ValueError, OverflowError, UnicodeDecodeError):
         raise InvalidArgument(f"{path} must hold lines of 8-digit hex words, the same count on "
                               f"every line") from None
@@ -85,6 +93,8 @@ def _read_bits(path: str) -> np.ndarray:
         if any(len(line) != 32 or set(line) - {"0", "1"} for line in lines):
             raise ValueError
         return np.array([int(line, 2) for line in lines], dtype=np.uint32)
+    except OSError as exc:
+        raise InvalidArgument(f"{path} cannot be read ({exc.strerror})") from None
     except (ValueError, UnicodeDecodeError):
         raise InvalidArgument(f"{path} must hold one 32-character 0/1 bit string per line") from None
 
@@ -106,13 +116,15 @@ def load_directory(root: str, gpus: list[str] | None = None) -> list[VectorSet]:
                               f"{root!r}")
     wanted = None if gpus is None else {g.lower() for g in gpus}
     sets = []
-    for gpu in sorted(e for e in os.listdir(root) if os.path.isdir(os.path.join(root, e))):
+    for gpu in sorted(e for e in _listdir(root) if os.path.isdir(os.path.join(root, e))
+                      and not e.startswith(".")):
+        if wanted is not None and gpu.lower() not in wanted and not (
+                gpu.lower() in _presets() and _preset_of(gpu) in wanted):
+            continue  # not asked for: neither read nor judged
         preset = _preset_of(gpu)
-        if wanted is not None and gpu.lower() not in wanted and preset not in wanted:
-            continue
-        for folder in sorted(os.listdir(os.path.join(root, gpu))):
+        for folder in sorted(_listdir(os.path.join(root, gpu))):
             where = os.path.join(root, gpu, folder)
-            if not os.path.isdir(where):
+            if not os.path.isdir(where) or folder.startswith("."):
                 continue
             fmt = _format_of(gpu, folder)
 
@@ -133,7 +145,29 @@ def load_directory(root: str, gpus: list[str] | None = None) -> list[VectorSet]:
     if not sets:
         raise InvalidArgument(f"no vector sets found under {root!r}" +
                               (f" for --gpu {','.join(gpus)}" if gpus else ""))
+    _check_every_name_matched(gpus, sets)
     return sets
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError as exc:
+        raise InvalidArgument(f"{path} cannot be listed ({exc.strerror})") from None
+
+
+def _presets() -> tuple[str, ...]:
+    from convprobe.emulation.gpus import GPU_PRESETS
+
+    return GPU_PRESETS
+
+
+def _check_every_name_matched(gpus: list[str] | None, sets: list[VectorSet]) -> None:
+    """A --gpu name that selects nothing is a typo: say so rather than replay less."""
+    for name in gpus or []:
+        key = name.lower()
+        if not any(key in (s.gpu.lower(), s.preset) for s in sets):
+            raise InvalidArgument(f"--gpu {name!r} matches no GPU folder or preset of this data")
 
 
 def bundled_path() -> str:
@@ -168,6 +202,7 @@ def load_bundled(gpus: list[str] | None = None, path: str | None = None) -> list
                                           data[f"{stem}/d_{out}"]))
     if not sets:
         raise InvalidArgument(f"no bundled vector sets for --gpu {','.join(gpus or [])}")
+    _check_every_name_matched(gpus, sets)
     return sets
 
 
@@ -204,6 +239,20 @@ def replay_set(s: VectorSet) -> dict:
     return row
 
 
+def check_set(s: VectorSet) -> None:
+    """Refuse, before anything runs, inputs that are not numbers of the set's format."""
+    from convprobe.emulation.rounding import round_to_format
+
+    for name, bits in (("a", s.a), ("b", s.b)):
+        values = bits.view(np.float32).astype(np.float64)
+        finite = values[np.isfinite(values)]
+        if finite.size and not np.array_equal(round_to_format(finite, s.input), finite):
+            raise InvalidArgument(f"{s.gpu}/{s.input}: {name} holds values that are not {s.input} "
+                                  f"numbers (the folder names the input format)")
+
+
 def replay(sets: list[VectorSet]) -> list[dict]:
-    """`replay_set` for each set, in order."""
+    """`replay_set` for each set, in order, after every set's inputs are checked."""
+    for s in sets:
+        check_set(s)
     return [replay_set(s) for s in sets]

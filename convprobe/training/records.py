@@ -26,7 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -85,20 +85,36 @@ def _step_of(row: list[str], width: int) -> int | None:
         return None
 
 
-def _truncate_csv(path: Path, keep_below_step: int, columns) -> None:
-    """Keep the header and the well-formed rows whose step is below `keep_below_step`."""
+def _kept_rows(path: Path, keep_below_step: int, columns) -> list[list[str]] | None:
+    """The header and the well-formed rows of a CSV whose step is below `keep_below_step`
+    (None if the file does not exist); an unreadable file is one InvalidArgument line."""
     if not path.exists():
-        return
-    with path.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
+        return None
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise InvalidArgument(f"{path} is not a readable convprobe record ({exc.__class__.__name__}); "
+                              f"nothing was changed: use a new --output directory") from None
+    if not rows:
+        return []
+    return [rows[0]] + [r for r in rows[1:]
+                        if (step := _step_of(r, len(columns))) is not None and step < keep_below_step]
+
+
+def _rewrite_csv(path: Path, rows: list[list[str]] | None) -> None:
+    """Replace `path` by `rows` atomically (nothing to do for a file that did not exist)."""
     if not rows:
         return
-    kept = [rows[0]] + [r for r in rows[1:]
-                        if (step := _step_of(r, len(columns))) is not None and step < keep_below_step]
     tmp = path.with_suffix(".tmp")
     with tmp.open("w", newline="", encoding="utf-8") as handle:
-        csv.writer(handle).writerows(kept)
+        csv.writer(handle).writerows(rows)
     os.replace(tmp, path)
+
+
+def _truncate_csv(path: Path, keep_below_step: int, columns) -> None:
+    """Keep the header and the well-formed rows whose step is below `keep_below_step`."""
+    _rewrite_csv(path, _kept_rows(path, keep_below_step, columns))
 
 
 class RunFiles:
@@ -141,10 +157,11 @@ class RunFiles:
                     f"({old_config.get(key)!r}, now {value!r}); use a new --output directory"
                 )
         resumed = list(old.get("resumed_at_steps", []))
-        if not self.checkpoint_path.exists():
-            return ResumePlan(0, resumed + [0])
-        state = load_checkpoint(self.checkpoint_path)
-        return ResumePlan(state[0], resumed + [state[0]], state)
+        state = load_checkpoint(self.checkpoint_path) if self.checkpoint_path.exists() else None
+        start = state[0] if state is not None else 0
+        rows = {"steps": _kept_rows(self.steps_path, start, STEP_COLUMNS),  # read now: fail now
+                "telemetry": _kept_rows(self.telemetry_path, start, TELEMETRY_COLUMNS)}
+        return ResumePlan(start, resumed + [start], state, rows)
 
     def start(self, plan: "ResumePlan", *, config_json: dict, seed: int, device: str, runtime: dict,
               layer_names: dict) -> int:
@@ -166,8 +183,8 @@ class RunFiles:
             "layers": layer_names,
         }
         write_atomic(str(self.header_path), json.dumps(header, indent=2, sort_keys=True, default=str))
-        _truncate_csv(self.steps_path, start_step, STEP_COLUMNS)
-        _truncate_csv(self.telemetry_path, start_step, TELEMETRY_COLUMNS)
+        _rewrite_csv(self.steps_path, plan.rows.get("steps"))
+        _rewrite_csv(self.telemetry_path, plan.rows.get("telemetry"))
         self._steps = self._open(self.steps_path, STEP_COLUMNS)
         self._telemetry = self._open(self.telemetry_path, TELEMETRY_COLUMNS)
         return start_step
@@ -223,6 +240,7 @@ class ResumePlan:
     start_step: int
     resumed: list
     checkpoint: tuple | None = None
+    rows: dict = field(default_factory=dict)  # the CSV rows a resume keeps, read and checked
 
 
 def load_checkpoint(path: Path) -> tuple[int, list[np.ndarray], list[np.ndarray], dict]:

@@ -337,8 +337,11 @@ class Trainer:
     def restore(self, weights: list[np.ndarray], optimizer_state: list[np.ndarray]) -> None:
         from convprobe.errors import InvalidArgument
 
-        if len(weights) != len(self.model.weights) or len(optimizer_state) != len(self.optimizer.variables):
-            raise InvalidArgument("checkpoint does not match this model/optimizer; use a new --output directory")
+        pairs = list(zip(self.model.weights, weights)) + list(zip(self.optimizer.variables, optimizer_state))
+        if (len(weights) != len(self.model.weights) or len(optimizer_state) != len(self.optimizer.variables)
+                or any(tuple(v.shape) != np.shape(w) for v, w in pairs)):
+            raise InvalidArgument("checkpoint does not match this model/optimizer (array count or shapes); "
+                                  "nothing was changed: use a new --output directory")
         for v, w in zip(self.model.weights, weights):
             v.assign(w)
         for v, w in zip(self.optimizer.variables, optimizer_state):

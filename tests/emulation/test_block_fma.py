@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from convprobe import emulation as em
@@ -21,7 +21,7 @@ from convprobe.emulation import oracle
 from convprobe.emulation.gpus import INPUTS, OUTPUTS, tensor_core_parameters
 from convprobe.emulation.rounding import round_to_format
 from convprobe.errors import InvalidArgument
-from convprobe.formats import FP16, FP32, TF32, parse_format
+from convprobe.formats import BF16, FP16, FP32, FP64, TF32, parse_format
 from convprobe.options import Alignment, CAddition, KLayout
 from convprobe.testing.strategies import representable_arrays
 
@@ -60,8 +60,8 @@ def _values(fmt, shape, specials=False):
 
 @st.composite
 def blocked_models(draw):
-    acc = draw(st.sampled_from([FP32, FP16]))
-    adder = draw(st.sampled_from([FP32, acc]))
+    acc = draw(st.sampled_from([FP32, FP16, FP32, FP16, BF16, FP64]))
+    adder = draw(st.sampled_from([FP32, FP16] if acc == FP64 else [FP32, acc, FP16]))
     b = draw(st.integers(1, 16))
     step = b * draw(st.integers(1, 3))
     layout = draw(st.sampled_from(list(KLayout))) if step % 4 == 0 else KLayout.CONTIGUOUS
@@ -265,7 +265,7 @@ def test_the_compiled_gemm_equals_the_numpy_gemm(cases_budget):
             model = dataclasses.replace(model, product="exact", alignment=Alignment.INPUT_EXPONENTS,
                                         truncate=True, layout=KLayout.CONTIGUOUS,
                                         c_addition=CAddition.FUSED, step=model.b)
-        assert _block_fma_compiled.applies(model)
+        assume(_block_fma_compiled.applies(model))  # its range check leaves fp64 accumulators out
         m, k, n = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 40)), data.draw(st.integers(1, 5))
         specials = data.draw(st.integers(0, 9)) == 0
         a = data.draw(_values(model.input, (m, k), specials))

@@ -31,7 +31,8 @@ def composites(draw, depth=0):
         return f"splitk({size}, {inner}, combine={combine}{output})"
     combine = draw(st.sampled_from(["sequential:fp32", "pairwise:fp16", "sequential:fp32:output=fp16",
                                     "exact:fp32"]))
-    return f"lanes({draw(st.integers(1, 9))}, {inner}, combine={combine})"
+    output = draw(st.sampled_from(["", ", output=fp16"]))
+    return f"lanes({draw(st.integers(1, 9))}, {inner}, combine={combine}{output})"
 
 
 @budget(300, 2000)

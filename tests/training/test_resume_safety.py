@@ -4,7 +4,6 @@ corrupt or foreign run directory costs no record, and TensorFlow is not even imp
 import csv
 import hashlib
 import json
-import os
 
 import subprocess
 import sys
@@ -139,4 +138,13 @@ def test_load_checkpoint_round_trips_what_save_writes(tmp_path):
     step, weights, opt, counters = load_checkpoint(path)
     assert (step, counters) == (3, {"skipped": 1, "nonfinite": 0})
     assert np.array_equal(weights[0], np.ones(2)) and np.array_equal(opt[0], np.zeros(1))
-    assert oct(os.stat(path).st_mode & 0o777) != "0o600"
+
+
+def test_an_unreadable_record_file_is_refused_before_the_header_changes(tmp_path):
+    out = _run_dir(tmp_path)
+    with (out / "steps.csv").open("ab") as handle:
+        handle.write(b"5,\xff\xfe\n")
+    before = _digest(out)
+    with pytest.raises(InvalidArgument, match="steps.csv is not a readable convprobe record"):
+        RunFiles(out).plan(_config(out).to_json())
+    assert _digest(out) == before
