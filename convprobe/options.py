@@ -13,7 +13,8 @@ from typing import TypeVar
 
 from convprobe.errors import invalid_choice
 
-__all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "parse_option"]
+__all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "OutputFormat",
+           "FigureFormat", "Status", "Device", "parse_option"]
 
 
 class Rounding(StrEnum):
@@ -72,6 +73,43 @@ class CAddition(StrEnum):
 
     FUSED = "fused"
     SEPARATE = "separate"
+
+
+class OutputFormat(StrEnum):
+    """What a command prints (and, with --output, writes): an aligned table, JSON or CSV."""
+
+    TABLE = "table"
+    JSON = "json"
+    CSV = "csv"
+
+
+class FigureFormat(StrEnum):
+    """The image formats `convprobe report` writes."""
+
+    PNG = "png"
+    SVG = "svg"
+
+
+class Status(StrEnum):
+    """How one configuration's run ended. Every ending is a row, never a lost sweep:
+    ``unsupported`` (the backend cannot run the setting here), ``failed`` (the probe raised),
+    ``crashed`` (the child process died), ``timeout`` (no answer in time)."""
+
+    OK = "ok"
+    UNSUPPORTED = "unsupported"
+    FAILED = "failed"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+
+
+class Device(StrEnum):
+    """Where TensorFlow runs a configuration. ``auto`` is a request only: it resolves to
+    gpu when one is visible, else cpu; results always name cpu or gpu (the emulator's
+    arithmetic runs on the cpu)."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    AUTO = "auto"
 
 
 ROUNDING_ALIASES = {"rn": "nearest_even", "rne": "nearest_even", "nearest": "nearest_even",

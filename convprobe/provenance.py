@@ -13,6 +13,8 @@ import platform
 import sys
 from importlib import metadata
 
+from convprobe.results import SCHEMA_VERSION  # the envelope's version, recorded in provenance too
+
 __all__ = [
     "SCHEMA_VERSION",
     "PRECISION_ENV_PREFIXES",
@@ -23,7 +25,6 @@ __all__ = [
     "memory_limit",
 ]
 
-SCHEMA_VERSION = 1
 
 #: Environment variables that change which kernels run or how they round.
 PRECISION_ENV_PREFIXES = ("TF_", "XLA_", "ONEDNN_", "DNNL_", "OMP_", "CUDA_", "NVIDIA_", "TF32")

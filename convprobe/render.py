@@ -13,10 +13,12 @@ import math
 import os
 import tempfile
 
+from convprobe.options import OutputFormat
+
 __all__ = ["FORMATS", "render_table", "render_csv", "render_json", "write_atomic",
            "check_output_path", "can_create_in"]
 
-FORMATS = ("table", "json", "csv")
+FORMATS = tuple(f.value for f in OutputFormat)  # plain strings: argparse shows their repr
 
 
 def _cell(value) -> str:

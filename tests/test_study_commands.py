@@ -1,7 +1,6 @@
 """The study commands end to end (fingerprint, identify, sweep, report), emulator-backed unless marked.
 
-They are called through `convprobe.cli.main`, with `study_commands` added to the
-command modules for the duration of each test (a no-op once it is wired in).
+They are called through `convprobe.cli.main`, in this process.
 """
 
 from __future__ import annotations
@@ -14,16 +13,7 @@ import pytest
 
 from conftest import REPO
 from convprobe import cli
-from convprobe.commands import study_commands
-from convprobe.provenance import SCHEMA_VERSION
-
-
-@pytest.fixture(autouse=True)
-def _wired(monkeypatch):
-    import convprobe.commands as commands
-
-    if study_commands not in commands.MODULES:
-        monkeypatch.setattr(commands, "MODULES", (*commands.MODULES, study_commands))
+from convprobe.results import SCHEMA_VERSION
 
 
 def main(*argv: str) -> int:
@@ -33,26 +23,19 @@ def main(*argv: str) -> int:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """One emulator-only result file of each kind (and the tidy CSVs)."""
-    import convprobe.commands as commands
-
-    saved = commands.MODULES
-    commands.MODULES = (*saved, study_commands) if study_commands not in saved else saved
-    try:
-        out = tmp_path_factory.mktemp("results")
-        models = ("--model", "sequential:fp16", "--model", "sequential:fp32:output=fp16", "--model", "blocked:fp16:b=8")
-        paths = {}
-        for kind, extra in (
-            ("fingerprint", ("--op", "conv2d,matmul")),
-            ("identify", ("--op", "matmul", "--ks", "16,64,256")),
-            ("sweep", ("--op", "conv2d", "--ks", "9,72,576,4608,18432", "--rows", "8")),
-        ):
-            for suffix in ("json", "csv"):
-                paths[f"{kind}.{suffix}"] = out / f"{kind}.{suffix}"
-                code = cli.main([kind, "--configs", "none", *models, *extra, "--output", str(paths[f"{kind}.{suffix}"])])
-                assert code == 0
-        return paths
-    finally:
-        commands.MODULES = saved
+    out = tmp_path_factory.mktemp("results")
+    models = ("--model", "sequential:fp16", "--model", "sequential:fp32:output=fp16", "--model", "blocked:fp16:b=8")
+    paths = {}
+    for kind, extra in (
+        ("fingerprint", ("--op", "conv2d,matmul")),
+        ("identify", ("--op", "matmul", "--ks", "16,64,256")),
+        ("sweep", ("--op", "conv2d", "--ks", "9,72,576,4608,18432", "--rows", "8")),
+    ):
+        for suffix in ("json", "csv"):
+            paths[f"{kind}.{suffix}"] = out / f"{kind}.{suffix}"
+            code = cli.main([kind, "--configs", "none", *models, *extra, "--output", str(paths[f"{kind}.{suffix}"])])
+            assert code == 0
+    return paths
 
 
 def test_fingerprint_prints_one_row_per_configuration_and_op(capsys):
@@ -125,9 +108,10 @@ def test_report_refuses_foreign_or_old_results(tmp_path, results, capsys):
     (tmp_path / "list.json").write_text("[1, 2]")
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     cases = {
-        "old.json": f"has schema_version {SCHEMA_VERSION + 1}; this convprobe reads version {SCHEMA_VERSION}",
-        "other.json": "has kind 'training'; report reads fingerprint, identify, sweep results",
-        "list.json": "is not a convprobe result",
+        "old.json": f"schema_version {SCHEMA_VERSION + 1} is not one this convprobe reads (versions 1, 2;",
+        "other.json": "kind must be one of overflow, compare, fingerprint, identify, sweep, replay, train, "
+                      "train-summary; received 'training'",
+        "list.json": "a convprobe result must be a JSON object; received list",
         "bad.csv": "does not match the probe schema",
         "missing.json": "does not exist",
     }
@@ -149,8 +133,7 @@ def test_list_configs_says_the_gpu_switches_change_nothing_on_cpu(capsys):
 
 def test_help_does_not_import_tensorflow():
     code = (
-        "import sys, convprobe.commands as c; from convprobe.commands import study_commands as s; "
-        "c.MODULES = c.MODULES if s in c.MODULES else (*c.MODULES, s); from convprobe import cli\n"
+        "import sys; from convprobe import cli\n"
         "for cmd in ('fingerprint', 'identify', 'sweep', 'report'):\n"
         "    try: cli.main([cmd, '--help'])\n"
         "    except SystemExit: pass\n"

@@ -1,4 +1,4 @@
-"""Figures for sweep and probe results; each function returns a matplotlib `Figure`.
+"""Figures for every kind of result (sweep, probes, replay, training runs); each function returns a matplotlib `Figure`.
 
 Figures are built on `matplotlib.figure.Figure` directly, never through pyplot:
 no global figure registry, no backend switch, no rcParams change, nothing shown.
@@ -24,6 +24,10 @@ __all__ = [
     "error_vs_k_figure",
     "ulp_histogram_figure",
     "table_figure",
+    "match_fraction_figure",
+    "compare_figure",
+    "replay_figure",
+    "training_run_figure",
     "DEFAULT_HIGHLIGHT",
 ]
 
@@ -281,3 +285,123 @@ def _missing(value: object) -> bool:
         return bool(pd.isna(value))
     except (TypeError, ValueError):
         return False
+
+
+def match_fraction_figure(matches: dict, op: str) -> Figure:
+    """Match fraction versus K of each configuration's best model for one op (a `Figure`).
+
+    `matches`: {configuration: {op: {"status", "summary": {"best", "fractions"}}}} as
+    written by `convprobe identify --output FILE.json`.
+    """
+    fig = Figure(figsize=(13.5, 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    colours = _SERIES_COLOURS
+    markers = "osD^v<>ph*"
+    ks_all: set[int] = set()
+    drawn = 0
+    for i, (label, per_op) in enumerate(matches.items()):
+        entry = per_op.get(op)
+        if not entry or entry.get("status") != "ok" or not entry["summary"].get("fractions"):
+            continue
+        fractions = {int(k): float(f) for k, f in entry["summary"]["fractions"].items()}
+        ks = sorted(fractions)
+        ks_all.update(ks)
+        name = label.replace("tensorflow/", "tf/")
+        # earlier series drawn wider underneath, so identical curves stay visible
+        ax.plot(ks, [100 * fractions[k] for k in ks], marker=markers[i % len(markers)],
+                linewidth=max(1.2, 4.0 - 0.4 * i), markersize=max(4.0, 8.0 - 0.5 * i), alpha=0.85,
+                color=colours[i % len(colours)], label=f"{name}: {entry['summary']['best']}", zorder=2 + i)
+        drawn += 1
+    if ks_all:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(ks_all))
+        ax.set_xticklabels([str(k) for k in sorted(ks_all)])
+        ax.minorticks_off()
+    ax.set_ylim(-3, 103)
+    ax.axhline(100, color="#999999", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("reduction length K")
+    ax.set_ylabel("outputs bitwise equal to the best model (%)")
+    ax.grid(True, alpha=0.3)
+    ax.set_title(f"{op}: how far does the best emulator model reproduce each configuration?", fontsize=11)
+    if drawn:
+        fig.legend(loc="outside right center", ncols=1, fontsize=8, frameon=False,
+                   title="configuration: best model", title_fontsize=8)
+    return fig
+
+
+def compare_figure(frame: pd.DataFrame, *, title: str | None = None) -> Figure:
+    """`convprobe compare`: worst fp16-ulp error of the real fp16 conv beside fp32-compute-then-cast,
+    per configuration. `frame`: configuration, real_max_ulp, fake_max_ulp (ok rows only)."""
+    labels = [str(c).replace("tensorflow/", "tf/") for c in frame["configuration"]]
+    y = np.arange(len(labels))
+    fig = Figure(figsize=(9.0, 1.2 + 0.45 * max(1, len(labels))), layout="constrained")
+    ax = fig.add_subplot()
+    real = frame["real_max_ulp"].astype(float).to_numpy()
+    fake = frame["fake_max_ulp"].astype(float).to_numpy()
+    ax.barh(y - 0.2, real, height=0.4, color=_SERIES_COLOURS[1], label="real fp16 conv")
+    ax.barh(y + 0.2, fake, height=0.4, color=_SERIES_COLOURS[0], label="fp32 compute, then cast to fp16")
+    ax.axvline(0.5, color="black", linewidth=1.0, linestyle="--", label="0.5 ulp: correctly rounded")
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("worst error against the float64 reference (fp16 ulps)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title or "compare: real fp16 convolution vs fp32 compute then cast", fontsize=11)
+    return fig
+
+
+def replay_figure(rows: list[dict], *, title: str | None = None) -> Figure:
+    """`convprobe replay`: share of each real-GPU vector set the preset reproduces bit for bit."""
+    labels = [f"{r['gpu']} {r['input']}->{r['output']} ({r['model']})" for r in rows]
+    shares = np.array([100.0 * r["matches"] / r["vectors"] if r["vectors"] else 0.0 for r in rows])
+    y = np.arange(len(rows))
+    fig = Figure(figsize=(9.0, 1.2 + 0.3 * max(1, len(rows))), layout="constrained")
+    ax = fig.add_subplot()
+    colours = [_SERIES_COLOURS[2] if s == 100.0 else _SERIES_COLOURS[1] for s in shares]
+    ax.barh(y, shares, color=colours)
+    for i, r in enumerate(rows):
+        ax.text(1, i, f"{r['matches']} / {r['vectors']}", va="center", fontsize=7, color="white")
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("vectors reproduced bit for bit (%); green: the whole set")
+    ax.set_title(title or "replay: real tensor-core outputs through the GPU presets", fontsize=11)
+    return fig
+
+
+def training_run_figure(steps: pd.DataFrame, telemetry: pd.DataFrame, *, title: str) -> Figure:
+    """One training run: loss and loss scale per step (x: skipped steps), and per tensor the mean
+    share of gradients flushed to zero or left subnormal, labelled with the layer names."""
+    fig = Figure(figsize=(12.0, 9.0), layout="constrained")
+    grid = fig.add_gridspec(3, 2)
+    ax_loss = fig.add_subplot(grid[0, 0])
+    ax_loss.plot(steps["step"], steps["loss"].astype(float), color=_SERIES_COLOURS[0])
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss")
+    ax_loss.grid(True, alpha=0.3)
+    ax_scale = fig.add_subplot(grid[0, 1])
+    ax_scale.step(steps["step"], steps["loss_scale"].astype(float), where="post", color=_SERIES_COLOURS[3])
+    skipped = steps[steps["skipped"].astype(str) == "True"]
+    ax_scale.plot(skipped["step"], skipped["loss_scale"].astype(float), "x", color=_SERIES_COLOURS[1],
+                  label="skipped step")
+    ax_scale.set_yscale("log", base=2)
+    ax_scale.set_xlabel("step")
+    ax_scale.set_ylabel("loss scale")
+    if len(skipped):
+        ax_scale.legend(fontsize=8)
+    for row, kind in ((1, "weight"), (2, "activation")):
+        ax = fig.add_subplot(grid[row, :])
+        part = telemetry[telemetry["kind"] == kind]
+        means = part.groupby(["index", "layer"], sort=True)[["flushed_fraction", "subnormal_fraction"]].mean()
+        x = np.arange(len(means))
+        ax.plot(x, means["flushed_fraction"], marker="o", ms=3, color=_SERIES_COLOURS[1], label="flushed to zero")
+        ax.plot(x, means["subnormal_fraction"], marker="s", ms=3, ls="--", color=_SERIES_COLOURS[0],
+                label="subnormal")
+        ax.set_xticks(x, [layer for _, layer in means.index], rotation=90, fontsize=6)
+        ax.set_ylabel("share of elements")
+        ax.set_title(f"{kind} gradients, mean over recorded steps", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        if len(means):
+            ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    return fig

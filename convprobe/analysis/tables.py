@@ -23,6 +23,7 @@ import pandas as pd
 from convprobe.analysis.bounds import DEFAULT_LAMBDA, dot_error_bound
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import parse_format
+from convprobe.options import Status
 
 __all__ = [
     "TABLE_SCHEMA_VERSION",
@@ -39,13 +40,14 @@ __all__ = [
     "write_table",
     "add_bounds",
     "fingerprint_table",
+    "FINGERPRINT_TITLES",
 ]
 
 #: Version of the column lists below; bump it when a column is added, removed or renamed.
 TABLE_SCHEMA_VERSION = 1
 
-#: How a configuration's run ended (the same set as `backends.isolation.STATUSES`).
-STATUSES = ("ok", "unsupported", "failed", "crashed", "timeout")
+#: How a configuration's run ended (`convprobe.options.Status`).
+STATUSES = tuple(s.value for s in Status)
 
 Kind = Literal["str", "int", "float", "bool"]
 _DTYPES: dict[str, str] = {"str": "str", "int": "Int64", "float": "float64", "bool": "boolean"}
@@ -376,6 +378,16 @@ def add_bounds(
     exceeds = (err > frame["probabilistic_bound"]).astype("boolean")
     frame["exceeds_probabilistic"] = exceeds.where(err.notna(), pd.NA)
     return frame
+
+
+#: Short column titles of the fingerprint table (the JSON keeps the full property names).
+FINGERPRINT_TITLES = {
+    "accumulation": "accumulation", "accumulator_bits": "acc bits", "extra_bits": "extra",
+    "rounding": "rounding", "double_rounding": "2x round", "product_bits": "products",
+    "subnormal_inputs": "subn in", "subnormal_results": "subn out", "overflow": "overflow",
+    "accumulator_range": "acc range", "product_overflow": "65519 test", "block_size": "block",
+    "chunk_size": "chunk",
+}
 
 
 def fingerprint_table(df: pd.DataFrame, properties: Iterable[str] | None = None) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.options import Device
 
 __all__ = [
     "ACCUMULATE_CHOICES",
@@ -41,7 +42,7 @@ __all__ = [
 
 ACCUMULATE_CHOICES = ("fp16", "fp32", "default")
 BACKEND_CHOICES = ("tensorflow", "emulated")
-DEVICE_CHOICES = ("cpu", "gpu", "auto")
+DEVICE_CHOICES = tuple(d.value for d in Device)
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,12 @@ import time
 from dataclasses import dataclass
 
 from convprobe.backends.configurations import MANAGED_VARIABLES, BackendConfig
+from convprobe.options import Status
 
 __all__ = ["IsolatedOutcome", "child_environment", "run_isolated", "STATUSES"]
 
 #: Every status a configuration can end in.
-STATUSES = ("ok", "unsupported", "failed", "crashed", "timeout")
+STATUSES = tuple(s.value for s in Status)  # how a run ends: convprobe.options.Status
 
 DEFAULT_TIMEOUT_S = 300.0
 

@@ -29,7 +29,7 @@ import numpy as np
 from convprobe.formats import FP16, FP32
 from convprobe.probes.reference import conv2d_float64
 
-__all__ = ["DEFAULT_SHAPES", "inputs", "run", "interpret", "memory_estimate"]
+__all__ = ["DEFAULT_SHAPES", "inputs", "run", "interpret", "memory_estimate", "check_shapes"]
 
 DEFAULT_SHAPES = {"batch": 16, "height": 32, "width": 32, "channels": 16, "filters": 16, "kernel": 3}
 
@@ -39,6 +39,21 @@ def memory_estimate(batch: int, height: int, width: int, channels: int, filters:
     (M x K float64) and a dozen float64 output-sized arrays (reference, magnitude, errors)."""
     m = batch * (height - kernel + 1) * (width - kernel + 1)
     return 8 * (batch * height * width * channels + m * kernel * kernel * channels + 12 * m * filters)
+
+
+def check_shapes(batch: int, height: int, width: int, channels: int, filters: int, kernel: int) -> None:
+    """Refuse, before anything runs, a kernel larger than the image or shapes whose arrays
+    would not fit in `provenance.memory_limit()` (half this machine's memory)."""
+    from convprobe.errors import InvalidArgument
+    from convprobe.provenance import memory_limit
+
+    if kernel > min(height, width):
+        raise InvalidArgument(f"kernel must be at most height and width ({min(height, width)}); received {kernel}")
+    need, limit = memory_estimate(batch, height, width, channels, filters, kernel), memory_limit()
+    if need > limit:
+        raise InvalidArgument(f"compare shapes need about {need / 2**30:.1f} GiB (float64 reference and "
+                              f"patches); at most {limit / 2**30:.1f} GiB (half this machine's memory) is "
+                              f"allowed: reduce --batch, --height, --width, --channels or --filters")
 
 
 def inputs(seed: int, batch: int, height: int, width: int, channels: int, filters: int, kernel: int):

@@ -41,7 +41,6 @@ __all__ = [
     "summarize_matches",
     "interpret",
     "identify_backend",
-    "identify_figure",
 ]
 
 DEFAULT_KS = tuple(2**i for i in range(4, 14))  # 16 ... 8192
@@ -254,48 +253,3 @@ def identify_backend(backend, op: str = "matmul", *, ks=DEFAULT_KS, rows: int = 
     """In-process identify of one op (the self-check on the emulator): the summary dict and table."""
     observed = run(backend, ops=[op], ks=ks, rows=rows, seed=seed)
     return identify_observed(observed, specs)[op]
-
-
-def identify_figure(matches: dict, op: str):
-    """Match fraction versus K of each configuration's best model for one op (a `Figure`).
-
-    `matches`: {configuration: {op: {"status", "summary": {"best", "fractions"}}}} as
-    written by `convprobe identify --output FILE.json`.
-    """
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(13.5, 5.0), layout="constrained")
-    ax = fig.add_subplot()
-    colours = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
-               "#bcbd22", "#7f7f7f")
-    markers = "osD^v<>ph*"
-    ks_all: set[int] = set()
-    drawn = 0
-    for i, (label, per_op) in enumerate(matches.items()):
-        entry = per_op.get(op)
-        if not entry or entry.get("status") != "ok" or not entry["summary"].get("fractions"):
-            continue
-        fractions = {int(k): float(f) for k, f in entry["summary"]["fractions"].items()}
-        ks = sorted(fractions)
-        ks_all.update(ks)
-        name = label.replace("tensorflow/", "tf/")
-        # earlier series drawn wider underneath, so identical curves stay visible
-        ax.plot(ks, [100 * fractions[k] for k in ks], marker=markers[i % len(markers)],
-                linewidth=max(1.2, 4.0 - 0.4 * i), markersize=max(4.0, 8.0 - 0.5 * i), alpha=0.85,
-                color=colours[i % len(colours)], label=f"{name}: {entry['summary']['best']}", zorder=2 + i)
-        drawn += 1
-    if ks_all:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(ks_all))
-        ax.set_xticklabels([str(k) for k in sorted(ks_all)])
-        ax.minorticks_off()
-    ax.set_ylim(-3, 103)
-    ax.axhline(100, color="#999999", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("reduction length K")
-    ax.set_ylabel("outputs bitwise equal to the best model (%)")
-    ax.grid(True, alpha=0.3)
-    ax.set_title(f"{op}: how far does the best emulator model reproduce each configuration?", fontsize=11)
-    if drawn:
-        fig.legend(loc="outside right center", ncols=1, fontsize=8, frameon=False,
-                   title="configuration: best model", title_fontsize=8)
-    return fig

@@ -92,8 +92,6 @@ def format_table(table) -> str:
 
 def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     """Write underflow_per_layer.png, gradient_histogram.png, scale_trajectory.png."""
-    import json
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,6 +100,7 @@ def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     import pandas as pd
 
     from convprobe.formats import parse_format
+    from convprobe.training.records import read_header
     from convprobe.training.telemetry import decode_histogram
 
     output = Path(output)
@@ -122,8 +121,7 @@ def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
 
-    header = json.loads((output / labels[0] / "header.json").read_text())
-    fmt = parse_format(header["config"]["dtype"])
+    fmt = parse_format(read_header(output / labels[0])["params"]["dtype"])
     fig, ax = plt.subplots(figsize=(10, 5))
     for label in labels:
         t = pd.read_csv(output / label / "telemetry.csv")

@@ -2,7 +2,7 @@
 
 Layout of a run directory:
 
-- `header.json`: provenance (`convprobe.provenance.collect`), the run's
+- `header.json`: a `train` envelope (`convprobe.results`): provenance (`convprobe.provenance.collect`), the run's
   configuration, the runtime facts (XLA flags, devices, the fp16-rounding check),
   the column schema and the histogram bin labels; rewritten on resume with the
   resume points appended.
@@ -11,7 +11,7 @@ Layout of a run directory:
 - `telemetry.csv`: one row per recorded step x tensor (layer, kind
   weight/activation, counts, fractions, extremes, histograms).
 - `checkpoint.npz`: weights, optimizer state and the next step; written
-  atomically. `summary.json` at the end.
+  atomically. `summary.json` (a `train-summary` envelope) at the end.
 
 An interrupted run keeps every row written so far. Resuming drops rows after
 the last checkpoint (those steps are recomputed, with the same batches) and rows
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from convprobe import provenance
-from convprobe.render import can_create_in, write_atomic
+from convprobe import provenance, results
+from convprobe.render import can_create_in
 from convprobe.errors import InvalidArgument
 from convprobe.training.telemetry import COUNT_FIELDS, histogram_edges
 
@@ -42,6 +42,7 @@ __all__ = [
     "RunFiles",
     "ResumePlan",
     "read_header",
+    "read_summary",
     "save_checkpoint",
     "load_checkpoint",
 ]
@@ -61,18 +62,22 @@ _RESUMABLE_CHANGES = {"steps", "progress", "output", "checkpoint_every", "eval_b
 
 
 def read_header(directory: str | Path) -> dict:
-    """The run's header.json, validated; InvalidArgument (one line) if unreadable."""
+    """The run's header.json (a `train` envelope, `convprobe.results`), validated; one
+    InvalidArgument line if it is unreadable, malformed or of another kind."""
     path = Path(directory) / "header.json"
+    return _read_record(path, results.Kind.TRAIN)
+
+
+def _read_record(path: Path, kind: str) -> dict:
     try:
-        header = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgument(f"{path} is not a readable convprobe run header ({exc.__class__.__name__}); "
-                              f"nothing was changed: use a new --output directory") from None
-    if not isinstance(header, dict) or not isinstance(header.get("config"), dict) or not isinstance(
-            header.get("resumed_at_steps", []), list):
-        raise InvalidArgument(f"{path} is not a convprobe run header (no 'config' object); nothing was "
-                              f"changed: use a new --output directory")
-    return header
+        return results.read(path, kinds=(kind,))
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{exc}; nothing was changed: use a new --output directory") from None
+
+
+def read_summary(directory: str | Path) -> dict:
+    """A finished run's summary (the `summary` of its `train-summary` envelope), validated."""
+    return _read_record(Path(directory) / "summary.json", results.Kind.TRAIN_SUMMARY)["summary"]
 
 
 def _step_of(row: list[str], width: int) -> int | None:
@@ -128,6 +133,7 @@ class RunFiles:
         self.checkpoint_path = self.directory / "checkpoint.npz"
         self.summary_path = self.directory / "summary.json"
         self._steps = self._telemetry = None
+        self._identity: dict = {}
 
     # -- lifecycle ---------------------------------------------------------------
     def plan(self, config_json: dict) -> "ResumePlan":
@@ -147,7 +153,7 @@ class RunFiles:
                                       f"changed: use a new --output directory")
             return ResumePlan(0, [])
         old = read_header(self.directory)
-        old_config = old["config"]
+        old_config = old["params"]
         for key, value in config_json.items():
             if key in _RESUMABLE_CHANGES:
                 continue
@@ -169,20 +175,21 @@ class RunFiles:
         Call only after the plan's checkpoint has been restored into the model."""
         self.directory.mkdir(parents=True, exist_ok=True)
         start_step, resumed = plan.start_step, plan.resumed
-        header = {
-            "provenance": provenance.collect(seed=seed, device=device, extra={"runtime": runtime}),
-            "config": config_json,
-            "resumed_at_steps": resumed,
-            "columns": {"steps": list(STEP_COLUMNS), "telemetry": list(TELEMETRY_COLUMNS)},
-            "histogram_bins": histogram_edges(),
-            "histogram_note": (
+        self._identity = {"params": config_json, "seed": seed, "device": device}
+        header = results.envelope(
+            results.Kind.TRAIN, config_json,
+            provenance.collect(seed=seed, device=device, extra={"runtime": runtime}),
+            resumed_at_steps=resumed,
+            columns={"steps": list(STEP_COLUMNS), "telemetry": list(TELEMETRY_COLUMNS)},
+            histogram_bins=histogram_edges(),
+            histogram_note=(
                 "hist_* cells are 'e:count' pairs; e is floor(log2|g|) of the scaled gradient; "
                 f"e={histogram_edges()[0]} collects everything smaller, e={histogram_edges()[-1]} "
                 "everything at or above 2^e"
             ),
-            "layers": layer_names,
-        }
-        write_atomic(str(self.header_path), json.dumps(header, indent=2, sort_keys=True, default=str))
+            layers=layer_names,
+        )
+        results.write(self.header_path, header)
         _rewrite_csv(self.steps_path, plan.rows.get("steps"))
         _rewrite_csv(self.telemetry_path, plan.rows.get("telemetry"))
         self._steps = self._open(self.steps_path, STEP_COLUMNS)
@@ -210,7 +217,11 @@ class RunFiles:
         handle.flush()
 
     def finish(self, summary: dict) -> None:
-        write_atomic(str(self.summary_path), json.dumps(summary, indent=2, sort_keys=True, default=str))
+        """Write summary.json (a `train-summary` envelope) and close the CSVs."""
+        identity = self._identity
+        results.write(self.summary_path, results.envelope(
+            results.Kind.TRAIN_SUMMARY, identity["params"],
+            provenance.collect(seed=identity["seed"], device=identity["device"]), summary=summary))
         self.close()
 
     def close(self) -> None:

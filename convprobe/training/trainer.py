@@ -23,7 +23,6 @@ is measured once and reported under both names.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
@@ -35,7 +34,7 @@ import numpy as np
 from convprobe.training import runtime
 from convprobe.training.config import LossScaleMode, TrainConfig
 from convprobe.training.data import Batches, make_data
-from convprobe.training.records import RunFiles, save_checkpoint
+from convprobe.training.records import RunFiles, read_summary, save_checkpoint
 from convprobe.training.telemetry import COUNT_FIELDS, Thresholds, batched_stats, encode_histogram
 
 __all__ = ["Trainer", "RunResult", "train"]
@@ -363,22 +362,6 @@ def _progress(step: int, total: int, result: dict, stream=sys.stderr) -> None:
     stream.flush()
 
 
-def _read_summary(path) -> dict:
-    """A finished run's summary.json, validated."""
-    from convprobe.errors import InvalidArgument
-
-    keys = ("final_step", "skipped_steps", "nonfinite_steps", "final_loss_scale", "final_loss",
-            "eval_accuracy", "median_images_per_second", "jit")
-    try:
-        done = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        done = None
-    if not isinstance(done, dict) or any(k not in done for k in keys):
-        raise InvalidArgument(f"{path} is not a convprobe run summary; nothing was changed: use a new "
-                              f"--output directory")
-    return done
-
-
 def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer | None = None,
           stop_after: int | None = None, eager: bool = False) -> RunResult:
     """Run (or resume) a training run, streaming records to `config.output` if set.
@@ -392,7 +375,7 @@ def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer 
     start = 0
     counters = {"skipped": 0, "nonfinite": 0}
     if plan is not None and plan.start_step >= config.steps and files.summary_path.exists():
-        done = _read_summary(files.summary_path)  # already finished: report it, touch nothing
+        done = read_summary(files.directory)  # already finished: report it, touch nothing
         return RunResult(
             directory=config.output, steps_run=0, final_step=done["final_step"],
             skipped_steps=done["skipped_steps"], nonfinite_steps=done["nonfinite_steps"],

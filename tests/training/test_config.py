@@ -10,7 +10,7 @@ import pytest
 
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP16, FP32, BF16
-from convprobe.training import command
+from convprobe.cli import train as command
 from convprobe.training.config import LossScaleMode, parse_loss_scale, resnet_blocks_per_stage, validate_config
 
 
@@ -106,7 +106,7 @@ def test_cli_defaults_and_output_name():
 def test_register_and_help_do_not_import_tensorflow():
     code = (
         "import sys, argparse\n"
-        "from convprobe.training import command\n"
+        "from convprobe.cli import train as command\n"
         "p = argparse.ArgumentParser(); command.register(p.add_subparsers())\n"
         "p.format_help()\n"
         "import convprobe.training\n"

@@ -114,7 +114,7 @@ def test_cifar_bad_label_and_empty_and_missing(tmp_path):
 def test_cli_rejects_truncated_cifar_before_training(tmp_path):
     import argparse
 
-    from convprobe.training import command
+    from convprobe.cli import train as command
 
     _cifar_dir(tmp_path)
     bad = tmp_path / "test_batch.bin"

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from convprobe import results
 from convprobe.errors import InvalidArgument
 from convprobe.training.config import validate_config
 from convprobe.training.records import STEP_COLUMNS, TELEMETRY_COLUMNS, RunFiles, _truncate_csv, load_checkpoint
@@ -34,7 +35,9 @@ def _run_dir(tmp_path):
     """A run directory as a 4-step run leaves it: header, 4 step rows, telemetry, checkpoint."""
     out = tmp_path / "rep"
     out.mkdir()
-    header = {"config": _config(out, steps=4).to_json(), "resumed_at_steps": []}
+    header = results.envelope("train", _config(out, steps=4).to_json(), {"seed": 0}, resumed_at_steps=[],
+                              columns={"steps": list(STEP_COLUMNS), "telemetry": list(TELEMETRY_COLUMNS)},
+                              layers={"weight": ["w"], "activation": ["a"]}, histogram_bins=[-40, 0])
     (out / "header.json").write_text(json.dumps(header))
     with (out / "steps.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -74,13 +77,26 @@ def test_a_bad_checkpoint_is_refused_and_nothing_changes(tmp_path, damage):
     assert _digest(out) == before
 
 
-@pytest.mark.parametrize("text", ['{"config": ', "[]", '{"config": 3}', ""])
+@pytest.mark.parametrize("text", ['{"config": ', "[]", '{"config": 3}', "", '{"schema_version": 2, "kind": "train"}',
+                                  '{"schema_version": 9, "kind": "train", "params": {}, "provenance": {}}'])
 def test_a_bad_header_is_refused_and_nothing_changes(tmp_path, text):
     out = _run_dir(tmp_path)
     (out / "header.json").write_text(text)
     before = _digest(out)
     with pytest.raises(InvalidArgument, match="header"):
         RunFiles(out).plan(_config(out).to_json())
+    assert _digest(out) == before
+
+
+def test_a_version_1_header_is_upgraded_and_its_run_resumes(tmp_path):
+    out = _run_dir(tmp_path)
+    header = json.loads((out / "header.json").read_text())
+    v1 = {"config": header["params"], "provenance": {}, **{k: header[k] for k in (
+        "resumed_at_steps", "columns", "layers", "histogram_bins")}}  # convprobe 0.1's layout
+    (out / "header.json").write_text(json.dumps(v1))
+    before = _digest(out)
+    plan = RunFiles(out).plan(_config(out).to_json())
+    assert (plan.start_step, plan.resumed) == (4, [4])
     assert _digest(out) == before
 
 

@@ -128,13 +128,14 @@ def test_records_stream_and_resume_reproduces_uninterrupted_run(tmp_path, tiny):
     assert prov["seed"] == 7 and prov["schema_version"] >= 1
     assert "--xla_allow_excess_precision=false" in prov["environment"]["XLA_FLAGS"]
     assert "--xla_cpu_max_isa=AVX2" in prov["runtime"]["xla_flags"]
-    assert header["config"]["loss_scale"]["mode"] == "dynamic"
+    assert (header["kind"], header["params"]["loss_scale"]["mode"]) == ("train", "dynamic")
     assert len(header["layers"]["activation"]) == len({r["layer"] for r in ta if r["kind"] == "activation"})
-    summary = json.loads((tmp_path / "interrupted" / "summary.json").read_text())
-    assert summary["finished"] is True and summary["final_step"] == 4
+    document = json.loads((tmp_path / "interrupted" / "summary.json").read_text())
+    summary = document["summary"]
+    assert document["kind"] == "train-summary" and summary["finished"] is True and summary["final_step"] == 4
     again = train(interrupted, eager=True)  # a finished run is reported, not rerun or overwritten
     assert again.steps_run == 0 and again.final_loss == resumed.final_loss
-    assert json.loads((tmp_path / "interrupted" / "summary.json").read_text()) == summary
+    assert json.loads((tmp_path / "interrupted" / "summary.json").read_text()) == document
     assert len(_rows(tmp_path / "interrupted" / "steps.csv")) == 4
     with pytest.raises(InvalidArgument, match="holds a run with a different seed"):
         train(replace(interrupted, seed=8), eager=True)

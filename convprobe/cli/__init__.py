@@ -1,9 +1,10 @@
-"""The `convprobe` command line: thin argparse subcommands over the library.
+"""The `convprobe` command line: one thin module per command over the library.
 
-Each command module exposes `register(subparsers)`, which adds its parser and sets
-`handler=` to a function `(args) -> int`. Nothing here imports TensorFlow: help
-is instant and works without it. Bad input raises `InvalidArgument`, which
-becomes one line on stderr and exit code 2.
+Each command module (`COMMANDS`) exposes `register(subparsers)`, which adds its
+parser and sets `handler=` to a function `(args) -> int` that parses, calls one
+library function and renders. Nothing here imports TensorFlow: help is instant and
+works without it. Bad input raises `InvalidArgument`, which becomes one line on
+stderr and exit code 2; exit 1 is kept for a failed --expect (or replay mismatch).
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ import sys
 from collections.abc import Sequence
 
 from convprobe import __version__
+from convprobe.cli import compare, fingerprint, identify, overflow, replay, report, sweep, train
 from convprobe.errors import InvalidArgument
 
-__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_EXPECTATION_FAILED", "EXIT_USAGE"]
+__all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_EXPECTATION_FAILED", "EXIT_USAGE"]
+
+#: The command modules, in help order.
+COMMANDS = (overflow, compare, fingerprint, identify, sweep, report, replay, train)
 
 EXIT_OK = 0
 EXIT_EXPECTATION_FAILED = 1
@@ -27,13 +32,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse API
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def _command_modules():
-    """The modules that contribute subcommands, in help order."""
-    from convprobe import commands
-
-    return commands.MODULES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"convprobe {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in _command_modules():
+    for module in COMMANDS:
         module.register(subparsers)
     return parser
 

@@ -1,0 +1,255 @@
+"""What the command modules share: argparse converters, option groups, checks, rendering.
+
+Converters raise `argparse.ArgumentTypeError`, which the CLI frame turns into one
+line naming the option, the value received and what is allowed, with exit code 2;
+checks raise `InvalidArgument` (the same line, before any work starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from convprobe.backends.configurations import DEVICE_CHOICES
+from convprobe.render import FORMATS
+
+__all__ = ["positive_int", "bounded_int", "int_list", "seed", "add_running_options",
+           "add_output_options", "add_matrix_options", "check_output", "announce_inherited_switches",
+           "matrix_configs", "list_configs", "emit", "MAX_TIMEOUT", "MAX_JOBS", "MAX_K", "MAX_ROWS"]
+
+MAX_TIMEOUT = 7 * 24 * 3600  # a week: longer is a typo, and overflows some timers
+MAX_JOBS = 256
+MAX_K = 65536  # reduction lengths: 4x the battery's longest row
+MAX_ROWS = 4096
+
+
+def _integer(text: str, minimum: int, allowed: str, maximum: int | None = None) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum or (maximum is not None and value > maximum):
+        raise argparse.ArgumentTypeError(f"must be {allowed}; received {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (sizes, counts, seconds)."""
+    return _integer(text, 1, "a positive integer")
+
+
+def bounded_int(low: int, high: int):
+    """An argparse type: an integer in [low, high], the range named in the error."""
+    def convert(text: str) -> int:
+        return _integer(text, low, f"an integer from {low} to {high}", high)
+
+    convert.__name__ = f"integer in [{low}, {high}]"
+    return convert
+
+
+def int_list(low: int, high: int):
+    """An argparse type: comma-separated integers, each in [low, high], at least one."""
+    def convert(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < low or max(values) > high:
+            raise argparse.ArgumentTypeError(
+                f"must be comma-separated integers from {low} to {high}; received {text!r}")
+        return values
+
+    return convert
+
+
+def seed(text: str) -> int:
+    """A non-negative integer seed below 2**63."""
+    return _integer(text, 0, "an integer from 0 to 2**63 - 1", 2**63 - 1)
+
+
+def add_running_options(parser: argparse.ArgumentParser, *, timeout: int) -> None:
+    """The "running" group every probe-style command shares: --seed, --timeout, --jobs."""
+    run = parser.add_argument_group("running")
+    run.add_argument("--seed", type=seed, default=0, help="seed for random inputs (default: 0)")
+    run.add_argument("--timeout", type=bounded_int(1, MAX_TIMEOUT), default=timeout, metavar="SECONDS",
+                     help=f"per-configuration time limit, 1 to {MAX_TIMEOUT} (default: {timeout})")
+    run.add_argument("--jobs", type=bounded_int(1, MAX_JOBS), default=None, metavar="N",
+                     help=f"configurations run at once, 1 to {MAX_JOBS} (default: number of cores)")
+
+
+def add_output_options(parser: argparse.ArgumentParser, *, format_help: str,
+                       output_help: str) -> argparse._ArgumentGroup:
+    """The "output" group every probe-style command shares: --format and --output.
+    Returns the group, for command-specific output options."""
+    out = parser.add_argument_group("output")
+    out.add_argument("--format", choices=FORMATS, default="table", help=f"{format_help} (default: table)")
+    out.add_argument("--output", metavar="FILE", help=output_help)
+    return out
+
+
+def check_output(path: str | None, file_format: str, allowed: tuple[str, ...] | None = None) -> None:
+    """Refuse an --output before any work: unwritable, a directory, or a suffix that contradicts
+    `file_format` (or, with `allowed`, a suffix outside it)."""
+    if not path:
+        return
+    from pathlib import Path
+
+    from convprobe.errors import InvalidArgument
+    from convprobe.render import check_output_path
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if allowed is not None and suffix not in allowed:
+        raise InvalidArgument(f"--output must end in {' or '.join('.' + a for a in allowed)}; "
+                              f"received {path!r}")
+    check_output_path(path, suffix if allowed is not None else file_format)
+
+
+def announce_inherited_switches(command: str) -> None:
+    """Name, on stderr, the precision switches of the user's shell that no child will see."""
+    import sys
+
+    from convprobe.backends.configurations import inherited_switches
+
+    found = inherited_switches()
+    if found:
+        shown = " ".join(f"{k}={v}" for k, v in found.items())
+        print(f"convprobe {command}: note: ignoring {shown} from your environment: each configuration "
+              f"sets its own switches (pass one on purpose with --env NAME=VALUE)", file=sys.stderr)
+
+
+def add_matrix_options(parser: argparse.ArgumentParser, *, default_ops: str, timeout: int) -> None:
+    """The options of the study commands (fingerprint, identify, sweep): configurations of the
+    matrix and emulator models, ops, running and output."""
+    config = parser.add_argument_group("configurations")
+    config.add_argument("--configs", default=None, metavar="NAMES",
+                        help="TensorFlow configurations of the matrix, comma-separated, 'all', or 'none' "
+                             "(default: the matrix's default rows; see 'convprobe fingerprint --list-configs')")
+    config.add_argument("--device", choices=DEVICE_CHOICES, default="cpu", help="device (default: cpu)")
+    config.add_argument("--model", action="append", default=[], metavar="SPEC",
+                        help="also run the exact emulator with this model (repeatable), e.g. sequential:fp16")
+    config.add_argument("--op", default=default_ops, metavar="OPS",
+                        help=f"ops, comma-separated or 'all' (default: {default_ops})")
+    config.add_argument("--list-configs", action="store_true", help="list the configuration matrix and exit")
+    add_running_options(parser, timeout=timeout)
+    add_output_options(parser, format_help="what to print",
+                       output_help="write the results: FILE.json (document with provenance) or FILE.csv (tidy table)")
+
+
+def matrix_configs(args) -> list:
+    """TensorFlow matrix rows plus emulator models, validated before anything runs."""
+    from convprobe.backends.configurations import emulated_config
+    from convprobe.backends.configurations import matrix_configs as rows
+    from convprobe.errors import InvalidArgument
+
+    configs = [] if args.configs == "none" else rows(args.device, args.configs)
+    configs += [emulated_config(spec) for spec in args.model]
+    if not configs:
+        raise InvalidArgument("nothing to run: --configs none and no --model")
+    return configs
+
+
+def list_configs(device: str) -> int:
+    """Print the matrix rows of a device; listing needs no GPU (it only says what would run)."""
+    from convprobe.backends.configurations import MATRIX, MATRIX_DEFAULT, resolve_device
+
+    device = device if device in MATRIX else resolve_device(device)
+    for name, (env, jit, _acc, note) in MATRIX[device].items():
+        default = "*" if name in MATRIX_DEFAULT[device] else " "
+        settings = " ".join(f"{k}={v}" for k, v in env.items()) or "(nothing set)"
+        print(f"{default} {name:24s} jit={'on ' if jit else 'off'} {settings}  # {note}")
+    print("(* = run by default; on CPU the cuDNN/cuBLAS switches change nothing, so only the "
+          "'gpu-switches' control row carries them)")
+    return 0
+
+
+def emit(args, outcome, *, file_format: str | None = None) -> None:
+    """Print `outcome` in --format (its notes under a table) and write --output: a JSON
+    envelope, or a CSV (the tidy frame when there is one, else the flat rows)."""
+    import sys
+
+    from convprobe import results
+    from convprobe.render import json_clean, render_json, render_table, write_atomic
+
+    if args.format == "table":
+        sys.stdout.write(render_table(outcome.rows, outcome.columns))
+        for note in outcome.notes:
+            print(f"  {note}")
+    elif args.format == "json":
+        sys.stdout.write(render_json(json_clean(outcome.document)))
+    else:
+        sys.stdout.write(_csv(outcome))
+    if not args.output:
+        return
+    from pathlib import Path
+
+    suffix = file_format or Path(args.output).suffix.lower().lstrip(".")
+    if suffix == "csv":
+        write_atomic(args.output, _csv(outcome))
+    else:
+        results.write(args.output, outcome.document)
+
+
+def _csv(outcome) -> str:
+    from convprobe.render import render_csv
+
+    if outcome.frame is not None:
+        from convprobe.analysis.tables import validate_frame
+
+        return validate_frame(outcome.frame, outcome.schema).to_csv(index=False)
+    return render_csv(outcome.csv_rows)
+
+
+EXPECT_CHOICES = ("fp16", "fp32")
+
+
+def add_classic_options(parser: argparse.ArgumentParser) -> None:
+    """The options of overflow and compare: backend x accumulate x device, --env, --jit,
+    --model, running, output and --expect."""
+    from convprobe.backends.configurations import ACCUMULATE_CHOICES, BACKEND_CHOICES
+
+    config = parser.add_argument_group("configurations")
+    config.add_argument("--accumulate", choices=(*ACCUMULATE_CHOICES, "all"), default="all",
+                        help="accumulation to request (default: all, one row each)")
+    config.add_argument("--backend", choices=(*BACKEND_CHOICES, "all"), default="all",
+                        help="real TensorFlow, the exact emulator, or both (default: all)")
+    config.add_argument("--device", choices=DEVICE_CHOICES, default="cpu",
+                        help="device for TensorFlow (default: cpu; gpu without a GPU is an error)")
+    config.add_argument("--env", action="append", metavar="NAME=VALUE", default=[],
+                        help="extra environment setting for TensorFlow children (repeatable)")
+    config.add_argument("--jit", action="store_true", help="run TensorFlow ops under XLA (jit_compile=True)")
+    config.add_argument("--model", metavar="SPEC",
+                        help="emulator accumulation model instead of the per-request one, e.g. sequential:fp16, "
+                             "blocked:fp16:b=4")
+    add_running_options(parser, timeout=300)
+    out = add_output_options(parser, format_help="output format",
+                             output_help="also write the result in --format (json if table) to FILE")
+    out.add_argument("--expect", choices=EXPECT_CHOICES,
+                     help="exit 1 unless every configuration is observed to accumulate like this")
+
+
+def run_classic_command(probe: str, args, params: dict) -> int:
+    """overflow / compare after their own checks: configurations, run, render, --expect."""
+    import sys
+
+    from convprobe.backends.configurations import parse_env_assignments, resolve_configs
+    from convprobe.probes.studies import run_classic
+
+    file_format = "json" if args.format == "table" else args.format
+    check_output(args.output, file_format)
+    announce_inherited_switches(probe)
+    configs = resolve_configs(
+        backend=args.backend, accumulate=args.accumulate, device=args.device,
+        extra_env=parse_env_assignments(args.env), jit_compile=args.jit, model=args.model,
+    )
+    outcome = run_classic(probe, configs, params, device=args.device, timeout=args.timeout, jobs=args.jobs)
+    emit(args, outcome, file_format=file_format)
+    if args.format != "table":  # the table says it under each row; the JSON in config.warnings
+        for warning in sorted({w for c in configs for w in c.warnings}):
+            print(f"convprobe {probe}: note: {warning}", file=sys.stderr)
+    if args.expect is None:
+        return 0
+    failing = [r for r in outcome.probe_results if r.status != "ok" or r.accumulation != args.expect]
+    for r in failing:
+        observed = r.accumulation if r.status == "ok" else r.status
+        print(f"expectation failed: {r.config.label} expected {args.expect} accumulation, observed {observed}",
+              file=sys.stderr)
+    return 1 if failing else 0

@@ -1,0 +1,351 @@
+"""The results envelope: what every file convprobe writes looks like, and its history.
+
+Every command's document (overflow, compare, fingerprint, identify, sweep, replay,
+and train's ``header.json`` and ``summary.json``) is one JSON object::
+
+    {"schema_version": 2, "kind": "...", "params": {...}, "provenance": {...}, ...}
+
+plus the fields its kind requires (`REQUIRED`). `envelope` builds one, `write`
+validates and writes it, `read` reads, upgrades an older version and validates it
+completely: a malformed document is one `InvalidArgument` line naming the field,
+never a TypeError later. (Table rows are checked against the analysis layer's
+schemas, `convprobe.analysis.tables`, imported only when a document holds a table.) Like pyperf's format, the version moves when the layout
+changes, `SCHEMA_HISTORY` says what changed, and older documents are upgraded on read.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+
+from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.options import Status
+
+__all__ = ["SCHEMA_VERSION", "SCHEMA_HISTORY", "Kind", "envelope", "validate", "read", "write", "upgrade"]
+
+SCHEMA_VERSION = 2
+
+#: What each version changed (read by `upgrade`, shown by the docs).
+SCHEMA_HISTORY = {
+    1: "First format (convprobe 0.1). overflow and compare named their probe in 'probe', the other "
+       "commands in 'kind'; train's header.json and summary.json carried no version or kind.",
+    2: "One envelope for every command: every document has schema_version, kind, params and "
+       "provenance. train's header.json is kind 'train' with the run configuration in 'params' (was "
+       "'config'); summary.json is kind 'train-summary' with the summary in 'summary'. Version-1 "
+       "documents are upgraded on read.",
+}
+
+
+class Kind(StrEnum):
+    """The kinds of result document, one per command (two for a training run)."""
+
+    OVERFLOW = "overflow"
+    COMPARE = "compare"
+    FINGERPRINT = "fingerprint"
+    IDENTIFY = "identify"
+    SWEEP = "sweep"
+    REPLAY = "replay"
+    TRAIN = "train"
+    TRAIN_SUMMARY = "train-summary"
+
+
+#: The kinds whose `results` are `ProbeResult` records, one per configuration.
+PROBE_KINDS = (Kind.OVERFLOW, Kind.COMPARE, Kind.FINGERPRINT, Kind.IDENTIFY, Kind.SWEEP)
+
+#: Fields each kind requires beyond schema_version, kind, params and provenance.
+REQUIRED = {
+    **{kind: ("results",) for kind in PROBE_KINDS},
+    Kind.FINGERPRINT: ("results", "table"),
+    Kind.IDENTIFY: ("results", "matches"),
+    Kind.SWEEP: ("results", "table", "ulp_errors"),
+    Kind.REPLAY: ("results",),
+    Kind.TRAIN: ("columns", "layers", "resumed_at_steps", "histogram_bins"),
+    Kind.TRAIN_SUMMARY: ("summary",),
+}
+
+#: The fields of a training summary and what each must hold.
+SUMMARY_FIELDS = {
+    "finished": "bool", "final_step": "count", "skipped_steps": "count", "nonfinite_steps": "count",
+    "final_loss_scale": "number?", "final_loss": "number?", "eval_accuracy": "number?",
+    "median_images_per_second": "number?", "jit": "bool",
+}
+
+
+def envelope(kind: str, params: dict, provenance: dict, **fields) -> dict:
+    """A document of `kind` in the current version (validate it with `validate` or `write`)."""
+    return {"schema_version": SCHEMA_VERSION, "kind": str(Kind(kind)), "params": params,
+            "provenance": provenance, **fields}
+
+
+def write(path: str | Path, document: dict) -> None:
+    """Validate `document` and write it atomically as strict JSON (non-finite floats as strings)."""
+    from convprobe.render import json_clean, render_json, write_atomic
+
+    text = render_json(json_clean(document))
+    validate(json.loads(text), where=str(path))  # exactly what a reader will see
+    write_atomic(str(path), text)
+
+
+def read(path: str | Path, kinds: tuple[str, ...] | None = None) -> dict:
+    """The validated document at `path`, upgraded to the current version; one InvalidArgument
+    line for a missing, unreadable or malformed file, or one of another kind than `kinds`."""
+    p = Path(path)
+    try:
+        document = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidArgument(f"results file {str(p)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgument(f"{p} is not a readable JSON document ({exc.__class__.__name__})") from None
+    document = validate(upgrade(document, where=str(p)), where=str(p))
+    if kinds is not None and document["kind"] not in kinds:
+        raise InvalidArgument(f"{p} holds a {document['kind']!r} document; expected "
+                              f"{' or '.join(map(repr, kinds))}")
+    return document
+
+
+def upgrade(document, *, where: str) -> dict:
+    """`document` in the current version (version-1 layouts rewritten per `SCHEMA_HISTORY`)."""
+    if not isinstance(document, dict):
+        raise InvalidArgument(f"{where}: a convprobe result must be a JSON object; received "
+                              f"{type(document).__name__}")
+    version = document.get("schema_version")
+    if version is None and "config" in document and "columns" in document:  # v1 train header
+        version = 1
+    if version is None and "final_step" in document and "jit" in document:  # v1 train summary
+        version = 1
+    if version == 1:
+        document = dict(document)
+        if "kind" not in document and "probe" in document:
+            document["kind"] = document.pop("probe")
+        elif "config" in document and "columns" in document:
+            document = {"kind": "train", "params": document.pop("config"), **document}
+        elif "final_step" in document:
+            provenance = document.pop("provenance", {})
+            document = {"kind": "train-summary", "params": {}, "provenance": provenance,
+                        "summary": {k: v for k, v in document.items() if k != "schema_version"}}
+        document.setdefault("params", {})
+        document["schema_version"] = SCHEMA_VERSION
+    return document
+
+
+# -- validation --------------------------------------------------------------------------
+
+
+def _show(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Checker:
+    """Field checks that name the path of what is wrong: ``results[2].status``."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, path: str, what: str, value) -> None:
+        raise InvalidArgument(f"{self.where}: {path} must be {what}; received {_show(value)}")
+
+    def get(self, mapping: dict, key: str, path: str, what: str):
+        if key not in mapping:
+            raise InvalidArgument(f"{self.where}: {path}{'.' if path else ''}{key} is missing (it must be {what})")
+        return mapping[key]
+
+    def check(self, value, kind: str, path: str):
+        """`kind`: object, list, str, bool, int, count (int >= 0), number, strings, ints, numbers;
+        a trailing '?' allows null."""
+        nullable = kind.endswith("?")
+        kind = kind.rstrip("?")
+        if nullable and value is None:
+            return value
+        ok = {
+            "object": lambda v: isinstance(v, dict),
+            "list": lambda v: isinstance(v, list),
+            "str": lambda v: isinstance(v, str),
+            "bool": lambda v: isinstance(v, bool),
+            "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+            "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            "number": _is_number,
+            "strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+            "ints": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+            "numbers": lambda v: isinstance(v, list) and all(_is_number(x) for x in v),
+        }[kind](value)
+        if not ok:
+            self.fail(path, _WHAT[kind] + (" or null" if nullable else ""), value)
+        return value
+
+    def field(self, mapping: dict, key: str, kind: str, path: str = ""):
+        value = self.get(mapping, key, path, _WHAT[kind.rstrip("?")])
+        return self.check(value, kind, f"{path}{'.' if path else ''}{key}")
+
+
+_WHAT = {"object": "an object", "list": "a list", "str": "a string", "bool": "true or false",
+         "int": "an integer", "count": "a non-negative integer", "number": "a number",
+         "strings": "a list of strings", "ints": "a list of integers", "numbers": "a list of numbers"}
+
+
+def _is_number(value) -> bool:
+    """A JSON number, or a non-finite float that `json_clean` wrote as its repr string."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    return isinstance(value, str) and value in ("inf", "-inf", "nan")
+
+
+def validate(document, *, where: str) -> dict:
+    """`document` unchanged if it is a well-formed current-version envelope of its kind;
+    otherwise one InvalidArgument line naming the first wrong field."""
+    c = _Checker(where)
+    if not isinstance(document, dict):
+        c.fail("the document", "a JSON object", type(document).__name__)
+    version = c.get(document, "schema_version", "", f"the integer {SCHEMA_VERSION}")
+    if version != SCHEMA_VERSION:
+        known = ", ".join(map(str, SCHEMA_HISTORY))
+        raise InvalidArgument(f"{where}: schema_version {_show(version)} is not one this convprobe reads "
+                              f"(versions {known}; see convprobe.results.SCHEMA_HISTORY)")
+    kind = c.get(document, "kind", "", "a result kind")
+    if kind not in tuple(Kind):
+        raise invalid_choice(f"{where}: kind", kind, tuple(Kind))
+    kind = Kind(kind)
+    c.field(document, "params", "object")
+    c.field(document, "provenance", "object")
+    for key in REQUIRED[kind]:
+        c.get(document, key, "", "present")
+    _VALIDATORS[kind](c, document)
+    return document
+
+
+def _probe_records(c: _Checker, document: dict) -> None:
+    kind = document["kind"]
+    for i, record in enumerate(c.field(document, "results", "list")):
+        path = f"results[{i}]"
+        c.check(record, "object", path)
+        probe = c.field(record, "probe", "str", path)
+        if probe != kind:
+            c.fail(f"{path}.probe", repr(kind), probe)
+        status = c.field(record, "status", "str", path)
+        if status not in tuple(Status):
+            raise invalid_choice(f"{c.where}: {path}.status", status, tuple(Status))
+        config = c.field(record, "config", "object", path)
+        c.field(config, "label", "str", f"{path}.config")
+        c.field(config, "backend", "str", f"{path}.config")
+        observed = c.field(record, "observed", "object", path)
+        c.field(record, "error", "str?", path)
+        c.field(record, "accumulation", "str?", path)
+        if status == Status.OK:
+            _OBSERVED.get(kind, lambda *_: None)(c, observed, f"{path}.observed")
+
+
+def _overflow_observed(c: _Checker, observed: dict, path: str) -> None:
+    c.field(observed, "output", "strings", path)
+
+
+def _compare_observed(c: _Checker, observed: dict, path: str) -> None:
+    c.field(observed, "max_abs_diff", "number", path)
+    c.field(observed, "fraction_different", "number", path)
+    for side in ("real", "fake"):
+        c.field(c.field(observed, side, "object", path), "max_ulp_error", "number", f"{path}.{side}")
+
+
+_OBSERVED = {Kind.OVERFLOW: _overflow_observed, Kind.COMPARE: _compare_observed}
+
+
+def _table(c: _Checker, document: dict, schema: str) -> None:
+    import pandas as pd
+
+    from convprobe.analysis.tables import validate_frame
+
+    table = c.field(document, "table", "object")
+    if c.field(table, "schema", "str", "table") != schema:
+        c.fail("table.schema", repr(schema), table["schema"])
+    rows = c.field(table, "rows", "list", "table")
+    for i, row in enumerate(rows):
+        c.check(row, "object", f"table.rows[{i}]")
+    validate_frame(pd.DataFrame(rows), schema, where=f"{c.where}: table")
+
+
+def _fingerprint(c: _Checker, document: dict) -> None:
+    _probe_records(c, document)
+    _table(c, document, "probe")
+
+
+def _identify(c: _Checker, document: dict) -> None:
+    _probe_records(c, document)
+    for label, per_op in c.field(document, "matches", "object").items():
+        c.check(per_op, "object", f"matches[{label!r}]")
+        for op, entry in per_op.items():
+            path = f"matches[{label!r}][{op!r}]"
+            c.check(entry, "object", path)
+            status = c.field(entry, "status", "str", path)
+            if status != Status.OK:
+                continue
+            summary = c.field(entry, "summary", "object", path)
+            c.field(summary, "best", "str?", f"{path}.summary")
+            fractions = c.field(summary, "fractions", "object", f"{path}.summary")
+            for k, fraction in fractions.items():
+                if not k.isdigit():
+                    c.fail(f"{path}.summary.fractions", "keyed by reduction lengths K", k)
+                if not _is_number(fraction) or not 0 <= float(fraction) <= 1:
+                    c.fail(f"{path}.summary.fractions[{k!r}]", "a fraction from 0 to 1", fraction)
+
+
+def _sweep(c: _Checker, document: dict) -> None:
+    _probe_records(c, document)
+    _table(c, document, "sweep")
+    for label, per_op in c.field(document, "ulp_errors", "object").items():
+        c.check(per_op, "object", f"ulp_errors[{label!r}]")
+        for op, per_dist in per_op.items():
+            c.check(per_dist, "object", f"ulp_errors[{label!r}][{op!r}]")
+            for dist, entry in per_dist.items():
+                path = f"ulp_errors[{label!r}][{op!r}][{dist!r}]"
+                c.check(entry, "object", path)
+                c.field(entry, "k", "count", path)
+                c.field(entry, "ulp_errors", "numbers", path)
+
+
+def _replay(c: _Checker, document: dict) -> None:
+    for i, row in enumerate(c.field(document, "results", "list")):
+        path = f"results[{i}]"
+        c.check(row, "object", path)
+        for key in ("gpu", "input", "output", "model"):
+            c.field(row, key, "str", path)
+        c.field(row, "k", "count", path)
+        vectors = c.field(row, "vectors", "count", path)
+        matches = c.field(row, "matches", "count", path)
+        if matches > vectors:
+            c.fail(f"{path}.matches", f"at most vectors ({vectors})", matches)
+        mismatch = c.field(row, "first_mismatch", "object?", path)
+        if mismatch is not None:
+            c.field(mismatch, "index", "count", f"{path}.first_mismatch")
+
+
+def _train(c: _Checker, document: dict) -> None:
+    params = document["params"]
+    c.field(params, "dtype", "str", "params")
+    c.field(params, "steps", "count", "params")
+    columns = c.field(document, "columns", "object")
+    for name in ("steps", "telemetry"):
+        c.field(columns, name, "strings", "columns")
+    layers = c.field(document, "layers", "object")
+    for name in ("weight", "activation"):
+        c.field(layers, name, "strings", "layers")
+    resumed = c.field(document, "resumed_at_steps", "ints")
+    if any(step < 0 for step in resumed):
+        c.fail("resumed_at_steps", "a list of non-negative steps", resumed)
+    c.field(document, "histogram_bins", "ints")
+
+
+def _train_summary(c: _Checker, document: dict) -> None:
+    summary = c.field(document, "summary", "object")
+    for key, kind in SUMMARY_FIELDS.items():
+        c.field(summary, key, kind, "summary")
+
+
+_VALIDATORS = {
+    Kind.OVERFLOW: _probe_records, Kind.COMPARE: _probe_records, Kind.FINGERPRINT: _fingerprint,
+    Kind.IDENTIFY: _identify, Kind.SWEEP: _sweep, Kind.REPLAY: _replay, Kind.TRAIN: _train,
+    Kind.TRAIN_SUMMARY: _train_summary,
+}
+
+assert set(_VALIDATORS) == set(Kind) == set(REQUIRED), "every kind needs its required fields and validator"
