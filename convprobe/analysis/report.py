@@ -80,7 +80,7 @@ def load(path: str) -> list[Loaded]:
         if schema not in ("sweep", "probe"):
             raise invalid_choice(f"results file {p.name}: schema", schema, ("sweep", "probe"))
         return [_table(p, schema)]
-    document = results.validate(results.upgrade(raw, where=p.name), where=p.name)
+    document = results.validate(results.upgrade(raw, where=path), where=path)
     if document["kind"] in (results.Kind.TRAIN, results.Kind.TRAIN_SUMMARY):
         return [_load_run(p.parent)]
     frame = None

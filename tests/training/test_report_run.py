@@ -1,0 +1,65 @@
+"""`convprobe report` draws a real training run (its directory or its header.json) and refuses a
+damaged one in one line, writing nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from convprobe import cli
+from convprobe.training.config import validate_config
+from convprobe.training.trainer import train
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from conftest import TINY
+
+    out = tmp_path_factory.mktemp("run") / "fp16-run"
+    old = os.umask(0o022)
+    try:
+        train(validate_config(steps=3, record_every=1, checkpoint_every=2, output=str(out), **TINY), eager=True)
+    finally:
+        os.umask(old)
+    return out
+
+
+def test_every_record_of_a_run_is_0644_under_umask_022(run_dir):
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir()}
+    assert set(modes) == {"header.json", "steps.csv", "telemetry.csv", "checkpoint.npz", "summary.json"}
+    assert set(modes.values()) == {0o644}, modes
+
+
+@pytest.mark.parametrize("target", ["directory", "header.json", "summary.json"])
+def test_report_draws_a_training_run(run_dir, tmp_path, capsys, target):
+    path = run_dir if target == "directory" else run_dir / target
+    assert cli.main(["report", str(path), "--out-dir", str(tmp_path), "--formats", "png"]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "fp16-run-run.png")]
+    assert (tmp_path / "fp16-run-run.png").stat().st_size > 10_000
+
+
+DAMAGE = {
+    "steps column": ("steps.csv", lambda text: text.replace("loss_scale", "scale", 1), "steps.csv has columns"),
+    "loss not a number": ("steps.csv", lambda text: text.replace("\n1,", "\n1,oops", 1), "column 'loss'"),
+    "header layers": ("header.json", lambda text: json.dumps({**json.loads(text), "layers": []}),
+                      "layers must be an object"),
+    "header version": ("header.json", lambda text: json.dumps({**json.loads(text), "schema_version": 99}),
+                       "schema_version 99"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_run_is_one_line_and_nothing_is_written(run_dir, tmp_path, capsys, damage):
+    import shutil
+
+    name, change, message = DAMAGE[damage]
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    (copy / name).write_text(change((copy / name).read_text()))
+    assert cli.main(["report", str(copy), "--out-dir", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "f").exists()
