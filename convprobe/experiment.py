@@ -10,16 +10,36 @@ import argparse
 import json
 from pathlib import Path
 
-__all__ = ["parser", "load"]
+__all__ = ["parser", "load", "write_probe_results"]
 
 
-def parser(doc: str, here: Path, *, output: str | None = None) -> argparse.ArgumentParser:
-    """A parser described by the script's docstring, with --config (default
-    here/config.json) and --output (default `output`, else here/results)."""
-    p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--config", default=str(here / "config.json"))
-    p.add_argument("--output", default=output or str(here / "results"))
+def parser(doc: str, here: Path) -> argparse.ArgumentParser:
+    """A parser whose --help shows the script's whole docstring, with --config (default
+    here/config.json) and --output (default here/results: the study's own folder, wherever
+    the script is run from)."""
+    p = argparse.ArgumentParser(prog=f"python experiments/{here.name}/run.py", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(here / "config.json"), metavar="FILE",
+                   help=f"the study's parameters as JSON (default: {here.name}/config.json; copy it and "
+                        "edit it to run a variant)")
+    p.add_argument("--output", default=str(here / "results"), metavar="DIR",
+                   help=f"where results and figures go, created if needed (default: {here.name}/results)")
     return p
+
+
+def write_probe_results(kind: str, params: dict, probe_results, path: Path, observed_columns=()) -> list[dict]:
+    """Probe results as a results envelope (`convprobe.results`, provenance in every record)
+    at `path`, and a flat CSV of them beside it; returns the records."""
+    import pandas as pd
+
+    from convprobe import provenance, results
+
+    records = [r.to_record() for r in probe_results]
+    results.write(path, results.envelope(kind, params, provenance.collect(seed=params.get("seed")),
+                                         results=records))
+    pd.DataFrame([r.to_row(tuple(observed_columns)) for r in probe_results]).to_csv(path.with_suffix(".csv"),
+                                                                                  index=False)
+    return records
 
 
 def load(args: argparse.Namespace, **overrides) -> tuple[dict, Path]:

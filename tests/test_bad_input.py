@@ -81,16 +81,37 @@ CLI_CASES = [
     (["train", "--batch-size", "100000000"], "--batch-size must be an integer from 1 to 65536"),
     (["train", "--batch-size", "60000", "--image-size", "1024"], "GiB (half this machine's memory)"),
     (["train", "--image-size", "5000"], "--image-size must be an integer from 1 to 1024"),
-    (["train", "--dtype", "fp8"], "dtype must be one of fp16, bf16, fp32"),
-    (["train", "--loss-scale", "-3"], "loss_scale must be one of none, dynamic or a positive number"),
-    (["train", "--resnet-size", "21"], "resnet_size must be 6n+2"),
+    (["train", "--dtype", "fp8"], "--dtype must be one of fp16, bf16, fp32"),
+    (["train", "--loss-scale", "-3"], "--loss-scale must be none, dynamic or a positive number"),
+    (["train", "--resnet-size", "21"], "--resnet-size must be 6n+2"),
     (["train", "--record-every", "0"], "--record-every must be an integer from 1 to"),
-    (["train", "--learning-rate", "nan"], "learning_rate must be a positive number"),
-    (["train", "--distribute", "tpu"], "distribute must be one of none, mirrored"),
+    (["train", "--learning-rate", "nan"], "--learning-rate must be a positive number"),
+    (["train", "--distribute", "tpu"], "--distribute must be one of none, mirrored, multi-worker"),
     (["train", "--output", "/proc/run"], "cannot be written"),
     (["train", "--output", "{tmp}/file"], "is a file; it must be a run directory"),
-    (["train", "--data", "cifar10"], "data_dir must name a directory"),
+    (["train", "--data", "cifar10"], "--data-dir must name a directory"),
+    (["train", "--distribute", "multi-worker"], "--distribute multi-worker needs TF_CONFIG in the environment"),
+    (["train", "--local-workers", "2"], "--local-workers needs --distribute multi-worker"),
+    (["train", "--distribute", "multi-worker", "--local-workers", "1"], "--local-workers must be an integer from 2"),
+    (["train", "--distribute", "multi-worker", "--local-workers", "3", "--batch-size", "16"],
+     "--batch-size must be a multiple of --local-workers (3)"),
+    (["train", "--distribute", "multi-worker", "--local-workers", "2", "--compare-loss-scaling"],
+     "--compare-loss-scaling runs in one process"),
 ]
+
+
+@pytest.mark.parametrize("tf_config,message", [
+    ("{", "TF_CONFIG must be JSON like"),
+    ('{"cluster": {"worker": ["a:1"], "ps": ["b:2"]}, "task": {"type": "worker", "index": 0}}',
+     "may hold only 'worker' jobs"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}', "an index from 0 to 0"),
+    ('{"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", "index": 0}}', "a list of host:port"),
+])
+def test_a_bad_tf_config_is_one_line_before_tensorflow(tmp_path, monkeypatch, tf_config, message):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    code, out, err = _run(["train", "--distribute", "multi-worker", "--output", str(tmp_path / "run")], tmp_path)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("argv,message", CLI_CASES, ids=lambda v: " ".join(v) if isinstance(v, list) else None)

@@ -85,3 +85,29 @@ def test_a_gpu_switch_on_the_cpu_says_it_has_no_effect_in_the_table_and_the_json
                    "--env", "TF_FP16_CONV_USE_FP32_COMPUTE=0")
     assert proc.returncode == 0, proc.stderr
     assert "note: TF_FP16_CONV_USE_FP32_COMPUTE=0 has no effect on the CPU" in proc.stdout
+
+
+def test_a_gpu_only_switch_on_the_cpu_says_no_effect_in_the_verdict():
+    from convprobe.backends.configurations import resolve_configs
+    from convprobe.probes.result import ProbeResult
+    from convprobe.probes.runner import annotate
+
+    (config,) = resolve_configs(backend="tensorflow", accumulate="fp16", device="cpu",
+                                extra_env={"TF_FP16_CONV_USE_FP32_COMPUTE": "0"})
+    result = annotate(ProbeResult("overflow", config, "ok"),
+                      {"accumulation": "fp32", "arithmetic": "wide", "verdict": "fp32 accumulation", "evidence": ""})
+    assert result.verdict.startswith("no effect: TF_FP16_CONV_USE_FP32_COMPUTE=0 acts only on a GPU;")
+    assert result.to_record()["config"]["warnings"]  # and the JSON says why
+
+
+def test_progress_is_drawn_on_a_terminal_and_silent_otherwise(capsys):
+    from convprobe.progress import tracker
+
+    with tracker(3, "units", enabled=True) as advance:
+        for i in range(3):
+            advance(f"unit {i}")
+    drawn = capsys.readouterr().err
+    assert "units" in drawn and "3/3" in drawn
+    with tracker(3, "units") as advance:  # stderr is not a terminal under pytest
+        advance()
+    assert capsys.readouterr().err == ""

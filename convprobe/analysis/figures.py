@@ -43,10 +43,12 @@ DEFAULT_HIGHLIGHT: dict[str, str] = {
     "unsupported": "#dddddd",
 }
 
+#: Data series take saturated colours; bounds are drawn in greys only (and thinner, without
+#: markers), so a bound line can never be read as a measured one.
 _SERIES_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
-                   "#bcbd22", "#7f7f7f")
-_BOUND_COLOURS = {"fp16": "#b35806", "bf16": "#1b7837", "fp32": "#2166ac", "fp64": "#542788",
-                  "fp8_e4m3": "#762a83", "fp8_e5m2": "#c51b7d"}
+                   "#bcbd22", "#006d2c")
+_BOUND_COLOURS = {"fp16": "#4d4d4d", "bf16": "#6e6e6e", "fp32": "#9a9a9a", "fp64": "#bdbdbd",
+                  "fp8_e4m3": "#2b2b2b", "fp8_e5m2": "#3b3b3b"}
 
 
 def _power_of_two_axis(ax, ks: np.ndarray) -> None:
@@ -121,11 +123,12 @@ def error_vs_k_figure(
             if defined.any():
                 g = dot_error_bound(k_grid[defined], acc, "deterministic", output=output)
                 keep = np.asarray(g) <= top
-                ax.plot(k_grid[defined][keep], np.asarray(g)[keep], color=colour, linewidth=1.2, alpha=0.9,
-                        label=f"$\\gamma_K$: {acc.name} accumulation{out_note}")
+                ax.plot(k_grid[defined][keep], np.asarray(g)[keep], color=colour, linewidth=0.9,
+                        linestyle=(0, (6, 2)), label=f"bound $\\gamma_K$: {acc.name} accumulation{out_note}")
             p = dot_error_bound(k_grid, acc, "probabilistic", lam=lam, output=output)
-            ax.plot(k_grid, p, color=colour, linewidth=1.2, linestyle="--", alpha=0.9,
-                    label=f"$\\lambda\\sqrt{{K}}\\,u$: {acc.name} accumulation{out_note}")
+            ax.plot(k_grid, p, color=colour, linewidth=0.9, linestyle=(0, (1, 1.5)),
+                    label=f"bound $\\lambda\\sqrt{{K}}\\,u$: {acc.name} accumulation{out_note}")
+            ax.text(k_grid[-1], float(np.asarray(p)[-1]), f" {acc.name}", color=colour, fontsize=7, va="center")
         if any_exact:
             ax.axhline(floor, color="#999999", linewidth=0.8, linestyle=":")
             ax.text(ks_all.min(), floor, " exact (0)", va="bottom", ha="left", fontsize=8, color="#666666")
@@ -144,7 +147,7 @@ def error_vs_k_figure(
             seen.setdefault(lab, h)
     confidence = probabilistic_confidence(lam, min(a.unit_roundoff for a in accs)) if accs else None
     legend_title = (
-        f"dashed: λ = {lam:g}, holds w.p. ≥ {confidence:.3f}\nper rounding chain (Higham & Mary 2019)"
+        f"grey: bounds (dashed γ_K, dotted λ√K·u); λ = {lam:g}: holds w.p.\n≥ {confidence:.3f} per rounding chain (Higham & Mary 2019)"
         if confidence is not None
         else None
     )
@@ -194,28 +197,30 @@ def ulp_histogram_figure(
     lo = min(float(finite_pos.min()) if finite_pos.size else 0.5, 2.0**-6)
     hi = max(float(finite_pos.max()) if finite_pos.size else 1.0, 1.0) * 1.05
     edges = np.geomspace(lo, hi, bins + 1)
-    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
-    ax = fig.add_subplot()
-    peak = 1
-    for i, (label, arr) in enumerate(arrays.items()):
+    # One panel per series on shared axes (small multiples): identical or overlapping
+    # distributions stay visible, which outlines drawn over each other would hide.
+    fig = Figure(figsize=(7.5, 1.2 + 1.5 * len(arrays)), layout="constrained")
+    axes = fig.subplots(len(arrays), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    counts_of = {label: np.histogram(arr[(arr > 0) & np.isfinite(arr)], bins=edges)[0]
+                 for label, arr in arrays.items()}
+    peak = max(1, *(int(c.max(initial=0)) for c in counts_of.values()))
+    for i, (ax, (label, arr)) in enumerate(zip(axes, arrays.items())):
         colour = _SERIES_COLOURS[i % len(_SERIES_COLOURS)]
-        pos = arr[(arr > 0) & np.isfinite(arr)]
         zeros = int(np.count_nonzero(arr == 0))
         infs = int(np.count_nonzero(np.isinf(arr)))
         note = f"{label}  (n={arr.size}, max={_fmt_ulps(arr.max())}, exact={zeros}" + (f", inf={infs})" if infs else ")")
-        counts, _ = np.histogram(pos, bins=edges)
-        peak = max(peak, int(counts.max(initial=0)))
-        ax.stairs(counts, edges, linewidth=1.8, color=colour, label=note)
-    ax.axvline(0.5, color="black", linewidth=1.0, linestyle="--", label="0.5 ulp: correctly rounded")
-    ax.set_xlim(edges[0], edges[-1])
-    ax.set_ylim(0.7, peak * 1.6)  # fixed before the log scale: autoscaling all-zero counts warns
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(f"ULP error in {f.name} (|ŷ − y| / ulp(y), log scale)")
-    ax.set_ylabel("number of outputs")
-    ax.grid(True, which="major", alpha=0.3)
-    fig.legend(fontsize=8, loc="outside lower center", ncols=2, frameon=False)
-    ax.set_title(title or f"ULP error distribution ({f.name})", fontsize=11)
+        ax.stairs(counts_of[label], edges, linewidth=1.6, color=colour, fill=True, alpha=0.35)
+        ax.stairs(counts_of[label], edges, linewidth=1.6, color=colour)
+        ax.axvline(0.5, color="black", linewidth=1.0, linestyle="--")
+        ax.text(0.01, 0.92, note, transform=ax.transAxes, fontsize=8, va="top")
+        ax.set_xlim(edges[0], edges[-1])
+        ax.set_ylim(0.7, peak * 1.6)  # fixed before the log scale: autoscaling all-zero counts warns
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylabel("outputs", fontsize=8)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[-1].set_xlabel(f"ULP error in {f.name} (|ŷ − y| / ulp(y), log scale); dashed: 0.5 ulp, correctly rounded")
+    axes[0].set_title(title or f"ULP error distribution ({f.name})", fontsize=11)
     return fig
 
 

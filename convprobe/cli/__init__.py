@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # what was typed: `train --local-workers` starts each worker with it
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return EXIT_USAGE

@@ -173,6 +173,8 @@ def emit(args, outcome, *, file_format: str | None = None) -> None:
         sys.stdout.write(render_table(outcome.rows, outcome.columns))
         for note in outcome.notes:
             print(f"  {note}")
+        if outcome.summary:
+            print(outcome.summary)
     elif args.format == "json":
         sys.stdout.write(render_json(json_clean(outcome.document)))
     else:

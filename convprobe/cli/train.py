@@ -1,8 +1,10 @@
 """`convprobe train`: the ResNet fp16 harness on the command line.
 
 `register` only adds the parser; TensorFlow is imported when the command runs,
-after the configuration is validated (bad input fails fast, `--help` is
-instant) and after the faithful-fp16 XLA flags are in the environment.
+after the configuration, the run directory and any cluster description are
+validated (bad input fails fast, `--help` is instant) and after the faithful-fp16
+XLA flags are in the environment. `--local-workers N` starts N worker processes of
+this same command (`training.cluster.run_local_workers`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,16 @@ def register(subparsers) -> argparse.ArgumentParser:
             "gradients flush to zero or land subnormal, against an fp32 shadow on the same "
             "weights and batch. Records stream to DIR (header.json, steps.csv, telemetry.csv); "
             "rerunning the same command resumes from the last checkpoint."
+        ),
+        epilog=(
+            "Settings the harness adds to XLA_FLAGS before TensorFlow starts (a value you set "
+            "yourself is kept, and every value is recorded in header.json): "
+            "--xla_allow_excess_precision=false (XLA would otherwise keep fp16 intermediates in "
+            "fp32 inside a fusion); --xla_cpu_max_isa=AVX2 (on CPUs with AVX512-FP16, XLA would "
+            "otherwise fuse an fp16 multiply and add into one native fp16 FMA, one rounding instead "
+            "of two); --xla_cpu_parallel_codegen_split_count=1 and --xla_cpu_use_thunk_runtime=false "
+            "(compile faster on small CPUs; arithmetic unchanged, re-checked at run time). "
+            "TF_CPP_MIN_LOG_LEVEL=2 unless set."
         ),
     )
     p.add_argument("--dtype", default="fp16", help="compute dtype: fp16, bf16 or fp32 (default fp16)")
@@ -45,10 +57,18 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--compare-loss-scaling", action="store_true",
                    help="run none / static / dynamic side by side into DIR and write a table and figures")
     p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
-                   help="compile the step with XLA (default on; fp16 without XLA is ~100x slower on CPU)")
-    p.add_argument("--distribute", default="none", help="none or mirrored (tf.distribute.MirroredStrategy)")
+                   help="compile the step with XLA (default on, with the XLA_FLAGS below; --distribute "
+                        "runs without XLA and says so)")
+    p.add_argument("--distribute", default="none",
+                   help="none; mirrored (tf.distribute.MirroredStrategy over --devices logical CPU devices "
+                        "of this process); or multi-worker (tf.distribute.MultiWorkerMirroredStrategy: "
+                        "every machine runs this command with its own TF_CONFIG; worker 0 writes the "
+                        "records). Both run without XLA, and say so")
     p.add_argument("--devices", type=int, default=2,
                    help="logical CPU devices for --distribute mirrored (default 2)")
+    p.add_argument("--local-workers", type=int, default=None, metavar="N",
+                   help="with --distribute multi-worker: rehearse a cluster of N workers on this machine "
+                        "(127.0.0.1, generated TF_CONFIGs; all stopped when done or interrupted)")
     p.add_argument("--learning-rate", type=float, default=0.1, help="SGD learning rate (default 0.1)")
     p.add_argument("--bn-momentum", type=float, default=0.997,
                    help="batch-norm moving-average momentum (default 0.997, the reference ResNet's; "
@@ -58,7 +78,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dynamic-growth-steps", type=int, default=2000,
                    help="dynamic scaling: double the scale after N finite steps (default 2000)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+                   help="progress bar on stderr, drawn by rich (default: when stderr is a terminal)")
     p.set_defaults(handler=run)
     return p
 
@@ -91,6 +111,8 @@ def run(args) -> int:
         from convprobe.training.data import load_cifar10_dir
 
         load_cifar10_dir(config.data_dir)
+    if args.local_workers is not None or config.distribute == "multi-worker":
+        return _multi_worker(args, config)
     if args.compare_loss_scaling:
         from convprobe.training.compare import run_comparison
 
@@ -105,6 +127,10 @@ def run(args) -> int:
                   f"{result.images_per_second:.1f} img/s")
         print(f"wrote {config.output}/comparison.csv, comparison.txt and figures")
         return 0
+    return _train(config)
+
+
+def _train(config) -> int:
     from convprobe.training.trainer import train
 
     result = train(config)
@@ -113,3 +139,42 @@ def run(args) -> int:
           f"final scale {result.final_loss_scale:g}, {result.images_per_second:.1f} img/s"
           + (f", eval accuracy {result.eval_accuracy:.4f}" if result.eval_accuracy is not None else ""))
     return 0
+
+
+def _multi_worker(args, config) -> int:
+    """Check the cluster (and the run directory) before TensorFlow, then run this worker, or
+    with --local-workers all N of them."""
+    from convprobe.errors import InvalidArgument
+    from convprobe.training import cluster
+    from convprobe.training.records import RunFiles
+
+    if config.distribute != "multi-worker":
+        raise InvalidArgument(f"--local-workers needs --distribute multi-worker; received --distribute "
+                              f"{config.distribute}")
+    if args.compare_loss_scaling:
+        raise InvalidArgument("--compare-loss-scaling runs in one process; it cannot be combined with "
+                              "--distribute multi-worker")
+    RunFiles(config.output).plan(config.to_json())  # a bad run directory fails here, once
+    if args.local_workers is None:
+        cluster.read_tf_config()
+        return _train(config)
+    if not 2 <= args.local_workers <= cluster.MAX_LOCAL_WORKERS:
+        raise InvalidArgument(f"--local-workers must be an integer from 2 to {cluster.MAX_LOCAL_WORKERS}; "
+                              f"received {args.local_workers}")
+    if config.batch_size % args.local_workers:
+        raise InvalidArgument(f"--batch-size must be a multiple of --local-workers ({args.local_workers}); "
+                              f"received {config.batch_size}")
+    return cluster.run_local_workers(_without_local_workers(args.argv[1:]) + ["--output", config.output],
+                                     args.local_workers)
+
+
+def _without_local_workers(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--local-workers":
+            skip = True
+        elif not token.startswith("--local-workers="):
+            out.append(token)
+    return out

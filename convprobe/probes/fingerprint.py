@@ -644,10 +644,8 @@ def run_grouped(configs, params: dict, *, timeout: float, jobs: int | None = Non
     its configurations.
     """
     import dataclasses
-    import os
-    from concurrent.futures import ThreadPoolExecutor
 
-    from convprobe.probes.runner import run_one
+    from convprobe.probes.runner import annotate, run_many, run_one
 
     groups: dict[tuple, list] = {}
     for config in configs:
@@ -659,11 +657,9 @@ def run_grouped(configs, params: dict, *, timeout: float, jobs: int | None = Non
         jits = sorted({c.jit_compile for c in members})
         grouped = members[0].backend == "tensorflow" and len(jits) > 1
         leader_params.append({**params, "jit_variants": jits} if grouped else params)
-    workers = max(1, min(len(leaders), jobs or os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_one, "fingerprint", leader, p, timeout=timeout)
-                   for leader, p in zip(leaders, leader_params)]
-        results_by_leader = {i: f.result() for i, f in enumerate(futures)}
+    results_by_leader = dict(enumerate(run_many(
+        lambda pair: run_one("fingerprint", pair[0], pair[1], timeout=timeout),
+        list(zip(leaders, leader_params)), jobs=jobs, description="fingerprint: processes")))
     out = []
     for config in configs:
         i = next(n for n, members in enumerate(groups.values()) if config in members)
@@ -673,9 +669,7 @@ def run_grouped(configs, params: dict, *, timeout: float, jobs: int | None = Non
             observed = observed["variants"][str(bool(config.jit_compile))]
         copy = dataclasses.replace(result, config=config, observed=observed)
         if copy.status == "ok":
-            inferred = interpret(observed)
-            copy.accumulation, copy.arithmetic = inferred["accumulation"], inferred["arithmetic"]
-            copy.verdict, copy.evidence = inferred["verdict"], inferred["evidence"]
+            annotate(copy, interpret(observed))
         out.append(copy)
     return out
 

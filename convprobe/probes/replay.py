@@ -253,6 +253,13 @@ def check_set(s: VectorSet) -> None:
 
 def replay(sets: list[VectorSet]) -> list[dict]:
     """`replay_set` for each set, in order, after every set's inputs are checked."""
+    from convprobe.progress import tracker
+
     for s in sets:
         check_set(s)
-    return [replay_set(s) for s in sets]
+    rows = []
+    with tracker(len(sets), "replay: vector sets") as advance:
+        for s in sets:
+            rows.append(replay_set(s))
+            advance(f"{s.gpu} {s.input}->{s.output}")
+    return rows

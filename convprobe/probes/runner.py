@@ -19,7 +19,7 @@ from convprobe.backends.isolation import DEFAULT_TIMEOUT_S, run_isolated
 from convprobe.probes.registry import get_probe
 from convprobe.probes.result import ProbeResult
 
-__all__ = ["run_probe", "run_one"]
+__all__ = ["run_probe", "run_one", "run_many", "annotate"]
 
 
 def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
@@ -45,13 +45,25 @@ def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float =
         wall_s=round(wall, 3), error_detail=payload.get("traceback"),
     )
     if status == "ok":
-        inferred = get_probe(probe).interpret(result.observed)
-        result.accumulation = inferred["accumulation"]
-        result.arithmetic = inferred["arithmetic"]
-        result.verdict = inferred["verdict"]
-        result.evidence = inferred["evidence"]
-        if result.honoured is False:
-            result.verdict += f" (requested {config.accumulate}, observed {result.accumulation}: the request was ignored)"
+        annotate(result, get_probe(probe).interpret(result.observed))
+    return result
+
+
+def annotate(result: ProbeResult, inferred: dict) -> ProbeResult:
+    """Set a result's accumulation, arithmetic, verdict and evidence from its probe's
+    interpretation; the verdict also says when the request was ignored and when the
+    configuration's GPU-only switches cannot act (a CPU)."""
+    config = result.config
+    result.accumulation = inferred["accumulation"]
+    result.arithmetic = inferred["arithmetic"]
+    result.verdict = inferred["verdict"]
+    result.evidence = inferred["evidence"]
+    if result.honoured is False:
+        result.verdict += f" (requested {config.accumulate}, observed {result.accumulation}: the request was ignored)"
+    if config.warnings:
+        switches = [w.split(" ", 1)[0] for w in config.warnings]
+        verb = "acts" if len(switches) == 1 else "act"
+        result.verdict = f"no effect: {', '.join(switches)} {verb} only on a GPU; {result.verdict}"
     return result
 
 
@@ -66,8 +78,23 @@ def run_probe(
     """Run `probe` on every configuration; results come back in the configs' order."""
     get_probe(probe)  # validate the name before starting anything
     params = dict(params or {})
-    workers = max(1, min(len(configs), jobs or os.cpu_count() or 1))
-    if workers == 1:
-        return [run_one(probe, c, params, timeout=timeout) for c in configs]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda c: run_one(probe, c, params, timeout=timeout), configs))
+    return run_many(lambda c: run_one(probe, c, params, timeout=timeout), configs, jobs=jobs,
+                    description=f"{probe}: configurations")
+
+
+def run_many(work, items: list, *, jobs: int | None, description: str) -> list:
+    """`work(item)` for every item, `jobs` at a time (default: one per core), results in the
+    items' order, with progress on a terminal (`convprobe.progress`)."""
+    from convprobe.progress import tracker
+
+    workers = max(1, min(len(items), jobs or os.cpu_count() or 1))
+    with tracker(len(items), description) as advance:
+        def tracked(item):
+            result = work(item)
+            advance(getattr(getattr(result, "config", None), "label", ""))
+            return result
+
+        if workers == 1:
+            return [tracked(item) for item in items]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(tracked, items))

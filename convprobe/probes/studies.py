@@ -27,8 +27,9 @@ CLASSIC_COLUMNS = {
 
 @dataclass
 class Outcome:
-    """What a command shows and writes. `rows` are the display rows (`columns` their order);
-    `frame` (with its `schema`) is the tidy table a CSV holds, else `csv_rows` are written."""
+    """What a command shows and writes. `rows` are the display rows (`columns` their order),
+    `notes` the indented lines under them; `frame` (with its `schema`) is the tidy table a CSV
+    holds, else `csv_rows` are written."""
 
     document: dict
     rows: list[dict]
@@ -39,6 +40,7 @@ class Outcome:
     csv_rows: list[dict] | None = None
     probe_results: list = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
+    summary: str | None = None  # a closing line under the table and its notes
 
 
 def _envelope(kind: str, params: dict, probe_results, *, seed: int | None, device: str, **fields) -> dict:
@@ -51,7 +53,13 @@ def _table(frame, schema: str) -> dict:
 
 
 def _failure_notes(probe_results) -> list[str]:
-    return [f"{r.config.label}: {r.status}: {r.error}" for r in probe_results if r.status != Status.OK]
+    """Lines under a table: each configuration's GPU-only-switch notes and failures."""
+    notes = []
+    for r in probe_results:
+        notes += [f"{r.config.label}: note: {w}" for w in r.config.warnings]
+        if r.status != Status.OK:
+            notes.append(f"{r.config.label}: {r.status}: {r.error}")
+    return notes
 
 
 # -- overflow and compare ----------------------------------------------------------------
@@ -169,7 +177,8 @@ def run_identify(configs, ops, *, specs, ks, rows: int, seed: int, device: str, 
     frame = frame_from_records(records, "probe")
     columns = ["configuration", "op", "status", "best model", "stops at K", *(f"K={k}" for k in ks), "ties"]
     document = _envelope("identify", params, probe_results, seed=seed, device=device, matches=matches)
-    notes = ["(match = share of outputs bitwise equal to the model's; 'ties' = models matching at every K)"]
+    notes = ["(match = share of outputs bitwise equal to the model's; 'ties' = models matching at every K)",
+             *(n for n in _failure_notes(probe_results) if ": note: " in n)]
     return Outcome(document, table_rows, columns, notes, frame, "probe", probe_results=probe_results)
 
 
@@ -201,7 +210,8 @@ def run_sweep(configs, ops, *, ks, distributions, rows: int, bound_format: str, 
         "exceeds": _flag(rec["exceeds_probabilistic"]), "stagnated": _flag(rec["stagnated"]),
     } for rec in frame.to_dict(orient="records")]
     columns = list(table_rows[0]) if table_rows else []
-    return Outcome(document, table_rows, columns, [], frame, "sweep", probe_results=probe_results)
+    return Outcome(document, table_rows, columns, _failure_notes(probe_results), frame, "sweep",
+                   probe_results=probe_results)
 
 
 def _flag(value) -> str:
@@ -233,9 +243,9 @@ def run_replay(data: str | None, gpus: list[str] | None) -> Outcome:
                                 provenance.collect(seed=None, device="cpu"), results=rows)
     flat = [{**{k: r[k] for k in REPLAY_COLUMNS[:-1]}, "first_mismatch": _mismatch(r)} for r in rows]
     exact = sum(r["matches"] == r["vectors"] for r in rows)
-    notes = [f"{exact} of {len(rows)} sets bit-exact; {sum(r['matches'] for r in rows)} of "
-             f"{sum(r['vectors'] for r in rows)} vectors"]
-    return Outcome(document, flat, REPLAY_COLUMNS, notes, csv_rows=flat)
+    summary = (f"{exact} of {len(rows)} sets bit-exact; {sum(r['matches'] for r in rows)} of "
+               f"{sum(r['vectors'] for r in rows)} vectors")
+    return Outcome(document, flat, REPLAY_COLUMNS, csv_rows=flat, summary=summary)
 
 
 def _mismatch(row: dict) -> str:

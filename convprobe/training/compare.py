@@ -16,10 +16,10 @@ from pathlib import Path
 
 from convprobe.training.config import LossScaleMode, LossScaleSpec, TrainConfig
 
-__all__ = ["comparison_specs", "run_comparison", "summarise", "plot_comparison", "format_table"]
+__all__ = ["comparison_specs", "run_comparison", "summarise", "overview", "plot_comparison", "format_table"]
 
 FRACTIONS = ("flushed_fraction", "subnormal_fraction", "routing_zero_fraction", "lost_fraction",
-             "shadow_underflow_fraction")
+             "underflow_fraction", "shadow_underflow_fraction")
 
 
 def comparison_specs(config: TrainConfig, static_scale: float | None = None) -> list[LossScaleSpec]:
@@ -50,13 +50,16 @@ def run_comparison(config: TrainConfig, output: str | Path, *, static_scale: flo
 
 
 def summarise(output: str | Path, labels: list[str]):
-    """Long table: scale, kind, index, layer, mean fractions over recorded steps."""
+    """Long table: scale, kind, index, layer, precision, same_gradient_as, mean fractions over
+    the recorded steps."""
     import pandas as pd
 
     frames = []
+    keys = ["kind", "index", "layer", "precision", "same_gradient_as"]
     for label in labels:
-        t = pd.read_csv(Path(output) / label / "telemetry.csv")
-        g = t.groupby(["kind", "index", "layer"], sort=False)
+        t = pd.read_csv(Path(output) / label / "telemetry.csv", keep_default_na=False,
+                        dtype={"same_gradient_as": str})
+        g = t.groupby(keys, sort=False)
         agg = g[list(FRACTIONS)].mean()
         agg["recorded_steps"] = g.size()
         agg["max_flushed_fraction"] = g["flushed_fraction"].max()
@@ -66,27 +69,59 @@ def summarise(output: str | Path, labels: list[str]):
     return pd.concat(frames, ignore_index=True)
 
 
+def overview(table):
+    """Per kind (activation, weight) and scale, over the tensors that can underflow, each
+    gradient counted once: mean and worst-tensor share flushed, mean 'flushed or lost',
+    mean subnormal. fp32-only tensors (batch-norm parameters) and taps that repeat another
+    tap's gradient are left out; `tensors` says how many were averaged."""
+    import pandas as pd
+
+    compute = _compute_precision(table)
+    counted = table[(table["same_gradient_as"] == "") & (table["precision"] == compute)]
+    rows = []
+    for kind in ("activation", "weight"):
+        for label in dict.fromkeys(table["scale"]):
+            part = counted[(counted["kind"] == kind) & (counted["scale"] == label)]
+            rows.append({"gradients": kind, "scale": label, "tensors": len(part),
+                         "flushed_mean": part["flushed_fraction"].mean(),
+                         "flushed_worst": part["flushed_fraction"].max(),
+                         "flushed_or_lost_mean": part["underflow_fraction"].mean(),
+                         "subnormal_mean": part["subnormal_fraction"].mean()})
+    return pd.DataFrame(rows)
+
+
+def _compute_precision(table) -> str:
+    """The run's compute format: what its activation gradients are computed in."""
+    return table.loc[table["kind"] == "activation", "precision"].iloc[0]
+
+
 def format_table(table) -> str:
-    """Per layer: flushed / subnormal fraction for each scale, routing zeros apart."""
+    """Per tensor: flushed, flushed-or-lost and subnormal shares for each scale (routing zeros
+    apart), then the overview."""
     labels = list(dict.fromkeys(table["scale"]))
-    pivot = table.pivot_table(index=["kind", "index", "layer"], columns="scale",
-                              values=["flushed_fraction", "subnormal_fraction"], sort=False)
-    routing = table[table["scale"] == labels[0]].set_index(["kind", "index", "layer"])["routing_zero_fraction"]
-    lines = []
+    keys = ["kind", "index", "layer", "precision", "same_gradient_as"]
+    values = ["flushed_fraction", "underflow_fraction", "subnormal_fraction"]
+    pivot = table.pivot_table(index=keys, columns="scale", values=values, sort=False, aggfunc="first")
+    routing = table[table["scale"] == labels[0]].set_index(keys)["routing_zero_fraction"]
+    compute = _compute_precision(table)
     head = f"{'kind':<10} {'layer':<34} {'routing0':>8} " + " ".join(
-        f"{'flush:' + label:>18} {'subn:' + label:>18}" for label in labels)
-    lines.append(head)
+        f"{'flush:' + label:>17} {'flush|lost:' + label:>22} {'subn:' + label:>16}" for label in labels)
+    lines = [head]
     for key in pivot.index:
-        kind, _, layer = key
-        cells = " ".join(f"{pivot.loc[key, ('flushed_fraction', label)]:>18.3e} "
-                         f"{pivot.loc[key, ('subnormal_fraction', label)]:>18.3e}" for label in labels)
-        lines.append(f"{kind:<10} {layer[:34]:<34} {routing.loc[key]:>8.3f} {cells}")
-    totals = table.groupby("scale", sort=False)[["flushed_fraction", "subnormal_fraction"]].mean()
-    lines.append("")
-    lines.append("mean over tensors: " + "; ".join(
-        f"{label}: flushed {totals.loc[label, 'flushed_fraction']:.3e}, "
-        f"subnormal {totals.loc[label, 'subnormal_fraction']:.3e}"
-        for label in labels))
+        kind, _, layer, precision, same = key
+        mark = " (fp32)" if precision != compute else (" (= above)" if same else "")
+        cells = " ".join(f"{pivot.loc[key, ('flushed_fraction', label)]:>17.3e} "
+                         f"{pivot.loc[key, ('underflow_fraction', label)]:>22.3e} "
+                         f"{pivot.loc[key, ('subnormal_fraction', label)]:>16.3e}" for label in labels)
+        lines.append(f"{kind:<10} {(layer + mark)[:34]:<34} {routing.loc[key]:>8.3f} {cells}")
+    lines += ["", "(fp32): computed in fp32 under mixed precision, cannot flush; (= above): the same gradient "
+                  "as an earlier tap, counted once below", ""]
+    view = overview(table)
+    lines.append(f"{'gradients':<11} {'scale':<12} {'tensors':>7} {'flushed mean':>13} {'flushed worst':>14} "
+                 f"{'flushed|lost mean':>18} {'subnormal mean':>15}")
+    for r in view.itertuples(index=False):
+        lines.append(f"{r.gradients:<11} {r.scale:<12} {r.tensors:>7} {r.flushed_mean:>13.3%} "
+                     f"{r.flushed_worst:>14.3%} {r.flushed_or_lost_mean:>18.3%} {r.subnormal_mean:>15.3%}")
     return "\n".join(lines) + "\n"
 
 
@@ -106,15 +141,23 @@ def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     output = Path(output)
     paths = []
     table = summarise(output, labels)
-    fig, axes = plt.subplots(2, 1, figsize=(12, 8), sharey=False)
+    fig, axes = plt.subplots(2, 1, figsize=(14, 10), sharey=False)
+    markers = "osD^v"
     for ax, kind in zip(axes, ("weight", "activation")):
-        for label in labels:
+        names = []
+        for i, label in enumerate(labels):
             part = table[(table["scale"] == label) & (table["kind"] == kind)]
-            ax.plot(range(len(part)), part["flushed_fraction"], marker="o", ms=3, label=f"flushed, {label}")
-            ax.plot(range(len(part)), part["subnormal_fraction"], ls="--", label=f"subnormal, {label}")
-        ax.set_title(f"{kind} gradients: fraction flushed to zero / subnormal, per tensor")
-        ax.set_xlabel("tensor (input to output)")
-        ax.set_ylabel("fraction")
+            names = [f"{layer} (fp32)" if p != _compute_precision(table) else layer
+                     for layer, p in zip(part["layer"], part["precision"])]
+            x = np.arange(len(part)) + (i - (len(labels) - 1) / 2) * 0.12  # offset: equal values stay visible
+            ax.plot(x, part["flushed_fraction"], marker=markers[i % len(markers)], ms=4, lw=1,
+                    label=f"flushed, {label}")
+            ax.plot(x, part["subnormal_fraction"], marker=markers[i % len(markers)], ms=3, ls="--", lw=1,
+                    mfc="none", label=f"subnormal, {label}")
+        ax.set_xticks(np.arange(len(names)), names, rotation=90, fontsize=6)
+        ax.set_title(f"{kind} gradients: share flushed to zero / subnormal, per tensor (mean over recorded steps)")
+        ax.set_ylabel("share of elements")
+        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     paths.append(output / "underflow_per_layer.png")

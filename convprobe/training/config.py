@@ -32,7 +32,7 @@ __all__ = [
 #: The compute dtypes the trainer accepts (variables are always fp32).
 DTYPES = ("fp16", "bf16", "fp32")
 DATA_SOURCES = ("synthetic", "cifar10")
-DISTRIBUTE = ("none", "mirrored")
+DISTRIBUTE = ("none", "mirrored", "multi-worker")
 
 
 class LossScaleMode(str, enum.Enum):
@@ -88,13 +88,13 @@ def parse_loss_scale(
             number = float(text)
         except ValueError:
             raise InvalidArgument(
-                f"loss_scale must be one of none, dynamic or a positive number; received {value!r}"
+                f"--loss-scale must be none, dynamic or a positive number; received {value!r}"
             ) from None
     else:
         number = float(value)
     if not math.isfinite(number) or number <= 0:
         raise InvalidArgument(
-            f"loss_scale must be one of none, dynamic or a positive number; received {value!r}"
+            f"--loss-scale must be none, dynamic or a positive number; received {value!r}"
         )
     mode = LossScaleMode.STATIC if skip else LossScaleMode.STATIC_NO_SKIP
     return LossScaleSpec(mode, number)
@@ -104,7 +104,7 @@ def resnet_blocks_per_stage(resnet_size: int) -> int:
     """n for a CIFAR ResNet of depth 6n+2 (He et al. 2016): 20 -> 3, 32 -> 5, 56 -> 9."""
     if not isinstance(resnet_size, int) or resnet_size < 8 or (resnet_size - 2) % 6:
         raise InvalidArgument(
-            "resnet_size must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110); "
+            "--resnet-size must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110); "
             f"received {resnet_size!r}"
         )
     return (resnet_size - 2) // 6
@@ -149,11 +149,16 @@ class TrainConfig:
         return d
 
 
+#: Configuration fields whose command-line flag is not the field's name.
+_FLAGS = {"logical_devices": "--devices"}
+
+
 def _positive_int(name: str, value: object, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or (
             high is not None and value > high):
         allowed = "a positive integer" if high is None else f"an integer from 1 to {high}"
-        raise InvalidArgument(f"--{name.replace('_', '-')} must be {allowed}; received {value!r}")
+        raise InvalidArgument(f"{_FLAGS.get(name, '--' + name.replace('_', '-'))} must be {allowed}; "
+                              f"received {value!r}")
     return value
 
 
@@ -183,7 +188,7 @@ def validate_config(
     bn_momentum: float = 0.997,
 ) -> TrainConfig:
     """Check every user-facing value and return the run's `TrainConfig`."""
-    fmt = parse_format(dtype, argument="dtype", allowed=DTYPES)
+    fmt = parse_format(dtype, argument="--dtype", allowed=DTYPES)
     spec = parse_loss_scale(loss_scale, fmt, skip=skip)
     for name, value in (("steps", steps), ("record_every", record_every),
                         ("batch_size", batch_size), ("image_size", image_size),
@@ -202,28 +207,29 @@ def validate_config(
                               f"needs about {need / 2**30:.1f} GiB; at most {limit / 2**30:.1f} GiB (half this "
                               f"machine's memory) is allowed: use a smaller batch or image")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InvalidArgument(f"seed must be a non-negative integer; received {seed!r}")
+        raise InvalidArgument(f"--seed must be a non-negative integer; received {seed!r}")
     if isinstance(eval_batches, bool) or not isinstance(eval_batches, int) or eval_batches < 0:
-        raise InvalidArgument(f"eval_batches must be a non-negative integer; received {eval_batches!r}")
+        raise InvalidArgument(f"--eval-batches must be a non-negative integer; received {eval_batches!r}")
     if data not in DATA_SOURCES:
-        raise invalid_choice("data", data, DATA_SOURCES)
+        raise invalid_choice("--data", data, DATA_SOURCES)
     if data == "cifar10" and not data_dir:
-        raise InvalidArgument("data_dir must name a directory of CIFAR-10 .bin files when data is cifar10; received None")
+        raise InvalidArgument("--data-dir must name a directory of CIFAR-10 .bin files when --data is cifar10; received None")
     if distribute not in DISTRIBUTE:
-        raise invalid_choice("distribute", distribute, DISTRIBUTE)
+        raise invalid_choice("--distribute", distribute, DISTRIBUTE)
     if distribute == "mirrored" and batch_size % logical_devices:
         raise InvalidArgument(
-            f"batch_size must be a multiple of logical_devices ({logical_devices}) under mirrored; "
+            f"--batch-size must be a multiple of --devices ({logical_devices}) under --distribute mirrored; "
             f"received {batch_size!r}"
         )
     for name, value in (("learning_rate", learning_rate), ("synthetic_noise", synthetic_noise)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise InvalidArgument(f"{name} must be a positive number; received {value!r}")
+            flag = "--learning-rate" if name == "learning_rate" else name  # synthetic_noise: API only
+            raise InvalidArgument(f"{flag} must be a positive number; received {value!r}")
     for name, value in (("weight_decay", weight_decay), ("momentum", momentum)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise InvalidArgument(f"{name} must be a non-negative number; received {value!r}")
     if not (isinstance(bn_momentum, (int, float)) and 0 <= bn_momentum < 1):
-        raise InvalidArgument(f"bn_momentum must be a number in [0, 1); received {bn_momentum!r}")
+        raise InvalidArgument(f"--bn-momentum must be a number in [0, 1); received {bn_momentum!r}")
     return TrainConfig(
         dtype=fmt.name, bn_momentum=float(bn_momentum), loss_scale=spec, steps=steps, record_every=record_every,
         batch_size=batch_size, resnet_size=resnet_size, image_size=image_size, seed=seed,

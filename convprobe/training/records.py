@@ -39,6 +39,7 @@ from convprobe.training.telemetry import COUNT_FIELDS, histogram_edges
 __all__ = [
     "STEP_COLUMNS",
     "TELEMETRY_COLUMNS",
+    "COLUMN_DEFINITIONS",
     "RunFiles",
     "ResumePlan",
     "read_header",
@@ -52,10 +53,55 @@ STEP_COLUMNS = (
     "step_seconds", "images_per_second",
 )
 TELEMETRY_COLUMNS = (
-    "step", "loss_scale", "kind", "index", "layer", *COUNT_FIELDS,
-    "routing_zero_fraction", "flushed_fraction", "lost_fraction", "subnormal_fraction", "class_mismatch_fraction",
-    "shadow_underflow_fraction", "min_abs", "max_abs", "hist_low", "hist_shadow",
+    "step", "loss_scale", "kind", "index", "layer", "precision", "same_gradient_as", *COUNT_FIELDS,
+    "routing_zero_fraction", "flushed_fraction", "lost_fraction", "underflow_fraction", "subnormal_fraction",
+    "class_mismatch_fraction", "shadow_underflow_fraction", "min_abs", "max_abs", "hist_low", "hist_shadow",
 )
+
+#: What each column holds (written into header.json and the README). S is the loss scale;
+#: every magnitude is of the scaled gradient S*g, as the low-precision backward pass holds it.
+COLUMN_DEFINITIONS = {
+    "steps": {
+        "step": "step index, from 0",
+        "loss": "mean cross-entropy over the global batch (unscaled)",
+        "accuracy": "share of the global batch classified correctly, before the update",
+        "loss_scale": "S used in this step",
+        "finite": "every weight gradient finite on every replica",
+        "skipped": "the update was skipped because a gradient was not finite (static or dynamic scaling)",
+        "telemetry": "this step recorded telemetry rows",
+        "step_seconds": "wall time of the step",
+        "images_per_second": "global batch / step_seconds",
+    },
+    "telemetry": {
+        "step": "step index", "loss_scale": "S of that step",
+        "kind": "weight (gradient of a trainable variable) or activation (gradient of a layer output)",
+        "index": "position among tensors of its kind, input to output", "layer": "variable path or layer name",
+        "precision": "format the gradient is computed in: the compute dtype, or fp32 for batch-norm "
+                     "parameters (computed in fp32 under mixed precision: they cannot flush)",
+        "same_gradient_as": "for a tap whose gradient is another tap's tensor (a block's conv2, its add, "
+                            "its projection), that tap's name: its counts repeat it; empty otherwise",
+        "n": "elements counted (weights: pooled over replicas, each replica's local gradient)",
+        "routing_zero": "zero in both the low-precision gradient and its fp32 shadow (ReLU/pooling routing)",
+        "flushed": "zero, while the fp32 shadow |S*g| is nonzero and at most half the smallest subnormal "
+                   "(2^-25 for fp16): rounded to zero",
+        "lost": "zero, while the shadow value is representable (an upstream flush or cancellation)",
+        "subnormal": "|S*g| in [smallest subnormal, smallest normal) (2^-24 .. 2^-14 for fp16)",
+        "inf": "infinite elements", "nan": "NaN elements",
+        "shadow_underflow": "shadow |S*g| nonzero and at most half the smallest subnormal",
+        "shadow_subnormal": "shadow |S*g| in the subnormal range",
+        "class_mismatch": "range class (zero, subnormal, normal, non-finite) differs from the shadow's",
+        "routing_zero_fraction": "routing_zero / n", "flushed_fraction": "flushed / n", "lost_fraction": "lost / n",
+        "underflow_fraction": "(flushed + lost) / n: zero in low precision, nonzero in fp32 (underflow "
+                              "as a user means it)",
+        "subnormal_fraction": "subnormal / n", "class_mismatch_fraction": "class_mismatch / n",
+        "shadow_underflow_fraction": "shadow_underflow / n",
+        "min_abs": "smallest nonzero |S*g|", "max_abs": "largest finite |S*g|",
+        "hist_low": "log2-magnitude histogram of the low-precision |S*g| (see histogram_note)",
+        "hist_shadow": "the same for the fp32 shadow",
+    },
+}
+assert all(set(COLUMN_DEFINITIONS[k]) == set(cols) for k, cols in (("steps", STEP_COLUMNS),
+                                                                  ("telemetry", TELEMETRY_COLUMNS)))
 
 #: Configuration fields that may change between an interrupted run and its resumption.
 _RESUMABLE_CHANGES = {"steps", "progress", "output", "checkpoint_every", "eval_batches"}
@@ -162,6 +208,10 @@ class RunFiles:
                     f"output '{self.directory}' holds a run with a different {key} "
                     f"({old_config.get(key)!r}, now {value!r}); use a new --output directory"
                 )
+        recorded = old["columns"]
+        if recorded != {"steps": list(STEP_COLUMNS), "telemetry": list(TELEMETRY_COLUMNS)}:
+            raise InvalidArgument(f"{self.directory} was recorded with other columns (an older convprobe); "
+                                  f"nothing was changed: resume it with that version or use a new --output")
         resumed = list(old.get("resumed_at_steps", []))
         state = load_checkpoint(self.checkpoint_path) if self.checkpoint_path.exists() else None
         start = state[0] if state is not None else 0
@@ -181,6 +231,7 @@ class RunFiles:
             provenance.collect(seed=seed, device=device, extra={"runtime": runtime}),
             resumed_at_steps=resumed,
             columns={"steps": list(STEP_COLUMNS), "telemetry": list(TELEMETRY_COLUMNS)},
+            column_definitions=COLUMN_DEFINITIONS,
             histogram_bins=histogram_edges(),
             histogram_note=(
                 "hist_* cells are 'e:count' pairs; e is floor(log2|g|) of the scaled gradient; "

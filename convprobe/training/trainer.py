@@ -34,7 +34,7 @@ import numpy as np
 from convprobe.training import runtime
 from convprobe.training.config import LossScaleMode, TrainConfig
 from convprobe.training.data import Batches, make_data
-from convprobe.training.records import RunFiles, read_summary, save_checkpoint
+from convprobe.training.records import STEP_COLUMNS, RunFiles, read_summary, save_checkpoint
 from convprobe.training.telemetry import COUNT_FIELDS, Thresholds, batched_stats, encode_histogram
 
 __all__ = ["Trainer", "RunResult", "train"]
@@ -87,8 +87,14 @@ class Trainer:
         as the graph without XLA, no tracing cost: for tests and debugging)."""
         self.config = config
         self.eager = eager
-        distributed = config.distribute == "mirrored"
-        self.tf = tf = runtime.tensorflow(config.logical_devices if distributed else None)
+        mirrored = config.distribute == "mirrored"
+        self.tf = tf = runtime.tensorflow(config.logical_devices if mirrored else None)
+        self.cluster = None
+        if config.distribute == "multi-worker":  # first, before any other op (TensorFlow's rule)
+            from convprobe.training.cluster import read_tf_config
+
+            self.cluster = read_tf_config()
+            self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
         import keras
 
         self.keras = keras
@@ -98,21 +104,33 @@ class Trainer:
         self.data = data if data is not None else make_data(config)
         self.format = config.format
         self.thresholds = Thresholds.of(self.format)
-        if distributed:
+        if mirrored:
             cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
             if len(cpus) < 2:
                 from convprobe.errors import InvalidArgument
 
                 raise InvalidArgument(
-                    f"distribute mirrored needs at least 2 devices; this process has {len(cpus)} "
+                    f"--distribute mirrored needs at least 2 devices; this process has {len(cpus)} "
                     "(logical CPU devices must be configured before TensorFlow initialises, in a fresh process)"
                 )
             self.strategy = tf.distribute.MirroredStrategy(cpus[: config.logical_devices])
-        else:
+        elif self.cluster is None:
             self.strategy = tf.distribute.get_strategy()
         self.replicas = self.strategy.num_replicas_in_sync
-        # XLA cannot compile the cross-replica merge calls of a Keras optimizer.
-        self.jit = bool(config.jit) and not distributed and not eager
+        if config.batch_size % self.replicas:
+            from convprobe.errors import InvalidArgument
+
+            raise InvalidArgument(f"--batch-size must be a multiple of the {self.replicas} replicas; "
+                                  f"received {config.batch_size}")
+        self.is_chief = self.cluster is None or self.cluster.is_chief
+        # XLA cannot compile the cross-replica merge calls of a Keras optimizer (`jit_note` says so).
+        self.jit = bool(config.jit) and config.distribute == "none" and not eager
+        self.jit_note = None
+        if config.jit and config.distribute != "none":
+            self.jit_note = (f"--distribute {config.distribute} runs without XLA: XLA cannot compile the "
+                             f"cross-replica calls of the Keras optimizer. Each op then runs on its own "
+                             f"(fp16 results still rounded to fp16 between ops), and fp16 steps on a CPU are "
+                             f"far slower than with --jit (measure with benchmarks/bench_training.py)")
         from convprobe.training.model import build_resnet
 
         with self.strategy.scope():
@@ -141,6 +159,12 @@ class Trainer:
         #: row of the measured statistics that each reported tensor (weights, then taps) takes
         self.report_rows = np.array(list(range(n_weights)) + [
             n_weights + position[same.get(i, i)] for i in range(len(self.tap_names))])
+        # Batch-norm parameters are computed in fp32 under mixed precision: they cannot flush.
+        compute = str(self.format.name)
+        self.precision = ["fp32" if "_bn/" in name else compute for name in self.weight_names] + \
+            [compute] * len(self.tap_names)
+        self.same_gradient_as = [""] * n_weights + [
+            self.tap_names[same[i]] if i in same else "" for i in range(len(self.tap_names))]
         self._compile()
 
     # -- compiled pieces ---------------------------------------------------------------
@@ -167,14 +191,13 @@ class Trainer:
         wgrads = grads[: len(variables)]
         bad = tf.add_n([tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.float32))
                         for g in wgrads])
-        ctx = tf.distribute.get_replica_context()
-        if ctx is not None and self.replicas > 1:
-            bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, bad)
+        bad = self._sum_over_replicas(bad)
         finite = tf.equal(bad, 0.0)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
+                                                  tf.cast(labels, tf.int32)), tf.float32))
         out = {
-            "loss": loss,
-            "correct": tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
-                                                       tf.cast(labels, tf.int32)), tf.float32)),
+            "loss": self._sum_over_replicas(loss),  # each replica's share is over the global batch
+            "correct": self._sum_over_replicas(correct),
             "scale": scale,
             "finite": finite,
         }
@@ -200,8 +223,23 @@ class Trainer:
             scaled = (tf.reduce_sum(ce) / global_batch) * scale
         return tape.gradient(scaled, list(shadow.trainable_variables) + [outs[1 + i] for i in self.measured_taps])
 
+    def _sum_over_replicas(self, value):
+        """`value` summed over every replica of every worker (itself with one replica)."""
+        ctx = self.tf.distribute.get_replica_context()
+        if ctx is None or self.replicas == 1:
+            return value
+        return ctx.all_reduce(self.tf.distribute.ReduceOp.SUM, value)
+
     def _statistics(self, lows, shadows):
+        """Telemetry of this replica's gradients, aggregated over all replicas: counts and
+        histograms summed, extremes the smallest minimum and largest maximum."""
+        tf = self.tf
         counts, extremes, hist_low, hist_shadow = batched_stats(lows, shadows, self.thresholds)
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and self.replicas > 1:
+            counts, hist_low, hist_shadow = (self._sum_over_replicas(x) for x in (counts, hist_low, hist_shadow))
+            every = ctx.all_gather(extremes[None], axis=0)  # [replicas, tensors, 2]
+            extremes = tf.stack([tf.reduce_min(every[..., 0], axis=0), tf.reduce_max(every[..., 1], axis=0)], axis=-1)
         return {"counts": counts, "extremes": extremes, "hist_low": hist_low, "hist_shadow": hist_shadow}
 
     def _compile(self):
@@ -270,26 +308,25 @@ class Trainer:
             out.update(self._stats(out.pop("lows"), out.pop("shadows")))
         else:
             out = self._plain(images, labels)
-        loss = sum(float(x) for x in self._local(out["loss"]))
+        first = {key: self._local(value)[0] for key, value in out.items()}  # every replica holds the total
         seconds = time.perf_counter() - start
         result = {
             "step": step,
-            "loss": loss,
-            "accuracy": sum(float(x) for x in self._local(out["correct"])) / self.config.batch_size,
-            "loss_scale": float(self._local(out["scale"])[0]),
-            "finite": bool(self._local(out["finite"])[0]),
+            "loss": float(first["loss"]),
+            "accuracy": float(first["correct"]) / self.config.batch_size,
+            "loss_scale": float(first["scale"]),
+            "finite": bool(first["finite"]),
             "step_seconds": seconds,
             "images_per_second": self.config.batch_size / seconds if seconds > 0 else math.inf,
             "telemetry": telemetry,
         }
         if telemetry:
             rows = self.report_rows
-            ext = self._local(out["extremes"])
-            result["counts"] = np.sum(self._local(out["counts"]), axis=0)[rows]
-            result["min_abs"] = np.min([e[:, 0] for e in ext], axis=0)[rows]
-            result["max_abs"] = np.max([e[:, 1] for e in ext], axis=0)[rows]
-            result["hist_low"] = np.sum(self._local(out["hist_low"]), axis=0)[rows]
-            result["hist_shadow"] = np.sum(self._local(out["hist_shadow"]), axis=0)[rows]
+            result["counts"] = first["counts"][rows]
+            result["min_abs"] = first["extremes"][:, 0][rows]
+            result["max_abs"] = first["extremes"][:, 1][rows]
+            result["hist_low"] = first["hist_low"][rows]
+            result["hist_shadow"] = first["hist_shadow"][rows]
         mode = self.config.loss_scale.mode
         result["skipped"] = (not result["finite"]) and mode in (LossScaleMode.STATIC, LossScaleMode.DYNAMIC)
         return result
@@ -304,10 +341,12 @@ class Trainer:
             n = max(c["n"], 1)
             rows.append({
                 "step": result["step"], "loss_scale": result["loss_scale"], "kind": kind,
-                "index": index, "layer": name, **c,
+                "index": index, "layer": name, "precision": self.precision[t],
+                "same_gradient_as": self.same_gradient_as[t], **c,
                 "routing_zero_fraction": c["routing_zero"] / n,
                 "flushed_fraction": c["flushed"] / n,
                 "lost_fraction": c["lost"] / n,
+                "underflow_fraction": (c["flushed"] + c["lost"]) / n,
                 "subnormal_fraction": c["subnormal"] / n,
                 "class_mismatch_fraction": c["class_mismatch"] / n,
                 "shadow_underflow_fraction": c["shadow_underflow"] / n,
@@ -351,17 +390,6 @@ class Trainer:
             f" ({self.replicas} replica{'s' if self.replicas > 1 else ''})"
 
 
-def _progress(step: int, total: int, result: dict, stream=sys.stderr) -> None:
-    width = 30
-    done = int(width * step / total)
-    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {result['loss']:.4f} "
-                 f"acc {result['accuracy']:.3f} scale {result['loss_scale']:g} "
-                 f"{result['images_per_second']:.1f} img/s")
-    if step == total:
-        stream.write("\n")
-    stream.flush()
-
-
 def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer | None = None,
           stop_after: int | None = None, eager: bool = False) -> RunResult:
     """Run (or resume) a training run, streaming records to `config.output` if set.
@@ -383,40 +411,49 @@ def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer 
             eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
             jit=done["jit"], summary=done)
     trainer = trainer or Trainer(config, data=data, eager=eager)
+    if trainer.jit_note and trainer.is_chief:
+        print(f"convprobe train: note: {trainer.jit_note}", file=sys.stderr)
     if files is not None:
         if plan.checkpoint is not None:
             _, weights, opt_state, counters = plan.checkpoint
             trainer.restore(weights, opt_state)  # a foreign checkpoint fails here, files untouched
-        facts = runtime.runtime_facts()
-        facts["jit_effective"] = trainer.jit
-        facts["eager"] = trainer.eager
-        start = files.start(plan, config_json=config.to_json(), seed=config.seed,
-                            device=trainer.device_description(), runtime=facts,
-                            layer_names={"weight": trainer.weight_names, "activation": trainer.tap_names})
+        start = plan.start_step
+        if trainer.is_chief:  # other workers of a cluster compute the same steps and write nothing
+            facts = runtime.runtime_facts()
+            facts.update(jit_effective=trainer.jit, jit_note=trainer.jit_note, eager=trainer.eager,
+                         replicas=trainer.replicas,
+                         cluster=None if trainer.cluster is None else list(trainer.cluster.workers))
+            start = files.start(plan, config_json=config.to_json(), seed=config.seed,
+                                device=trainer.device_description(), runtime=facts,
+                                layer_names={"weight": trainer.weight_names, "activation": trainer.tap_names})
+        else:
+            files = None
     speeds: list[float] = []
     last: dict = {}
     steps_run = 0
+    from convprobe.progress import tracker
+
     try:
-        for step in range(start, config.steps):
-            if stop_after is not None and steps_run >= stop_after:
-                break
-            telemetry = step % config.record_every == 0
-            last = trainer.step(step, telemetry)
-            steps_run += 1
-            counters["skipped"] += int(last["skipped"])
-            counters["nonfinite"] += int(not last["finite"])
-            if step > start:  # the first call compiles
-                speeds.append(last["images_per_second"])
-            if files is not None:
-                files.write_step({k: last[k] for k in ("step", "loss", "accuracy", "loss_scale", "finite",
-                                                       "skipped", "telemetry", "step_seconds",
-                                                       "images_per_second")})
-                if telemetry:
-                    files.write_telemetry(trainer.telemetry_rows(last))
-                if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-                    save_checkpoint(files.checkpoint_path, step + 1, *trainer.state(), counters)
-            if config.progress:
-                _progress(step + 1, config.steps, last)
+        with tracker(config.steps - start, f"train {config.dtype} steps",
+                     enabled=config.progress and trainer.is_chief) as advance:
+            for step in range(start, config.steps):
+                if stop_after is not None and steps_run >= stop_after:
+                    break
+                telemetry = step % config.record_every == 0
+                last = trainer.step(step, telemetry)
+                steps_run += 1
+                counters["skipped"] += int(last["skipped"])
+                counters["nonfinite"] += int(not last["finite"])
+                if step > start:  # the first call compiles
+                    speeds.append(last["images_per_second"])
+                if files is not None:
+                    files.write_step({k: last[k] for k in STEP_COLUMNS})
+                    if telemetry:
+                        files.write_telemetry(trainer.telemetry_rows(last))
+                    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                        save_checkpoint(files.checkpoint_path, step + 1, *trainer.state(), counters)
+                advance(f"loss {last['loss']:.4f}  scale {last['loss_scale']:g}  "
+                        f"{last['images_per_second']:.1f} img/s")
         finished = (start + steps_run) >= config.steps
         eval_accuracy = trainer.evaluate(config.eval_batches) if finished else None
         summary = {

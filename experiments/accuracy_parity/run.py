@@ -27,15 +27,15 @@ HERE = Path(__file__).resolve().parent
 
 
 def main(argv=None) -> int:
-    parser = experiment.parser(__doc__, HERE, output="results/accuracy_parity")
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--seeds", help="comma-separated seeds")
-    parser.add_argument("--resnet-size", type=int)
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--image-size", type=int)
-    parser.add_argument("--noise", type=float, help="synthetic noise standard deviation")
-    parser.add_argument("--eval-batches", type=int)
-    parser.add_argument("--settings", help="comma-separated subset of setting names")
+    parser = experiment.parser(__doc__, HERE)
+    parser.add_argument("--steps", type=int, help="training steps per run (overrides the config)")
+    parser.add_argument("--seeds", help="comma-separated seeds (overrides the config)")
+    parser.add_argument("--resnet-size", type=int, help="depth 6n+2 (overrides the config)")
+    parser.add_argument("--batch-size", type=int, help="global batch size (overrides the config)")
+    parser.add_argument("--image-size", type=int, help="synthetic image side (overrides the config)")
+    parser.add_argument("--noise", type=float, help="synthetic noise standard deviation (overrides the config)")
+    parser.add_argument("--eval-batches", type=int, help="evaluation batches after training (overrides the config)")
+    parser.add_argument("--settings", help="comma-separated subset of the config's setting names")
     args = parser.parse_args(argv)
 
     config, output = experiment.load(

@@ -17,7 +17,6 @@ ulp_histogram.png (emulator models on the question's inputs).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from convprobe import experiment
@@ -27,19 +26,6 @@ HERE = Path(__file__).resolve().parent
 #: table_figure sizes columns by character count; a long lower-case header keeps the
 #: upper-case variable names from being clipped.
 ENV_HEADER = "environment variables set in the configuration's own process"
-
-
-def write_records(results, path: Path, observed_columns=()) -> list[dict]:
-    """Probe results as JSON records (provenance included) and a flat CSV next to them."""
-    import pandas as pd
-
-    from convprobe import provenance
-
-    records = [r.to_record() for r in results]
-    document = {"provenance": provenance.collect(), "results": records}
-    path.write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
-    pd.DataFrame([r.to_row(tuple(observed_columns)) for r in results]).to_csv(path.with_suffix(".csv"), index=False)
-    return records
 
 
 def main(argv=None) -> int:
@@ -59,11 +45,13 @@ def main(argv=None) -> int:
     three_way = [c for spec in config["three_way_models"] for c in resolve_configs(backend="emulated", model=spec)]
 
     overflow = run_probe("overflow", configs)
-    write_records(overflow, output / "overflow.json", ("output",))
+    experiment.write_probe_results("overflow", {}, overflow, output / "overflow.json", ("output",))
     three_way_results = run_probe("overflow", three_way)
-    write_records(three_way_results, output / "three_way.json", ("output",))
-    compared = run_probe("compare", configs, {"seed": config["seed"], **config["compare_shapes"]})
-    write_records(compared, output / "compare.json", ("max_abs_diff", "fraction_different"))
+    experiment.write_probe_results("overflow", {}, three_way_results, output / "three_way.json", ("output",))
+    compare_params = {"seed": config["seed"], **config["compare_shapes"]}
+    compared = run_probe("compare", configs, compare_params)
+    experiment.write_probe_results("compare", compare_params, compared, output / "compare.json",
+                                   ("max_abs_diff", "fraction_different"))
 
     rows = [r.to_row(("output",)) for r in overflow + three_way_results]
     table = pd.DataFrame(rows).drop_duplicates("configuration")

@@ -18,7 +18,6 @@ figures overflow.png and fingerprint.png (tables, fp16 cells warm, fp32 cool).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -39,7 +38,6 @@ def main(argv=None) -> int:
 
     import pandas as pd
 
-    from convprobe import provenance
     from convprobe.analysis import figures, tables
     from convprobe.backends.configurations import matrix_configs
     from convprobe.probes import run_probe
@@ -48,9 +46,7 @@ def main(argv=None) -> int:
     timeout = float(config["timeout_s"])
     for probe, params in (("overflow", {}), ("compare", {"seed": config["seed"], **config["compare_shapes"]})):
         results = run_probe(probe, configs, params, timeout=timeout)
-        document = {"provenance": provenance.collect(seed=config["seed"]), "results": [r.to_record() for r in results]}
-        (output / f"{probe}.json").write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
-        pd.DataFrame([r.to_row() for r in results]).to_csv(output / f"{probe}.csv", index=False)
+        experiment.write_probe_results(probe, params, results, output / f"{probe}.json")
         for r in results:
             print(f"{probe:9s} {r.config.label:40s} {r.status:8s} {r.accumulation or '-':5s} {r.verdict or r.error}")
         if probe == "overflow":

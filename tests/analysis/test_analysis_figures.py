@@ -60,8 +60,12 @@ def test_error_vs_k_figure_draws_series_bounds_and_log_axes():
     assert axes[0].get_ylabel() == "max |ŷ − y| / Σ|x·w|"
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels[:2] == ["fp16 sequential", "fp32"]
-    assert "$\\gamma_K$: fp16 accumulation" in labels and "$\\lambda\\sqrt{K}\\,u$: fp32 accumulation" in labels
-    gamma16 = [ln for ln in axes[0].get_lines() if ln.get_label() == "$\\gamma_K$: fp16 accumulation"][0]
+    assert "bound $\\gamma_K$: fp16 accumulation" in labels and "bound $\\lambda\\sqrt{K}\\,u$: fp32 accumulation" in labels
+    data_colours = {line.get_color() for line in axes[0].get_lines() if not line.get_label().startswith("bound")
+                    and line.get_marker() == "o"}
+    bound_colours = {line.get_color() for line in axes[0].get_lines() if line.get_label().startswith("bound")}
+    assert bound_colours and not bound_colours & data_colours  # bounds styled apart from data
+    gamma16 = [ln for ln in axes[0].get_lines() if ln.get_label() == "bound $\\gamma_K$: fp16 accumulation"][0]
     assert gamma16.get_xdata().max() * 2.0**-11 < 1  # drawn only where gamma_K is defined
     assert any(t.get_text() == " exact (0)" for t in axes[0].texts)  # fp32 at K=9 was exact
     assert [t.get_text() for t in axes[0].get_xticklabels()][:2] == ["8", "32"]
@@ -82,17 +86,18 @@ def test_ulp_histogram_figure_counts_exact_and_infinite_outside_the_log_axis():
     errors = {"fp32 acc": np.concatenate([rng.uniform(0, 0.5, 500), [0.0, 0.0]]),
               "fp16 acc": np.concatenate([rng.uniform(1, 300, 500), [np.inf]])}
     fig = figures.ulp_histogram_figure(errors, "fp16", title="K = 4096")
-    (ax,) = fig.get_axes()
-    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
-    assert ax.get_xlabel().startswith("ULP error in fp16")
-    assert ax.get_title() == "K = 4096"
-    labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels[0].startswith("fp32 acc  (n=502, max=0.") and labels[0].endswith("exact=2)")
-    assert labels[1] == "fp16 acc  (n=501, max=inf, exact=0, inf=1)"
-    assert labels[2] == "0.5 ulp: correctly rounded"
+    axes = fig.get_axes()
+    assert len(axes) == 2  # one panel per series: overlapping distributions stay visible
+    assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in axes)
+    assert axes[-1].get_xlabel().startswith("ULP error in fp16")
+    assert axes[0].get_title() == "K = 4096"
+    notes = [[t.get_text() for t in ax.texts] for ax in axes]
+    assert notes[0][0].startswith("fp32 acc  (n=502, max=0.") and notes[0][0].endswith("exact=2)")
+    assert notes[1] == ["fp16 acc  (n=501, max=inf, exact=0, inf=1)"]
+    assert all(any(line.get_xdata()[0] == 0.5 for line in ax.get_lines()) for ax in axes)  # the 0.5 ulp mark
     _saves(fig)
     single = figures.ulp_histogram_figure(np.zeros(3), "bf16")
-    assert single.legends[0].get_texts()[0].get_text() == "outputs  (n=3, max=0, exact=3)"
+    assert single.get_axes()[0].texts[0].get_text() == "outputs  (n=3, max=0, exact=3)"
 
 
 def test_ulp_histogram_figure_bad_input():

@@ -54,10 +54,12 @@ def test_emulated_fp16_gives_inf_like_tensorflow(overflow_all):
 
 @pytest.mark.tensorflow
 def test_results_carry_provenance(overflow_all):
-    assert overflow_all["schema_version"] == 1
+    from convprobe.results import SCHEMA_VERSION
+
+    assert (overflow_all["schema_version"], overflow_all["kind"]) == (SCHEMA_VERSION, "overflow")
     for row in overflow_all["results"]:
         prov = row["provenance"]
-        assert prov["schema_version"] == 1 and prov["seed"] == 0
+        assert prov["schema_version"] == SCHEMA_VERSION and prov["seed"] == 0
         assert prov["versions"]["numpy"] == np.__version__
         assert "cpu_flags" in prov and "environment" in prov
     child = rows_by_label(overflow_all)["tensorflow/cpu/fp16"]

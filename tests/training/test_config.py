@@ -24,12 +24,12 @@ def parser():
 def test_invalid_dtype_lists_valid_choices(dtype):
     with pytest.raises(InvalidArgument) as info:
         validate_config(dtype=dtype)
-    assert str(info.value) == f"dtype must be one of fp16, bf16, fp32; received {dtype!r}"
+    assert str(info.value) == f"--dtype must be one of fp16, bf16, fp32; received {dtype!r}"
 
 
 def test_cli_invalid_dtype_raises_before_tensorflow():
     args = parser().parse_args(["train", "--dtype", "int8"])
-    with pytest.raises(InvalidArgument, match="dtype must be one of fp16, bf16, fp32; received 'int8'"):
+    with pytest.raises(InvalidArgument, match="--dtype must be one of fp16, bf16, fp32; received 'int8'"):
         args.handler(args)
 
 
@@ -70,24 +70,24 @@ def test_loss_scale_forms():
 def test_bad_loss_scale(value):
     with pytest.raises(InvalidArgument) as info:
         parse_loss_scale(value, FP16)
-    assert str(info.value) == f"loss_scale must be one of none, dynamic or a positive number; received {value!r}"
+    assert str(info.value) == f"--loss-scale must be none, dynamic or a positive number; received {value!r}"
 
 
 def test_resnet_size():
     assert [resnet_blocks_per_stage(s) for s in (8, 20, 32, 56)] == [1, 3, 5, 9]
     for bad in (2, 21, 7, 0):
-        with pytest.raises(InvalidArgument, match=rf"resnet_size must be 6n\+2 .*received {bad}$"):
+        with pytest.raises(InvalidArgument, match=rf"--resnet-size must be 6n\+2 .*received {bad}$"):
             resnet_blocks_per_stage(bad)
 
 
 def test_choices_and_combinations():
-    with pytest.raises(InvalidArgument, match="^data must be one of synthetic, cifar10; received 'imagenet'$"):
+    with pytest.raises(InvalidArgument, match="^--data must be one of synthetic, cifar10; received 'imagenet'$"):
         validate_config(data="imagenet")
-    with pytest.raises(InvalidArgument, match="^distribute must be one of none, mirrored; received 'tpu'$"):
+    with pytest.raises(InvalidArgument, match="^--distribute must be one of none, mirrored, multi-worker; received 'tpu'$"):
         validate_config(distribute="tpu")
-    with pytest.raises(InvalidArgument, match="^data_dir must name a directory"):
+    with pytest.raises(InvalidArgument, match="^--data-dir must name a directory"):
         validate_config(data="cifar10")
-    with pytest.raises(InvalidArgument, match="multiple of logical_devices"):
+    with pytest.raises(InvalidArgument, match="--batch-size must be a multiple of --devices"):
         validate_config(distribute="mirrored", batch_size=5, logical_devices=2)
 
 
@@ -120,6 +120,6 @@ def test_convprobe_cli_train_bad_input_exits_2(capsys):
 
     assert cli.main(["train", "--dtype", "int8"]) == 2
     err = capsys.readouterr().err
-    assert err == "convprobe train: error: dtype must be one of fp16, bf16, fp32; received 'int8'\n"
+    assert err == "convprobe train: error: --dtype must be one of fp16, bf16, fp32; received 'int8'\n"
     assert cli.main(["train", "--steps", "0"]) == 2
     assert "--steps must be an integer from 1 to 1000000000; received 0" in capsys.readouterr().err

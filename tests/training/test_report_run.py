@@ -63,3 +63,24 @@ def test_a_damaged_run_is_one_line_and_nothing_is_written(run_dir, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "f").exists()
+
+
+def test_telemetry_columns_are_defined_and_say_what_they_measure(run_dir):
+    import pandas as pd
+
+    header = json.loads((run_dir / "header.json").read_text())
+    for part in ("steps", "telemetry"):
+        assert set(header["column_definitions"][part]) == set(header["columns"][part])
+    t = pd.read_csv(run_dir / "telemetry.csv", keep_default_na=False)
+    assert ((t["flushed"] + t["lost"]) / t["n"] == t["underflow_fraction"]).all()
+    weights = t[t["kind"] == "weight"]
+    batch_norm = weights["layer"].str.contains("_bn/")
+    assert batch_norm.any() and (weights.loc[batch_norm, "precision"] == "fp32").all()
+    assert (weights.loc[~batch_norm, "precision"] == "fp16").all()
+    assert (weights.loc[batch_norm, "flushed"] == 0).all()  # fp32 gradients cannot flush
+    taps = t[t["kind"] == "activation"]
+    shared = taps[taps["same_gradient_as"] != ""]
+    assert len(shared)  # a block's add and its conv2 carry one gradient
+    for row in shared.itertuples(index=False):
+        source = taps[(taps["layer"] == row.same_gradient_as) & (taps["step"] == row.step)].iloc[0]
+        assert (source["n"], source["flushed"], source["subnormal"]) == (row.n, row.flushed, row.subnormal)

@@ -154,7 +154,17 @@ def test_compare_loss_scaling_writes_table_and_figures(tmp_path, tiny):
                  "scale_trajectory.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 0
     text = (tmp_path / "cmp" / "comparison.txt").read_text()
-    assert "routing0" in text and "initial_conv" in text
+    assert "routing0" in text and "initial_conv" in text and "flush|lost:none" in text and "(fp32)" in text
+    from convprobe.training.compare import overview
+
+    view = overview(table)
+    assert list(view["gradients"]) == ["activation"] * 3 + ["weight"] * 3
+    counted = table[(table["scale"] == "none") & (table["kind"] == "weight") & (table["precision"] == "fp16")]
+    assert view.iloc[3]["tensors"] == len(counted) < (table[(table["scale"] == "none")
+                                                             & (table["kind"] == "weight")]).shape[0]
+    taps = table[(table["scale"] == "none") & (table["kind"] == "activation")]
+    assert view.iloc[0]["tensors"] == (taps["same_gradient_as"] == "").sum() < len(taps)
+    assert (view["flushed_or_lost_mean"] >= view["flushed_mean"]).all()
     none = table[table["scale"] == "none"]
     static = table[table["scale"] == "static-128"]
     assert none["subnormal_fraction"].sum() > static["subnormal_fraction"].sum()
