@@ -18,3 +18,11 @@ def test_quick_start_has_exactly_the_two_commands_and_ci_runs_the_second():
     assert blocks[0].endswith("convprobe overflow --accumulate fp16")
     ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text(encoding="utf-8")
     assert blocks[1].replace('pip install -e ".[test]"', 'pip install -q -e ".[test]"') in ci
+
+
+def test_readme_defines_every_record_column_as_header_json_does():
+    from convprobe.training.records import COLUMN_DEFINITIONS
+
+    for part, definitions in COLUMN_DEFINITIONS.items():
+        for column, definition in definitions.items():
+            assert f"| `{column}` | {definition.replace('|', '/')} |" in README, (part, column)

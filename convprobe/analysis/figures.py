@@ -376,7 +376,8 @@ def replay_figure(rows: list[dict], *, title: str | None = None) -> Figure:
 
 def training_run_figure(steps: pd.DataFrame, telemetry: pd.DataFrame, *, title: str) -> Figure:
     """One training run: loss and loss scale per step (x: skipped steps), and per tensor the mean
-    share of gradients flushed to zero or left subnormal, labelled with the layer names."""
+    share of gradients flushed to zero or left subnormal, labelled with the layer names ('(fp32)':
+    computed in fp32 under mixed precision, so it cannot flush)."""
     fig = Figure(figsize=(12.0, 9.0), layout="constrained")
     grid = fig.add_gridspec(3, 2)
     ax_loss = fig.add_subplot(grid[0, 0])
@@ -402,7 +403,11 @@ def training_run_figure(steps: pd.DataFrame, telemetry: pd.DataFrame, *, title: 
         ax.plot(x, means["flushed_fraction"], marker="o", ms=3, color=_SERIES_COLOURS[1], label="flushed to zero")
         ax.plot(x, means["subnormal_fraction"], marker="s", ms=3, ls="--", color=_SERIES_COLOURS[0],
                 label="subnormal")
-        ax.set_xticks(x, [layer for _, layer in means.index], rotation=90, fontsize=6)
+        compute = set(telemetry.loc[telemetry["kind"] == "activation", "precision"]) if "precision" in part else set()
+        precision = part.groupby(["index", "layer"], sort=True)["precision"].first() if compute else None
+        names = [f"{layer} (fp32)" if precision is not None and precision[(i, layer)] not in compute else layer
+                 for i, layer in means.index]
+        ax.set_xticks(x, names, rotation=90, fontsize=6)
         ax.set_ylabel("share of elements")
         ax.set_title(f"{kind} gradients, mean over recorded steps", fontsize=10)
         ax.grid(True, alpha=0.3)

@@ -6,8 +6,8 @@ Parses, calls `probes.studies.run_fingerprint`, renders one row per configuratio
 
 from __future__ import annotations
 
-from convprobe.cli.options import (add_matrix_options, announce_inherited_switches, check_output, emit,
-                                   list_configs, matrix_configs)
+from convprobe.cli.options import (add_matrix_options, announce_inherited_switches, emit, list_configs,
+                                   matrix_configs, matrix_ops)
 
 __all__ = ["register"]
 
@@ -30,11 +30,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.list_configs:
         return list_configs(args.device)
-    check_output(args.output, "json", allowed=("json", "csv"))
-    from convprobe.probes.fingerprint_ops import check_ops
     from convprobe.probes.studies import run_fingerprint
 
-    ops = check_ops(args.op)
+    ops = matrix_ops(args)
     configs = matrix_configs(args)
     announce_inherited_switches(args.command)
     outcome = run_fingerprint(configs, ops, seed=args.seed, device=args.device, timeout=args.timeout,

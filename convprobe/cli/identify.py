@@ -7,7 +7,8 @@ Checks the candidate specs, reduction lengths and row count, calls
 from __future__ import annotations
 
 from convprobe.cli.options import (MAX_K, MAX_ROWS, add_matrix_options, announce_inherited_switches,
-                                   bounded_int, check_output, emit, int_list, list_configs, matrix_configs)
+                                   bounded_int, emit, int_list, list_configs, matrix_configs,
+                                   matrix_ops)
 
 __all__ = ["register"]
 
@@ -35,14 +36,12 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.list_configs:
         return list_configs(args.device)
-    check_output(args.output, "json", allowed=("json", "csv"))
     from convprobe.emulation.composites import split_arguments
     from convprobe.errors import InvalidArgument
     from convprobe.probes import identify
-    from convprobe.probes.fingerprint_ops import check_ops
     from convprobe.probes.studies import run_identify
 
-    ops = check_ops(args.op)
+    ops = matrix_ops(args)
     specs = None
     if args.candidates is not None:
         specs = split_arguments(args.candidates)  # commas inside splitk(...) stay

@@ -14,7 +14,7 @@ from convprobe.render import FORMATS
 
 __all__ = ["positive_int", "bounded_int", "int_list", "seed", "add_running_options",
            "add_output_options", "add_matrix_options", "check_output", "announce_inherited_switches",
-           "matrix_configs", "list_configs", "emit", "MAX_TIMEOUT", "MAX_JOBS", "MAX_K", "MAX_ROWS"]
+           "matrix_configs", "matrix_ops", "list_configs", "emit", "MAX_TIMEOUT", "MAX_JOBS", "MAX_K", "MAX_ROWS"]
 
 MAX_TIMEOUT = 7 * 24 * 3600  # a week: longer is a typo, and overflows some timers
 MAX_JOBS = 256
@@ -145,6 +145,15 @@ def matrix_configs(args) -> list:
     if not configs:
         raise InvalidArgument("nothing to run: --configs none and no --model")
     return configs
+
+
+def matrix_ops(args) -> tuple[str, ...]:
+    """The first checks of a study command, before any work: --output (.json or .csv,
+    writable) and --op; returns the ops."""
+    from convprobe.probes.fingerprint_ops import check_ops
+
+    check_output(args.output, "json", allowed=("json", "csv"))
+    return check_ops(args.op)
 
 
 def list_configs(device: str) -> int:

@@ -7,7 +7,8 @@ the tidy table (one row per configuration x op x distribution x K).
 from __future__ import annotations
 
 from convprobe.cli.options import (MAX_K, MAX_ROWS, add_matrix_options, announce_inherited_switches,
-                                   bounded_int, check_output, emit, int_list, list_configs, matrix_configs)
+                                   bounded_int, emit, int_list, list_configs, matrix_configs,
+                                   matrix_ops)
 
 __all__ = ["register"]
 
@@ -37,13 +38,11 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.list_configs:
         return list_configs(args.device)
-    check_output(args.output, "json", allowed=("json", "csv"))
     from convprobe.formats import parse_format
     from convprobe.probes import sweep
-    from convprobe.probes.fingerprint_ops import check_ops
     from convprobe.probes.studies import run_sweep
 
-    ops = check_ops(args.op)
+    ops = matrix_ops(args)
     distributions = sweep.check_distributions(args.distributions)
     parse_format(args.bound_format, argument="bound-format")
     configs = matrix_configs(args)

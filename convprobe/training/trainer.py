@@ -23,9 +23,9 @@ is measured once and reported under both names.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -123,14 +123,12 @@ class Trainer:
             raise InvalidArgument(f"--batch-size must be a multiple of the {self.replicas} replicas; "
                                   f"received {config.batch_size}")
         self.is_chief = self.cluster is None or self.cluster.is_chief
-        # XLA cannot compile the cross-replica merge calls of a Keras optimizer (`jit_note` says so).
-        self.jit = bool(config.jit) and config.distribute == "none" and not eager
-        self.jit_note = None
-        if config.jit and config.distribute != "none":
-            self.jit_note = (f"--distribute {config.distribute} runs without XLA: XLA cannot compile the "
-                             f"cross-replica calls of the Keras optimizer. Each op then runs on its own "
-                             f"(fp16 results still rounded to fp16 between ops), and fp16 steps on a CPU are "
-                             f"far slower than with --jit (measure with benchmarks/bench_training.py)")
+        self.jit = bool(config.jit) and not eager
+        self.jit_scope = None if not self.jit else (
+            "the whole step" if self.replicas == 1 else
+            "each replica's forward and backward pass and telemetry statistics; the cross-replica sums "
+            "and the optimizer's update run outside XLA (it cannot compile the Keras optimizer's "
+            "cross-replica calls)")
         from convprobe.training.model import build_resnet
 
         with self.strategy.scope():
@@ -174,12 +172,14 @@ class Trainer:
             return tf.identity(self.optimizer.dynamic_scale)
         return tf.constant(self.config.loss_scale.scale, tf.float32)
 
-    def _replica_step(self, images, labels, with_telemetry: bool):
+    def _gradients(self, images, labels, scale, with_telemetry: bool) -> dict:
+        """This replica's forward and backward pass (and the fp32 shadow's, for telemetry): the
+        heavy part of a step, free of cross-replica calls, so XLA can compile it on its own
+        under a strategy."""
         tf, keras = self.tf, self.keras
         model = self.model
         variables = model.trainable_variables
         global_batch = tf.cast(self.config.batch_size, tf.float32)
-        scale = self._current_scale()
         with tf.GradientTape() as tape:
             outs = model(images, training=True)
             logits, taps = outs[0], [outs[1 + i] for i in self.measured_taps]
@@ -189,21 +189,34 @@ class Trainer:
         targets = list(variables) + (taps if with_telemetry else [])
         grads = tape.gradient(scaled, targets)
         wgrads = grads[: len(variables)]
-        bad = tf.add_n([tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.float32))
-                        for g in wgrads])
-        bad = self._sum_over_replicas(bad)
-        finite = tf.equal(bad, 0.0)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
-                                                  tf.cast(labels, tf.int32)), tf.float32))
+        part = {
+            "loss": loss,
+            "bad": tf.add_n([tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.float32))
+                             for g in wgrads]),
+            "correct": tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
+                                                      tf.cast(labels, tf.int32)), tf.float32)),
+            "wgrads": list(wgrads),
+        }
+        if with_telemetry:
+            part["tapgrads"] = list(grads[len(variables):])
+            part["shadows"] = self._shadow_gradients(images, labels, scale)
+        return part
+
+    def _replica_step(self, images, labels, with_telemetry: bool):
+        variables = self.model.trainable_variables
+        scale = self._current_scale()
+        part = self._grads[with_telemetry](images, labels, scale)
+        wgrads = part["wgrads"]
+        finite = self.tf.equal(self._sum_over_replicas(part["bad"]), 0.0)
         out = {
-            "loss": self._sum_over_replicas(loss),  # each replica's share is over the global batch
-            "correct": self._sum_over_replicas(correct),
+            "loss": self._sum_over_replicas(part["loss"]),  # each replica's share is over the global batch
+            "correct": self._sum_over_replicas(part["correct"]),
             "scale": scale,
             "finite": finite,
         }
         if with_telemetry:
-            out["lows"] = list(wgrads) + list(grads[len(variables):])
-            out["shadows"] = self._shadow_gradients(images, labels, scale)
+            out["lows"] = list(wgrads) + part["tapgrads"]
+            out["shadows"] = part["shadows"]
         mode = self.config.loss_scale.mode
         if mode in (LossScaleMode.STATIC, LossScaleMode.DYNAMIC):
             self.optimizer.apply(wgrads, variables)
@@ -234,7 +247,7 @@ class Trainer:
         """Telemetry of this replica's gradients, aggregated over all replicas: counts and
         histograms summed, extremes the smallest minimum and largest maximum."""
         tf = self.tf
-        counts, extremes, hist_low, hist_shadow = batched_stats(lows, shadows, self.thresholds)
+        counts, extremes, hist_low, hist_shadow = self._batched_stats(lows, shadows)
         ctx = tf.distribute.get_replica_context()
         if ctx is not None and self.replicas > 1:
             counts, hist_low, hist_shadow = (self._sum_over_replicas(x) for x in (counts, hist_low, hist_shadow))
@@ -250,6 +263,8 @@ class Trainer:
             for target, source in zip(self.shadow.weights, self.model.weights):
                 target.assign(tf.cast(source, target.dtype))
 
+        self._grads = {flag: functools.partial(self._gradients, with_telemetry=flag) for flag in (False, True)}
+        self._batched_stats = lambda lows, shadows: batched_stats(lows, shadows, self.thresholds)
         if self.eager:
             self._copy = copy_weights
             self._plain = lambda images, labels: self._replica_step(images, labels, False)
@@ -259,6 +274,12 @@ class Trainer:
             return
         self._copy = tf.function(copy_weights)
         if self.replicas > 1:
+            # Under a strategy XLA compiles each replica's collective-free pieces on their own;
+            # the cross-replica sums and the optimizer's update run outside them.
+            self._grads = {flag: tf.function(functools.partial(self._gradients, with_telemetry=flag),
+                                             jit_compile=self.jit) for flag in (False, True)}
+            self._batched_stats = tf.function(lambda lows, shadows: batched_stats(lows, shadows, self.thresholds),
+                                              jit_compile=self.jit)
             def plain(images, labels):
                 return strategy.run(self._replica_step, args=(images, labels, False))
 
@@ -411,8 +432,6 @@ def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer 
             eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
             jit=done["jit"], summary=done)
     trainer = trainer or Trainer(config, data=data, eager=eager)
-    if trainer.jit_note and trainer.is_chief:
-        print(f"convprobe train: note: {trainer.jit_note}", file=sys.stderr)
     if files is not None:
         if plan.checkpoint is not None:
             _, weights, opt_state, counters = plan.checkpoint
@@ -420,7 +439,7 @@ def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer 
         start = plan.start_step
         if trainer.is_chief:  # other workers of a cluster compute the same steps and write nothing
             facts = runtime.runtime_facts()
-            facts.update(jit_effective=trainer.jit, jit_note=trainer.jit_note, eager=trainer.eager,
+            facts.update(jit_effective=trainer.jit, jit_scope=trainer.jit_scope, eager=trainer.eager,
                          replicas=trainer.replicas,
                          cluster=None if trainer.cluster is None else list(trainer.cluster.workers))
             start = files.start(plan, config_json=config.to_json(), seed=config.seed,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from convprobe import experiment
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
                 learning_rate=config["learning_rate"], checkpoint_every=config["checkpoint_every"],
                 eval_batches=config["eval_batches"], synthetic_noise=config["synthetic_noise"],
                 bn_momentum=config.get("bn_momentum", 0.997),
-                output=str(output / setting["name"] / f"seed{seed}"),
+                output=str(output / setting["name"] / f"seed{seed}"), progress=sys.stderr.isatty(),
             )
             result = train(run_config)
             runs.append({"setting": setting["name"], "seed": seed, "eval_accuracy": result.eval_accuracy,

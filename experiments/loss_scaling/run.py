@@ -20,6 +20,7 @@ this directory.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from convprobe import experiment
@@ -41,6 +42,7 @@ def main(argv=None) -> int:
         dtype=config["dtype"], steps=config["steps"], record_every=config["record_every"],
         batch_size=config["batch_size"], resnet_size=config["resnet_size"], image_size=config["image_size"],
         seed=config["seed"], data=config["data"], jit=config["jit"], checkpoint_every=config["checkpoint_every"],
+        progress=sys.stderr.isatty(),
     )
     runs, table = run_comparison(train_config, output, static_scale=float(config["static_scale"]), figures=True)
     verdicts = {}

@@ -18,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = ["--steps", "4", "--record-every", "2", "--resnet-size", "8", "--image-size", "8", "--batch-size", "16"]
+FAST = [*ARGS, "--no-jit"]  # XLA compiles each process's steps for about a minute: the slow test has it
 TIMING = {"step_seconds", "images_per_second"}
 
 
@@ -36,21 +37,20 @@ def _rows(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("mw")
-    workers = _train(*ARGS, "--distribute", "multi-worker", "--local-workers", "2", "--output", str(out / "mw"))
-    _train(*ARGS, "--distribute", "mirrored", "--devices", "2", "--output", str(out / "mirrored"))
+    workers = _train(*FAST, "--distribute", "multi-worker", "--local-workers", "2", "--output", str(out / "mw"))
+    _train(*FAST, "--distribute", "mirrored", "--devices", "2", "--output", str(out / "mirrored"))
     return out, workers
 
 
 def test_two_local_workers_record_what_one_mirrored_process_records(runs):
-    out, workers = runs
-    assert "runs without XLA" in workers.stderr  # said, not silent
+    out, _ = runs
     steps = _rows(out / "mw" / "steps.csv")
     assert [r["step"] for r in steps] == ["0", "1", "2", "3"]
     assert steps == _rows(out / "mirrored" / "steps.csv")
     assert _rows(out / "mw" / "telemetry.csv") == _rows(out / "mirrored" / "telemetry.csv")
     header = json.loads((out / "mw" / "header.json").read_text())
     runtime = header["provenance"]["runtime"]
-    assert runtime["replicas"] == 2 and len(runtime["cluster"]) == 2 and runtime["jit_effective"] is False
+    assert runtime["replicas"] == 2 and len(runtime["cluster"]) == 2 and runtime["jit_effective"] is False  # --no-jit
     assert json.loads((out / "mw" / "summary.json").read_text())["summary"]["final_step"] == 4
 
 
@@ -60,7 +60,7 @@ def test_one_process_differs_only_by_per_replica_batch_statistics(runs, tmp_path
         "import json, sys, numpy as np, keras\n"
         "from convprobe.training.config import validate_config\n"
         "from convprobe.training.trainer import Trainer\n"
-        "config = validate_config(steps=4, record_every=2, resnet_size=8, image_size=8, batch_size=16)\n"
+        "config = validate_config(steps=4, record_every=2, resnet_size=8, image_size=8, batch_size=16, jit=False)\n"
         "t = Trainer(config, eager=True)\n"
         "images, labels = t.data.batch(0, 16)\n"
         "def ce(x, y):\n"
@@ -81,9 +81,19 @@ def test_one_process_differs_only_by_per_replica_batch_statistics(runs, tmp_path
 def test_an_interrupted_cluster_run_resumes_to_the_same_records(runs, tmp_path):
     out, _ = runs
     run = str(tmp_path / "resumed")
-    common = ["--record-every", "2", "--resnet-size", "8", "--image-size", "8", "--batch-size", "16",
+    common = ["--record-every", "2", "--resnet-size", "8", "--image-size", "8", "--batch-size", "16", "--no-jit",
               "--distribute", "multi-worker", "--local-workers", "2", "--output", run, "--checkpoint-every", "2"]
     _train("--steps", "2", *common)
     _train("--steps", "4", *common)
     assert _rows(Path(run) / "steps.csv") == _rows(out / "mw" / "steps.csv")
     assert json.loads((Path(run) / "header.json").read_text())["resumed_at_steps"] == [2]
+
+
+@pytest.mark.slow
+def test_xla_compiles_each_replica_under_both_strategies_alike(tmp_path):
+    _train(*ARGS, "--distribute", "multi-worker", "--local-workers", "2", "--output", str(tmp_path / "mw"))
+    _train(*ARGS, "--distribute", "mirrored", "--devices", "2", "--output", str(tmp_path / "mirrored"))
+    assert _rows(tmp_path / "mw" / "steps.csv") == _rows(tmp_path / "mirrored" / "steps.csv")
+    assert _rows(tmp_path / "mw" / "telemetry.csv") == _rows(tmp_path / "mirrored" / "telemetry.csv")
+    runtime = json.loads((tmp_path / "mw" / "header.json").read_text())["provenance"]["runtime"]
+    assert runtime["jit_effective"] is True and "each replica's forward and backward pass" in runtime["jit_scope"]
