@@ -254,7 +254,7 @@ _OBSERVED = {Kind.OVERFLOW: _overflow_observed, Kind.COMPARE: _compare_observed}
 def _table(c: _Checker, document: dict, schema: str) -> None:
     import pandas as pd
 
-    from convprobe.analysis.tables import validate_frame
+    from convprobe.analysis.tables import SCHEMAS, validate_frame
 
     table = c.field(document, "table", "object")
     if c.field(table, "schema", "str", "table") != schema:
@@ -262,7 +262,8 @@ def _table(c: _Checker, document: dict, schema: str) -> None:
     rows = c.field(table, "rows", "list", "table")
     for i, row in enumerate(rows):
         c.check(row, "object", f"table.rows[{i}]")
-    validate_frame(pd.DataFrame(rows), schema, where=f"{c.where}: table")
+    frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(SCHEMAS[schema].names))
+    validate_frame(frame, schema, where=f"{c.where}: table")
 
 
 def _fingerprint(c: _Checker, document: dict) -> None:
@@ -320,13 +321,22 @@ def _replay(c: _Checker, document: dict) -> None:
             c.field(mismatch, "index", "count", f"{path}.first_mismatch")
 
 
+#: The record columns every training run has, in any version (what readers may rely on).
+RUN_COLUMNS = {"steps": ("step", "loss", "loss_scale", "skipped"),
+               "telemetry": ("step", "kind", "index", "layer", "flushed_fraction", "subnormal_fraction")}
+
+
 def _train(c: _Checker, document: dict) -> None:
     params = document["params"]
     c.field(params, "dtype", "str", "params")
     c.field(params, "steps", "count", "params")
+    c.field(c.field(params, "loss_scale", "object", "params"), "mode", "str", "params.loss_scale")
     columns = c.field(document, "columns", "object")
     for name in ("steps", "telemetry"):
-        c.field(columns, name, "strings", "columns")
+        listed = c.field(columns, name, "strings", "columns")
+        missing = [column for column in RUN_COLUMNS[name] if column not in listed]
+        if missing:
+            c.fail(f"columns.{name}", f"a list holding {', '.join(RUN_COLUMNS[name])}", listed)
     layers = c.field(document, "layers", "object")
     for name in ("weight", "activation"):
         c.field(layers, name, "strings", "layers")

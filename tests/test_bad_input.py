@@ -90,13 +90,17 @@ CLI_CASES = [
     (["train", "--output", "/proc/run"], "cannot be written"),
     (["train", "--output", "{tmp}/file"], "is a file; it must be a run directory"),
     (["train", "--data", "cifar10"], "--data-dir must name a directory"),
-    (["train", "--distribute", "multi-worker"], "--distribute multi-worker needs TF_CONFIG in the environment"),
-    (["train", "--local-workers", "2"], "--local-workers needs --distribute multi-worker"),
-    (["train", "--distribute", "multi-worker", "--local-workers", "1"], "--local-workers must be an integer from 2"),
-    (["train", "--distribute", "multi-worker", "--local-workers", "3", "--batch-size", "16"],
+    (["train", "--distribute", "multi-worker", "--output", "{tmp}/run"],
+     "--distribute multi-worker needs TF_CONFIG in the environment"),
+    (["train", "--local-workers", "2", "--output", "{tmp}/run"], "--local-workers needs --distribute multi-worker"),
+    (["train", "--distribute", "multi-worker", "--local-workers", "1", "--output", "{tmp}/run"],
+     "--local-workers must be an integer from 2"),
+    (["train", "--distribute", "multi-worker", "--local-workers", "3", "--batch-size", "16", "--output", "{tmp}/run"],
      "--batch-size must be a multiple of --local-workers (3)"),
-    (["train", "--distribute", "multi-worker", "--local-workers", "2", "--compare-loss-scaling"],
-     "--compare-loss-scaling runs in one process"),
+    (["train", "--distribute", "multi-worker", "--local-workers", "2", "--compare-loss-scaling",
+      "--output", "{tmp}/run"], "--compare-loss-scaling runs in one process"),
+    (["train", "--distribute", "multi-worker", "--local", "2", "--output", "{tmp}/run"],
+     "unrecognized arguments: --local 2"),
 ]
 
 
@@ -104,7 +108,8 @@ CLI_CASES = [
     ("{", "TF_CONFIG must be JSON like"),
     ('{"cluster": {"worker": ["a:1"], "ps": ["b:2"]}, "task": {"type": "worker", "index": 0}}',
      "may hold only 'worker' jobs"),
-    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}', "an index from 0 to 0"),
+    ('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 3}}', "an index from 0 to 1"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}', "at least 2 workers"),
     ('{"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", "index": 0}}', "a list of host:port"),
 ])
 def test_a_bad_tf_config_is_one_line_before_tensorflow(tmp_path, monkeypatch, tf_config, message):

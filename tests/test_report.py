@@ -56,3 +56,12 @@ def test_a_malformed_document_of_each_kind_is_one_line_and_nothing_is_written(do
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0] and str(bad) in err[0], err
     assert not (tmp_path / "f").exists()
+
+
+def test_two_inputs_that_would_write_the_same_figures_are_refused(documents, tmp_path, capsys):
+    other = tmp_path / "elsewhere" / "replay.json"
+    other.parent.mkdir()
+    other.write_text(documents["replay"].read_text())
+    assert cli.main(["report", str(documents["replay"]), str(other), "--out-dir", str(tmp_path / "f")]) == 2
+    assert "would both write figures named replay-*" in capsys.readouterr().err
+    assert not (tmp_path / "f").exists()

@@ -84,8 +84,10 @@ def load(path: str) -> list[Loaded]:
     if document["kind"] in (results.Kind.TRAIN, results.Kind.TRAIN_SUMMARY):
         return [_load_run(p.parent)]
     frame = None
-    if "table" in document:
-        frame = pd.DataFrame(document["table"]["rows"])
+    if "table" in document:  # validated with the envelope; typed here for the figures
+        from convprobe.analysis.tables import validate_frame
+
+        frame = validate_frame(pd.DataFrame(document["table"]["rows"]), document["table"]["schema"], where=path)
     return [Loaded(p.stem, document["kind"], document, frame)]
 
 
@@ -139,7 +141,7 @@ def figures_for(item: Loaded):
         config = document["params"]
         yield "run", figures.training_run_figure(
             item.steps, item.telemetry,
-            title=f"{item.name}: {config['dtype']}, loss scale {config.get('loss_scale', {}).get('mode', '?')}")
+            title=f"{item.name}: {config['dtype']}, loss scale {config['loss_scale']['mode']}")
     elif kind == "fingerprint":
         properties = [p for p in dict.fromkeys(frame["property"]) if p != "status"]
         wide = fingerprint_table(frame, properties or None).rename(columns=FINGERPRINT_TITLES)
@@ -239,12 +241,18 @@ def check_formats(text: str) -> list[FigureFormat]:
 def draw(paths: list[str], out_dir: str, formats: list[FigureFormat]) -> list[str]:
     """Figures for every input into `out_dir`; returns the files written. Every input is
     validated and every figure built before anything is written."""
-    loaded = [item for path in paths for item in load(path)]
+    loaded, seen = [], {}
+    for path in paths:
+        for item in load(path):
+            if seen.setdefault(item.name, path) != path:
+                raise InvalidArgument(f"{seen[item.name]} and {path} would both write figures named "
+                                      f"{item.name}-*: report them into different --out-dir folders")
+            loaded.append(item)
     built = []
     for item in loaded:
         try:
             built += [(item.name, name, fig) for name, fig in figures_for(item)]
-        except (KeyError, TypeError, ValueError) as exc:  # a well-formed file whose values cannot be drawn
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # well-formed, yet not drawable
             raise InvalidArgument(f"results {item.name}: cannot be drawn ({exc.__class__.__name__}: {exc})") from None
     target_dir = Path(out_dir)
     target_dir.mkdir(parents=True, exist_ok=True)

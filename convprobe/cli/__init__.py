@@ -28,7 +28,13 @@ EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad usage in one line (no usage dump) with exit 2."""
+    """argparse that reports bad usage in one line (no usage dump) with exit 2, and takes
+    options only by their full names (an abbreviation could not be stripped from what
+    `train --local-workers` passes on to its workers)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse API
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

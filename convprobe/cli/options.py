@@ -14,7 +14,8 @@ from convprobe.render import FORMATS
 
 __all__ = ["positive_int", "bounded_int", "int_list", "seed", "add_running_options",
            "add_output_options", "add_matrix_options", "check_output", "announce_inherited_switches",
-           "matrix_configs", "matrix_ops", "list_configs", "emit", "MAX_TIMEOUT", "MAX_JOBS", "MAX_K", "MAX_ROWS"]
+           "matrix_configs", "matrix_ops", "list_configs", "emit", "add_classic_options",
+           "run_classic_command", "EXPECT_CHOICES", "MAX_TIMEOUT", "MAX_JOBS", "MAX_K", "MAX_ROWS"]
 
 MAX_TIMEOUT = 7 * 24 * 3600  # a week: longer is a typo, and overflows some timers
 MAX_JOBS = 256

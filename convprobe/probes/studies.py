@@ -15,7 +15,7 @@ from convprobe import provenance, results
 from convprobe.options import Status
 
 __all__ = ["Outcome", "run_classic", "run_fingerprint", "run_identify", "run_sweep", "run_replay",
-           "CLASSIC_COLUMNS"]
+           "CLASSIC_COLUMNS", "REPLAY_COLUMNS"]
 
 #: The table columns of the two classic experiments (the CSV holds every row field).
 CLASSIC_COLUMNS = {
@@ -233,8 +233,8 @@ REPLAY_COLUMNS = ["gpu", "input", "output", "model", "k", "vectors", "matches", 
 
 
 def run_replay(data: str | None, gpus: list[str] | None) -> Outcome:
-    """Real tensor-core vectors (`data`, or the bundled copy) through the GPU presets; exit 0
-    only when every set matches (`Outcome.notes` ends with the count)."""
+    """Real tensor-core vectors (`data`, or the bundled copy) through the GPU presets
+    (`Outcome.summary` counts the sets and vectors that match bit for bit)."""
     from convprobe.probes import replay
 
     sets = replay.load_directory(data, gpus) if data else replay.load_bundled(gpus)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,9 +23,12 @@ from pathlib import Path
 
 from convprobe.errors import InvalidArgument
 
-__all__ = ["Cluster", "read_tf_config", "local_tf_configs", "run_local_workers", "MAX_LOCAL_WORKERS"]
+__all__ = ["Cluster", "read_tf_config", "local_tf_configs", "run_local_workers", "MAX_LOCAL_WORKERS",
+           "WORKER_MARK"]
 
 MAX_LOCAL_WORKERS = 16
+#: Set in the environment of the workers `run_local_workers` starts: a worker never starts workers.
+WORKER_MARK = "CONVPROBE_LOCAL_WORKER"
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,11 @@ def read_tf_config(environ=None) -> Cluster:
     if set(spec["cluster"]) - {"worker"}:
         raise InvalidArgument(f"TF_CONFIG's cluster may hold only 'worker' jobs (worker 0 is the chief); "
                               f"received {sorted(spec['cluster'])}")
-    if not isinstance(workers, list) or not workers or not all(isinstance(w, str) and ":" in w for w in workers):
+    if not isinstance(workers, list) or not all(isinstance(w, str) and ":" in w for w in workers):
         raise InvalidArgument(f"TF_CONFIG's cluster.worker must be a list of host:port; received {workers!r}")
+    if len(workers) < 2:
+        raise InvalidArgument(f"TF_CONFIG's cluster.worker must list at least 2 workers (one machine trains "
+                              f"without --distribute); received {workers!r}")
     if kind != "worker" or not isinstance(index, int) or not 0 <= index < len(workers):
         raise InvalidArgument(f"TF_CONFIG's task must be a worker with an index from 0 to {len(workers) - 1}; "
                               f"received {task!r}")
@@ -92,11 +99,13 @@ def run_local_workers(argv: list[str], n: int) -> int:
     code (every other worker is stopped then), else 0."""
     if not 2 <= n <= MAX_LOCAL_WORKERS:
         raise InvalidArgument(f"--local-workers must be an integer from 2 to {MAX_LOCAL_WORKERS}; received {n}")
+    if os.environ.get(WORKER_MARK):
+        raise InvalidArgument("--local-workers cannot be used inside a worker that --local-workers started")
     logs = Path(tempfile.mkdtemp(prefix="convprobe-workers-"))
     procs, handles = [], []
     try:
         for i, tf_config in enumerate(local_tf_configs(n)):
-            env = {**os.environ, "TF_CONFIG": tf_config, "TF_CPP_MIN_LOG_LEVEL": "2"}
+            env = {**os.environ, "TF_CONFIG": tf_config, "TF_CPP_MIN_LOG_LEVEL": "2", WORKER_MARK: "1"}
             if i == 0:
                 out = err = None
             else:
@@ -128,3 +137,4 @@ def run_local_workers(argv: list[str], n: int) -> int:
                 p.kill()
         for handle in handles:
             handle.close()
+        shutil.rmtree(logs, ignore_errors=True)

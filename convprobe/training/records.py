@@ -217,7 +217,8 @@ class RunFiles:
         start = state[0] if state is not None else 0
         rows = {"steps": _kept_rows(self.steps_path, start, STEP_COLUMNS),  # read now: fail now
                 "telemetry": _kept_rows(self.telemetry_path, start, TELEMETRY_COLUMNS)}
-        return ResumePlan(start, resumed + [start], state, rows)
+        replicas = old["provenance"].get("runtime", {}).get("replicas")
+        return ResumePlan(start, resumed + [start], state, rows, replicas if isinstance(replicas, int) else None)
 
     def start(self, plan: "ResumePlan", *, config_json: dict, seed: int, device: str, runtime: dict,
               layer_names: dict) -> int:
@@ -241,6 +242,7 @@ class RunFiles:
             layers=layer_names,
         )
         results.write(self.header_path, header)
+        self.summary_path.unlink(missing_ok=True)  # a run extended past its end is not finished any more
         _rewrite_csv(self.steps_path, plan.rows.get("steps"))
         _rewrite_csv(self.telemetry_path, plan.rows.get("telemetry"))
         self._steps = self._open(self.steps_path, STEP_COLUMNS)
@@ -303,6 +305,7 @@ class ResumePlan:
     resumed: list
     checkpoint: tuple | None = None
     rows: dict = field(default_factory=dict)  # the CSV rows a resume keeps, read and checked
+    replicas: int | None = None  # how many replicas the recorded run had (None: not recorded)
 
 
 def load_checkpoint(path: Path) -> tuple[int, list[np.ndarray], list[np.ndarray], dict]:

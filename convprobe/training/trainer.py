@@ -411,6 +411,11 @@ class Trainer:
             f" ({self.replicas} replica{'s' if self.replicas > 1 else ''})"
 
 
+def _number(value) -> float:
+    """A summary's number as float; null (no step ran in the call that wrote it) as NaN."""
+    return math.nan if value is None else float(value)
+
+
 def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer | None = None,
           stop_after: int | None = None, eager: bool = False) -> RunResult:
     """Run (or resume) a training run, streaming records to `config.output` if set.
@@ -428,11 +433,17 @@ def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer 
         return RunResult(
             directory=config.output, steps_run=0, final_step=done["final_step"],
             skipped_steps=done["skipped_steps"], nonfinite_steps=done["nonfinite_steps"],
-            final_loss_scale=float(done["final_loss_scale"]), final_loss=float(done["final_loss"]),
+            final_loss_scale=_number(done["final_loss_scale"]), final_loss=_number(done["final_loss"]),
             eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
             jit=done["jit"], summary=done)
     trainer = trainer or Trainer(config, data=data, eager=eager)
     if files is not None:
+        if plan.replicas is not None and plan.replicas != trainer.replicas:
+            from convprobe.errors import InvalidArgument
+
+            raise InvalidArgument(f"{config.output} was recorded with {plan.replicas} replicas and this run has "
+                                  f"{trainer.replicas} (batch-norm statistics would change mid-run); nothing was "
+                                  f"changed: resume with as many workers or devices, or use a new --output")
         if plan.checkpoint is not None:
             _, weights, opt_state, counters = plan.checkpoint
             trainer.restore(weights, opt_state)  # a foreign checkpoint fails here, files untouched

@@ -15,7 +15,8 @@ import pytest
 from convprobe import results
 from convprobe.errors import InvalidArgument
 from convprobe.training.config import validate_config
-from convprobe.training.records import STEP_COLUMNS, TELEMETRY_COLUMNS, RunFiles, _truncate_csv, load_checkpoint
+from convprobe.training.records import (STEP_COLUMNS, TELEMETRY_COLUMNS, RunFiles, _truncate_csv, load_checkpoint,
+                                        read_header)
 
 ARGS = ["--batch-size", "8", "--resnet-size", "8", "--image-size", "8", "--record-every", "1",
         "--checkpoint-every", "2"]
@@ -88,15 +89,35 @@ def test_a_bad_header_is_refused_and_nothing_changes(tmp_path, text):
     assert _digest(out) == before
 
 
-def test_a_version_1_header_is_upgraded_and_its_run_resumes(tmp_path):
+#: telemetry.csv's columns as convprobe 0.1 wrote them (before precision, same_gradient_as, underflow_fraction).
+V1_TELEMETRY = [c for c in TELEMETRY_COLUMNS if c not in ("precision", "same_gradient_as", "underflow_fraction")]
+
+
+def _v1_header(header: dict, telemetry_columns) -> dict:
+    """`header` in convprobe 0.1's layout: no version or kind, the configuration under 'config'."""
+    return {"config": header["params"], "provenance": {}, "resumed_at_steps": header["resumed_at_steps"],
+            "columns": {"steps": list(STEP_COLUMNS), "telemetry": list(telemetry_columns)},
+            "layers": header["layers"], "histogram_bins": header["histogram_bins"]}
+
+
+def test_a_version_1_header_is_upgraded_on_read(tmp_path):
     out = _run_dir(tmp_path)
     header = json.loads((out / "header.json").read_text())
-    v1 = {"config": header["params"], "provenance": {}, **{k: header[k] for k in (
-        "resumed_at_steps", "columns", "layers", "histogram_bins")}}  # convprobe 0.1's layout
-    (out / "header.json").write_text(json.dumps(v1))
+    (out / "header.json").write_text(json.dumps(_v1_header(header, TELEMETRY_COLUMNS)))
     before = _digest(out)
+    assert read_header(out)["kind"] == "train" and read_header(out)["params"] == header["params"]
     plan = RunFiles(out).plan(_config(out).to_json())
     assert (plan.start_step, plan.resumed) == (4, [4])
+    assert _digest(out) == before
+
+
+def test_a_version_1_run_with_the_old_telemetry_columns_is_refused_untouched(tmp_path):
+    out = _run_dir(tmp_path)
+    header = json.loads((out / "header.json").read_text())
+    (out / "header.json").write_text(json.dumps(_v1_header(header, V1_TELEMETRY)))
+    before = _digest(out)
+    with pytest.raises(InvalidArgument, match="was recorded with other columns .*nothing was changed"):
+        RunFiles(out).plan(_config(out).to_json())
     assert _digest(out) == before
 
 
@@ -163,4 +184,17 @@ def test_an_unreadable_record_file_is_refused_before_the_header_changes(tmp_path
     before = _digest(out)
     with pytest.raises(InvalidArgument, match="steps.csv is not a readable convprobe record"):
         RunFiles(out).plan(_config(out).to_json())
+    assert _digest(out) == before
+
+
+def test_a_resume_with_another_replica_count_is_refused_untouched(tmp_path):
+    from convprobe.training.trainer import train
+
+    out = _run_dir(tmp_path)
+    header = json.loads((out / "header.json").read_text())
+    header["provenance"]["runtime"] = {"replicas": 2}  # recorded by two workers
+    (out / "header.json").write_text(json.dumps(header))
+    before = _digest(out)
+    with pytest.raises(InvalidArgument, match="recorded with 2 replicas and this run has 1 .*nothing was changed"):
+        train(_config(out), eager=True)
     assert _digest(out) == before
