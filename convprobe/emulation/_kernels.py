@@ -714,9 +714,6 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
             out[m, col0 + n] = s[n]
 
 
-FAST_PATH = True  # tests switch it off to compare the fast kernel with the general one
-
-
 def _nearest_ok(fp, ic) -> bool:
     acc, out = fp[ACCUMULATOR], fp[OUTPUT]
     return (fp[PRODUCT, 0] == 0.0 and fp[ADDITION, 0] == 0.0 and ic[IC_MODE] == NEAREST_EVEN
@@ -740,26 +737,27 @@ def _fp16_direct_ok(fp, ic) -> bool:
 def native_fp16(fp, ic, inputs_fp16) -> bool:
     """Whether `gemm` takes float16 arrays for this model and these inputs: the CPU's own
     fp16 FMA does the arithmetic (see `convprobe.emulation._native_fp16`)."""
-    return FAST_PATH and inputs_fp16 and _fp16_direct_ok(fp, ic) and _native_fp16.available()
+    return inputs_fp16 and _fp16_direct_ok(fp, ic) and _native_fp16.available()
 
 
-def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False):
+def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     """out[:, col0:col0 + N] = modelled reductions of a (M, K) against w (K, N).
 
     `inputs_fp16`: every value of a and w is an fp16 (or fp8) value, which enables
     `reduce_gemm_fp16_direct`. float16 arrays (a, w and out, where `native_fp16` says
-    so) go to the hardware fp16 kernel."""
+    so) go to the hardware fp16 kernel. `fast=False` takes the general kernel whatever
+    the model (what the specialised kernels are tested against)."""
     if a.dtype == np.float16:
         _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0,
                                      add32=fp[ADDITION, 0] != 0.0, flush=fp[ACCUMULATOR, 4] == 0.0)
-    elif FAST_PATH and inputs_fp16 and _fp16_direct_ok(fp, ic):
+    elif fast and inputs_fp16 and _fp16_direct_ok(fp, ic):
         reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, 4] != 0.0,
                                 fp[ADDITION, 0] != 0.0, out, col0)
-    elif FAST_PATH and fast_ok(fp, ic) and _nearest_ok(fp, ic):
+    elif fast and fast_ok(fp, ic) and _nearest_ok(fp, ic):
         acc = fp[ACCUMULATOR]
         reduce_gemm_seq_nearest(a, np.ascontiguousarray(w), int(acc[0]), int(acc[1]), acc[2],
                                 out, col0)
-    elif FAST_PATH and fast_ok(fp, ic):
+    elif fast and fast_ok(fp, ic):
         reduce_gemm_fast(a, np.ascontiguousarray(w), fp, ic, np.uint64(seed), out, col0)
     else:
         reduce_gemm(a, np.ascontiguousarray(w.T), fp, ic, np.uint64(seed), out, col0)
