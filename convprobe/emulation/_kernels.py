@@ -17,8 +17,8 @@ Everything here works on float64 carriers. Why it is exact:
 it, so the oracle (`convprobe.emulation.oracle`) checks one definition.
 
 Model configuration travels as two small arrays built by `models.kernel_config`:
-``fp[slot] = (precision, emin, max, has_inf, keep_subnormals)`` for the slots
-below (precision 0 means "exact, no rounding"), and ``ic`` with the integers
+``fp[slot, F_*]`` (columns F_PRECISION, F_EMIN, F_MAX, F_HAS_INF, F_KEEP_SUB) for the
+slots below (precision 0 means "exact, no rounding"), and ``ic`` with the integers
 named by the ``IC_*`` constants.
 """
 
@@ -35,8 +35,12 @@ from numba.extending import intrinsic
 from convprobe.emulation import _native_fp16
 from convprobe.formats import FP16, FP32
 
-# format slots in the fp table
+# format slots (rows) of the fp table
 PRODUCT, ADDITION, ACCUMULATOR, OUTPUT, TOTAL = 0, 1, 2, 3, 4
+# its columns: a format's precision (0: exact), emin, largest finite value, whether it has
+# infinities, whether it keeps subnormals (1.0 / 0.0); `rounding.format_row` fills them
+F_PRECISION, F_EMIN, F_MAX, F_HAS_INF, F_KEEP_SUB = 0, 1, 2, 3, 4
+F_SIZE = 5
 # integer configuration
 IC_KIND, IC_MODE, IC_SAT, IC_RBITS, IC_CHUNK = 0, 1, 2, 3, 4
 IC_SIZE = 5
@@ -240,20 +244,20 @@ def is_fp64(p, emin):
 @njit(cache=True)
 def round_slot(x, fp, slot, mode, sat, r, rbits):
     """Round float64 x to the format in table row `slot` (identity for an exact slot)."""
-    p = int(fp[slot, 0])
+    p = int(fp[slot, F_PRECISION])
     if p == 0:
         return x
-    return round_f64(x, p, int(fp[slot, 1]), fp[slot, 2], fp[slot, 3] != 0.0,
-                     fp[slot, 4] != 0.0, mode, sat, r, rbits)
+    return round_f64(x, p, int(fp[slot, F_EMIN]), fp[slot, F_MAX], fp[slot, F_HAS_INF] != 0.0,
+                     fp[slot, F_KEEP_SUB] != 0.0, mode, sat, r, rbits)
 
 
 @njit(cache=True)
 def add_slot(x, y, fp, slot, mode, sat, r, rbits):
     """x + y computed exactly and rounded once to the format in row `slot`."""
-    p = int(fp[slot, 0])
+    p = int(fp[slot, F_PRECISION])
     if p == 0:
         return x + y  # exact slot: only used where the caller guarantees exactness
-    emin = int(fp[slot, 1])
+    emin = int(fp[slot, F_EMIN])
     if is_fp64(p, emin):
         s = x + y
         if mode == TOWARD_ZERO and math.isfinite(s):
@@ -268,19 +272,19 @@ def add_slot(x, y, fp, slot, mode, sat, r, rbits):
             herr = (0.5 * x - (h - hb)) + (0.5 * y - hb)
             if abs(h) < 2.0**1023 or (abs(h) == 2.0**1023 and (herr < 0.0) == (h > 0.0)
                                       and herr != 0.0):
-                s = math.copysign(fp[slot, 2], s)
+                s = math.copysign(fp[slot, F_MAX], s)
         if sat and math.isinf(s) and math.isfinite(x) and math.isfinite(y):
-            s = math.copysign(fp[slot, 2], s)
+            s = math.copysign(fp[slot, F_MAX], s)
         return s
-    return round_f64(add_odd(x, y), p, emin, fp[slot, 2], fp[slot, 3] != 0.0,
-                     fp[slot, 4] != 0.0, mode, sat, r, rbits)
+    return round_f64(add_odd(x, y), p, emin, fp[slot, F_MAX], fp[slot, F_HAS_INF] != 0.0,
+                     fp[slot, F_KEEP_SUB] != 0.0, mode, sat, r, rbits)
 
 
 @njit(cache=True)
 def accumulate(s, t, fp, mode, sat, rbits, seed, index, ev):
     """One accumulation step s + t -> accumulator, through the addition format if any."""
     r = random_bits(seed, index, ev, rbits) if mode == STOCHASTIC else 0
-    if fp[ADDITION, 0] != 0.0:
+    if fp[ADDITION, F_PRECISION] != 0.0:
         s = add_slot(s, t, fp, ADDITION, NEAREST_EVEN, sat, 0, rbits)
         return round_slot(s, fp, ACCUMULATOR, mode, sat, r, rbits)
     return add_slot(s, t, fp, ACCUMULATOR, mode, sat, r, rbits)
@@ -289,7 +293,7 @@ def accumulate(s, t, fp, mode, sat, rbits, seed, index, ev):
 @njit(cache=True, inline="always")
 def product(a, b, fp, sat, rbits):
     p = a * b
-    if fp[PRODUCT, 0] != 0.0:
+    if fp[PRODUCT, F_PRECISION] != 0.0:
         p = round_slot(p, fp, PRODUCT, NEAREST_EVEN, sat, 0, rbits)
     return p
 
@@ -366,9 +370,9 @@ def superacc_round(limbs, fp, slot, mode, sat, r, rbits):
                 if limbs[j] != 0:
                     sticky = True
                 j -= 1
-    p = int(fp[slot, 0])
-    return round_parts(neg, mant, pos - 1074, sticky, p, int(fp[slot, 1]), fp[slot, 2],
-                       fp[slot, 3] != 0.0, fp[slot, 4] != 0.0, mode, sat, r, rbits)
+    p = int(fp[slot, F_PRECISION])
+    return round_parts(neg, mant, pos - 1074, sticky, p, int(fp[slot, F_EMIN]), fp[slot, F_MAX],
+                       fp[slot, F_HAS_INF] != 0.0, fp[slot, F_KEEP_SUB] != 0.0, mode, sat, r, rbits)
 
 
 @njit(cache=True)
@@ -548,11 +552,11 @@ def fast_ok(fp, ic) -> bool:
     if ic[IC_KIND] != SEQUENTIAL:
         return False
     for slot in (PRODUCT, ADDITION, ACCUMULATOR):
-        p, emin = int(fp[slot, 0]), int(fp[slot, 1])
+        p, emin = int(fp[slot, F_PRECISION]), int(fp[slot, F_EMIN])
         if p == 0 or (p == 53 and emin == -1022 and slot == PRODUCT):
             continue
         if p == 53 and emin == -1022 and slot == ACCUMULATOR:
-            if ic[IC_MODE] == NEAREST_EVEN and fp[ADDITION, 0] == 0.0:
+            if ic[IC_MODE] == NEAREST_EVEN and fp[ADDITION, F_PRECISION] == 0.0:
                 continue
             return False
         if p == 53 and emin == -1022 and slot == ADDITION:
@@ -564,11 +568,11 @@ def fast_ok(fp, ic) -> bool:
 
 @njit(cache=True, inline="always")
 def _slot_params(fp, slot):
-    p = int(fp[slot, 0])
-    emin_b = int(fp[slot, 1]) + 1023
-    keep = fp[slot, 4] != 0.0
+    p = int(fp[slot, F_PRECISION])
+    emin_b = int(fp[slot, F_EMIN]) + 1023
+    keep = fp[slot, F_KEEP_SUB] != 0.0
     elow = emin_b if keep else emin_b - p - 1
-    return p, elow, fp[slot, 2], math.ldexp(1.0, int(fp[slot, 1])), fp[slot, 3] != 0.0, keep
+    return p, elow, fp[slot, F_MAX], math.ldexp(1.0, int(fp[slot, F_EMIN])), fp[slot, F_HAS_INF] != 0.0, keep
 
 
 @njit(cache=True, parallel=True)
@@ -666,6 +670,9 @@ def reduce_gemm_seq_nearest(a, w, p, emin, maxv, out, col0):
             out[m, col0 + n] = s[n]
 
 
+_FP16_EMIN, _FP16_P, _FP16_MAX, _FP16_TINY = FP16.emin, FP16.precision, float(FP16.max), float(FP16.tiny)
+
+
 @njit(cache=True, parallel=True)
 def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
     """Sequential fp16 accumulation of fp16 (or fp8) products, nearest-even, overflow
@@ -687,9 +694,11 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
     """
     m_count, k_count = a.shape
     n_count = w.shape[1]
-    emin_b = -14 + 1023 if keep_sub else -14 + 1023 - 12
-    maxbits = f2i(65504.0)
-    tiny = 2.0**-14
+    # float64 biased exponent below which the fp16 ulp stops shrinking: its emin, or for
+    # a flushing accumulator emin - (precision + 1), low enough that nothing is clamped
+    emin_b = _FP16_EMIN + 1023 if keep_sub else _FP16_EMIN + 1023 - (_FP16_P + 1)
+    maxbits = f2i(_FP16_MAX)
+    tiny = _FP16_TINY
     for m in prange(m_count):
         s = np.zeros(n_count)
         for k in range(k_count):
@@ -716,20 +725,21 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
 
 def _nearest_ok(fp, ic) -> bool:
     acc, out = fp[ACCUMULATOR], fp[OUTPUT]
-    return (fp[PRODUCT, 0] == 0.0 and fp[ADDITION, 0] == 0.0 and ic[IC_MODE] == NEAREST_EVEN
-            and ic[IC_SAT] == 0 and acc[3] != 0.0 and acc[4] != 0.0 and acc[0] <= 51
-            and acc[1] >= -900 and (acc == out).all())
+    return (fp[PRODUCT, F_PRECISION] == 0.0 and fp[ADDITION, F_PRECISION] == 0.0 and ic[IC_MODE] == NEAREST_EVEN
+            and ic[IC_SAT] == 0 and acc[F_HAS_INF] != 0.0 and acc[F_KEEP_SUB] != 0.0 and acc[F_PRECISION] <= 51
+            and acc[F_EMIN] >= -900 and (acc == out).all())
 
 
 def _same_format(row, fmt) -> bool:
     """Whether a format-table row is `fmt` (its subnormal handling aside)."""
-    return (row[0], row[1], row[2], row[3] != 0.0) == (fmt.precision, fmt.emin, fmt.max, fmt.has_inf)
+    return ((row[F_PRECISION], row[F_EMIN], row[F_MAX], row[F_HAS_INF] != 0.0)
+            == (fmt.precision, fmt.emin, fmt.max, fmt.has_inf))
 
 
 def _fp16_direct_ok(fp, ic) -> bool:
     acc = fp[ACCUMULATOR]
-    add_ok = fp[ADDITION, 0] == 0.0 or _same_format(fp[ADDITION], FP32)
-    return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, 0] == 0.0 and add_ok
+    add_ok = fp[ADDITION, F_PRECISION] == 0.0 or _same_format(fp[ADDITION], FP32)
+    return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, F_PRECISION] == 0.0 and add_ok
             and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
             and _same_format(acc, FP16) and (acc == fp[OUTPUT]).all())
 
@@ -749,13 +759,13 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     the model (what the specialised kernels are tested against)."""
     if a.dtype == np.float16:
         _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0,
-                                     add32=fp[ADDITION, 0] != 0.0, flush=fp[ACCUMULATOR, 4] == 0.0)
+                                     add32=fp[ADDITION, F_PRECISION] != 0.0, flush=fp[ACCUMULATOR, F_KEEP_SUB] == 0.0)
     elif fast and inputs_fp16 and _fp16_direct_ok(fp, ic):
-        reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, 4] != 0.0,
-                                fp[ADDITION, 0] != 0.0, out, col0)
+        reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, F_KEEP_SUB] != 0.0,
+                                fp[ADDITION, F_PRECISION] != 0.0, out, col0)
     elif fast and fast_ok(fp, ic) and _nearest_ok(fp, ic):
         acc = fp[ACCUMULATOR]
-        reduce_gemm_seq_nearest(a, np.ascontiguousarray(w), int(acc[0]), int(acc[1]), acc[2],
+        reduce_gemm_seq_nearest(a, np.ascontiguousarray(w), int(acc[F_PRECISION]), int(acc[F_EMIN]), acc[F_MAX],
                                 out, col0)
     elif fast and fast_ok(fp, ic):
         reduce_gemm_fast(a, np.ascontiguousarray(w), fp, ic, np.uint64(seed), out, col0)

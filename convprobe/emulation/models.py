@@ -550,7 +550,7 @@ def kernel_config(model: AccumulationModel) -> tuple[np.ndarray, np.ndarray, int
         raise InvalidArgument(f"model must be an AccumulationModel (e.g. Sequential('fp16')); "
                               f"received {model!r}")
     sub = model.subnormals
-    fp = np.zeros((5, 5), dtype=np.float64)
+    fp = np.zeros((5, K.F_SIZE), dtype=np.float64)
     if model.product != _EXACT:
         fp[K.PRODUCT] = format_row(model.product, sub)
     if model.addition != _EXACT:

@@ -100,12 +100,15 @@ def stochastic_bits(fmt: Format) -> int:
     return min(32, 51 - fmt.precision)
 
 
-def format_row(fmt: Format | None, subnormals: str) -> tuple[float, float, float, float, float]:
-    """(precision, emin, max, has_inf, keep_subnormals) for the kernel's format table."""
+def format_row(fmt: Format | None, subnormals: str) -> np.ndarray:
+    """A row of the kernels' format table, columns `_kernels.F_*` (all zero: exact)."""
+    row = np.zeros(K.F_SIZE)
     if fmt is None:
-        return (0.0, 0.0, 0.0, 0.0, 0.0)
-    keep = fmt.subnormals and subnormals == "keep"
-    return (float(fmt.precision), float(fmt.emin), float(fmt.max), float(fmt.has_inf), float(keep))
+        return row
+    row[K.F_PRECISION], row[K.F_EMIN], row[K.F_MAX] = fmt.precision, fmt.emin, fmt.max
+    row[K.F_HAS_INF] = float(fmt.has_inf)
+    row[K.F_KEEP_SUB] = float(fmt.subnormals and subnormals == "keep")
+    return row
 
 
 def round_to_format(
@@ -149,6 +152,7 @@ def round_to_format(
         r = gen.integers(0, 1 << rbits, size=flat.shape, dtype=np.int64)
     row = format_row(fmt, subnormals)
     out = np.empty_like(flat)
-    K.round_array(flat, out, int(row[0]), int(row[1]), row[2], bool(row[3]), bool(row[4]),
+    K.round_array(flat, out, int(row[K.F_PRECISION]), int(row[K.F_EMIN]), row[K.F_MAX], bool(row[K.F_HAS_INF]),
+                  bool(row[K.F_KEEP_SUB]),
                   MODE_CODES[Rounding(rounding)], overflow == "saturate", r, rbits)
     return out.reshape(x.shape)
