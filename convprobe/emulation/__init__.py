@@ -6,8 +6,11 @@ any model bit-exactly, and `oracle` is the slow exact-rational reference they
 are tested against. Modules: `rounding` (one rounding definition), `models`
 (the models and `parse_model`), `composites` (split-K and lanes around any
 model), `gpus` (tensor-core presets), `reduction` (`dot`), `conv` (im2col
-convolutions and gradients), `_kernels` (compiled arithmetic), `_block_fma`
-(the block-FMA adder, vectorised), `oracle`.
+convolutions and gradients), the compiled kernels by role (`_kernel_arithmetic`:
+the shared rounding routine; `_kernels_reference`: general kernels; `_kernels_fast`:
+specialised ones; `_native_fp16`: the CPU's fp16 FMA; `_kernels`: which one runs),
+`_block_fma` (the block-FMA adder, vectorised) with its compiled twin
+`_block_fma_compiled`, and `oracle`.
 """
 
 from convprobe.emulation import gpus, oracle

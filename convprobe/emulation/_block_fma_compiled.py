@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from convprobe.emulation._kernels import f2i, i2f, round_f64
+from convprobe.emulation._kernel_arithmetic import f2i, i2f, round_f64
 from convprobe.options import Alignment, CAddition, KLayout
 
 __all__ = ["applies", "gemm"]

@@ -1,7 +1,7 @@
 """Rounding a float64 array to any format, in any supported mode.
 
 The option sets are closed and validated here once; the arithmetic is
-`_kernels.round_parts`, shared with every accumulation model.
+`_kernel_arithmetic.round_parts`, shared with every accumulation model.
 
 Definitions (identical in the oracle):
 
