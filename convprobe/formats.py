@@ -85,6 +85,13 @@ class Format:
 
         return np.dtype(getattr(ml_dtypes, self.dtype_name))
 
+    def holds(self, other: Format) -> bool:
+        """Whether every finite value of `other` is a value of this format (so inputs
+        stored in `other` need no check against this one)."""
+        return (self.precision >= other.precision and self.max >= other.max
+                and self.emin - self.precision <= other.emin - other.precision
+                and (self.subnormals or other.smallest_subnormal >= self.tiny))
+
     def __str__(self) -> str:
         return self.name
 

@@ -170,18 +170,32 @@ def reduce_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, model) -> np
     return _reduce(a, b, c, model, ea, eb)
 
 
-def gemm(a: np.ndarray, w: np.ndarray, model, compiled: bool = True) -> np.ndarray:
+def _output_is_identity(model) -> bool:
+    """Whether rounding the kernel's results (values of the block and accumulator formats)
+    to the output format changes nothing: the output holds both, and flushes nothing."""
+    out = model.output
+    return all(out.holds(fmt) and (model.subnormals == "keep" or out.emin <= fmt.emin)
+               for fmt in (model.block_format, model.accumulator))
+
+
+def gemm(a: np.ndarray, w: np.ndarray, model, compiled: bool = True,
+         inputs_checked: bool = False) -> np.ndarray:
     """out[m, n] = sum_k a[m, k] * w[k, n] under `model` (a (M, K), w (K, N) float64);
-    `compiled`: use the compiled kernel where it applies (the tests compare both paths)."""
+    `compiled`: use the compiled kernel where it applies (the tests compare both paths);
+    `inputs_checked`: the caller knows every value is in the model's input format."""
     from convprobe.emulation import _block_fma_compiled as kernel
 
-    use_compiled = compiled
     order = step_order(a.shape[1], model)
+    permuted = not np.array_equal(order, np.arange(order.size))
+    if compiled and kernel.applies(model):
+        if not inputs_checked:
+            _check_inputs(a, model, "x")
+            _check_inputs(w, model, "w")
+        a, w = (a[:, order], w[order]) if permuted else (a, w)
+        out = kernel.gemm(a, w, model)
+        return out if _output_is_identity(model) else _round(out, model.output, model,
+                                                             Rounding.NEAREST_EVEN)
     a, ea = _prepared(np.ascontiguousarray(a[:, order]), model, "x")
-    if use_compiled and kernel.applies(model):
-        w, ew = _prepared(np.ascontiguousarray(w[order]), model, "w")
-        acc = kernel.gemm(a, w, ea, ew, model)
-        return _round(acc, model.output, model, Rounding.NEAREST_EVEN)
     wt, ewt = _prepared(np.ascontiguousarray(w.T[:, order]), model, "w")
     m, n = a.shape[0], wt.shape[0]
     out = np.empty((m, n))

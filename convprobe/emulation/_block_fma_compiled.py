@@ -2,12 +2,20 @@
 tensor-core models.
 
 Same definition as `_block_fma` (NumPy, any parameters) and the oracle; this kernel
-covers the common case - exact products, alignment to e_a + e_b, truncation,
-contiguous K, c fused, no accumulator input (convolutions start from +0) - and loops
-per row of the output with the N channels updated together, so it needs no (M, N, b)
-temporaries. Why float64 is exact here is `_block_fma`'s argument; the scaling by
+covers every GPU preset - exact products, alignment to e_a + e_b, truncation, one MMA
+of `step` products in blocks of `b` (c fused into the first block, or added after the
+MMA in one nearest rounding), any accumulator input (convolutions start from +0); a
+pair-interleaved layout is a permutation of K done by the caller.
+
+Layout: rows of `a` go in tiles of `_TILE`, transposed into a (K, tile) scratch with
+their exponents, so every inner loop runs over the tile's rows - long, unit-stride,
+branch-free loops that the compiler vectorises - for one output channel at a time.
+Rare non-finite lanes are redone one by one after each block (the IEEE sum, as in
+`_block_fma`). Why float64 is exact here is `_block_fma`'s argument; the scaling by
 2**-q is a multiplication by a power of two built from its bits, exact while 2**-q and
-the scaled terms stay normal, which `applies` checks from the formats' ranges.
+the scaled terms stay normal, which `applies` checks from the formats' ranges. The
+rounding of each block's sum is `fast_round`, the tested twin of the one rounding
+routine.
 """
 
 from __future__ import annotations
@@ -17,36 +25,37 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from convprobe.emulation._kernel_arithmetic import f2i, i2f, round_f64
-from convprobe.options import Alignment, CAddition, KLayout
+from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, add_odd, f2i, i2f
+from convprobe.emulation._kernels_fast import fast_round, round_limits, round_normal
+from convprobe.options import Alignment, CAddition, Rounding
 
 __all__ = ["applies", "gemm"]
 
 _NONE = np.iinfo(np.int64).min // 4  # as `_block_fma`: the exponent of a zero
+_TILE = 64  # rows of `a` per task: a (K, 64) float64 tile and its exponents fit in L2
 
 
 def applies(model) -> bool:
     """Whether `gemm` computes `model` (otherwise `_block_fma.gemm` does)."""
     adder_p = model.adder.precision + model.extra_bits
+    fmt, acc = model.block_format, model.accumulator
     # quanta 2**q with q = E - adder_p + 1: E >= 2 * input emin - 2 (subnormal inputs clamp at
     # emin; the product's own bits reach 2 * (emin - p_in + 1)), so 2**-q and term * 2**-q
-    # stay far inside float64's normal range for every registered input format
+    # stay far inside float64's normal range for every registered input format; fast_round
+    # needs formats of at most 51 bits well inside float64's range
     return (model.product == "exact" and model.alignment == Alignment.INPUT_EXPONENTS
-            and model.truncate and model.layout == KLayout.CONTIGUOUS
-            and model.c_addition == CAddition.FUSED and model.step == model.b
+            and model.truncate and model.rounding in (Rounding.NEAREST_EVEN, Rounding.TOWARD_ZERO)
             and 2 * model.input.emin - 2 - adder_p > -1000 and model.input.emax * 2 + 4 < 1000
-            and model.accumulator.emin - adder_p > -1000 and model.accumulator.emax < 1000)
+            and acc.emin - adder_p > -1000 and acc.emax < 1000
+            and fmt.precision <= 51 and fmt.emin > -900 and acc.precision <= 51 and acc.emin > -900)
 
 
 @njit(cache=True, inline="always")
 def _exponent(x, emin):
-    """floor(log2|x|) clamped at emin; _NONE for 0 (x finite)."""
-    if x == 0.0:
-        return _NONE
+    """floor(log2|x|) clamped at emin (>= -1022); _NONE for 0, inf and NaN (which take no
+    part in alignment: their blocks go the IEEE way). Sums of two stay below _NONE // 2."""
     e = ((f2i(x) >> 52) & 0x7FF) - 1023
-    if e == -1023:  # a float64 subnormal: far below every format's emin
-        return emin
-    return e if e > emin else emin
+    return _NONE if ((x == 0.0) | (e == 1024)) else max(e, emin)
 
 
 @njit(cache=True, inline="always")
@@ -55,59 +64,248 @@ def _pow2(e):
     return i2f(np.int64(e + 1023) << 52)
 
 
+@njit(cache=True, inline="always")
+def _exponents_first(top, s, s_emin, et, j, e0, e1, e2, e3, width):
+    """top = max(exponent of s, e_a + e_w of terms j..j+width-1), width 1 or 4."""
+    for i in range(_TILE):
+        t = _exponent(s[i], s_emin)
+        t = max(t, et[j, i] + e0)
+        if width == 4:
+            t = max(max(t, et[j + 1, i] + e1), max(et[j + 2, i] + e2, et[j + 3, i] + e3))
+        top[i] = t
+
+
+@njit(cache=True, inline="always")
+def _exponents_more(top, et, j, e0, e1, e2, e3, width):
+    for i in range(_TILE):
+        t = max(top[i], et[j, i] + e0)
+        if width == 4:
+            t = max(max(t, et[j + 1, i] + e1), max(et[j + 2, i] + e2, et[j + 3, i] + e3))
+        top[i] = t
+
+
+@njit(cache=True, inline="always")
+def _terms_first(total, scale, top, s, at, j, w0, w1, w2, w3, width, adder_p):
+    """scale = 2**(adder_p - 1 - top) (0 for an all-zero block); total = the truncated,
+    scaled s plus the first terms (a float trunc: NaN stays NaN)."""
+    for i in range(_TILE):
+        t_i = top[i]
+        sc = _pow2(adder_p - 1 - t_i) if t_i > _NONE // 2 else 0.0
+        scale[i] = sc
+        t = np.trunc(s[i] * sc) + np.trunc(at[j, i] * w0 * sc)
+        if width == 4:
+            t += (np.trunc(at[j + 1, i] * w1 * sc) + np.trunc(at[j + 2, i] * w2 * sc)) + \
+                np.trunc(at[j + 3, i] * w3 * sc)
+        total[i] = t
+
+
+@njit(cache=True, inline="always")
+def _terms_more(total, scale, at, j, w0, w1, w2, w3, width):
+    for i in range(_TILE):
+        sc = scale[i]
+        t = total[i] + np.trunc(at[j, i] * w0 * sc)
+        if width == 4:
+            t += (np.trunc(at[j + 1, i] * w1 * sc) + np.trunc(at[j + 2, i] * w2 * sc)) + \
+                np.trunc(at[j + 3, i] * w3 * sc)
+        total[i] = t
+
+
+@njit(cache=True, inline="always")
+def _round_block_normal(s, total, top, adder_p, bp, mode):
+    """s = the block's sum (total * 2**q) rounded, where it is known to be normal; returns
+    whether any lane met an inf or NaN (those lanes keep s, for the IEEE fix-up)."""
+    special = False
+    for i in range(_TILE):
+        sv, tv = s[i], total[i]
+        ok = math.isfinite(tv) & math.isfinite(sv)
+        special |= not ok
+        t_i = top[i]
+        live = t_i > _NONE // 2
+        value = tv * _pow2(t_i - adder_p + 1) if (live & (tv != 0.0)) else 0.0
+        s[i] = round_normal(value, bp, mode) if (live & ok) else sv  # an exact zero sum is +0
+    return special
+
+
+@njit(cache=True, inline="always")
+def _round_block(s, total, top, adder_p, bp, below, bmax, btiny, binf, bkeep, mode, sat):
+    """`_round_block_normal` for any block sum (subnormal, overflowing): `fast_round`."""
+    special = False
+    for i in range(_TILE):
+        sv, tv = s[i], total[i]
+        ok = math.isfinite(tv) & math.isfinite(sv)
+        special |= not ok
+        t_i = top[i]
+        live = t_i > _NONE // 2
+        value = tv * _pow2(t_i - adder_p + 1) if (live & (tv != 0.0)) else 0.0
+        y = fast_round(value, bp, below, bmax, btiny, binf, bkeep, mode, sat, 0, 1)
+        s[i] = y if (live & ok) else sv
+    return special
+
+
+@njit(cache=True, inline="always")
+def _align(top, s, s_emin, et, ew, j0, j1):
+    """top = the block's alignment exponent: the largest of s's and the terms' e_a + e_w."""
+    j = j0
+    while j < j1:
+        width = 4 if j1 - j >= 4 else 1
+        if j == j0:
+            _exponents_first(top, s, s_emin, et, j, ew[j], ew[j + 1], ew[j + 2], ew[j + 3], width)
+        else:
+            _exponents_more(top, et, j, ew[j], ew[j + 1], ew[j + 2], ew[j + 3], width)
+        j += width
+
+
+@njit(cache=True, inline="always")
+def _sum_terms(total, scale, top, s, at, w, j0, j1, adder_p):
+    """total = the block's truncated, scaled s and terms; scale = 2**(adder_p - 1 - top)."""
+    j = j0
+    while j < j1:
+        width = 4 if j1 - j >= 4 else 1
+        if j == j0:
+            _terms_first(total, scale, top, s, at, j, w[j], w[j + 1], w[j + 2], w[j + 3], width, adder_p)
+        else:
+            _terms_more(total, scale, at, j, w[j], w[j + 1], w[j + 2], w[j + 3], width)
+        j += width
+
+
+@njit(cache=True, inline="always")
+def _block_of_four(s, total, at, et, j, ew, w, s_emin, adder_p, bp, mode):
+    """A whole block of four terms in one pass over the tile (alignment, truncated sum,
+    rounding; sums known to be normal): `_align`, `_sum_terms` and `_round_block_normal`
+    fused, for the commonest block size (V100, TF32 on Ampere and Ada)."""
+    e0, e1, e2, e3 = ew[0], ew[1], ew[2], ew[3]
+    w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
+    special = False
+    for i in range(_TILE):
+        sv = s[i]
+        a0, a1, a2, a3 = at[j, i], at[j + 1, i], at[j + 2, i], at[j + 3, i]
+        top = max(max(_exponent(sv, s_emin), et[j, i] + e0),
+                  max(et[j + 1, i] + e1, max(et[j + 2, i] + e2, et[j + 3, i] + e3)))
+        live = top > _NONE // 2
+        sc = _pow2(adder_p - 1 - top) if live else 0.0
+        tv = (np.trunc(sv * sc) + np.trunc(a0 * w0 * sc)) + (np.trunc(a1 * w1 * sc) + (
+            np.trunc(a2 * w2 * sc) + np.trunc(a3 * w3 * sc)))
+        total[i] = tv
+        ok = math.isfinite(tv) & math.isfinite(sv)
+        special |= not ok
+        value = tv * _pow2(top - adder_p + 1) if (live & (tv != 0.0)) else 0.0
+        s[i] = round_normal(value, bp, mode) if (live & ok) else sv  # an exact zero sum is +0
+    return special
+
+
 @njit(cache=True, parallel=True)
-def _gemm(a, w, ea, ew, b, adder_p, acc_emin, acc_keep, bp, bemin, bmax, binf, bkeep, mode, sat,
-          out):
-    """Branch-free inner loops: a zero input has exponent _NONE (so it never sets the block's
-    E) and a zero product adds 0; an inf or NaN makes the row's scaled sum non-finite, and
-    such a row takes the IEEE sum instead."""
+def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, out):
+    """`block`, `acc`: (p, elow, maxv, tiny, has_inf, keep_sub) of the block-sum format and
+    the accumulator (`round_limits`); s_emin: the clamp of the running sum's exponent;
+    ew: the exponents of w; normal: every block sum is known to round to a normal number
+    (`round_normal` suffices).
+
+    Terms go four at a time through each pass over the tile (one load and store of the
+    running values per four terms): summing a block's truncated terms in any order is
+    exact, so the grouping changes nothing."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
-    for m in prange(m_count):
-        s = np.zeros(n_count)
-        top = np.empty(n_count, dtype=np.int64)
-        scale = np.empty(n_count)
-        total = np.empty(n_count)
-        for j0 in range(0, k_count, b):
-            j1 = min(j0 + b, k_count)
-            for n in range(n_count):
-                sv = s[n]
-                top[n] = _NONE if (sv == 0.0 or not math.isfinite(sv)) else (
-                    _exponent(sv, acc_emin) if acc_keep else _exponent(sv, -1022))
-            for j in range(j0, j1):
-                e_a = ea[m, j]
-                for n in range(n_count):
-                    top[n] = max(top[n], e_a + ew[j, n])
-            for n in range(n_count):
-                live = top[n] > _NONE // 2
-                scale[n] = _pow2(adder_p - 1 - top[n]) if live else 0.0
-                total[n] = np.trunc(s[n] * scale[n]) if live else 0.0
-            for j in range(j0, j1):
-                av = a[m, j]
-                for n in range(n_count):
-                    total[n] += np.trunc(av * w[j, n] * scale[n])  # a float trunc: NaN stays NaN
-            for n in range(n_count):
-                if not (math.isfinite(total[n]) and math.isfinite(s[n])):
-                    t = s[n]  # an inf or NaN in the block: the IEEE sum of s and the products
-                    for j in range(j0, j1):
-                        t += a[m, j] * w[j, n]
-                    s[n] = t
-                elif top[n] > _NONE // 2:  # an exact zero sum is +0, as in IEEE addition
-                    value = total[n] * _pow2(top[n] - adder_p + 1) if total[n] != 0.0 else 0.0
-                    s[n] = round_f64(value, bp, bemin, bmax, binf, bkeep, mode, sat, 0, 1)
+    bp, below, bmax, btiny, binf, bkeep = block
+    cp, celow, cmax, ctiny, cinf, ckeep = acc
+    for t in prange((m_count + _TILE - 1) // _TILE):
+        m0 = t * _TILE
+        rows = min(_TILE, m_count - m0)
+        at = np.zeros((k_count + 3, _TILE))
+        et = np.full((k_count + 3, _TILE), _NONE, dtype=np.int64)
+        for j in range(k_count):  # rows of `a` read across: they stay in L1 for the next taps
+            for i in range(rows):
+                at[j, i] = a[m0 + i, j]
+            for i in range(rows):
+                et[j, i] = _exponent(at[j, i], in_emin)
+        s = np.empty(_TILE)
+        c_in = np.empty(_TILE)
+        top = np.empty(_TILE, dtype=np.int64)
+        total = np.empty(_TILE)
+        scale = np.empty(_TILE)
         for n in range(n_count):
-            out[m, n] = s[n]
+            s[:] = 0.0
+            for i in range(rows):  # the accumulator input: +0 for convolutions
+                s[i] = out[m0 + i, n]
+            for s0 in range(0, k_count, step):
+                if separate:
+                    c_in[:] = s
+                    s[:] = 0.0
+                for j0 in range(s0, min(s0 + step, k_count), b):
+                    j1 = min(j0 + b, k_count)
+                    if b == 4 and normal:
+                        special = _block_of_four(s, total, at, et, j0, ew[j0:j0 + 4, n], w[j0:j0 + 4, n],
+                                                 s_emin, adder_p, bp, mode)
+                    else:
+                        _align(top, s, s_emin, et, ew[:, n], j0, j1)
+                        _sum_terms(total, scale, top, s, at, w[:, n], j0, j1, adder_p)
+                        if normal:
+                            special = _round_block_normal(s, total, top, adder_p, bp, mode)
+                        else:
+                            special = _round_block(s, total, top, adder_p, bp, below, bmax, btiny, binf,
+                                                   bkeep, mode, sat)
+                    if special:  # an inf or NaN in the block: the IEEE sum of s and the products
+                        for i in range(_TILE):
+                            if not (math.isfinite(total[i]) and math.isfinite(s[i])):
+                                tv = s[i]
+                                for j in range(j0, j1):
+                                    tv += at[j, i] * w[j, n]
+                                s[i] = tv
+                if separate:  # one nearest rounding of s + c
+                    for i in range(_TILE):
+                        x = add_odd(s[i], c_in[i])
+                        if normal:
+                            s[i] = round_normal(x, cp, NEAREST_EVEN)
+                        else:
+                            s[i] = fast_round(x, cp, celow, cmax, ctiny, cinf, ckeep, NEAREST_EVEN, sat, 0, 1)
+            for i in range(rows):
+                out[m0 + i, n] = s[i]
 
 
-def gemm(a: np.ndarray, w: np.ndarray, ea: np.ndarray, ew: np.ndarray, model) -> np.ndarray:
-    """out[m, n] = the block-FMA reduction of a[m, :] against w[:, n] (float64, +0 start),
-    rounded to the accumulator; `ea`, `ew` the inputs' clamped exponents."""
+@njit(cache=True)
+def _exponents(w, emin):
+    """The clamped exponents of w (K, N), with three rows of _NONE below (the padding that
+    lets the passes read four terms at a time)."""
+    k_count, n_count = w.shape
+    out = np.full((k_count + 3, n_count), _NONE, dtype=np.int64)
+    for j in range(k_count):
+        for n in range(n_count):
+            out[j, n] = _exponent(w[j, n], emin)
+    return out
+
+
+def _sums_stay_normal(model, k: int) -> bool:
+    """Whether every nonzero block sum and running sum of K finite terms is a normal number
+    of the block and accumulator formats, whatever the inputs: each is a nonzero multiple of
+    a quantum 2**q with q >= 2 * input emin - adder_p + 1 (clamped exponents), and at most
+    (K + 1) * (largest input)**2 * 2 in magnitude."""
+    fin = model.input
+    smallest = 2 * fin.emin - (model.adder.precision + model.extra_bits) + 1
+    largest = (k + 1) * fin.max**2 * 2
+    return all(smallest >= fmt.emin and largest < fmt.max and fmt.precision <= 51
+               for fmt in (model.block_format, model.accumulator))
+
+
+def _limits(fmt, keep_sub: bool) -> tuple:
+    """`fast_round`'s view of a format (see `_kernels_fast.round_limits`)."""
+    return round_limits(fmt.precision, fmt.emin, float(fmt.max), fmt.has_inf, keep_sub)
+
+
+def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None) -> np.ndarray:
+    """out[m, n] = the block-FMA reduction of c[m, n] (values of the accumulator; +0 when
+    None) plus a[m, :] against w[:, n] (float64, K already in the adder's order), rounded to
+    the accumulator."""
     from convprobe.emulation.rounding import MODE_CODES
 
     fmt, acc = model.block_format, model.accumulator
     keep = fmt.subnormals and model.subnormals == "keep"
-    out = np.empty((a.shape[0], w.shape[1]))
-    _gemm(a, w, ea, ew, model.b, model.adder.precision + model.extra_bits, acc.emin,
-          acc.subnormals, fmt.precision, fmt.emin, fmt.max, fmt.has_inf, keep,
-          MODE_CODES[model.rounding], model.overflow == "saturate", out)
+    shape = (a.shape[0], w.shape[1])
+    out = np.zeros(shape) if c is None else np.array(np.broadcast_to(c, shape), dtype=np.float64)
+    normal = _sums_stay_normal(model, a.shape[1]) and not out.any()
+    w_padded = np.zeros((w.shape[0] + 3, w.shape[1]))
+    w_padded[:w.shape[0]] = w
+    _gemm(np.ascontiguousarray(a), w_padded, _exponents(w, model.input.emin), model.b, model.step,
+          model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
+          model.input.emin, acc.emin if acc.subnormals else -1022,
+          _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
+          MODE_CODES[model.rounding], model.overflow == "saturate", normal, out)
     return out

@@ -20,51 +20,53 @@ from convprobe.formats import FP16
 
 @njit(cache=True, inline="always")
 def fast_round(x, p, elow, maxv, tiny, has_inf, keep_sub, mode, sat, r, rbits):
-    """Branch-light `round_f64` for formats away from float64's underflow (see `fast_ok`).
+    """Branch-free `round_f64` for formats away from float64's underflow (see `fast_ok`).
 
     x must be exact or rounded to odd at >= p + 2 bits. Nearest-even adds and
     subtracts 1.5 * 2**(q + 52), which makes the FPU round at the quantum 2**q;
-    toward-zero and stochastic clear the bits below 2**q. Same results as
-    `round_f64` (tested), several times faster.
+    toward-zero and stochastic clear the bits below 2**q. Every data-dependent choice
+    is a select, so loops over outputs vectorise (`mode`, `sat`, `has_inf` and
+    `keep_sub` are the same for every element). Same results as `round_f64` (tested).
     """
     b = f2i(x)
     e = (b >> 52) & 0x7FF
-    eb = e if e > elow else elow
-    qb = eb - p + 1
+    qb = max(e, elow) - p + 1
     if mode == NEAREST_EVEN:
         c = i2f(((qb + 52) << 52) | (1 << 51))
         y = math.copysign((x + c) - c, x)
     else:
-        e1 = e if e > 0 else 1
-        raw = 52 - e1 + qb
-        nclear = min(max(raw, 0), 63)
-        mask = (1 << nclear) - 1
-        if raw <= 52:
-            tb = b & ~mask
-        else:
-            tb = b & _SIGN
-        y = i2f(tb)
+        raw = 52 - max(e, 1) + qb
+        mask = (np.int64(1) << min(max(raw, 0), 63)) - 1
+        y = i2f(b & ~mask if raw <= 52 else b & _SIGN)
         if mode == STOCHASTIC:
-            mant = (b & _MASK52) | ((1 << 52) if e > 0 else 0)
+            mant = (b & _MASK52) | (np.int64(e > 0) << 52)
             frac = mant if raw >= 53 else mant & mask
             d = raw - rbits
             t = frac >> min(max(d, 0), 63) if d < 64 else 0
-            if t + r >= (1 << rbits):
-                y = y + math.copysign(i2f(qb << 52), x)
-    if e == 0x7FF:
-        y = x if (has_inf or x != x) else math.nan
-    else:
-        ay = abs(y)
-        if ay > maxv:
-            if sat:
-                y = math.copysign(maxv, y)
-            elif has_inf:
-                y = math.copysign(math.inf, y)
-            else:
-                y = math.nan
-        elif (not keep_sub) and ay < tiny:
-            y = math.copysign(0.0, y)
-    return y
+            y = y + math.copysign(i2f(qb << 52), x) if t + r >= (1 << rbits) else y
+    ay = abs(y)
+    overflow = math.copysign(maxv, y) if sat else (math.copysign(math.inf, y) if has_inf else math.nan)
+    y = overflow if ay > maxv else y
+    if not keep_sub:
+        y = math.copysign(0.0, y) if ay < tiny else y
+    special = x if (has_inf | (x != x)) else math.nan
+    return special if e == 0x7FF else y
+
+
+@njit(cache=True, inline="always")
+def round_normal(x, p, mode):
+    """`round_f64` of a float64 x that the caller knows to lie in the format's normal range,
+    at least 2**emin and rounding to at most its largest value (precision p <= 51,
+    nearest-even or toward zero): pure bit arithmetic on x's
+    significand, with constant shifts (x exact, or rounded to odd at >= p + 2 bits).
+    Toward zero clears the 53 - p low bits; nearest-even first adds half a quantum less
+    one, plus the kept last bit, whose carry may move into the exponent, as it should."""
+    b = f2i(x)
+    shift = 53 - p
+    mask = (np.int64(1) << shift) - 1
+    if mode == NEAREST_EVEN:
+        b = b + ((mask >> 1) + ((b >> shift) & 1))
+    return i2f(b & ~mask)
 
 
 def fast_ok(fp, ic) -> bool:
@@ -87,13 +89,20 @@ def fast_ok(fp, ic) -> bool:
     return True
 
 
+@njit(cache=True)
+def round_limits(p, emin, maxv, has_inf, keep_sub):
+    """`fast_round`'s arguments for a format: (p, elow, maxv, tiny, has_inf, keep_sub), where
+    elow is the float64 biased exponent below which the format's quantum stops shrinking
+    (its emin, or for a flushing format low enough that nothing is clamped)."""
+    emin_b = emin + 1023
+    elow = emin_b if keep_sub else emin_b - p - 1
+    return p, elow, maxv, math.ldexp(1.0, emin), has_inf, keep_sub
+
+
 @njit(cache=True, inline="always")
 def _slot_params(fp, slot):
-    p = int(fp[slot, F_PRECISION])
-    emin_b = int(fp[slot, F_EMIN]) + 1023
-    keep = fp[slot, F_KEEP_SUB] != 0.0
-    elow = emin_b if keep else emin_b - p - 1
-    return p, elow, fp[slot, F_MAX], math.ldexp(1.0, int(fp[slot, F_EMIN])), fp[slot, F_HAS_INF] != 0.0, keep
+    return round_limits(int(fp[slot, F_PRECISION]), int(fp[slot, F_EMIN]), fp[slot, F_MAX],
+                        fp[slot, F_HAS_INF] != 0.0, fp[slot, F_KEEP_SUB] != 0.0)
 
 
 @njit(cache=True, parallel=True)

@@ -86,31 +86,16 @@ def _flushed(r):
 
 
 @njit(cache=True, inline="always")
-def _fma_step(av, wv, sv):
-    return fma_fp16(av, wv, sv)
+def _step(av, wv, sv, add32, flush):
+    """One accumulation step; `add32` and `flush` are constants in each of the four kernels
+    below, so the branches fold away. (Passing a step function as an argument instead
+    makes the dispatcher part of the cache key, which numba cannot pickle.)"""
+    r = mul_add_fp32_fp16(av, wv, sv) if add32 else fma_fp16(av, wv, sv)
+    return _flushed(r) if flush else r
 
 
 @njit(cache=True, inline="always")
-def _fma_flush_step(av, wv, sv):
-    return _flushed(fma_fp16(av, wv, sv))
-
-
-@njit(cache=True, inline="always")
-def _add32_step(av, wv, sv):
-    return mul_add_fp32_fp16(av, wv, sv)
-
-
-@njit(cache=True, inline="always")
-def _add32_flush_step(av, wv, sv):
-    return _flushed(mul_add_fp32_fp16(av, wv, sv))
-
-
-_STEPS = {(False, False): _fma_step, (False, True): _fma_flush_step,
-          (True, False): _add32_step, (True, True): _add32_flush_step}
-
-
-@njit(cache=True, parallel=True)
-def _gemm(a, w, out, col0, _step):
+def _gemm(a, w, out, col0, add32, flush):
     m_count, k_count = a.shape
     n_count = w.shape[1]
     tasks = (m_count + _ROWS - 1) // _ROWS
@@ -125,10 +110,10 @@ def _gemm(a, w, out, col0, _step):
                 a0, a1, a2, a3 = a[m0, k], a[m0 + 1, k], a[m0 + 2, k], a[m0 + 3, k]
                 for n in range(n_count):
                     wv = w[k, n]
-                    s0[n] = _step(a0, wv, s0[n])
-                    s1[n] = _step(a1, wv, s1[n])
-                    s2[n] = _step(a2, wv, s2[n])
-                    s3[n] = _step(a3, wv, s3[n])
+                    s0[n] = _step(a0, wv, s0[n], add32, flush)
+                    s1[n] = _step(a1, wv, s1[n], add32, flush)
+                    s2[n] = _step(a2, wv, s2[n], add32, flush)
+                    s3[n] = _step(a3, wv, s3[n], add32, flush)
             for n in range(n_count):
                 out[m0, col0 + n] = s0[n]
                 out[m0 + 1, col0 + n] = s1[n]
@@ -140,9 +125,33 @@ def _gemm(a, w, out, col0, _step):
                 for k in range(k_count):
                     av = a[m, k]
                     for n in range(n_count):
-                        s[n] = _step(av, w[k, n], s[n])
+                        s[n] = _step(av, w[k, n], s[n], add32, flush)
                 for n in range(n_count):
                     out[m, col0 + n] = s[n]
+
+
+@njit(cache=True, parallel=True)
+def _gemm_fma(a, w, out, col0):
+    _gemm(a, w, out, col0, False, False)
+
+
+@njit(cache=True, parallel=True)
+def _gemm_fma_flush(a, w, out, col0):
+    _gemm(a, w, out, col0, False, True)
+
+
+@njit(cache=True, parallel=True)
+def _gemm_add32(a, w, out, col0):
+    _gemm(a, w, out, col0, True, False)
+
+
+@njit(cache=True, parallel=True)
+def _gemm_add32_flush(a, w, out, col0):
+    _gemm(a, w, out, col0, True, True)
+
+
+_KERNELS = {(False, False): _gemm_fma, (False, True): _gemm_fma_flush,
+            (True, False): _gemm_add32, (True, True): _gemm_add32_flush}
 
 
 def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
@@ -152,5 +161,4 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
     a, w and out are float16 arrays (a and w C-contiguous); `add32` selects the
     two-rounding float32 addition, `flush` flushes subnormal results to signed zero.
     """
-    _gemm(a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0,
-          _STEPS[bool(add32), bool(flush)])
+    _KERNELS[bool(add32), bool(flush)](a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0)

@@ -206,7 +206,7 @@ def load_bundled(gpus: list[str] | None = None, path: str | None = None) -> list
     return sets
 
 
-def _c_is_zero(s: VectorSet) -> bool:
+def c_is_zero(s: VectorSet) -> bool:
     """The H100 fp8 sets with fp32 output were captured with wgmma, whose c is zero: the
     data's README says to ignore the c file there."""
     from convprobe.emulation.gpus import GPU_FAMILIES
@@ -226,7 +226,7 @@ def replay_set(s: VectorSet) -> dict:
     model = parse_model(spec)
     a = s.a.view(np.float32).astype(np.float64)
     b = s.b.view(np.float32).astype(np.float64)
-    c = np.zeros(s.vectors) if _c_is_zero(s) else s.c.view(np.float32).astype(np.float64)
+    c = np.zeros(s.vectors) if c_is_zero(s) else s.c.view(np.float32).astype(np.float64)
     d = dot(a, b, model, c=c)
     got = np.asarray(d, dtype=np.float32).view(np.uint32)  # fp16 results widen exactly
     same = got == s.d

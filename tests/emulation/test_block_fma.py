@@ -22,7 +22,7 @@ from convprobe.emulation.gpus import INPUTS, OUTPUTS, tensor_core_parameters
 from convprobe.emulation.rounding import round_to_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import BF16, FP16, FP32, FP64, TF32, parse_format
-from convprobe.options import Alignment, CAddition, KLayout
+from convprobe.options import Alignment, CAddition, KLayout, Rounding
 from convprobe.testing.strategies import representable_arrays
 
 from .conftest import assert_same_bits
@@ -62,7 +62,7 @@ def _values(fmt, shape, specials=False):
 def blocked_models(draw):
     acc = draw(st.sampled_from([FP32, FP16, FP32, FP16, BF16, FP64]))
     adder = draw(st.sampled_from([FP32, FP16] if acc == FP64 else [FP32, acc, FP16]))
-    b = draw(st.integers(1, 16))
+    b = draw(st.sampled_from([4, 8, 16]) | st.integers(1, 16))  # the presets' sizes, and any
     step = b * draw(st.integers(1, 3))
     layout = draw(st.sampled_from(list(KLayout))) if step % 4 == 0 else KLayout.CONTIGUOUS
     return em.Blocked(
@@ -256,7 +256,9 @@ def test_inputs_outside_the_input_format_are_refused():
 @budget(200, 2000)
 def test_the_compiled_gemm_equals_the_numpy_gemm(cases_budget):
     """Convolutions go through `_block_fma_compiled` where it applies: bit for bit the NumPy
-    path (itself checked against the oracle above), on (M, K) x (K, N) problems."""
+    path (itself checked against the oracle above), on (M, K) x (K, N) problems, with M
+    on both sides of the kernel's row tile; its fused four-term, normal-range and general
+    rounding paths are all drawn."""
     from convprobe.emulation import _block_fma, _block_fma_compiled
 
     def body(data):
@@ -266,7 +268,9 @@ def test_the_compiled_gemm_equals_the_numpy_gemm(cases_budget):
                                         truncate=True, layout=KLayout.CONTIGUOUS,
                                         c_addition=CAddition.FUSED, step=model.b)
         assume(_block_fma_compiled.applies(model))  # its range check leaves fp64 accumulators out
-        m, k, n = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 40)), data.draw(st.integers(1, 5))
+        tile = _block_fma_compiled._TILE
+        m = data.draw(st.integers(1, 4) | st.sampled_from([tile - 1, tile, tile + 1, 2 * tile + 3]))
+        k, n = data.draw(st.integers(1, 40)), data.draw(st.integers(1, 5))
         specials = data.draw(st.integers(0, 9)) == 0
         a = data.draw(_values(model.input, (m, k), specials))
         w = data.draw(_values(model.input, (k, n), specials))
@@ -274,3 +278,27 @@ def test_the_compiled_gemm_equals_the_numpy_gemm(cases_budget):
             assert_same_bits(_block_fma.gemm(a, w, model), _block_fma.gemm(a, w, model, compiled=False))
 
     run_cases(cases_budget, body)
+
+
+def test_the_compiled_gemm_reproduces_the_real_gpu_vectors():
+    """The compiled kernel covers every preset of the bundled data, and reproduces every
+    tenth real MMA vector of each of the 30 sets bit for bit (c as the accumulator input,
+    where the capture used one;
+    the NumPy path replays all of them in tests/probes/test_replay.py)."""
+    from convprobe.emulation import _block_fma, _block_fma_compiled
+    from convprobe.probes import replay
+
+    for s in replay.load_bundled():
+        model = em.parse_model(f"{s.preset}:in={s.input}:out={s.output}")
+        assert _block_fma_compiled.applies(model), model.to_spec()
+        order = _block_fma.step_order(s.a.shape[1], model)
+        a = s.a.view(np.float32).astype(np.float64)[:, order]
+        b = s.b.view(np.float32).astype(np.float64)[:, order]
+        c = np.zeros(s.vectors) if replay.c_is_zero(s) else _block_fma._round(
+            s.c.view(np.float32).astype(np.float64), model.accumulator, model, Rounding.NEAREST_EVEN)
+        rows = range(0, s.vectors, 10)
+        got = [_block_fma._round(_block_fma_compiled.gemm(a[i:i + 1], b[i:i + 1].T, model, c=c[i]),
+                                 model.output, model, Rounding.NEAREST_EVEN)[0, 0] for i in rows]
+        bits = np.asarray(got, dtype=np.float32).view(np.uint32)  # fp16 results widen exactly
+        assert (bits == s.d[list(rows)]).all(), f"{s.gpu} {s.input}->{s.output}: " \
+            f"{int((bits != s.d[list(rows)]).sum())} of {len(rows)} vectors differ"
