@@ -25,10 +25,11 @@ CASES = {
         ("01-overflow-matrix.png", "01-real-vs-fake.png", "01-ulp-histogram.png"), 600, [pytest.mark.tensorflow],
     ),
     "02-divergence.ipynb": (("02-error-vs-k.png", "02-ulp-histogram.png"), 300, []),
-    # Trains three small fp16 ResNets: about 90 s on 2 cores, worth it so CI runs every notebook.
+    # Trains three small fp16 ResNets: about 90 s on 2 cores, so it runs under -m slow (the
+    # default suite keeps to about 10 minutes; the training it shows is tested in tests/training).
     "03-gradient-underflow.ipynb": (
         ("03-activation-underflow-per-layer.png", "03-weight-underflow-per-layer.png", "03-gradient-histogram.png",
-         "03-per-layer-histograms.png"), 900, [pytest.mark.tensorflow],
+         "03-per-layer-histograms.png"), 900, [pytest.mark.tensorflow, pytest.mark.slow],
     ),
 }
 

@@ -15,8 +15,8 @@ import numpy as np
 from convprobe.emulation import _native_fp16
 from convprobe.emulation._kernel_arithmetic import *  # noqa: F403 - the table layout and codes, re-exported
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PRODUCT, SEQUENTIAL)
-from convprobe.emulation._kernels_fast import (fast_ok, reduce_gemm_fast, reduce_gemm_fp16_direct,
-                                               reduce_gemm_seq_nearest)
+from convprobe.emulation._kernels_fast import (exact_fp16_ok, fast_ok, reduce_gemm_exact_fp16, reduce_gemm_fast,
+                                               reduce_gemm_fp16_direct, reduce_gemm_seq_nearest)
 from convprobe.emulation._kernels_reference import reduce_gemm, reduce_one, reduce_pairs, round_array  # noqa: F401
 from convprobe.formats import FP16, FP32
 
@@ -67,5 +67,7 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
                                 out, col0)
     elif fast and fast_ok(fp, ic):
         reduce_gemm_fast(a, np.ascontiguousarray(w), fp, ic, np.uint64(seed), out, col0)
+    elif fast and exact_fp16_ok(fp, ic, inputs_fp16):
+        reduce_gemm_exact_fp16(a, np.ascontiguousarray(w), fp, ic, np.uint64(seed), out, col0)
     else:
         reduce_gemm(a, np.ascontiguousarray(w.T), fp, ic, np.uint64(seed), out, col0)

@@ -10,11 +10,12 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB,
-                                                    F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_RBITS, IC_SAT,
-                                                    NEAREST_EVEN, OUTPUT, PRODUCT, SEQUENTIAL, STOCHASTIC,
-                                                    _MASK52, _SIGN, add_odd, f2i, i2f, round_slot,
-                                                    stream_bits, stream_key)
+from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, EXACT, F_EMIN, F_HAS_INF,
+                                                    F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_RBITS,
+                                                    IC_SAT, NEAREST_EVEN, OUTPUT, PRODUCT, SEQUENTIAL,
+                                                    STOCHASTIC, _MASK52, _SIGN, add_odd, bitlen, f2i, i2f,
+                                                    random_bits, round_parts, round_slot, stream_bits,
+                                                    stream_key)
 from convprobe.formats import FP16
 
 
@@ -251,3 +252,99 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
                 s[n] = y if e != 0x7FF else t
         for n in range(n_count):
             out[m, col0 + n] = s[n]
+
+
+_LOW_BITS = 48  # fp16 (and fp8) products are multiples of 2**-48 (2**-24 squared)
+_RENORMALISE = 1 << 14  # terms between carries of the low word: 2**14 * 2**48 < 2**63
+
+
+@njit(cache=True, inline="always")
+def _carry(high, low):
+    """(high, low) with low reduced to [0, 2**48): the same value high + low * 2**-48."""
+    c = low >> _LOW_BITS
+    return high + c, low - (c << _LOW_BITS)
+
+
+@njit(cache=True)
+def _round_fixed(high, low, fp, mode, sat, r, rbits):
+    """Round high + low * 2**-48 (0 <= low < 2**48) once to the accumulator: its sign,
+    a significand below 2**63 with a sticky bit, handed to `round_parts`."""
+    neg = high < 0
+    if neg:  # |value| = (-high - 1) + (2**48 - low) * 2**-48, or -high when low = 0
+        if low == 0:
+            high = -high
+        else:
+            high, low = -high - 1, (np.int64(1) << _LOW_BITS) - low
+    if high == 0:
+        mant, lsb, sticky = low, -_LOW_BITS, False
+    else:
+        sh = max(bitlen(high) + _LOW_BITS - 63, 0)
+        mant = (high << (_LOW_BITS - sh)) | (low >> sh)
+        sticky = (low & ((np.int64(1) << sh) - 1)) != 0
+        lsb = sh - _LOW_BITS
+    return round_parts(neg, mant, lsb, sticky, int(fp[ACCUMULATOR, F_PRECISION]), int(fp[ACCUMULATOR, F_EMIN]),
+                       fp[ACCUMULATOR, F_MAX], fp[ACCUMULATOR, F_HAS_INF] != 0.0,
+                       fp[ACCUMULATOR, F_KEEP_SUB] != 0.0, mode, sat, r, rbits)
+
+
+def exact_fp16_ok(fp, ic, inputs_fp16) -> bool:
+    """Whether `reduce_gemm_exact_fp16` applies: the exact model on fp16 (or fp8) inputs
+    with exact products."""
+    return inputs_fp16 and ic[IC_KIND] == EXACT and fp[PRODUCT, F_PRECISION] == 0.0
+
+
+@njit(cache=True, parallel=True)
+def reduce_gemm_exact_fp16(a, w, fp, ic, seed, out, col0):
+    """The exact model (one rounding of the exact sum) for fp16 or fp8 inputs: each product
+    p = a * w (exact in float64, a multiple of 2**-48 below 2**32) splits into its integer
+    part and its fraction scaled by 2**48, both exact int64s, summed in two int64 words -
+    a 128-bit fixed-point accumulator in two vector-friendly adds, in place of the
+    general kernel's long accumulator (`superacc_add`). Outputs with an inf or NaN product
+    take the IEEE rule of the general kernel."""
+    m_count, k_count = a.shape
+    n_count = w.shape[1]
+    width = out.shape[1]
+    mode = ic[IC_MODE]
+    sat = ic[IC_SAT] != 0
+    rbits = ic[IC_RBITS]
+    scale = float(np.int64(1) << _LOW_BITS)
+    for m in prange(m_count):
+        high = np.zeros(n_count, dtype=np.int64)
+        low = np.zeros(n_count, dtype=np.int64)
+        check = np.zeros(n_count)  # NaN once any product is inf or NaN
+        for k in range(k_count):
+            av = a[m, k]
+            for n in range(n_count):
+                p = av * w[k, n]
+                whole = np.trunc(p)
+                high[n] += np.int64(whole) if math.isfinite(p) else 0
+                low[n] += np.int64((p - whole) * scale) if math.isfinite(p) else 0
+                check[n] += p * 0.0
+            if (k + 1) % _RENORMALISE == 0:
+                for n in range(n_count):
+                    high[n], low[n] = _carry(high[n], low[n])
+        for n in range(n_count):
+            index = m * width + col0 + n
+            r0 = random_bits(seed, index, 0, rbits) if mode == STOCHASTIC else 0
+            r1 = random_bits(seed, index, 1, rbits) if mode == STOCHASTIC else 0
+            if check[n] == check[n]:
+                h, lo = _carry(high[n], low[n])
+                s = _round_fixed(h, lo, fp, mode, sat, r0, rbits)
+            else:
+                s = _ieee_sum_of_specials(a, w, m, n)
+            out[m, col0 + n] = round_slot(s, fp, OUTPUT, mode, sat, r1, rbits)
+
+
+@njit(cache=True)
+def _ieee_sum_of_specials(a, w, m, n):
+    """The exact model's result when some product is inf or NaN: NaN for a NaN or for
+    infinities of both signs, else the infinity's sign (as `reduce_one`)."""
+    pinf = ninf = nan = False
+    for k in range(a.shape[1]):
+        p = a[m, k] * w[k, n]
+        nan |= p != p
+        pinf |= p == math.inf
+        ninf |= p == -math.inf
+    if nan or (pinf and ninf):
+        return math.nan
+    return math.inf if pinf else -math.inf

@@ -1,4 +1,4 @@
-"""The specialised sequential kernels equal the general kernel bit for bit."""
+"""The specialised kernels (sequential, exact) equal the general kernel bit for bit."""
 
 import numpy as np
 import pytest
@@ -36,6 +36,11 @@ SEQUENTIAL = [
     em.Sequential("fp64"),
     em.Sequential("fp64", overflow="saturate"),
     em.Sequential(custom_format(9, 6, subnormals=False)),
+    em.parse_model("exact:fp32"),
+    em.parse_model("exact:fp16:rounding=toward_zero"),
+    em.parse_model("exact:bf16:rounding=stochastic:seed=3"),
+    em.parse_model("exact:fp64:output=fp32"),
+    em.parse_model("exact:fp16:subnormals=flush:overflow=saturate"),
 ]
 
 @pytest.mark.parametrize("model", SEQUENTIAL, ids=lambda m: m.to_spec())
@@ -91,3 +96,16 @@ def test_toward_zero_counterexample_to_a_single_float64_add():
     x = a.reshape(1, 1, 2, 1)
     assert em.conv2d(x, b.reshape(1, 2, 1, 1), model).item() == 32.0
     assert em.oracle.dot(a, b, model) == np.float16(32.0)
+
+
+@pytest.mark.parametrize("spec", ["exact:fp32", "exact:fp16:rounding=toward_zero"])
+def test_exact_kernel_carries_over_long_sums(spec):
+    """K = 40,000 > 2**14 terms between the fixed-point kernel's carries: huge products that
+    cancel, tiny ones (2**-48) that survive only in the low word, and every sign mix."""
+    rng = np.random.default_rng(7)
+    k = 40_000
+    big = rng.choice([65504.0, -65504.0, 2.0**-24, -(2.0**-24), 1.0, -0.5], size=(3, k))
+    w = rng.choice([65504.0, -65504.0, 2.0**-24, 3.0, -1.0], size=(k, 2))
+    model = em.parse_model(spec)
+    assert_same_bits(gemm(model, big, w, fast=True), gemm(model, big, w, fast=False))
+    assert_same_bits(gemm(model, big[:, :1], w[:1], fast=True), gemm(model, big[:, :1], w[:1], fast=False))

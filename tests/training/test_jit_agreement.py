@@ -33,6 +33,7 @@ print("RESULT" + json.dumps(out))
 '''
 
 
+@pytest.mark.slow  # about 40 s: XLA compiles the whole training step
 def test_jit_keeps_fp16_rounding_and_telemetry_agrees(tmp_path, run_python):
     proc = run_python(CHILD, tmp_path)
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
