@@ -111,9 +111,11 @@ def _terms_more(total, scale, at, j, w0, w1, w2, w3, width):
 
 
 @njit(cache=True, inline="always")
-def _round_block_normal(s, total, top, adder_p, bp, mode):
-    """s = the block's sum (total * 2**q) rounded, where it is known to be normal; returns
-    whether any lane met an inf or NaN (those lanes keep s, for the IEEE fix-up)."""
+def _round_block(s, total, top, adder_p, bp, below, bmax, btiny, binf, bkeep, mode, sat, normal):
+    """s = the block's sum (total * 2**q) rounded: by `round_normal` where every sum is known
+    to be normal (`normal`, a constant at each call site, so the choice folds away and the
+    loop vectorises), else by `fast_round`. Returns whether any lane met an inf or NaN
+    (those lanes keep s, for the IEEE fix-up)."""
     special = False
     for i in range(_TILE):
         sv, tv = s[i], total[i]
@@ -122,23 +124,11 @@ def _round_block_normal(s, total, top, adder_p, bp, mode):
         t_i = top[i]
         live = t_i > _NONE // 2
         value = tv * _pow2(t_i - adder_p + 1) if (live & (tv != 0.0)) else 0.0
-        s[i] = round_normal(value, bp, mode) if (live & ok) else sv  # an exact zero sum is +0
-    return special
-
-
-@njit(cache=True, inline="always")
-def _round_block(s, total, top, adder_p, bp, below, bmax, btiny, binf, bkeep, mode, sat):
-    """`_round_block_normal` for any block sum (subnormal, overflowing): `fast_round`."""
-    special = False
-    for i in range(_TILE):
-        sv, tv = s[i], total[i]
-        ok = math.isfinite(tv) & math.isfinite(sv)
-        special |= not ok
-        t_i = top[i]
-        live = t_i > _NONE // 2
-        value = tv * _pow2(t_i - adder_p + 1) if (live & (tv != 0.0)) else 0.0
-        y = fast_round(value, bp, below, bmax, btiny, binf, bkeep, mode, sat, 0, 1)
-        s[i] = y if (live & ok) else sv
+        if normal:
+            y = round_normal(value, bp, mode)
+        else:
+            y = fast_round(value, bp, below, bmax, btiny, binf, bkeep, mode, sat, 0, 1)
+        s[i] = y if (live & ok) else sv  # an exact zero sum is +0
     return special
 
 
@@ -171,7 +161,7 @@ def _sum_terms(total, scale, top, s, at, w, j0, j1, adder_p):
 @njit(cache=True, inline="always")
 def _block_of_four(s, total, at, et, j, ew, w, s_emin, adder_p, bp, mode):
     """A whole block of four terms in one pass over the tile (alignment, truncated sum,
-    rounding; sums known to be normal): `_align`, `_sum_terms` and `_round_block_normal`
+    rounding; sums known to be normal): `_align`, `_sum_terms` and `_round_block`
     fused, for the commonest block size (V100, TF32 on Ampere and Ada)."""
     e0, e1, e2, e3 = ew[0], ew[1], ew[2], ew[3]
     w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
@@ -239,10 +229,11 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
                         _align(top, s, s_emin, et, ew[:, n], j0, j1)
                         _sum_terms(total, scale, top, s, at, w[:, n], j0, j1, adder_p)
                         if normal:
-                            special = _round_block_normal(s, total, top, adder_p, bp, mode)
+                            special = _round_block(s, total, top, adder_p, bp, below, bmax, btiny, binf,
+                                                   bkeep, mode, sat, True)
                         else:
                             special = _round_block(s, total, top, adder_p, bp, below, bmax, btiny, binf,
-                                                   bkeep, mode, sat)
+                                                   bkeep, mode, sat, False)
                     if special:  # an inf or NaN in the block: the IEEE sum of s and the products
                         for i in range(_TILE):
                             if not (math.isfinite(total[i]) and math.isfinite(s[i])):
