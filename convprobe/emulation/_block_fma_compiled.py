@@ -7,7 +7,7 @@ of `step` products in blocks of `b` (c fused into the first block, or added afte
 MMA in one nearest rounding), any accumulator input (convolutions start from +0); a
 pair-interleaved layout is a permutation of K done by the caller.
 
-Layout: rows of `a` go in tiles of `_TILE`, transposed into a (K, tile) scratch with
+Layout: rows of `a` go in tiles of `TILE`, transposed into a (K, tile) scratch with
 their exponents, so every inner loop runs over the tile's rows - long, unit-stride,
 branch-free loops that the compiler vectorises - for one output channel at a time.
 Rare non-finite lanes are redone one by one after each block (the IEEE sum, as in
@@ -25,14 +25,13 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, add_odd, f2i, i2f
+from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TILE, add_odd, f2i, i2f, load_tile
 from convprobe.emulation._kernels_fast import fast_round, round_limits, round_normal
 from convprobe.options import Alignment, CAddition, Rounding
 
 __all__ = ["applies", "gemm"]
 
 _NONE = np.iinfo(np.int64).min // 4  # as `_block_fma`: the exponent of a zero
-_TILE = 64  # rows of `a` per task: a (K, 64) float64 tile and its exponents fit in L2
 
 
 def applies(model) -> bool:
@@ -67,7 +66,7 @@ def _pow2(e):
 @njit(cache=True, inline="always")
 def _exponents_first(top, s, s_emin, et, j, e0, e1, e2, e3, width):
     """top = max(exponent of s, e_a + e_w of terms j..j+width-1), width 1 or 4."""
-    for i in range(_TILE):
+    for i in range(TILE):
         t = _exponent(s[i], s_emin)
         t = max(t, et[j, i] + e0)
         if width == 4:
@@ -77,7 +76,7 @@ def _exponents_first(top, s, s_emin, et, j, e0, e1, e2, e3, width):
 
 @njit(cache=True, inline="always")
 def _exponents_more(top, et, j, e0, e1, e2, e3, width):
-    for i in range(_TILE):
+    for i in range(TILE):
         t = max(top[i], et[j, i] + e0)
         if width == 4:
             t = max(max(t, et[j + 1, i] + e1), max(et[j + 2, i] + e2, et[j + 3, i] + e3))
@@ -88,7 +87,7 @@ def _exponents_more(top, et, j, e0, e1, e2, e3, width):
 def _terms_first(total, scale, top, s, at, j, w0, w1, w2, w3, width, adder_p):
     """scale = 2**(adder_p - 1 - top) (0 for an all-zero block); total = the truncated,
     scaled s plus the first terms (a float trunc: NaN stays NaN)."""
-    for i in range(_TILE):
+    for i in range(TILE):
         t_i = top[i]
         sc = _pow2(adder_p - 1 - t_i) if t_i > _NONE // 2 else 0.0
         scale[i] = sc
@@ -101,7 +100,7 @@ def _terms_first(total, scale, top, s, at, j, w0, w1, w2, w3, width, adder_p):
 
 @njit(cache=True, inline="always")
 def _terms_more(total, scale, at, j, w0, w1, w2, w3, width):
-    for i in range(_TILE):
+    for i in range(TILE):
         sc = scale[i]
         t = total[i] + np.trunc(at[j, i] * w0 * sc)
         if width == 4:
@@ -117,7 +116,7 @@ def _round_block(s, total, top, adder_p, bp, below, bmax, btiny, binf, bkeep, mo
     loop vectorises), else by `fast_round`. Returns whether any lane met an inf or NaN
     (those lanes keep s, for the IEEE fix-up)."""
     special = False
-    for i in range(_TILE):
+    for i in range(TILE):
         sv, tv = s[i], total[i]
         ok = math.isfinite(tv) & math.isfinite(sv)
         special |= not ok
@@ -166,7 +165,7 @@ def _block_of_four(s, total, at, et, j, ew, w, s_emin, adder_p, bp, mode):
     e0, e1, e2, e3 = ew[0], ew[1], ew[2], ew[3]
     w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
     special = False
-    for i in range(_TILE):
+    for i in range(TILE):
         sv = s[i]
         a0, a1, a2, a3 = at[j, i], at[j + 1, i], at[j + 2, i], at[j + 3, i]
         top = max(max(_exponent(sv, s_emin), et[j, i] + e0),
@@ -197,21 +196,20 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
     n_count = w.shape[1]
     bp, below, bmax, btiny, binf, bkeep = block
     cp, celow, cmax, ctiny, cinf, ckeep = acc
-    for t in prange((m_count + _TILE - 1) // _TILE):
-        m0 = t * _TILE
-        rows = min(_TILE, m_count - m0)
-        at = np.zeros((k_count + 3, _TILE))
-        et = np.full((k_count + 3, _TILE), _NONE, dtype=np.int64)
-        for j in range(k_count):  # rows of `a` read across: they stay in L1 for the next taps
-            for i in range(rows):
-                at[j, i] = a[m0 + i, j]
+    for t in prange((m_count + TILE - 1) // TILE):
+        m0 = t * TILE
+        rows = min(TILE, m_count - m0)
+        at = np.zeros((k_count + 3, TILE))
+        et = np.full((k_count + 3, TILE), _NONE, dtype=np.int64)
+        load_tile(a, m0, rows, at)
+        for j in range(k_count):
             for i in range(rows):
                 et[j, i] = _exponent(at[j, i], in_emin)
-        s = np.empty(_TILE)
-        c_in = np.empty(_TILE)
-        top = np.empty(_TILE, dtype=np.int64)
-        total = np.empty(_TILE)
-        scale = np.empty(_TILE)
+        s = np.empty(TILE)
+        c_in = np.empty(TILE)
+        top = np.empty(TILE, dtype=np.int64)
+        total = np.empty(TILE)
+        scale = np.empty(TILE)
         for n in range(n_count):
             s[:] = 0.0
             for i in range(rows):  # the accumulator input: +0 for convolutions
@@ -235,14 +233,14 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
                             special = _round_block(s, total, top, adder_p, bp, below, bmax, btiny, binf,
                                                    bkeep, mode, sat, False)
                     if special:  # an inf or NaN in the block: the IEEE sum of s and the products
-                        for i in range(_TILE):
+                        for i in range(TILE):
                             if not (math.isfinite(total[i]) and math.isfinite(s[i])):
                                 tv = s[i]
                                 for j in range(j0, j1):
                                     tv += at[j, i] * w[j, n]
                                 s[i] = tv
                 if separate:  # one nearest rounding of s + c
-                    for i in range(_TILE):
+                    for i in range(TILE):
                         x = add_odd(s[i], c_in[i])
                         if normal:
                             s[i] = round_normal(x, cp, NEAREST_EVEN)

@@ -221,19 +221,15 @@ def round_f64(x, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits):
 
 @njit(cache=True, inline="always")
 def add_odd(x, y):
-    """x + y rounded to odd in float64 (TwoSum, then fix the last bit)."""
+    """x + y rounded to odd in float64 (TwoSum, then fix the last bit); branch-free, so
+    loops over outputs vectorise. A non-finite sum is returned as it is."""
     s = x + y
-    if not math.isfinite(s):
-        return s
     bb = s - x
     err = (x - (s - bb)) + (y - bb)
-    if err != 0.0:
-        b = f2i(s)
-        if (b < 0) != (err < 0.0):
-            b -= 1
-        b |= 1
-        s = i2f(b)
-    return s
+    b = f2i(s)
+    toward = (b ^ f2i(err)) >> 63  # -1 where err and s differ in sign: step s toward zero
+    odd = i2f((b + toward) | 1)
+    return odd if ((err != 0.0) & (abs(s) < math.inf)) else s
 
 
 @njit(cache=True, inline="always")
@@ -373,3 +369,17 @@ def superacc_round(limbs, fp, slot, mode, sat, r, rbits):
     p = int(fp[slot, F_PRECISION])
     return round_parts(neg, mant, pos - 1074, sticky, p, int(fp[slot, F_EMIN]), fp[slot, F_MAX],
                        fp[slot, F_HAS_INF] != 0.0, fp[slot, F_KEEP_SUB] != 0.0, mode, sat, r, rbits)
+
+
+TILE = 64  # rows of `a` per task in the row-tiled kernels: a (K, 64) float64 tile fits in L2
+
+
+@njit(cache=True, inline="always")
+def load_tile(a, m0, rows, at):
+    """at[j, i] = a[m0 + i, j] for the tile's rows (the rest of `at` untouched): a row of
+    `a` is read across, and stays in L1 for the next taps. The row-tiled kernels then run
+    their inner loops over the tile's rows - unit-stride, independent, vectorised."""
+    for j in range(a.shape[1]):
+        for i in range(rows):
+            at[j, i] = a[m0 + i, j]
+

@@ -23,7 +23,7 @@ from convprobe.formats import FP16, FP32
 
 def _nearest_ok(fp, ic) -> bool:
     acc, out = fp[ACCUMULATOR], fp[OUTPUT]
-    return (fp[PRODUCT, F_PRECISION] == 0.0 and fp[ADDITION, F_PRECISION] == 0.0 and ic[IC_MODE] == NEAREST_EVEN
+    return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, F_PRECISION] == 0.0 and fp[ADDITION, F_PRECISION] == 0.0 and ic[IC_MODE] == NEAREST_EVEN
             and ic[IC_SAT] == 0 and acc[F_HAS_INF] != 0.0 and acc[F_KEEP_SUB] != 0.0 and acc[F_PRECISION] <= 51
             and acc[F_EMIN] >= -900 and (acc == out).all())
 

@@ -10,12 +10,12 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, EXACT, F_EMIN, F_HAS_INF,
-                                                    F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_RBITS,
-                                                    IC_SAT, NEAREST_EVEN, OUTPUT, PRODUCT, SEQUENTIAL,
-                                                    STOCHASTIC, _MASK52, _SIGN, add_odd, bitlen, f2i, i2f,
-                                                    random_bits, round_parts, round_slot, stream_bits,
-                                                    stream_key)
+from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNKED, EXACT, F_EMIN,
+                                                    F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_CHUNK,
+                                                    IC_KIND, IC_MODE, IC_RBITS, IC_SAT, NEAREST_EVEN, OUTPUT,
+                                                    PRODUCT, SEQUENTIAL, STOCHASTIC, TILE, TOTAL, TOWARD_ZERO, _MASK52,
+                                                    _SIGN, add_odd, bitlen, f2i, i2f, load_tile, random_bits,
+                                                    round_parts, round_slot, stream_bits, stream_key)
 from convprobe.formats import FP16
 
 
@@ -70,24 +70,26 @@ def round_normal(x, p, mode):
     return i2f(b & ~mask)
 
 
+def _fast_roundable(fp, slot) -> bool:
+    """A slot `fast_round` (or the native float64 add) can do: exact, or precision <= 51 and
+    a range well inside float64's."""
+    p, emin = int(fp[slot, F_PRECISION]), int(fp[slot, F_EMIN])
+    return p == 0 or (p == 53 and emin == -1022) or (p <= 51 and emin >= -900)
+
+
 def fast_ok(fp, ic) -> bool:
-    """Whether `reduce_gemm_fast` applies: a sequential model whose roundings are
-    fast_round-able (precision <= 51, range well inside float64) or fp64 nearest."""
-    if ic[IC_KIND] != SEQUENTIAL:
+    """Whether `reduce_gemm_fast` applies: a sequential or chunked model whose roundings are
+    fast_round-able; an fp64 accumulator (or chunk total) only with nearest-even rounding
+    and no addition format (the native add)."""
+    kind, nearest = ic[IC_KIND], ic[IC_MODE] == NEAREST_EVEN
+    if kind not in (SEQUENTIAL, CHUNKED):
         return False
-    for slot in (PRODUCT, ADDITION, ACCUMULATOR):
-        p, emin = int(fp[slot, F_PRECISION]), int(fp[slot, F_EMIN])
-        if p == 0 or (p == 53 and emin == -1022 and slot == PRODUCT):
-            continue
-        if p == 53 and emin == -1022 and slot == ACCUMULATOR:
-            if ic[IC_MODE] == NEAREST_EVEN and fp[ADDITION, F_PRECISION] == 0.0:
-                continue
-            return False
-        if p == 53 and emin == -1022 and slot == ADDITION:
-            continue
-        if p > 51 or emin < -900:
-            return False
-    return True
+    slots = (PRODUCT, ADDITION, ACCUMULATOR, TOTAL) if kind == CHUNKED else (PRODUCT, ADDITION, ACCUMULATOR)
+    if not all(_fast_roundable(fp, slot) for slot in slots):
+        return False
+    if int(fp[ACCUMULATOR, F_PRECISION]) == 53 and not (nearest and fp[ADDITION, F_PRECISION] == 0.0):
+        return False
+    return not (kind == CHUNKED and int(fp[TOTAL, F_PRECISION]) == 53 and not nearest)
 
 
 @njit(cache=True)
@@ -106,60 +108,120 @@ def _slot_params(fp, slot):
                         fp[slot, F_HAS_INF] != 0.0, fp[slot, F_KEEP_SUB] != 0.0)
 
 
-@njit(cache=True, parallel=True)
 def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
-    """`reduce_gemm` for sequential models: out[m, col0 + n] = seq-sum_k a[m, k] * w[k, n].
+    """`reduce_gemm` for sequential and chunked models: out[m, col0 + n] = the modelled sum
+    over k of a[m, k] * w[k, n].
 
-    w is (K, N) C-contiguous; the N running sums of one row of `a` are updated
-    together, channel by channel.
-    """
+    Row-tiled: rows of `a` go in tiles of `TILE`, transposed (`load_tile`), and each inner
+    loop runs across the tile's rows - independent running sums, unit stride. The
+    rounding mode is a constant of each of three compiled kernels (the other switches are
+    the same for every element, and rarely set)."""
+    pp, ap, cp = (int(fp[slot, F_PRECISION]) for slot in (PRODUCT, ADDITION, ACCUMULATOR))
+    add_kind = 0 if ap == 0 else (2 if ap == 53 else 1)
+    chunk = int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0
+    _BY_MODE[int(ic[IC_MODE])](a, w, fp, seed, out, col0, int(ic[IC_RBITS]), chunk, bool(ic[IC_SAT] != 0),
+                               bool(pp != 0 and pp <= 51), add_kind, bool(cp == 53), chunk > 0,
+                               int(fp[TOTAL, F_PRECISION]) == 53)
+
+
+@njit(cache=True, inline="always")
+def _add_fp64(x, y, sat, maxv):
+    """x + y in float64, nearest; saturating keeps an overflow of finite operands finite."""
+    t = x + y
+    if sat:
+        big = math.isinf(t) & math.isfinite(x) & math.isfinite(y)
+        t = math.copysign(maxv, t) if big else t
+    return t
+
+
+@njit(cache=True, inline="always")
+def _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_round, add_kind, acc64,
+                      chunked, total64):
+    """Stochastic events follow `_kernels_reference.reduce_one`: term j is event
+    j + (chunks finished before it), each chunk's addition to the total the next one, the
+    output rounding the last."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     width = out.shape[1]
-    mode = ic[IC_MODE]
-    sat = ic[IC_SAT] != 0
-    rbits = ic[IC_RBITS]
     pp, p_elow, p_max, p_tiny, p_inf, p_keep = _slot_params(fp, PRODUCT)
     ap, a_elow, a_max, a_tiny, a_inf, a_keep = _slot_params(fp, ADDITION)
     cp, c_elow, c_max, c_tiny, c_inf, c_keep = _slot_params(fp, ACCUMULATOR)
-    prod_round = pp != 0 and pp <= 51
-    add_kind = 0 if ap == 0 else (2 if ap == 53 else 1)
-    acc64 = cp == 53
-    for m in prange(m_count):
-        s = np.zeros(n_count)
-        keys = np.empty(n_count, dtype=np.uint64)  # each output's random stream, once
-        if mode == STOCHASTIC:
-            for n in range(n_count):
-                keys[n] = stream_key(seed, m * width + col0 + n)
-        for k in range(k_count):
-            av = a[m, k]
-            for n in range(n_count):
-                pv = av * w[k, n]
-                if prod_round:
-                    pv = fast_round(pv, pp, p_elow, p_max, p_tiny, p_inf, p_keep,
-                                    NEAREST_EVEN, sat, 0, rbits)
-                sv = s[n]
-                if acc64:
-                    t = sv + pv
-                    if sat and math.isinf(t) and math.isfinite(sv) and math.isfinite(pv):
-                        t = math.copysign(c_max, t)
-                    s[n] = t
-                    continue
-                if add_kind == 0:
-                    t = add_odd(sv, pv)
-                elif add_kind == 2:
-                    t = sv + pv
-                else:
-                    t = fast_round(add_odd(sv, pv), ap, a_elow, a_max, a_tiny, a_inf,
-                                   a_keep, NEAREST_EVEN, sat, 0, rbits)
-                r = 0
-                if mode == STOCHASTIC:
-                    r = stream_bits(keys[n], k, rbits)
-                s[n] = fast_round(t, cp, c_elow, c_max, c_tiny, c_inf, c_keep,
-                                  mode, sat, r, rbits)
+    tp, t_elow, t_max, t_tiny, t_inf, t_keep = _slot_params(fp, TOTAL)
+    for t in prange((m_count + TILE - 1) // TILE):
+        m0 = t * TILE
+        rows = min(TILE, m_count - m0)
+        at = np.zeros((k_count, TILE))
+        load_tile(a, m0, rows, at)
+        s = np.empty(TILE)
+        total = np.empty(TILE)
+        keys = np.empty(TILE, dtype=np.uint64)  # each output's random stream
         for n in range(n_count):
-            r = stream_bits(keys[n], k_count, rbits) if mode == STOCHASTIC else 0
-            out[m, col0 + n] = round_slot(s[n], fp, OUTPUT, mode, sat, r, rbits)
+            s[:] = 0.0
+            total[:] = 0.0
+            if mode == STOCHASTIC:
+                for i in range(TILE):
+                    keys[i] = stream_key(seed, (m0 + i) * width + col0 + n)
+            ev = 0
+            c = 0
+            for k in range(k_count):
+                wv = w[k, n]
+                for i in range(TILE):
+                    pv = at[k, i] * wv
+                    if prod_round:
+                        pv = fast_round(pv, pp, p_elow, p_max, p_tiny, p_inf, p_keep, NEAREST_EVEN, sat, 0, rbits)
+                    sv = s[i]
+                    if acc64:
+                        s[i] = _add_fp64(sv, pv, sat, c_max)
+                    else:
+                        if add_kind == 0:
+                            x = add_odd(sv, pv)
+                        elif add_kind == 2:
+                            x = sv + pv
+                        else:
+                            x = fast_round(add_odd(sv, pv), ap, a_elow, a_max, a_tiny, a_inf, a_keep,
+                                           NEAREST_EVEN, sat, 0, rbits)
+                        r = stream_bits(keys[i], ev, rbits) if mode == STOCHASTIC else 0
+                        s[i] = fast_round(x, cp, c_elow, c_max, c_tiny, c_inf, c_keep, mode, sat, r, rbits)
+                ev += 1
+                c += 1
+                if chunked and (c == chunk or k == k_count - 1):
+                    for i in range(TILE):
+                        if total64:
+                            total[i] = _add_fp64(total[i], s[i], sat, t_max)
+                        else:
+                            r = stream_bits(keys[i], ev, rbits) if mode == STOCHASTIC else 0
+                            total[i] = fast_round(add_odd(total[i], s[i]), tp, t_elow, t_max, t_tiny, t_inf,
+                                                  t_keep, mode, sat, r, rbits)
+                        s[i] = 0.0
+                    ev += 1
+                    c = 0
+            for i in range(rows):
+                r = stream_bits(keys[i], ev, rbits) if mode == STOCHASTIC else 0
+                value = total[i] if chunked else s[i]
+                out[m0 + i, col0 + n] = round_slot(value, fp, OUTPUT, mode, sat, r, rbits)
+
+
+@njit(cache=True, parallel=True)
+def _fast_nearest(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked, total64):
+    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, NEAREST_EVEN, sat, prod_round, add_kind, acc64,
+                      chunked, total64)
+
+
+@njit(cache=True, parallel=True)
+def _fast_toward_zero(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
+                      total64):
+    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, TOWARD_ZERO, sat, prod_round, add_kind, acc64,
+                      chunked, total64)
+
+
+@njit(cache=True, parallel=True)
+def _fast_stochastic(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
+                     total64):
+    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, STOCHASTIC, sat, prod_round, add_kind, acc64,
+                      chunked, total64)
+
+
+_BY_MODE = {NEAREST_EVEN: _fast_nearest, TOWARD_ZERO: _fast_toward_zero, STOCHASTIC: _fast_stochastic}
 
 
 @njit(cache=True, parallel=True)

@@ -268,7 +268,7 @@ def test_the_compiled_gemm_equals_the_numpy_gemm(cases_budget):
                                         truncate=True, layout=KLayout.CONTIGUOUS,
                                         c_addition=CAddition.FUSED, step=model.b)
         assume(_block_fma_compiled.applies(model))  # its range check leaves fp64 accumulators out
-        tile = _block_fma_compiled._TILE
+        tile = _block_fma_compiled.TILE
         m = data.draw(st.integers(1, 4) | st.sampled_from([tile - 1, tile, tile + 1, 2 * tile + 3]))
         k, n = data.draw(st.integers(1, 40)), data.draw(st.integers(1, 5))
         specials = data.draw(st.integers(0, 9)) == 0

@@ -22,7 +22,7 @@ def gemm(model, x, w, *, fast: bool) -> np.ndarray:
     return out
 
 
-SEQUENTIAL = [
+FAST_MODELS = [  # sequential, chunked and exact models the specialised kernels take
     em.Sequential(FP16),
     em.Sequential(FP16, rounding="toward_zero"),
     em.Sequential(FP16, rounding="stochastic", seed=4),
@@ -41,9 +41,14 @@ SEQUENTIAL = [
     em.parse_model("exact:bf16:rounding=stochastic:seed=3"),
     em.parse_model("exact:fp64:output=fp32"),
     em.parse_model("exact:fp16:subnormals=flush:overflow=saturate"),
+    em.parse_model("chunked:fp16:n=5"),
+    em.parse_model("chunked:fp16:n=3:total=fp16:rounding=toward_zero"),
+    em.parse_model("chunked:bf16:n=4:rounding=stochastic:seed=5"),
+    em.parse_model("chunked:fp16:n=7:total=fp64:addition=fp32"),
+    em.parse_model("chunked:fp16:n=2:product=fp16:overflow=saturate"),
 ]
 
-@pytest.mark.parametrize("model", SEQUENTIAL, ids=lambda m: m.to_spec())
+@pytest.mark.parametrize("model", FAST_MODELS, ids=lambda m: m.to_spec())
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(x=fp16_arrays((6, 12)), w=fp16_arrays((12, 5)))
 def test_fast_kernels_equal_general_kernel(model, x, w):
@@ -51,17 +56,21 @@ def test_fast_kernels_equal_general_kernel(model, x, w):
         assert_same_bits(gemm(model, x, w, fast=True), gemm(model, x, w, fast=False))
 
 
-@pytest.mark.parametrize("model", SEQUENTIAL[:4], ids=lambda m: m.to_spec())
+@pytest.mark.parametrize("model", FAST_MODELS[:4] + [em.parse_model("exact:fp32"),
+                                                     em.parse_model("exact:fp16:rounding=stochastic:seed=1"),
+                                                     em.parse_model("chunked:fp16:n=2")],
+                         ids=lambda m: m.to_spec())
 def test_fast_kernels_propagate_inf_and_nan(model):
-    x = np.array([1.0, np.inf, -np.inf, np.nan, 2.0, 65504.0], dtype=np.float16).reshape(1, 1, 6, 1)
+    # windows of 3: +inf alone, -inf alone, -inf with NaN, NaN alone, and finite overflow
+    x = np.array([1.0, np.inf, 2.0, 3.0, -np.inf, np.nan, 2.0, 65504.0], dtype=np.float16).reshape(1, 1, 8, 1)
     w = np.array([1.0, 1.0, 0.5], dtype=np.float16).reshape(1, 3, 1, 1)
     with np.errstate(all="ignore"):
         fast = em.conv2d(x, w, model)
         want = em.oracle.conv2d(x, w, model)
-        rows = np.stack([x.ravel()[i:i + 3] for i in range(4)])  # the conv's patches, as a GEMM
+        rows = np.stack([x.ravel()[i:i + 3] for i in range(6)])  # the conv's patches, as a GEMM
         general = gemm(model, rows, w.reshape(3, 1), fast=False)
     assert_same_bits(fast, want)
-    assert_same_bits(fast.reshape(4, 1), general.astype(fast.dtype))  # the model rounds to fp16 already
+    assert_same_bits(fast.reshape(6, 1), general.astype(fast.dtype))  # the model rounds to fp16 already
 
 
 @pytest.mark.parametrize("model", [em.Sequential(FP16), em.Sequential(FP16, subnormals="flush"),
