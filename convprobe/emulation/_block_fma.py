@@ -172,9 +172,11 @@ def reduce_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, model) -> np
 
 def _output_is_identity(model) -> bool:
     """Whether rounding the kernel's results (values of the block and accumulator formats)
-    to the output format changes nothing: the output holds both, and flushes nothing."""
+    to the output format changes nothing: the output holds both, infinities included, and
+    flushes nothing."""
     out = model.output
-    return all(out.holds(fmt) and (model.subnormals == "keep" or out.emin <= fmt.emin)
+    return all(out.holds(fmt) and (out.has_inf or not fmt.has_inf)
+               and (model.subnormals == "keep" or out.emin <= fmt.emin)
                for fmt in (model.block_format, model.accumulator))
 
 

@@ -13,9 +13,9 @@ branch-free loops that the compiler vectorises - for one output channel at a tim
 Rare non-finite lanes are redone one by one after each block (the IEEE sum, as in
 `_block_fma`). Why float64 is exact here is `_block_fma`'s argument; the scaling by
 2**-q is a multiplication by a power of two built from its bits, exact while 2**-q and
-the scaled terms stay normal, which `applies` checks from the formats' ranges. The
-rounding of each block's sum is `fast_round`, the tested twin of the one rounding
-routine.
+the scaled terms stay normal, which `applies` checks from the formats' ranges. Each
+block's sum is rounded by `round_normal` where the formats prove it normal, else by
+`fast_round`: the tested twins of the one rounding routine.
 """
 
 from __future__ import annotations
@@ -25,28 +25,29 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from convprobe.emulation._block_fma import _NONE
 from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TILE, add_odd, f2i, i2f, load_tile
 from convprobe.emulation._kernels_fast import fast_round, round_limits, round_normal
-from convprobe.options import Alignment, CAddition, Rounding
+from convprobe.options import Alignment, CAddition
 
 __all__ = ["applies", "gemm"]
 
-_NONE = np.iinfo(np.int64).min // 4  # as `_block_fma`: the exponent of a zero
 
 
 def applies(model) -> bool:
     """Whether `gemm` computes `model` (otherwise `_block_fma.gemm` does)."""
     adder_p = model.adder.precision + model.extra_bits
-    fmt, acc = model.block_format, model.accumulator
+    acc = model.accumulator
     # quanta 2**q with q = E - adder_p + 1: E >= 2 * input emin - 2 (subnormal inputs clamp at
     # emin; the product's own bits reach 2 * (emin - p_in + 1)), so 2**-q and term * 2**-q
     # stay far inside float64's normal range for every registered input format; fast_round
-    # needs formats of at most 51 bits well inside float64's range
+    # needs an accumulator (and so a block format, never wider) of at most 51 bits well
+    # inside float64's range. Blocked models round to nearest or toward zero only.
     return (model.product == "exact" and model.alignment == Alignment.INPUT_EXPONENTS
-            and model.truncate and model.rounding in (Rounding.NEAREST_EVEN, Rounding.TOWARD_ZERO)
+            and model.truncate
             and 2 * model.input.emin - 2 - adder_p > -1000 and model.input.emax * 2 + 4 < 1000
             and acc.emin - adder_p > -1000 and acc.emax < 1000
-            and fmt.precision <= 51 and fmt.emin > -900 and acc.precision <= 51 and acc.emin > -900)
+            and acc.precision <= 51 and acc.emin > -900)
 
 
 @njit(cache=True, inline="always")
@@ -234,7 +235,7 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
                                                    bkeep, mode, sat, False)
                     if special:  # an inf or NaN in the block: the IEEE sum of s and the products
                         for i in range(TILE):
-                            if not (math.isfinite(total[i]) and math.isfinite(s[i])):
+                            if not math.isfinite(total[i]):  # (a non-finite s makes total so)
                                 tv = s[i]
                                 for j in range(j0, j1):
                                     tv += at[j, i] * w[j, n]
@@ -252,12 +253,10 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
 
 @njit(cache=True)
 def _exponents(w, emin):
-    """The clamped exponents of w (K, N), with three rows of _NONE below (the padding that
-    lets the passes read four terms at a time)."""
-    k_count, n_count = w.shape
-    out = np.full((k_count + 3, n_count), _NONE, dtype=np.int64)
-    for j in range(k_count):
-        for n in range(n_count):
+    """The clamped exponents of w (K, N); zero rows (the padding) give _NONE."""
+    out = np.empty(w.shape, dtype=np.int64)
+    for j in range(w.shape[0]):
+        for n in range(w.shape[1]):
             out[j, n] = _exponent(w[j, n], emin)
     return out
 
@@ -265,13 +264,12 @@ def _exponents(w, emin):
 def _sums_stay_normal(model, k: int) -> bool:
     """Whether every nonzero block sum and running sum of K finite terms is a normal number
     of the block and accumulator formats, whatever the inputs: each is a nonzero multiple of
-    a quantum 2**q with q >= 2 * input emin - adder_p + 1 (clamped exponents), and at most
-    (K + 1) * (largest input)**2 * 2 in magnitude."""
+    a quantum 2**q with q >= 2 * input emin - adder_p + 1 (clamped exponents), and, with
+    room for the roundings' growth, below 4 * (K + 1) * (largest input)**2."""
     fin = model.input
     smallest = 2 * fin.emin - (model.adder.precision + model.extra_bits) + 1
-    largest = (k + 1) * fin.max**2 * 2
-    return all(smallest >= fmt.emin and largest < fmt.max and fmt.precision <= 51
-               for fmt in (model.block_format, model.accumulator))
+    largest = (k + 1) * fin.max**2 * 4
+    return all(smallest >= fmt.emin and largest < fmt.max for fmt in (model.block_format, model.accumulator))
 
 
 def _limits(fmt, keep_sub: bool) -> tuple:
@@ -282,17 +280,19 @@ def _limits(fmt, keep_sub: bool) -> tuple:
 def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None) -> np.ndarray:
     """out[m, n] = the block-FMA reduction of c[m, n] (values of the accumulator; +0 when
     None) plus a[m, :] against w[:, n] (float64, K already in the adder's order), rounded to
-    the accumulator."""
+    the accumulator. Convolutions pass no c; the test that replays the real MMA vectors
+    through this kernel does (`dot(c=...)` takes the NumPy path, whose rows each have their
+    own b)."""
     from convprobe.emulation.rounding import MODE_CODES
 
     fmt, acc = model.block_format, model.accumulator
     keep = fmt.subnormals and model.subnormals == "keep"
     shape = (a.shape[0], w.shape[1])
     out = np.zeros(shape) if c is None else np.array(np.broadcast_to(c, shape), dtype=np.float64)
-    normal = _sums_stay_normal(model, a.shape[1]) and not out.any()
+    normal = _sums_stay_normal(model, a.shape[1]) and (c is None or not np.any(c))
     w_padded = np.zeros((w.shape[0] + 3, w.shape[1]))
     w_padded[:w.shape[0]] = w
-    _gemm(np.ascontiguousarray(a), w_padded, _exponents(w, model.input.emin), model.b, model.step,
+    _gemm(np.ascontiguousarray(a), w_padded, _exponents(w_padded, model.input.emin), model.b, model.step,
           model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
           model.input.emin, acc.emin if acc.subnormals else -1022,
           _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),

@@ -67,6 +67,9 @@ class _Composite(AccumulationModel):
             raise InvalidArgument(f"{self.kind} combines with nearest-even rounding; set rounding "
                                   f"on the inner model")
 
+    def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
+        self.inner.check_inputs(x, fp16_dtype, argument)
+
     def _summed_formats(self) -> list[tuple[Format, str]]:
         return [(self.accumulator, "combine")]
 

@@ -249,6 +249,8 @@ def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
     _check4(w64, w_name, w_layout)
     check_exact_products(x64, x_narrow, model, x_name)
     check_exact_products(w64, w_narrow, model, w_name)
+    model.check_inputs(x64, fp16_or_narrower(x), x_name)
+    model.check_inputs(w64, fp16_or_narrower(w), w_name)
     return x64, w64, narrow
 
 

@@ -213,6 +213,11 @@ class AccumulationModel:
         K.reduce_pairs(a, b, fp, ic, np.uint64(seed), out)
         return out
 
+    def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
+        """Raise unless every value of x (float64; `fp16_dtype`: it came from an fp16 or
+        narrower dtype) is a valid input; only block-FMA models have an input format.
+        Convolutions call it once per operand, before im2col multiplies the values."""
+
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
                   inputs_fp16: bool) -> None:
         """out[:, col0:col0 + N] = the modelled reductions of a (M, K) against w (K, N)."""
@@ -383,15 +388,19 @@ class Blocked(AccumulationModel):
 
         return _block_fma.reduce_rows(a, b, c, self)
 
+    def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
+        from convprobe.emulation import _block_fma
+
+        if not (fp16_dtype and self.input.holds(FP16)):  # fp16 values need no check then
+            _block_fma._check_inputs(x, self, argument)
+
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
                   inputs_fp16: bool) -> None:
         from convprobe.emulation import _block_fma
 
-        # fp16 (or narrower) carriers need no check where every fp16 value is an input value
-        checked = inputs_fp16 and self.input.holds(FP16)
         out[:, col0:col0 + w.shape[1]] = _block_fma.gemm(np.asarray(a, np.float64),
                                                          np.asarray(w, np.float64), self,
-                                                         inputs_checked=checked)
+                                                         inputs_checked=True)
 
 
 def _int_at_least(name: str, value: object, low: int) -> int:

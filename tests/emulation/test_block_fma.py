@@ -248,6 +248,18 @@ def test_c_needs_a_block_fma_model():
                c=np.zeros(()))
 
 
+@pytest.mark.parametrize("spec", ["a100:in=bf16", "splitk(2, a100:in=bf16, combine=fp32)"])
+def test_convolutions_refuse_inputs_outside_the_input_format(spec):
+    """Checked once per operand, on x and w themselves (before im2col), inner models too."""
+    x = np.full((1, 4, 4, 2), 1.0 + 2.0**-10, np.float16)  # an fp16 value that bf16 lacks
+    w = np.ones((3, 3, 2, 2), np.float16)
+    with pytest.raises(InvalidArgument, match="x holds values that are not bf16 numbers"):
+        em.conv2d(x, w, em.parse_model(spec), padding="SAME")
+    with pytest.raises(InvalidArgument, match="w holds values that are not fp16 numbers"):
+        em.conv2d(np.ones((1, 4, 4, 2), np.float16), np.full((3, 3, 2, 2), 1.0 + 2.0**-20, np.float32),
+                  em.parse_model("a100"))
+
+
 def test_inputs_outside_the_input_format_are_refused():
     with pytest.raises(InvalidArgument, match="not fp16 numbers, the input format of a100"):
         em.dot(np.full(8, 1.0 + 2.0**-20, np.float32), np.ones(8, np.float32), em.parse_model("a100"))
@@ -265,8 +277,7 @@ def test_the_compiled_gemm_equals_the_numpy_gemm(cases_budget):
         model = data.draw(blocked_models())
         if not _block_fma_compiled.applies(model):
             model = dataclasses.replace(model, product="exact", alignment=Alignment.INPUT_EXPONENTS,
-                                        truncate=True, layout=KLayout.CONTIGUOUS,
-                                        c_addition=CAddition.FUSED, step=model.b)
+                                        truncate=True)
         assume(_block_fma_compiled.applies(model))  # its range check leaves fp64 accumulators out
         tile = _block_fma_compiled.TILE
         m = data.draw(st.integers(1, 4) | st.sampled_from([tile - 1, tile, tile + 1, 2 * tile + 3]))
