@@ -11,7 +11,8 @@ Everything here works on float64 carriers. Why it is exact:
   to odd", IEEE Trans. Computers 57(4), 2008). fp64 accumulators use the native
   add (nearest) or TwoSum with a one-ulp correction (toward zero).
 * The exact model sums products in a Kulisch-style long accumulator of 32-bit
-  limbs (Kulisch & Miranker 1981) and rounds once.
+  limbs (Kulisch & Miranker 1981) and rounds once; on fp16 inputs the fast kernel
+  uses a two-word int64 fixed point instead (`_kernels_fast.reduce_gemm_exact_fp16`).
 
 `round_parts` is the single rounding routine; `round_f64` and the slot helpers go
 through it, so the oracle (`convprobe.emulation.oracle`) checks one definition. The
@@ -382,4 +383,13 @@ def load_tile(a, m0, rows, at):
     for j in range(a.shape[1]):
         for i in range(rows):
             at[j, i] = a[m0 + i, j]
+
+
+@njit(cache=True, inline="always")
+def special_sum(nan, pinf, ninf):
+    """The exact sum of terms among which some are inf or NaN (the flags say which): NaN
+    for a NaN or for infinities of both signs, else the infinity's sign."""
+    if nan or (pinf and ninf):
+        return math.nan
+    return math.inf if pinf else -math.inf
 

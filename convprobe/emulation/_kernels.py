@@ -52,7 +52,7 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     """out[:, col0:col0 + N] = modelled reductions of a (M, K) against w (K, N).
 
     `inputs_fp16`: every value of a and w is an fp16 (or fp8) value, which enables
-    `reduce_gemm_fp16_direct`. float16 arrays (a, w and out, where `native_fp16` says
+    `reduce_gemm_fp16_direct` and `reduce_gemm_exact_fp16`. float16 arrays (a, w and out, where `native_fp16` says
     so) go to the hardware fp16 kernel. `fast=False` takes the general kernel whatever
     the model (what the specialised kernels are tested against)."""
     if a.dtype == np.float16:

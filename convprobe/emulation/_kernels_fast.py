@@ -1,7 +1,15 @@
-"""The fast kernels: sequential models vectorised across output channels, and two
-specialisations (nearest-even sequential; fp16 accumulation of fp16 products with one
-float64 add per term). Each is tested bit for bit against the general kernel
-(`_kernels_reference`) in tests/emulation/test_fast_path.py; `_kernels.gemm` picks them."""
+"""The fast kernels and the fast twins of the one rounding routine.
+
+* `fast_round` (branch-free, any value away from float64's underflow) and `round_normal`
+  (results the formats prove normal): twins of `round_f64`, tested against it on every
+  fp16 code point (tests/emulation/test_fast_rounding.py).
+* `reduce_gemm_fast`: sequential and chunked models, row-tiled; two specialisations
+  (nearest-even sequential; fp16 accumulation of fp16 products with one float64 add per
+  term); `reduce_gemm_exact_fp16`: the exact model on fp16 inputs in two int64 words.
+
+Each kernel is tested bit for bit against the general kernel (`_kernels_reference`) in
+tests/emulation/test_fast_path.py; `_kernels.gemm` picks them.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +23,8 @@ from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNK
                                                     IC_KIND, IC_MODE, IC_RBITS, IC_SAT, NEAREST_EVEN, OUTPUT,
                                                     PRODUCT, SEQUENTIAL, STOCHASTIC, TILE, TOTAL, TOWARD_ZERO, _MASK52,
                                                     _SIGN, add_odd, bitlen, f2i, i2f, load_tile, random_bits,
-                                                    round_parts, round_slot, stream_bits, stream_key)
+                                                    round_parts, round_slot, special_sum, stream_bits,
+                                                    stream_key)
 from convprobe.formats import FP16
 
 
@@ -399,14 +408,11 @@ def reduce_gemm_exact_fp16(a, w, fp, ic, seed, out, col0):
 
 @njit(cache=True)
 def _ieee_sum_of_specials(a, w, m, n):
-    """The exact model's result when some product is inf or NaN: NaN for a NaN or for
-    infinities of both signs, else the infinity's sign (as `reduce_one`)."""
+    """The exact model's result for output (m, n) when some product is inf or NaN."""
     pinf = ninf = nan = False
     for k in range(a.shape[1]):
         p = a[m, k] * w[k, n]
         nan |= p != p
         pinf |= p == math.inf
         ninf |= p == -math.inf
-    if nan or (pinf and ninf):
-        return math.nan
-    return math.inf if pinf else -math.inf
+    return special_sum(nan, pinf, ninf)

@@ -13,7 +13,7 @@ from numba import njit, prange
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, CHUNKED, IC_CHUNK, IC_KIND, IC_MODE,
                                                     IC_RBITS, IC_SAT, OUTPUT, PAIRWISE, SEQUENTIAL,
                                                     STOCHASTIC, TOTAL, _NLIMBS, accumulate, add_slot,
-                                                    product, random_bits, round_f64, round_slot,
+                                                    product, random_bits, round_f64, round_slot, special_sum,
                                                     superacc_add, superacc_round)
 
 
@@ -81,12 +81,8 @@ def reduce_one(a, ia, b, ib, k, fp, ic, seed, index, scratch, limbs):
                 ninf = True
             else:
                 superacc_add(limbs, p)
-        if nan or (pinf and ninf):
-            s = math.nan
-        elif pinf:
-            s = math.inf
-        elif ninf:
-            s = -math.inf
+        if nan or pinf or ninf:
+            s = special_sum(nan, pinf, ninf)
         else:
             r = random_bits(seed, index, ev, rbits) if mode == STOCHASTIC else 0
             ev += 1
