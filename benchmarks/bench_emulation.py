@@ -12,15 +12,14 @@ Floor: an exact emulation needs at least one multiply-add and one rounding per t
 On a CPU with AVX512-FP16 the default sequential fp16 model (and its addition=fp32
 variant) is exactly the hardware's own fp16 fused multiply-add (or float32 multiply,
 add and one conversion), 32 (16) lanes per instruction, so its floor is the native
-kernel's: about 1x, plus the im2col copy that oneDNN avoids. Without that instruction,
-and for every other model, the float64 kernels need per term a multiply, an add, a
-rounding (exponent extraction, quantum, add/subtract or mask: about 8 operations) and
-an overflow/special-value select - about 12 operations in the one-add fp16 kernel,
-about 25 with TwoSum and round-to-odd, on 8-lane float64 vectors - so their floor is
-about 25-50x native. The block-FMA kernel needs per term an exponent add and max, two
-multiplies, a truncation and an add (about 6 operations on 4-lane float64 vectors, as
-LLVM picks 256-bit vectors here), plus about 20 per block and lane: about 1.5 + 5/b
-operations per term against native's 1/16 of an fp32 FMA, a floor near 25x for b = 4.
+kernel's: about 1x, plus the im2col copy that oneDNN avoids. Every other model runs on
+float64 carriers in 4-lane vectors (LLVM picks 256-bit vectors here) against native's
+16-lane fp32 FMA. The block-FMA kernel needs per term an exponent add and max, two
+multiplies, a truncation and an add (about 6 vector operations), plus about 20 per
+block and lane: (6 + 20 / b) / 4 operations per term against 1/16, about 44x for b = 4
+and 30x for b = 16 at equal instruction rates, so 20x needs narrower carriers (fp32
+lanes for fp16 inputs). The sequential kernels need a TwoSum and a rounding per term
+(about 20 operations), a floor near 80x on float64.
 """
 
 from __future__ import annotations
