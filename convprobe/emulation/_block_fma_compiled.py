@@ -183,12 +183,54 @@ def _block_of_four(s, total, at, et, j, ew, w, s_emin, adder_p, bp, mode):
     return special
 
 
+@njit(cache=True, inline="always")
+def _sum_terms_narrow(isum, scale32, top, at32, w32, j0, j1, adder_p):
+    """`_sum_terms` for the terms alone, in float32 and int32 lanes (twice float64's):
+    exact where `_fp32_terms` says so - the products and their scaled values are float32
+    numbers, and the block's truncated terms (int32 conversion truncates) sum below 2**31."""
+    for i in range(TILE):
+        t_i = top[i]
+        scale32[i] = np.float32(_pow2(adder_p - 1 - t_i)) if t_i > _NONE // 2 else np.float32(0.0)
+        isum[i] = 0
+    j = j0
+    while j < j1:
+        if j1 - j >= 4:
+            w0, w1, w2, w3 = w32[j], w32[j + 1], w32[j + 2], w32[j + 3]
+            for i in range(TILE):
+                sc = scale32[i]
+                t = np.int32(np.int32(at32[j, i] * w0 * sc) + np.int32(at32[j + 1, i] * w1 * sc))
+                t = np.int32(t + np.int32(np.int32(at32[j + 2, i] * w2 * sc) + np.int32(at32[j + 3, i] * w3 * sc)))
+                isum[i] = np.int32(isum[i] + t)
+            j += 4
+        else:
+            w0 = w32[j]
+            for i in range(TILE):
+                isum[i] = np.int32(isum[i] + np.int32(at32[j, i] * w0 * scale32[i]))
+            j += 1
+
+
+@njit(cache=True, inline="always")
+def _round_block_narrow(s, isum, top, adder_p, bp, mode):
+    """s = (its truncated, scaled self + the int32 sum of the terms) * 2**q, rounded by
+    `round_normal` (finite inputs, sums known normal)."""
+    for i in range(TILE):
+        sv, t_i = s[i], top[i]
+        live = t_i > _NONE // 2
+        sc = _pow2(adder_p - 1 - t_i) if live else 0.0
+        tv = float(isum[i]) + np.trunc(sv * sc)
+        value = tv * _pow2(t_i - adder_p + 1) if (live & (tv != 0.0)) else 0.0
+        s[i] = round_normal(value, bp, mode) if live else sv
+
+
 @njit(cache=True, parallel=True)
-def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, out):
+def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, narrow, w32,
+          w_finite, out):
     """`block`, `acc`: (p, elow, maxv, tiny, has_inf, keep_sub) of the block-sum format and
     the accumulator (`round_limits`); s_emin: the clamp of the running sum's exponent;
     ew: the exponents of w; normal: every block sum is known to round to a normal number
-    (`round_normal` suffices).
+    (`round_normal` suffices); narrow: `_fp32_terms` holds, so blocks of finite inputs
+    (w_finite per column, checked per tile for `a`) sum their terms in float32/int32
+    lanes (w32: w in float32).
 
     Terms go four at a time through each pass over the tile (one load and store of the
     running values per four terms): summing a block's truncated terms in any order is
@@ -206,6 +248,17 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
         for j in range(k_count):
             for i in range(rows):
                 et[j, i] = _exponent(at[j, i], in_emin)
+        narrow_tile = narrow
+        if narrow:
+            at32 = np.empty((k_count + 3, TILE), dtype=np.float32)
+            for j in range(k_count + 3):
+                for i in range(TILE):
+                    at32[j, i] = np.float32(at[j, i])
+                    narrow_tile &= math.isfinite(at[j, i])
+        else:
+            at32 = np.empty((1, 1), dtype=np.float32)
+        isum = np.empty(TILE, dtype=np.int32)
+        scale32 = np.empty(TILE, dtype=np.float32)
         s = np.empty(TILE)
         c_in = np.empty(TILE)
         top = np.empty(TILE, dtype=np.int64)
@@ -221,9 +274,14 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
                     s[:] = 0.0
                 for j0 in range(s0, min(s0 + step, k_count), b):
                     j1 = min(j0 + b, k_count)
-                    if b == 4 and normal:
+                    if b == 4 and normal:  # one fused pass beats narrow lanes for blocks of four
                         special = _block_of_four(s, total, at, et, j0, ew[j0:j0 + 4, n], w[j0:j0 + 4, n],
                                                  s_emin, adder_p, bp, mode)
+                    elif narrow_tile and w_finite[n]:
+                        _align(top, s, s_emin, et, ew[:, n], j0, j1)
+                        _sum_terms_narrow(isum, scale32, top, at32, w32[:, n], j0, j1, adder_p)
+                        _round_block_narrow(s, isum, top, adder_p, bp, mode)
+                        special = False
                     else:
                         _align(top, s, s_emin, et, ew[:, n], j0, j1)
                         _sum_terms(total, scale, top, s, at, w[:, n], j0, j1, adder_p)
@@ -272,6 +330,20 @@ def _sums_stay_normal(model, k: int) -> bool:
     return all(smallest >= fmt.emin and largest < fmt.max for fmt in (model.block_format, model.accumulator))
 
 
+def _fp32_terms(model, k: int) -> bool:
+    """Whether the terms of every block can be summed in float32 and int32 (with finite
+    inputs): products of two inputs are float32 numbers (at most 24 bits, at least
+    2**-126), and so are they scaled by 2**(adder_p - 1 - E) - at least 2**-126 for the
+    largest alignment exponent E (that of the running sum's bound) - and b terms, each
+    below 2**(adder_p + 1), sum below 2**31."""
+    fin, adder_p = model.input, model.adder.precision + model.extra_bits
+    smallest_product = 2 * (fin.emin - fin.precision + 1)
+    largest_exponent = math.ceil(math.log2((k + 1) * fin.max**2 * 4))
+    return (2 * fin.precision <= 24 and smallest_product >= -126 and 2 * fin.emax + 2 < 127
+            and smallest_product + adder_p - 1 - largest_exponent >= -126
+            and adder_p - 1 - 2 * fin.emin < 127 and model.b << (adder_p + 1) <= 1 << 31)
+
+
 def _limits(fmt, keep_sub: bool) -> tuple:
     """`fast_round`'s view of a format (see `_kernels_fast.round_limits`)."""
     return round_limits(fmt.precision, fmt.emin, float(fmt.max), fmt.has_inf, keep_sub)
@@ -290,11 +362,13 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None) -> np
     shape = (a.shape[0], w.shape[1])
     out = np.zeros(shape) if c is None else np.array(np.broadcast_to(c, shape), dtype=np.float64)
     normal = _sums_stay_normal(model, a.shape[1]) and (c is None or not np.any(c))
+    narrow = normal and model.b != 4 and _fp32_terms(model, a.shape[1])
     w_padded = np.zeros((w.shape[0] + 3, w.shape[1]))
     w_padded[:w.shape[0]] = w
     _gemm(np.ascontiguousarray(a), w_padded, _exponents(w_padded, model.input.emin), model.b, model.step,
           model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
           model.input.emin, acc.emin if acc.subnormals else -1022,
           _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
-          MODE_CODES[model.rounding], model.overflow == "saturate", normal, out)
+          MODE_CODES[model.rounding], model.overflow == "saturate", normal, narrow, w_padded.astype(np.float32),
+          np.isfinite(w).all(axis=0), out)
     return out

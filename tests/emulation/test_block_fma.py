@@ -313,3 +313,22 @@ def test_the_compiled_gemm_reproduces_the_real_gpu_vectors():
         bits = np.asarray(got, dtype=np.float32).view(np.uint32)  # fp16 results widen exactly
         assert (bits == s.d[list(rows)]).all(), f"{s.gpu} {s.input}->{s.output}: " \
             f"{int((bits != s.d[list(rows)]).sum())} of {len(rows)} vectors differ"
+
+
+@pytest.mark.parametrize("spec", ["a100", "h100", "b200", "ada:in=fp8_e4m3", "a100:in=bf16"])
+def test_the_narrow_lanes_equal_the_numpy_gemm_on_finite_inputs(spec):
+    """Presets with blocks of 8 or more on fp16/fp8 inputs sum their terms in float32/int32
+    lanes (`_fp32_terms`); bf16 inputs, whose products float32 cannot hold, must not. Both
+    agree bit for bit with the NumPy path over several tiles and blocks, zeros included."""
+    from convprobe.emulation import _block_fma, _block_fma_compiled
+
+    model = em.parse_model(spec)
+    assert _block_fma_compiled._fp32_terms(model, 300) == (model.input.name != "bf16")
+    rng = np.random.default_rng(11)
+    fmt = model.input
+    scale = rng.choice([2.0**-12, 1.0, 2.0**6], size=(130, 300))
+    a = round_to_format(rng.standard_normal((130, 300)) * scale, fmt)
+    w = round_to_format(rng.standard_normal((300, 3)), fmt)
+    a[:, 5] = 0.0
+    a[7] = 0.0
+    assert_same_bits(_block_fma.gemm(a, w, model), _block_fma.gemm(a, w, model, compiled=False))
