@@ -222,6 +222,25 @@ def _round_block_narrow(s, isum, top, adder_p, bp, mode):
         s[i] = round_normal(value, bp, mode) if live else sv
 
 
+@njit(cache=True, inline="always")
+def _block_of_four_narrow(s, at32, et, j, ew, w32, s_emin, adder_p, bp, mode):
+    """`_block_of_four` on finite inputs with the terms in float32/int32 (`_fp32_terms`)."""
+    e0, e1, e2, e3 = ew[0], ew[1], ew[2], ew[3]
+    w0, w1, w2, w3 = w32[0], w32[1], w32[2], w32[3]
+    for i in range(TILE):
+        sv = s[i]
+        top = max(max(_exponent(sv, s_emin), et[j, i] + e0),
+                  max(et[j + 1, i] + e1, max(et[j + 2, i] + e2, et[j + 3, i] + e3)))
+        live = top > _NONE // 2
+        sc = _pow2(adder_p - 1 - top) if live else 0.0
+        sc32 = np.float32(sc)
+        isum = np.int32(np.int32(at32[j, i] * w0 * sc32) + np.int32(at32[j + 1, i] * w1 * sc32))
+        isum = np.int32(isum + np.int32(np.int32(at32[j + 2, i] * w2 * sc32) + np.int32(at32[j + 3, i] * w3 * sc32)))
+        tv = float(isum) + np.trunc(sv * sc)
+        value = tv * _pow2(top - adder_p + 1) if (live & (tv != 0.0)) else 0.0
+        s[i] = round_normal(value, bp, mode) if live else sv
+
+
 @njit(cache=True, parallel=True)
 def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, narrow, w32,
           w_finite, out):
@@ -274,7 +293,11 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
                     s[:] = 0.0
                 for j0 in range(s0, min(s0 + step, k_count), b):
                     j1 = min(j0 + b, k_count)
-                    if b == 4 and normal:  # one fused pass beats narrow lanes for blocks of four
+                    if b == 4 and narrow_tile and w_finite[n]:
+                        _block_of_four_narrow(s, at32, et, j0, ew[j0:j0 + 4, n], w32[j0:j0 + 4, n], s_emin,
+                                              adder_p, bp, mode)
+                        special = False
+                    elif b == 4 and normal:  # one fused pass beats separate narrow passes here
                         special = _block_of_four(s, total, at, et, j0, ew[j0:j0 + 4, n], w[j0:j0 + 4, n],
                                                  s_emin, adder_p, bp, mode)
                     elif narrow_tile and w_finite[n]:
@@ -362,7 +385,7 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None) -> np
     shape = (a.shape[0], w.shape[1])
     out = np.zeros(shape) if c is None else np.array(np.broadcast_to(c, shape), dtype=np.float64)
     normal = _sums_stay_normal(model, a.shape[1]) and (c is None or not np.any(c))
-    narrow = normal and model.b != 4 and _fp32_terms(model, a.shape[1])
+    narrow = normal and _fp32_terms(model, a.shape[1])
     w_padded = np.zeros((w.shape[0] + 3, w.shape[1]))
     w_padded[:w.shape[0]] = w
     _gemm(np.ascontiguousarray(a), w_padded, _exponents(w_padded, model.input.emin), model.b, model.step,

@@ -315,10 +315,11 @@ def test_the_compiled_gemm_reproduces_the_real_gpu_vectors():
             f"{int((bits != s.d[list(rows)]).sum())} of {len(rows)} vectors differ"
 
 
-@pytest.mark.parametrize("spec", ["a100", "h100", "b200", "ada:in=fp8_e4m3", "a100:in=bf16"])
+@pytest.mark.parametrize("spec", ["v100", "a100", "h100", "b200", "ada:in=fp8_e4m3", "a100:in=bf16"])
 def test_the_narrow_lanes_equal_the_numpy_gemm_on_finite_inputs(spec):
-    """Presets with blocks of 8 or more on fp16/fp8 inputs sum their terms in float32/int32
-    lanes (`_fp32_terms`); bf16 inputs, whose products float32 cannot hold, must not. Both
+    """Presets on fp16/fp8 inputs sum their terms in float32/int32 lanes (`_fp32_terms`;
+    blocks of four in one fused pass); bf16 inputs, whose products float32 cannot hold, must
+    not. Both
     agree bit for bit with the NumPy path over several tiles and blocks, zeros included."""
     from convprobe.emulation import _block_fma, _block_fma_compiled
 
