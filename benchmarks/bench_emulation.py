@@ -17,9 +17,8 @@ float64 carriers in 4-lane vectors (LLVM picks 256-bit vectors here) against nat
 16-lane fp32 FMA. The block-FMA kernel needs per term an exponent add and max, two
 multiplies, a truncation and an add (about 6 vector operations), plus about 20 per
 block and lane: (6 + 20 / b) / 4 operations per term against 1/16, about 44x for b = 4
-and 30x for b = 16 at equal instruction rates. Blocks of 8 or more on fp16/fp8 inputs
-sum their terms in 8-lane float32/int32 vectors, which halves the terms' share: about
-20x for b = 16. The sequential kernels need a TwoSum and a rounding per term
+and 30x for b = 16 at equal instruction rates. On fp16/fp8 inputs the terms go in
+8-lane float32/int32 vectors, which halves their share: about 20x for b = 16. The sequential kernels need a TwoSum and a rounding per term
 (about 20 operations), a floor near 80x on float64.
 """
 
