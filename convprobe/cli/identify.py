@@ -1,7 +1,11 @@
-"""`convprobe identify`: the emulator model that reproduces an op bit for bit, per K.
+"""`convprobe identify`: the emulator model that reproduces an op bit for bit.
 
-Checks the candidate specs, reduction lengths and row count, calls
-`probes.studies.run_identify`, renders the match fraction per K.
+Two modes. The battery (default): seeded dot products of length K through each op,
+the match fraction per K (`probes.identify`). A layer (`--input-shape` and
+`--filter-shape`) or a network's every distinct conv layer (`--keras-model`,
+`--resnet-size`): each layer's forward conv and both gradients measured at its
+own shape, then confirmed (`probes.layer_identify`). Everything is checked before
+any configuration starts.
 """
 
 from __future__ import annotations
@@ -12,25 +16,132 @@ from convprobe.cli.options import (MAX_K, MAX_ROWS, add_matrix_options, announce
 
 __all__ = ["register"]
 
+_DEFAULT_OPS = "conv2d,conv2d_backprop_input,conv2d_backprop_filter"
+MAX_THREADS = 1024
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "identify",
-        help="find the emulator model that reproduces an op bit for bit, per reduction length K",
+        help="find the emulator model that reproduces an op bit for bit, per K or at your own layers",
         description=(
-            "Run seeded random dot products of length K (16 ... 8192) through each op and search "
-            "the emulator's model family for the one that matches the outputs bit for bit; report "
-            "the match fraction per K and the K at which the best model stops matching."
+            "Battery mode: run seeded random dot products of length K (16 ... 8192) through each op and "
+            "search the emulator's model family for the one that matches bit for bit. Layer mode "
+            "(--input-shape/--filter-shape, --keras-model or --resnet-size): measure each layer's "
+            "forward conv and both gradients at the layer's own shape with crafted inputs "
+            "(accumulator, partial-sum boundaries, lanes, product rounding), then confirm the "
+            "measured model on seeded random inputs."
         ),
     )
-    add_matrix_options(parser, default_ops="conv2d,conv2d_backprop_input,conv2d_backprop_filter", timeout=600)
+    add_matrix_options(parser, default_ops=_DEFAULT_OPS, timeout=600)
     parser.add_argument("--candidates", metavar="SPECS",
-                        help="comma-separated model specs to search instead of the default family")
+                        help="comma-separated model specs to search instead of the default family "
+                             "(layer mode: tried beside the measured ones)")
     parser.add_argument("--ks", type=int_list(1, MAX_K), default=None, metavar="K,K,...",
-                        help=f"reduction lengths, 1 to {MAX_K} (default: 16,32,...,8192)")
+                        help=f"battery: reduction lengths, 1 to {MAX_K} (default: 16,32,...,8192)")
     parser.add_argument("--rows", type=bounded_int(1, MAX_ROWS), default=None,
-                        help=f"dot products per K, 1 to {MAX_ROWS} (default: 64)")
+                        help=f"battery: dot products per K, 1 to {MAX_ROWS} (default: 64)")
+    parser.add_argument("--threads", type=bounded_int(1, MAX_THREADS), default=None, metavar="N",
+                        help="pin TensorFlow's intra-op threads (TF_NUM_INTRAOP_THREADS) in every "
+                             "configuration (default: what your TensorFlow uses); recorded in provenance")
+    layer = parser.add_argument_group("layer mode")
+    layer.add_argument("--input-shape", metavar="N,H,W,C", help="the layer's NHWC input shape")
+    layer.add_argument("--filter-shape", metavar="KH,KW,CIN,COUT", help="the layer's HWIO filter shape")
+    layer.add_argument("--strides", default="1", metavar="S[,S]", help="strides (default: 1)")
+    layer.add_argument("--padding", default="SAME", metavar="SAME|VALID", help="padding (default: SAME)")
+    layer.add_argument("--dilation", default="1", metavar="D[,D]", help="dilation (default: 1)")
+    layer.add_argument("--keras-model", metavar="PATH", help="a saved Keras model: every distinct Conv2D layer")
+    layer.add_argument("--resnet-size", type=int, default=None, metavar="DEPTH",
+                       help="the training harness's ResNet (6n+2: 20, 32, ...): every distinct conv layer")
+    layer.add_argument("--batch", type=bounded_int(1, 4096), default=None, metavar="N",
+                       help="batch size of --keras-model/--resnet-size layers (default: 4)")
+    layer.add_argument("--image-size", type=bounded_int(8, 1024), default=32, metavar="PX",
+                       help="--resnet-size image side (default: 32)")
     parser.set_defaults(handler=run)
+
+
+def _pair(text: str, argument: str) -> tuple[int, int]:
+    from convprobe.errors import InvalidArgument
+
+    try:
+        values = tuple(int(v) for v in str(text).split(","))
+    except ValueError:
+        values = ()
+    if len(values) == 1:
+        values = values * 2
+    if len(values) != 2 or min(values) < 1:
+        raise InvalidArgument(f"{argument} must be one or two comma-separated positive integers; received {text!r}")
+    return values  # type: ignore[return-value]
+
+
+def layers_from_args(args) -> list | None:
+    """The layers to identify (None in battery mode); every check happens here, before work."""
+    from convprobe.errors import InvalidArgument, invalid_choice
+    from convprobe.probes.layers import PADDINGS, Layer, parse_shape
+
+    modes = [name for name, given in (("--input-shape/--filter-shape", args.input_shape or args.filter_shape),
+                                      ("--keras-model", args.keras_model),
+                                      ("--resnet-size", args.resnet_size is not None)) if given]
+    if not modes:
+        if args.batch is not None:
+            raise InvalidArgument("--batch applies to --keras-model and --resnet-size only")
+        return None
+    if len(modes) > 1:
+        raise InvalidArgument(f"choose one of --input-shape/--filter-shape, --keras-model, --resnet-size; "
+                              f"received {', '.join(modes)}")
+    for name, value in (("--ks", args.ks), ("--rows", args.rows)):
+        if value is not None:
+            raise InvalidArgument(f"{name} applies to the battery; a layer's K values follow from its shape")
+    if args.op != _DEFAULT_OPS:
+        raise InvalidArgument("--op applies to the battery; a layer is identified for conv2d and both gradients")
+    batch = args.batch or 4
+    if modes[0].startswith("--input"):
+        if not (args.input_shape and args.filter_shape):
+            raise InvalidArgument("--input-shape and --filter-shape go together; received only "
+                                  + ("--input-shape" if args.input_shape else "--filter-shape"))
+        if args.batch is not None:
+            raise InvalidArgument("--batch applies to --keras-model and --resnet-size; put N in --input-shape")
+        padding = str(args.padding).upper()
+        if padding not in PADDINGS:
+            raise invalid_choice("padding", args.padding, PADDINGS)
+        return [Layer(parse_shape(args.input_shape, "--input-shape", 4), parse_shape(args.filter_shape, "--filter-shape", 4),
+                      _pair(args.strides, "--strides"), padding, _pair(args.dilation, "--dilation"))]
+    if args.strides != "1" or args.padding != "SAME" or args.dilation != "1":
+        raise InvalidArgument("--strides, --padding and --dilation apply to --input-shape; a model's layers carry their own")
+    from convprobe.probes.layers import keras_layers
+
+    if args.keras_model:
+        return keras_layers(_load_keras(args.keras_model), batch)
+    from convprobe.training.config import resnet_blocks_per_stage
+    from convprobe.training.model import build_resnet
+
+    resnet_blocks_per_stage(args.resnet_size)  # the one message for a bad depth
+    return keras_layers(build_resnet(args.resnet_size, image_size=args.image_size), batch)
+
+
+def _load_keras(path: str):
+    from pathlib import Path
+
+    from convprobe.errors import InvalidArgument
+
+    if not Path(path).exists():
+        raise InvalidArgument(f"--keras-model {path!r} does not exist")
+    import keras
+
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as exc:  # noqa: BLE001 - any load failure is bad input, in one line
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidArgument(f"--keras-model {path!r} could not be loaded as a Keras model: {reason}") from None
+
+
+def _with_threads(configs, threads: int | None) -> list:
+    import dataclasses
+
+    if threads is None:
+        return configs
+    return [dataclasses.replace(c, env={**c.env, "TF_NUM_INTRAOP_THREADS": str(threads)})
+            if c.backend == "tensorflow" else c for c in configs]
 
 
 def run(args) -> int:
@@ -39,7 +150,7 @@ def run(args) -> int:
     from convprobe.emulation.composites import split_arguments
     from convprobe.errors import InvalidArgument
     from convprobe.probes import identify
-    from convprobe.probes.studies import run_identify
+    from convprobe.probes.studies import run_identify, run_layer_identify
 
     ops = matrix_ops(args)
     specs = None
@@ -48,10 +159,15 @@ def run(args) -> int:
         if not specs:
             raise InvalidArgument(f"--candidates must name at least one model spec; received {args.candidates!r}")
     identify.candidates(specs)  # bad specs fail before anything runs
-    configs = matrix_configs(args)
+    configs = _with_threads(matrix_configs(args), args.threads)
+    layers = layers_from_args(args)
     announce_inherited_switches(args.command)
-    outcome = run_identify(configs, ops, specs=specs, ks=args.ks or list(identify.DEFAULT_KS),
-                           rows=args.rows or identify.DEFAULT_ROWS, seed=args.seed, device=args.device,
-                           timeout=args.timeout, jobs=args.jobs)
+    if layers is not None:
+        outcome = run_layer_identify(configs, layers, specs=specs, seed=args.seed, device=args.device,
+                                     timeout=args.timeout, jobs=args.jobs)
+    else:
+        outcome = run_identify(configs, ops, specs=specs, ks=args.ks or list(identify.DEFAULT_KS),
+                               rows=args.rows or identify.DEFAULT_ROWS, seed=args.seed, device=args.device,
+                               timeout=args.timeout, jobs=args.jobs)
     emit(args, outcome)
     return 0

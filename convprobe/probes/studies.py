@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from convprobe import provenance, results
 from convprobe.options import Status
 
-__all__ = ["Outcome", "run_classic", "run_fingerprint", "run_identify", "run_sweep", "run_replay",
+__all__ = ["Outcome", "run_classic", "run_fingerprint", "run_identify", "run_layer_identify", "run_sweep",
+           "run_replay",
            "CLASSIC_COLUMNS", "REPLAY_COLUMNS"]
 
 #: The table columns of the two classic experiments (the CSV holds every row field).
@@ -180,6 +181,61 @@ def run_identify(configs, ops, *, specs, ks, rows: int, seed: int, device: str, 
     notes = ["(match = share of outputs bitwise equal to the model's; 'ties' = models matching at every K)",
              *(n for n in _failure_notes(probe_results) if ": note: " in n)]
     return Outcome(document, table_rows, columns, notes, frame, "probe", probe_results=probe_results)
+
+
+def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeout: float,
+                       jobs: int | None) -> Outcome:
+    """Each layer's three ops at its own shape: measured structure, confirmed bit for bit."""
+    from convprobe.analysis.tables import frame_from_records
+    from convprobe.probes import layer_identify
+    from convprobe.probes.runner import run_probe
+
+    params = {"layers": [layer.to_dict() for layer in layers], "seed": seed}
+    probe_results = run_probe("layer_identify", configs, params, timeout=timeout, jobs=jobs)
+    single = len(layers) == 1
+    table_rows, records, matches = [], [], {}
+    for result in probe_results:
+        found = layer_identify.identify_observed(result.observed, specs) if result.status == Status.OK else [
+            (layer, op, {"status": result.status, "error": result.error, "summary": {}})
+            for layer in layers for op in layer_identify.LAYER_OPS]
+        per_op = matches[result.config.label] = {}
+        for layer, op, entry in found:
+            per_op[layer_identify.key(layer, op, single)] = {**entry, "layer": layer.to_dict(), "op": op}
+            summary = entry["summary"]
+            row = {"configuration": result.config.label, "layer": layer.name or layer.label, "op": op,
+                   "K": layer.k(op), "status": entry["status"]}
+            table_rows.append(row)
+            base = {**result.identity(), "op": op, "probe": "identify", "seed": seed,
+                    "status": entry["status"], "detail": entry.get("error")}
+            if entry["status"] != Status.OK:
+                row["best model"] = entry.get("error") or entry["status"]
+                records.append({**base, "property": "status", "value": None, "evidence": None})
+                continue
+            fraction = summary["fractions"].get(layer.k(op), 0.0)
+            row.update({"best model": summary["best"], "match": f"{fraction:.1%}",
+                        "measured": _structure_text(summary["structure"])})
+            evidence = f"{layer.label}: {summary['outputs_compared']} outputs; {summary['explanation']}"
+            records.append({**base, "property": "best_model", "value": summary["best"], "evidence": evidence})
+            records.append({**base, "property": f"match_fraction_k{layer.k(op)}", "value": f"{fraction:.6g}",
+                            "evidence": evidence})
+    frame = frame_from_records(records, "probe")
+    columns = ["configuration", "layer", "op", "K", "status", "best model", "match", "measured"]
+    document = _envelope("identify", params, probe_results, seed=seed, device=device, matches=matches)
+    notes = ["(match = share of compared outputs bitwise equal to the model's; measured = crafted-input "
+             "structure: accumulator, lanes, partial-sum boundaries)",
+             *(n for n in _failure_notes(probe_results) if ": note: " in n)]
+    unmatched = [(c, k, e["summary"]["explanation"]) for c, per in matches.items() for k, e in per.items()
+                 if e["status"] == Status.OK and e["summary"].get("stops_matching_at") is not None]
+    notes += [f"{c} {k}: {why}" for c, k, why in unmatched]
+    return Outcome(document, table_rows, columns, notes, frame, "probe", probe_results=probe_results)
+
+
+def _structure_text(structure: dict) -> str:
+    if not structure.get("accumulator"):
+        return structure.get("note") or "-"
+    bounds = structure.get("boundaries") or []
+    shown = ", ".join(map(str, bounds[:4])) + (", ..." if len(bounds) > 4 else "")
+    return f"{structure['accumulator']}, lanes {structure['lanes']}, starts [{shown}]"
 
 
 # -- sweep -------------------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""A user's conv layer as a probe target: its shape, its three ops, their inputs.
+
+TensorFlow's kernels change arithmetic with shape (blocking, threads, the micro
+kernel picked for few channels), so `identify` can run at the layer a user really
+has: ``--input-shape N,H,W,C --filter-shape KH,KW,CIN,COUT`` plus strides,
+padding and dilation, or every distinct conv layer of a Keras model. Each layer
+gives three ops - the forward conv and both gradients - each a reduction of its
+own length K (`Layer.k`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from convprobe.errors import InvalidArgument, invalid_choice
+
+__all__ = ["LAYER_OPS", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_inputs", "run_op",
+           "keras_layers"]
+
+#: The ops of one conv layer, forward then the two gradients.
+LAYER_OPS = ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter")
+PADDINGS = ("SAME", "VALID")
+#: Largest tensor a layer may have (elements): the emulator holds im2col copies of it.
+MAX_LAYER_ELEMENTS = 2**24
+
+
+def parse_shape(text: str, argument: str, length: int) -> tuple[int, ...]:
+    """'8,32,32,16' -> (8, 32, 32, 16): exactly `length` positive integers."""
+    try:
+        values = tuple(int(v) for v in str(text).split(","))
+    except ValueError:
+        values = ()
+    if len(values) != length or min(values) < 1:
+        raise InvalidArgument(f"{argument} must be {length} comma-separated positive integers; received {text!r}")
+    return values
+
+
+def _out(size: int, k: int, stride: int, dilation: int, padding: str) -> int:
+    span = (k - 1) * dilation + 1
+    return -(-size // stride) if padding == "SAME" else (size - span) // stride + 1
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One conv2d layer: NHWC input, HWIO filter, strides, padding, dilation."""
+
+    input_shape: tuple[int, int, int, int]
+    filter_shape: tuple[int, int, int, int]
+    strides: tuple[int, int] = (1, 1)
+    padding: str = "SAME"
+    dilation: tuple[int, int] = (1, 1)
+    #: Where the layer comes from (a Keras layer's name), for tables.
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        n, h, w, c = self.input_shape
+        kh, kw, cin, cout = self.filter_shape
+        if self.padding not in PADDINGS:
+            raise invalid_choice("padding", self.padding, PADDINGS)
+        if min(*self.strides, *self.dilation) < 1:
+            raise InvalidArgument(f"strides and dilation must be positive; received {self.strides}, {self.dilation}")
+        if cin != c:
+            raise InvalidArgument(f"filter-shape input channels ({cin}) must equal input-shape channels ({c})")
+        if min(self.output_shape) < 1:
+            raise InvalidArgument(f"input {h}x{w} is too small for a {kh}x{kw} filter with dilation "
+                                  f"{self.dilation} and padding {self.padding}")
+        sizes = {"input": int(np.prod(self.input_shape)), "output": int(np.prod(self.output_shape)),
+                 "forward im2col": int(np.prod(self.output_shape[:3])) * kh * kw * c}
+        for what, size in sizes.items():
+            if size > MAX_LAYER_ELEMENTS:
+                raise InvalidArgument(f"the layer's {what} has {size} elements; at most {MAX_LAYER_ELEMENTS} "
+                                      f"are allowed (use a smaller batch or image)")
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        n, h, w, _ = self.input_shape
+        kh, kw, _, cout = self.filter_shape
+        return (n, _out(h, kh, self.strides[0], self.dilation[0], self.padding),
+                _out(w, kw, self.strides[1], self.dilation[1], self.padding), cout)
+
+    def k(self, op: str) -> int:
+        """Length of the reduction behind each output of `op`."""
+        kh, kw, cin, cout = self.filter_shape
+        n, oh, ow, _ = self.output_shape
+        return {"conv2d": kh * kw * cin, "conv2d_backprop_input": kh * kw * cout,
+                "conv2d_backprop_filter": n * oh * ow}[op]
+
+    @property
+    def label(self) -> str:
+        """'8x32x32x16 * 3x3x16x16 s1 SAME' (plus dilation when not 1)."""
+        s = "x".join(map(str, self.strides)) if self.strides[0] != self.strides[1] else str(self.strides[0])
+        d = "" if self.dilation == (1, 1) else f" d{'x'.join(map(str, self.dilation))}"
+        return (f"{'x'.join(map(str, self.input_shape))} * {'x'.join(map(str, self.filter_shape))} "
+                f"s{s} {self.padding}{d}")
+
+    @property
+    def conv_args(self) -> dict:
+        return {"strides": self.strides, "padding": self.padding, "dilation": self.dilation}
+
+    def to_dict(self) -> dict:
+        return {"input_shape": list(self.input_shape), "filter_shape": list(self.filter_shape),
+                "strides": list(self.strides), "padding": self.padding, "dilation": list(self.dilation),
+                "name": self.name}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Layer:
+        return cls(tuple(data["input_shape"]), tuple(data["filter_shape"]), tuple(data["strides"]),
+                   data["padding"], tuple(data["dilation"]), data.get("name", ""))
+
+
+def op_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded fp16 operands of `op` at this layer: (x, w), (dy, w) or (x, dy).
+
+    Both operands ~ U[0, 1): growing sums, so every rounding of an fp16
+    accumulator shows. The second operand is scaled by a power of two that keeps
+    the sums of long reductions near 2**10, far from fp16's overflow.
+    """
+    rng = np.random.default_rng([seed, LAYER_OPS.index(op), *layer.input_shape, *layer.filter_shape])
+    shapes = {"conv2d": (layer.input_shape, layer.filter_shape),
+              "conv2d_backprop_input": (layer.output_shape, layer.filter_shape),
+              "conv2d_backprop_filter": (layer.input_shape, layer.output_shape)}[op]
+    scale = 2.0 ** -max(0, int(np.ceil(np.log2(layer.k(op) / 4096))))
+    first = rng.uniform(0.0, 1.0, shapes[0]).astype(np.float16)
+    second = (rng.uniform(0.0, 1.0, shapes[1]) * scale).astype(np.float16)
+    return first, second
+
+
+def run_op(backend, layer: Layer, op: str, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """`op` of this layer on a backend (TensorFlow or the emulator): fp16 outputs."""
+    if op == "conv2d":
+        out = backend.conv2d(first, second, **layer.conv_args)
+    elif op == "conv2d_backprop_input":
+        out = backend.conv2d_backprop_input(first, second, layer.input_shape, **layer.conv_args)
+    elif op == "conv2d_backprop_filter":
+        out = backend.conv2d_backprop_filter(first, second, layer.filter_shape, **layer.conv_args)
+    else:
+        raise invalid_choice("op", op, LAYER_OPS)
+    return np.asarray(out).astype(np.float16)
+
+
+def keras_layers(model, batch: int) -> list[Layer]:
+    """Every distinct Conv2D layer of a built Keras model, at this batch size, in model order."""
+    import keras
+
+    def walk(parent):
+        for item in getattr(parent, "layers", ()):
+            yield item
+            yield from walk(item)
+
+    found: dict[Layer, None] = {}
+    for item in walk(model):
+        if type(item) is not keras.layers.Conv2D:  # subclasses (separable, depthwise) contract differently
+            continue
+        if item.data_format != "channels_last" or item.groups != 1:
+            raise InvalidArgument(f"layer {item.name}: only channels_last, groups=1 Conv2D layers can be "
+                                  f"identified; it has {item.data_format}, groups={item.groups}")
+        _, h, w, c = item.input.shape
+        kh, kw = item.kernel_size
+        layer = Layer((batch, int(h), int(w), int(c)), (kh, kw, int(c), int(item.filters)),
+                      tuple(item.strides), item.padding.upper(), tuple(item.dilation_rate), item.name)
+        found.setdefault(layer, None)
+    if not found:
+        raise InvalidArgument("the model has no Conv2D layer to identify")
+    return list(found)
