@@ -25,6 +25,7 @@ __all__ = [
     "ulp_histogram_figure",
     "table_figure",
     "match_fraction_figure",
+    "layer_map_figure",
     "compare_figure",
     "replay_figure",
     "training_run_figure",
@@ -331,6 +332,45 @@ def match_fraction_figure(matches: dict, op: str) -> Figure:
     if drawn:
         fig.legend(loc="outside right center", ncols=1, fontsize=8, frameon=False,
                    title="configuration: best model", title_fontsize=8)
+    return fig
+
+
+def layer_map_figure(matches: dict) -> Figure:
+    """Per-layer map of `identify --resnet-size/--keras-model/--input-shape`: one row per
+    (configuration, layer), one column per op; each cell the best model and its match.
+
+    `matches`: {configuration: {"layer / op": {"status", "op", "layer", "summary"}}}.
+    """
+    from matplotlib.colors import LinearSegmentedColormap
+
+    cells: dict[tuple[str, str], dict] = {}
+    ops: list[str] = []
+    for label, per_key in matches.items():
+        for key, entry in per_key.items():
+            op = entry.get("op", key.rsplit(" / ", 1)[-1])
+            row = f"{label.replace('tensorflow/', 'tf/')}: {key.rsplit(' / ', 1)[0] if ' / ' in key else 'layer'}"
+            cells[(row, op)] = entry
+            ops = list(dict.fromkeys([*ops, op]))
+    rows = list(dict.fromkeys(r for r, _ in cells))
+    fig = Figure(figsize=(6.0 + 4.2 * len(ops), 1.2 + 0.42 * len(rows)), layout="constrained")
+    ax = fig.add_subplot()
+    values = np.full((len(rows), len(ops)), np.nan)
+    cmap = LinearSegmentedColormap.from_list("match", ["#d62728", "#ffdd57", "#2ca02c"])
+    for (row, op), entry in cells.items():
+        i, j = rows.index(row), ops.index(op)
+        summary = entry.get("summary") or {}
+        fraction = next(iter(summary.get("fractions", {}).values()), None)
+        if entry.get("status") == "ok" and fraction is not None:
+            values[i, j] = 100 * float(fraction)
+            text = f"{summary['best']}\n{100 * float(fraction):.1f}%"
+        else:
+            text = str(entry.get("error") or entry.get("status"))
+        ax.text(j, i, text, ha="center", va="center", fontsize=6.5, wrap=True)
+    ax.imshow(values, cmap=cmap, vmin=0, vmax=100, aspect="auto", alpha=0.55)
+    ax.set_xticks(range(len(ops)), ops, fontsize=9)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_title("best emulator model per layer and op (share of outputs bitwise equal)", fontsize=11)
     return fig
 
 

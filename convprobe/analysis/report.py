@@ -149,6 +149,8 @@ def figures_for(item: Loaded):
         yield "table", figures.table_figure(
             wide, title="Fingerprint: what each configuration and op really computes",
             highlight={**figures.DEFAULT_HIGHLIGHT, **FINGERPRINT_HIGHLIGHT}, max_rows=max(60, len(wide)))
+    elif kind == "identify" and document is not None and "layers" in document["params"]:
+        yield "layers", figures.layer_map_figure(document["matches"])
     elif kind == "identify":
         matches = document["matches"] if document is not None else _matches_from_frame(frame)
         for op in sorted({op for per_op in matches.values() for op in per_op}):

@@ -108,6 +108,9 @@ def layers_from_args(args) -> list | None:
                       _pair(args.strides, "--strides"), padding, _pair(args.dilation, "--dilation"))]
     if args.strides != "1" or args.padding != "SAME" or args.dilation != "1":
         raise InvalidArgument("--strides, --padding and --dilation apply to --input-shape; a model's layers carry their own")
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the parent builds the model: no C++ banner
     from convprobe.probes.layers import keras_layers
 
     if args.keras_model:

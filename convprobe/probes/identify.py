@@ -136,10 +136,17 @@ def _ks_for(op: str, ks) -> list[int]:
     return [k for k in ks if not (op in QUADRATIC_OPS and k > QUADRATIC_LIMIT)]
 
 
-def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed: int = 0, **_params) -> dict:
-    """Child side: each op's outputs (fp16 bit patterns) on the seeded inputs for every K."""
+def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed: int = 0, layers=None,
+        **_params) -> dict:
+    """Child side: each op's outputs (fp16 bit patterns) on the seeded inputs for every K;
+    with `layers`, the layer mode of `convprobe.probes.layer_identify` instead."""
     from convprobe.errors import UnsupportedConfiguration
     from convprobe.probes.encoding import encode_bits
+
+    if layers is not None:
+        from convprobe.probes import layer_identify
+
+        return layer_identify.run(backend, layers=layers, seed=seed)
 
     results = {}
     for op in check_ops(ops):
@@ -233,6 +240,10 @@ def _describe(summary: dict) -> str:
 
 
 def interpret(observed: dict) -> dict:
+    if "layers" in observed:
+        from convprobe.probes import layer_identify
+
+        return layer_identify.interpret(observed)
     per_op = identify_observed(observed)
     verdicts = {op: (_describe(r["summary"]) if r["status"] == "ok" else r["status"]) for op, r in per_op.items()}
     best = {r["summary"].get("best") for r in per_op.values() if r["status"] == "ok"}

@@ -1,5 +1,9 @@
 """`identify` at the user's own layers: measure each op's structure, then confirm it.
 
+The `identify` probe runs this mode when its params carry `layers`, so a layer
+map is an ordinary identify document (params.layers, matches keyed by op, or by
+'layer / op' for a map).
+
 For every layer and each of its three ops (`layers.LAYER_OPS`) the child process
 (the backend's own) does two things at the layer's exact shape:
 
@@ -115,7 +119,8 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
 def _explain(structure, measured: list[str], table: dict, best: str | None) -> str:
     """One line: what was measured, and what was ruled out when nothing matched."""
     if best is not None and table[best] == 1.0:
-        how = "the measured structure" if best in measured else "a plain model"
+        how = ("a plain model" if best not in measured else "the measured structure" if structure.accumulator
+               else "the layer's layout; not measured")
         return f"{best} matches every compared output ({how})"
     found = (f"measured: {structure.accumulator} accumulator, lanes={structure.lanes}, products "
              f"{'rounded' if structure.products_rounded else 'exact'}, partial sums start at "

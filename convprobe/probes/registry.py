@@ -19,7 +19,6 @@ PROBES = {
     "compare": "convprobe.probes.compare",
     "fingerprint": "convprobe.probes.fingerprint",
     "identify": "convprobe.probes.identify",
-    "layer_identify": "convprobe.probes.layer_identify",
     "sweep": "convprobe.probes.sweep",
 }
 

@@ -47,6 +47,8 @@ class Structure:
     lanes: int | None = None
     products_rounded: bool | None = None
     note: str = ""
+    #: Specs that follow from the op's layout where the crafted rows cannot be placed.
+    derived: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,13 +184,23 @@ def _products_rounded(backend, layer: Layer, op: str, k: int, lanes: int) -> boo
     return {exact: False, rounded: True}.get(float(got))
 
 
+def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
+    """An input gradient's K runs tap by tap over C_out output channels; where a strided layer
+    keeps the crafted rows out, try the one-tap chunks that the measured stride-1 layers
+    show (fp16 and fp32 accumulators)."""
+    if op != "conv2d_backprop_input":
+        return ()
+    n = layer.filter_shape[3]
+    return (f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16")
+
+
 def measure(backend, layer: Layer, op: str) -> Structure:
     """The structure of `op` at `layer` (see the module docstring); never raises for a
     layer it cannot measure - the Structure's note says why."""
     k = layer.k(op)
     capacity, why = pattern_rows(layer, op)
     if not capacity:
-        return Structure(note=why)
+        return Structure(note=why, derived=_layout_specs(layer, op))
     if k < 8:
         return Structure(note=f"K = {k} is too short to measure")
     for name, exponent, scale in _TESTS:
@@ -230,10 +242,10 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
         return ["exact:fp64:output=fp16", "sequential:fp64:output=fp16"]
     fit = grids(structure.boundaries or [], k)
     if acc is None or structure.lanes is None or fit is None:
-        return []
+        return list(structure.derived)
     outer, n = fit
-    rounded = structure.products_rounded
-    products = [":product=fp16"] if rounded else [""] if rounded is False else ["", ":product=fp16"]
+    # the measured product rounding first; the other is cheap to confirm or rule out
+    products = ["", ":product=fp16"] if structure.products_rounded is False else [":product=fp16", ""]
     output = "" if acc == "fp16" else ", output=fp16"
     specs = []
     for product in products:

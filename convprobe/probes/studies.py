@@ -191,7 +191,7 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
     from convprobe.probes.runner import run_probe
 
     params = {"layers": [layer.to_dict() for layer in layers], "seed": seed}
-    probe_results = run_probe("layer_identify", configs, params, timeout=timeout, jobs=jobs)
+    probe_results = run_probe("identify", configs, params, timeout=timeout, jobs=jobs)
     single = len(layers) == 1
     table_rows, records, matches = [], [], {}
     for result in probe_results:

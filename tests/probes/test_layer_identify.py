@@ -1,0 +1,152 @@
+"""identify at a layer's own shape: the crafted-input structure probe and its confirmation.
+
+The emulator is the ground truth for the probe (it must measure, from the emulator,
+the structure of the model it was given); real TensorFlow is the target (every op
+of the measured layers matches 100%, at two seeds).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from convprobe.backends.emulated import EmulatedBackend
+from convprobe.emulation import conv2d, conv2d_backprop_filter, conv2d_backprop_input, parse_model
+from convprobe.probes import structure
+from convprobe.probes.layers import LAYER_OPS, Layer, op_inputs, run_op
+from tests.conftest import run_cli, run_cli_json
+
+LAYER = Layer((1, 8, 8, 256), (3, 3, 256, 8))
+
+MODELS = [  # each a structure the probe must recover at LAYER's forward conv (K = 2304)
+    "chunked:fp16:n=320:product=fp16:total=fp16",
+    "splitk(length=320, lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16), combine=fp16)",
+    "splitk(length=1152, splitk(length=320, sequential:fp16:product=fp16, combine=fp16), combine=fp16)",
+    "chunked:fp16:n=1000:total=fp16",
+    "lanes(4, sequential:fp32, combine=pairwise:fp32, output=fp16)",
+    "splitk(length=256, lanes(8, sequential:fp32, combine=sequential:fp32), combine=fp32, output=fp16)",
+    "sequential:fp32:output=fp16",
+]
+
+
+@pytest.mark.parametrize("spec", MODELS)
+def test_the_probe_measures_the_emulated_models_structure(spec):
+    measured = structure.measure(EmulatedBackend(spec), LAYER, "conv2d")
+    specs = structure.candidate_specs(measured, LAYER.k("conv2d"))
+    assert parse_model(spec).to_spec() in [parse_model(s).to_spec() for s in specs], (measured, specs)
+
+
+def test_a_wider_accumulator_is_named_not_forced():
+    measured = structure.measure(EmulatedBackend("exact:fp64"), LAYER, "conv2d")
+    assert measured.accumulator == "wider than fp32" and measured.boundaries is None
+
+
+@pytest.mark.parametrize("op", LAYER_OPS)
+def test_crafted_rows_are_exact_sums_on_every_op(op):
+    """pattern_outputs puts row r's terms at the K positions the emulator's conv API reduces."""
+    layer = Layer((2, 6, 6, 4), (3, 3, 4, 5))
+    k = layer.k(op)
+    rng = np.random.default_rng(3)
+    patterns = rng.integers(-8, 9, (7, k)).astype(np.float64)  # small integers: every order is exact
+    got = structure.pattern_outputs(EmulatedBackend("sequential:fp32"), layer, op, patterns, 1.0)
+    np.testing.assert_array_equal(got, patterns.sum(axis=1))
+    # one term moved to the next position changes the result under a position-sensitive model
+    row = np.zeros((1, k))
+    row[0, 0], row[0, 1], row[0, 2] = 2048.0, 1.0, 1.0
+    seq16 = EmulatedBackend("sequential:fp16")
+    assert structure.pattern_outputs(seq16, layer, op, row, 1.0)[0] == 2048.0
+    row[0, 0], row[0, k - 1] = 0.0, 2048.0  # the ones first: 1 + 1 = 2 survives
+    assert structure.pattern_outputs(seq16, layer, op, row, 1.0)[0] == 2050.0
+
+
+@pytest.mark.parametrize("boundaries,k,fit", [
+    ([320, 640, 960], 1024, (None, 320)),
+    ([320, 640, 961], 1024, None),
+    ([320, 512, 832], 1024, (512, 320)),
+    ([320, 513, 834], 1024, None),
+    ([320, 513, 833], 1024, (513, 320)),
+    ([], 1024, (None, None)),
+    ([1160], 2304, (None, 1160)),
+    ([1160], 2321, None),  # a second chunk would start at 2320
+])
+def test_boundaries_fit_a_chunk_and_split_grid_or_nothing(boundaries, k, fit):
+    assert structure.grids(boundaries, k) == fit
+
+
+def test_a_strided_input_gradient_is_not_measured_and_says_why():
+    layer = Layer((1, 8, 8, 4), (3, 3, 4, 6), strides=(2, 2))
+    measured = structure.measure(EmulatedBackend("sequential:fp16"), layer, "conv2d_backprop_input")
+    assert measured.accumulator is None and "strided" in measured.note
+    assert structure.candidate_specs(measured, layer.k("conv2d_backprop_input"))[0] == \
+        "chunked:fp16:n=6:product=fp16:total=fp16"
+
+
+def test_run_op_is_the_emulator_conv_api():
+    layer = Layer((2, 7, 7, 3), (3, 3, 3, 4), strides=(2, 1), padding="VALID", dilation=(1, 2))
+    model = parse_model("chunked:fp16:n=5:product=fp16:total=fp16")
+    backend = EmulatedBackend(model)
+    x, w = op_inputs(layer, "conv2d", 0)
+    np.testing.assert_array_equal(run_op(backend, layer, "conv2d", x, w),
+                                  conv2d(x, w, model, **layer.conv_args).astype(np.float16))
+    dy, w = op_inputs(layer, "conv2d_backprop_input", 0)
+    np.testing.assert_array_equal(run_op(backend, layer, "conv2d_backprop_input", dy, w),
+                                  conv2d_backprop_input(dy, w, layer.input_shape, model, **layer.conv_args)
+                                  .astype(np.float16))
+    x, dy = op_inputs(layer, "conv2d_backprop_filter", 0)
+    np.testing.assert_array_equal(run_op(backend, layer, "conv2d_backprop_filter", x, dy),
+                                  conv2d_backprop_filter(x, dy, layer.filter_shape, model, **layer.conv_args)
+                                  .astype(np.float16))
+
+
+def test_an_emulated_configuration_is_identified_as_its_own_model():
+    spec = "chunked:fp16:n=320:product=fp16:total=fp16"
+    doc = run_cli_json("identify", "--configs", "none", "--model", spec,
+                       "--input-shape", "1,8,8,64", "--filter-shape", "3,3,64,16")
+    (per_op,) = doc["matches"].values()
+    assert per_op["conv2d"]["summary"]["best"] == spec
+    assert per_op["conv2d"]["summary"]["fractions"] == {"576": 1.0}
+    assert all(e["summary"]["stops_matching_at"] is None for e in per_op.values())
+
+
+@pytest.mark.tensorflow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Keras' own save path, not ours
+def test_a_keras_model_gives_a_per_layer_map(tmp_path):
+    import keras
+
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(8, 3, padding="same", name="first")(inputs)
+    x = keras.layers.Conv2D(8, 3, padding="same", name="same_shape_as_second")(x)
+    x = keras.layers.Conv2D(8, 3, padding="same", name="repeat")(x)
+    x = keras.layers.Conv2D(16, 1, strides=2, padding="valid", name="projection")(x)
+    path = tmp_path / "small.keras"
+    keras.Model(inputs, x).save(path)
+    doc = run_cli_json("identify", "--configs", "none", "--model", "sequential:fp16", "--keras-model", str(path),
+                       "--batch", "2", "--output", str(tmp_path / "map.json"))
+    keys = list(doc["matches"]["emulated/sequential:fp16"])
+    assert [k.split(" / ")[0] for k in keys[::3]] == ["first", "same_shape_as_second", "projection"]
+    layers = [json.dumps(e["layer"]) for e in doc["matches"]["emulated/sequential:fp16"].values()]
+    assert len(set(layers)) == 3  # 'repeat' has the second layer's shape: one row
+    proc = run_cli("report", str(tmp_path / "map.json"), "--out-dir", str(tmp_path / "figures"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "figures" / "map-layers.png").stat().st_size > 10_000
+
+
+@pytest.mark.tensorflow
+def test_real_tensorflow_layers_are_reproduced_bit_for_bit(tmp_path):
+    """onednn-off+fp16-acc at a 1x1 layer with K = 6144 and a 3x3 layer with 256 input
+    channels: every op 100% at two seeds, with the same measured spec; --threads is in
+    the provenance."""
+    best = {}
+    for seed in ("0", "1"):
+        for shape, filters in (("1,4,4,6144", "1,1,6144,8"), ("1,8,8,256", "3,3,256,8")):
+            doc = run_cli_json("identify", "--configs", "onednn-off+fp16-acc", "--threads", "2", "--seed", seed,
+                               "--input-shape", shape, "--filter-shape", filters)
+            (result,) = doc["results"]
+            assert result["environment"]["TF_NUM_INTRAOP_THREADS"] == "2"
+            for op, entry in doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"].items():
+                assert entry["summary"]["stops_matching_at"] is None, (shape, op, entry["summary"]["explanation"])
+                best.setdefault((shape, op), set()).add(entry["summary"]["best"])
+    assert all(len(specs) == 1 for specs in best.values()), best
+    assert best[("1,4,4,6144", "conv2d")] == {
+        "splitk(length=3072, splitk(length=320, lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16), "
+        "combine=fp16), combine=fp16)"}
