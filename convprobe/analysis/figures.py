@@ -366,7 +366,7 @@ def layer_map_figure(matches: dict) -> Figure:
         else:
             text = str(entry.get("error") or entry.get("status"))
         ax.text(j, i, text, ha="center", va="center", fontsize=6.5, wrap=True)
-    ax.imshow(values, cmap=cmap, vmin=0, vmax=100, aspect="auto", alpha=0.55)
+    ax.imshow(values, cmap=cmap, vmin=90, vmax=100, aspect="auto", alpha=0.55)  # anything short of 100% shows
     ax.set_xticks(range(len(ops)), ops, fontsize=9)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.xaxis.tick_top()

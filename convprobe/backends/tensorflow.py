@@ -9,6 +9,7 @@ layer starts a fresh process with them already in its environment.
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 
@@ -192,6 +193,9 @@ class TensorFlowBackend(AbstractBackend):
             "tensorflow_version": tf.__version__,
             "physical_devices": [d.name for d in tf.config.list_physical_devices()],
             "built_with_cuda": bool(tf.test.is_built_with_cuda()),
+            # TensorFlow's default intra-op pool is one thread per available CPU
+            "intra_op_threads": os.environ.get("TF_NUM_INTRAOP_THREADS", "default"),
+            "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         }
         try:
             from tensorflow.python.util import _pywrap_util_port
