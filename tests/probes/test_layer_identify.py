@@ -14,7 +14,7 @@ from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import conv2d, conv2d_backprop_filter, conv2d_backprop_input, parse_model
 from convprobe.probes import structure
 from convprobe.probes.layers import LAYER_OPS, Layer, op_inputs, run_op
-from tests.conftest import run_cli, run_cli_json
+from conftest import run_cli, run_cli_json
 
 LAYER = Layer((1, 8, 8, 256), (3, 3, 256, 8))
 
