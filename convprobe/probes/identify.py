@@ -148,20 +148,40 @@ def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed:
 
         return layer_identify.run(backend, layers=layers, seed=seed)
 
+    from convprobe.probes.structure import measure_rows
+
     results = {}
     for op in check_ops(ops):
         try:
-            per_k = {}
+            per_k, structures = {}, {}
             for k in _ks_for(op, ks):
                 a, b = inputs(seed, k, rows)
                 y = np.asarray(reduce_rows(backend, op, a, b, channels(rows))).astype(np.float16)
                 per_k[str(k)] = encode_bits(y)
-            results[op] = {"status": "ok", "bits": per_k}
+                structures[str(k)] = measure_rows(_crafted_rows(backend, op, k, rows), k).to_dict()
+            results[op] = {"status": "ok", "bits": per_k, "structures": structures}
         except UnsupportedConfiguration as exc:
             results[op] = {"status": "unsupported", "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
             results[op] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
     return {"ops": results, "rows": rows, "seed": seed, "ks": list(ks)}
+
+
+def _crafted_rows(backend, op: str, k: int, rows: int):
+    """`structure.measure_rows`'s runner at the battery's own shape: the crafted terms go in
+    the rows (`rows` per call), every filter is the constant."""
+    def run(patterns: np.ndarray, scale: float) -> np.ndarray:
+        out = np.empty(len(patterns))
+        b = np.full((CHANNELS, k), scale, dtype=np.float16)
+        for r0 in range(0, len(patterns), rows):
+            take = min(rows, len(patterns) - r0)
+            a = np.zeros((rows, k))
+            a[:take] = patterns[r0:r0 + take]
+            sums = reduce_rows(backend, op, (a / scale).astype(np.float16), b, channels(rows))
+            out[r0:r0 + take] = np.asarray(sums, dtype=np.float64)[:take]
+        return out
+
+    return run
 
 
 def _bits(values: np.ndarray) -> np.ndarray:
@@ -226,8 +246,32 @@ def identify_observed(observed: dict, specs=None) -> dict[str, dict]:
             per_op[op] = {"status": result.get("status", "failed"), "error": result.get("error"), "table": {}, "summary": {}}
             continue
         table = match_fractions(result["bits"], cands, rows=observed["rows"], seed=observed["seed"])
-        per_op[op] = {"status": "ok", "error": None, "table": table, "summary": summarize_matches(table)}
+        summary = summarize_matches(table)
+        summary["per_k"] = best_per_k(result, table, rows=observed["rows"], seed=observed["seed"])
+        per_op[op] = {"status": "ok", "error": None, "table": table, "summary": summary}
     return per_op
+
+
+def best_per_k(result: dict, table: dict[str, dict[int, float]], *, rows: int, seed: int) -> dict[int, dict]:
+    """{K: {"best", "fraction", "measured", "structure"}}: at each K, the specs the crafted
+    inputs measured there (`structure.candidate_specs`), then the family; ties go to the
+    measured spec. The arithmetic changes with K (blocking, threads), so each K has its own."""
+    from convprobe.probes.structure import Structure, candidate_specs
+
+    out = {}
+    for key, hexes in result["bits"].items():
+        k = int(key)
+        structure = result.get("structures", {}).get(key)
+        measured = candidate_specs(Structure(**structure), k) if structure else []
+        scores = {spec: fr[k] for spec, fr in match_fractions(
+            {key: hexes}, [parse_candidate(spec) for spec in measured], rows=rows, seed=seed).items() if k in fr}
+        for name, fractions in table.items():
+            if k in fractions:
+                scores.setdefault(name, fractions[k])
+        if scores:
+            best = max(scores, key=lambda spec: (scores[spec], -list(scores).index(spec)))
+            out[k] = {"best": best, "fraction": scores[best], "measured": measured, "structure": structure}
+    return dict(sorted(out.items()))
 
 
 def _describe(summary: dict) -> str:

@@ -17,6 +17,8 @@ of observed outputs:
   (term k goes to k mod W) the ones meet each other first exactly when W | d.
 - **product rounding**: -(1 + 2**-10) then (1 + 2**-10)**2 in one accumulator:
   an exact (fused) product leaves 2**-10 + 2**-20, an fp16-rounded one 2**-10.
+- **double rounding** (fp16 accumulators with exact products): a sum just below
+  an fp16 tie that fp32 rounds onto the tie (`_additions_in_fp32`).
 
 `candidate_specs` turns the measured structure into emulator specs, which
 `layer_identify` then confirms (or not) on random inputs.
@@ -30,7 +32,7 @@ import numpy as np
 
 from convprobe.probes.layers import Layer
 
-__all__ = ["Structure", "measure", "candidate_specs", "pattern_outputs", "pattern_rows"]
+__all__ = ["Structure", "measure", "measure_rows", "grids", "candidate_specs", "pattern_outputs", "pattern_rows"]
 
 #: (accumulator name, B exponent p + 1, constant operand s): B = 2**(p+1) = product s * (B / s).
 _TESTS = (("fp16", 11, 1.0), ("fp32", 24, 2.0**12))
@@ -47,6 +49,8 @@ class Structure:
     lanes: int | None = None
     products_rounded: bool | None = None
     note: str = ""
+    #: fp16 accumulators: each addition done in fp32 and rounded back (two roundings).
+    additions_in_fp32: bool | None = None
     #: Specs that follow from the op's layout where the crafted rows cannot be placed.
     derived: tuple[str, ...] = ()
 
@@ -173,15 +177,27 @@ def _lanes(run, k: int, big: float) -> int | None:
     return width if np.array_equal(kept, ds % width == 0) else None
 
 
-def _products_rounded(backend, layer: Layer, op: str, k: int, lanes: int) -> bool | None:
+def _products_rounded(run, k: int, lanes: int) -> bool | None:
     """-(s) then s*s, s = 1 + 2**-10, in one accumulator (positions 0 and `lanes`)."""
     if lanes + 1 >= k:
         return None
     row = np.zeros(k)
     row[0], row[lanes] = -_SCALED, _SCALED * _SCALED
-    got = pattern_outputs(backend, layer, op, row[None], _SCALED)[0]
+    got = run(row[None], _SCALED)[0]
     exact, rounded = 2.0**-10 + 2.0**-20, 2.0**-10
     return {exact: False, rounded: True}.get(float(got))
+
+
+def _additions_in_fp32(run, k: int, lanes: int) -> bool | None:
+    """16400 then 8 - 2**-17 in one fp16 accumulator, as (16384 and 8 - 2**-7) * (1 + 2**-10):
+    the exact sum lies just below the tie 16408, so one rounding gives 16400; rounded to fp32
+    first it lands on the tie, which goes to even: 16416."""
+    if lanes + 1 >= k:
+        return None
+    row = np.zeros(k)
+    row[0], row[lanes] = 16400.0, 8.0 - 2.0**-17
+    got = float(run(row[None], _SCALED)[0])
+    return {16400.0: False, 16416.0: True}.get(got)
 
 
 def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
@@ -197,26 +213,38 @@ def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
 def measure(backend, layer: Layer, op: str) -> Structure:
     """The structure of `op` at `layer` (see the module docstring); never raises for a
     layer it cannot measure - the Structure's note says why."""
-    k = layer.k(op)
     capacity, why = pattern_rows(layer, op)
     if not capacity:
         return Structure(note=why, derived=_layout_specs(layer, op))
+    return measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale), layer.k(op))
+
+
+def measure_rows(run, k: int) -> Structure:
+    """The structure of any reduction of length k: `run(patterns, scale)` must return
+    sum_k patterns[r, k] for every row r, as the kernel computes it, from operands
+    patterns / scale and a constant scale."""
     if k < 8:
         return Structure(note=f"K = {k} is too short to measure")
+
+    def quiet(patterns, scale):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return run(patterns, scale)
+
     for name, exponent, scale in _TESTS:
         big = 2.0**exponent
 
-        def run(patterns, scale=scale):
-            with np.errstate(over="ignore", invalid="ignore"):
-                return pattern_outputs(backend, layer, op, patterns, scale)
+        def sums(patterns, scale=scale):
+            return quiet(patterns, scale)
 
-        if run(_row(k, big, 0, (1, 2))[None])[0] == 2.0:
+        if sums(_row(k, big, 0, (1, 2))[None])[0] == 2.0:
             continue  # B + 1 was kept: the accumulator is wider than this test's
-        lanes = _lanes(run, k, big)
+        lanes = _lanes(sums, k, big)
         if lanes is None:
             return Structure(name, note="the lane sweep fits no interleaving k mod W")
-        return Structure(name, _boundaries(run, k, big, lanes), lanes,
-                         _products_rounded(backend, layer, op, k, lanes))
+        rounded = _products_rounded(quiet, k, lanes)
+        fp32_additions = _additions_in_fp32(quiet, k, lanes) if name == "fp16" and rounded is False else None
+        return Structure(name, _boundaries(sums, k, big, lanes), lanes, rounded,
+                         additions_in_fp32=fp32_additions)
     return Structure("wider than fp32", note="B + 1 survived at B = 2**24: the accumulator is wider than fp32")
 
 
@@ -245,16 +273,18 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
         return list(structure.derived)
     outer, n = fit
     # the measured product rounding first; the other is cheap to confirm or rule out
-    products = ["", ":product=fp16"] if structure.products_rounded is False else [":product=fp16", ""]
+    steps = ["", ":product=fp16"] if structure.products_rounded is False else [":product=fp16", ""]
+    if structure.additions_in_fp32:  # exact products, each addition rounded to fp32 then fp16
+        steps = [":addition=fp32", *steps]
     output = "" if acc == "fp16" else ", output=fp16"
     specs = []
-    for product in products:
-        inner = f"sequential:{acc}{product}"
+    for step in steps:
+        inner = f"sequential:{acc}{step}"
         bodies = [inner] if structure.lanes == 1 else [
             f"lanes({structure.lanes}, {inner}, combine={order}:{acc})" for order in ("sequential", "pairwise")]
         for body in bodies:
             if n is not None and outer is None and structure.lanes == 1:
-                model = f"chunked:{acc}:n={n}{product}:total={acc}"
+                model = f"chunked:{acc}:n={n}{step}:total={acc}"
             elif n is not None:
                 model = f"splitk(length={n}, {body}, combine={acc})"
             else:

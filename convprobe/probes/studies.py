@@ -164,9 +164,14 @@ def run_identify(configs, ops, *, specs, ks, rows: int, seed: int, device: str, 
             stop = summary["stops_matching_at"]
             row["best model"] = summary["best"]
             row["stops at K"] = "-" if stop is None else stop
+            per_k = summary.get("per_k") or {}
             for k, fraction in summary["fractions"].items():
                 row[f"K={k}"] = f"{fraction:.0%}"
+                if k in per_k and per_k[k]["fraction"] > fraction:  # a K-specific model does better
+                    row[f"K={k}"] += f" ({per_k[k]['fraction']:.0%})"
             row["ties"] = len(summary["perfect"]) if summary["perfect"] else 0
+            row["every K (own model)"] = ("100%" if per_k and all(e["fraction"] == 1.0 for e in per_k.values())
+                                          else f"{sum(e['fraction'] == 1.0 for e in per_k.values())}/{len(per_k)} K")
             ok = {"status": Status.OK.value, "detail": None}
             records.append({**base, **ok, "property": "best_model", "value": summary["best"],
                             "evidence": f"most bitwise matches over K = {', '.join(map(str, summary['fractions']))}"})
@@ -175,10 +180,17 @@ def run_identify(configs, ops, *, specs, ks, rows: int, seed: int, device: str, 
             for k, fraction in summary["fractions"].items():
                 records.append({**base, **ok, "property": f"match_fraction_k{k}", "value": f"{fraction:.6g}",
                                 "evidence": f"{summary['best']} vs observed, {rows} outputs"})
+            for k, entry in (summary.get("per_k") or {}).items():
+                records.append({**base, **ok, "property": f"model_k{k}", "value": entry["best"],
+                                "evidence": f"{entry['fraction']:.6g} of {rows} outputs; measured: "
+                                            f"{', '.join(entry['measured']) or 'no structure'}"})
     frame = frame_from_records(records, "probe")
-    columns = ["configuration", "op", "status", "best model", "stops at K", *(f"K={k}" for k in ks), "ties"]
+    columns = ["configuration", "op", "status", "best model", "stops at K", *(f"K={k}" for k in ks), "ties",
+               "every K (own model)"]
     document = _envelope("identify", params, probe_results, seed=seed, device=device, matches=matches)
-    notes = ["(match = share of outputs bitwise equal to the model's; 'ties' = models matching at every K)",
+    notes = ["(match = share of outputs bitwise equal to the best single model's, in brackets the K's own "
+             "measured model where it does better; 'ties' = models matching at every K; 'every K (own "
+             "model)' = Ks where the model measured at that K matches 100%: see per_k in the JSON)",
              *(n for n in _failure_notes(probe_results) if ": note: " in n)]
     return Outcome(document, table_rows, columns, notes, frame, "probe", probe_results=probe_results)
 

@@ -23,6 +23,8 @@ MODELS = [  # each a structure the probe must recover at LAYER's forward conv (K
     "splitk(length=320, lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16), combine=fp16)",
     "splitk(length=1152, splitk(length=320, sequential:fp16:product=fp16, combine=fp16), combine=fp16)",
     "chunked:fp16:n=1000:total=fp16",
+    "chunked:fp16:n=1032:addition=fp32:total=fp16",
+    "splitk(length=1024, lanes(2, sequential:fp16:addition=fp32, combine=sequential:fp16), combine=fp16)",
     "lanes(4, sequential:fp32, combine=pairwise:fp32, output=fp16)",
     "splitk(length=256, lanes(8, sequential:fp32, combine=sequential:fp32), combine=fp32, output=fp16)",
     "sequential:fp32:output=fp16",
