@@ -49,7 +49,7 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
     """Child side: per layer and op, the measured structure and sampled output bits."""
     from convprobe.errors import UnsupportedConfiguration
     from convprobe.probes.encoding import encode_bits
-    from convprobe.probes.structure import measure
+    from convprobe.probes.layer_patterns import measure
 
     out = []
     for data in layers:

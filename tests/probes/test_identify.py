@@ -61,6 +61,19 @@ def test_a_model_outside_the_family_is_matched_only_up_to_where_it_differs():
     assert summary["fractions"][8192] < 1.0
 
 
+@pytest.mark.parametrize("spec,k", [
+    ("chunked:fp16:n=4096", 8192),  # outside the family: the K's own measured model finds it
+    ("splitk(length=2048, splitk(length=320, sequential:fp16:addition=fp32, combine=fp16), combine=fp16)", 4096),
+    ("splitk(length=320, lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16), combine=fp16)", 1024),
+])
+def test_each_k_gets_its_own_measured_model(spec, k):
+    summary = identify_backend(EmulatedBackend(spec), "matmul", ks=(64, k))["summary"]
+    measured = [parse_model(m).to_spec() for m in summary["per_k"][k]["measured"]]
+    assert parse_model(spec).to_spec() in measured, summary["per_k"][k]
+    assert summary["per_k"][k]["fraction"] == 1.0 and summary["per_k"][64]["fraction"] == 1.0
+    assert summary["fractions"][k] < 1.0  # no single model of the family does it
+
+
 def test_lane_candidates_deal_terms_round_robin():
     cand = parse_candidate("lanes:fp16:w=4:then=pairwise")
     a, filters = inputs(0, 64, rows=6)

@@ -12,7 +12,7 @@ import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import conv2d, conv2d_backprop_filter, conv2d_backprop_input, parse_model
-from convprobe.probes import structure
+from convprobe.probes import layer_patterns, structure
 from convprobe.probes.layers import LAYER_OPS, Layer, op_inputs, run_op
 from conftest import run_cli, run_cli_json
 
@@ -28,18 +28,20 @@ MODELS = [  # each a structure the probe must recover at LAYER's forward conv (K
     "lanes(4, sequential:fp32, combine=pairwise:fp32, output=fp16)",
     "splitk(length=256, lanes(8, sequential:fp32, combine=sequential:fp32), combine=fp32, output=fp16)",
     "sequential:fp32:output=fp16",
+    "chunked:fp32:n=64:product=fp16:total=fp16:output=fp16",  # wide chunks into an fp16 total
+    "chunked:fp32:n=512:total=fp32:output=fp16",
 ]
 
 
 @pytest.mark.parametrize("spec", MODELS)
 def test_the_probe_measures_the_emulated_models_structure(spec):
-    measured = structure.measure(EmulatedBackend(spec), LAYER, "conv2d")
+    measured = layer_patterns.measure(EmulatedBackend(spec), LAYER, "conv2d")
     specs = structure.candidate_specs(measured, LAYER.k("conv2d"))
     assert parse_model(spec).to_spec() in [parse_model(s).to_spec() for s in specs], (measured, specs)
 
 
 def test_a_wider_accumulator_is_named_not_forced():
-    measured = structure.measure(EmulatedBackend("exact:fp64"), LAYER, "conv2d")
+    measured = layer_patterns.measure(EmulatedBackend("exact:fp64"), LAYER, "conv2d")
     assert measured.accumulator == "wider than fp32" and measured.boundaries is None
 
 
@@ -50,15 +52,15 @@ def test_crafted_rows_are_exact_sums_on_every_op(op):
     k = layer.k(op)
     rng = np.random.default_rng(3)
     patterns = rng.integers(-8, 9, (7, k)).astype(np.float64)  # small integers: every order is exact
-    got = structure.pattern_outputs(EmulatedBackend("sequential:fp32"), layer, op, patterns, 1.0)
+    got = layer_patterns.pattern_outputs(EmulatedBackend("sequential:fp32"), layer, op, patterns, 1.0)
     np.testing.assert_array_equal(got, patterns.sum(axis=1))
     # one term moved to the next position changes the result under a position-sensitive model
     row = np.zeros((1, k))
     row[0, 0], row[0, 1], row[0, 2] = 2048.0, 1.0, 1.0
     seq16 = EmulatedBackend("sequential:fp16")
-    assert structure.pattern_outputs(seq16, layer, op, row, 1.0)[0] == 2048.0
+    assert layer_patterns.pattern_outputs(seq16, layer, op, row, 1.0)[0] == 2048.0
     row[0, 0], row[0, k - 1] = 0.0, 2048.0  # the ones first: 1 + 1 = 2 survives
-    assert structure.pattern_outputs(seq16, layer, op, row, 1.0)[0] == 2050.0
+    assert layer_patterns.pattern_outputs(seq16, layer, op, row, 1.0)[0] == 2050.0
 
 
 @pytest.mark.parametrize("boundaries,k,fit", [
@@ -77,7 +79,7 @@ def test_boundaries_fit_a_chunk_and_split_grid_or_nothing(boundaries, k, fit):
 
 def test_a_strided_input_gradient_is_not_measured_and_says_why():
     layer = Layer((1, 8, 8, 4), (3, 3, 4, 6), strides=(2, 2))
-    measured = structure.measure(EmulatedBackend("sequential:fp16"), layer, "conv2d_backprop_input")
+    measured = layer_patterns.measure(EmulatedBackend("sequential:fp16"), layer, "conv2d_backprop_input")
     assert measured.accumulator is None and "strided" in measured.note
     assert structure.candidate_specs(measured, layer.k("conv2d_backprop_input"))[0] == \
         "chunked:fp16:n=6:product=fp16:total=fp16"

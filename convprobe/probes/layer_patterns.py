@@ -1,0 +1,102 @@
+"""Crafted rows placed in a conv layer's three ops, at the layer's exact shape.
+
+Forward: x is the constant and the filter column of output channel o carries row
+o's terms over the taps (i, j, c). Input gradient (stride 1): dy is the constant
+and the 180-degree rotated filter carries input channel c's row over (i, j, o),
+the order `convprobe.emulation.conv2d_backprop_input` reduces. Filter gradient: x
+is the constant and dy's channel o carries the row over the batch positions
+(n, oh, ow). Rows are read at an output whose window lies inside the image.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from convprobe.probes.layers import Layer
+from convprobe.probes.structure import Structure, measure_rows
+
+__all__ = ["measure", "pattern_rows", "pattern_outputs"]
+
+
+def _first(candidates, valid) -> int | None:
+    return next((c for c in candidates if all(valid(c))), None)
+
+
+def _spot(layer: Layer, op: str) -> tuple[int, int] | None:
+    """Where the crafted rows are read: a forward output (or, for the input gradient, an
+    input position) whose window lies wholly inside the image, or for the filter gradient a
+    tap that every output reads inside it. None if the layer has none."""
+    from convprobe.emulation.conv import resolve_padding
+
+    _, h, w, _ = layer.input_shape
+    kh, kw, _, _ = layer.filter_shape
+    _, oh, ow, _ = layer.output_shape
+    pads = resolve_padding(layer.padding, (h, w), (kh, kw), layer.strides, layer.dilation)
+    spots = []
+    for size, k, out, s, d, (top, _) in zip((h, w), (kh, kw), (oh, ow), layer.strides, layer.dilation, pads):
+        if op == "conv2d":
+            spots.append(_first(range(out), lambda o: (0 <= o * s - top + t * d < size for t in range(k))))
+        elif op == "conv2d_backprop_input":  # stride 1: dx[i] reads dy[i + top - t*d]
+            spots.append(_first(range(size), lambda i: (0 <= i + top - t * d < out for t in range(k))))
+        else:
+            spots.append(_first(range(k), lambda t: (0 <= o * s - top + t * d < size for o in range(out))))
+    return None if None in spots else (spots[0], spots[1])
+
+
+def pattern_rows(layer: Layer, op: str) -> tuple[int, str]:
+    """(test rows one call carries, '' or why this op cannot carry crafted rows)."""
+    if op == "conv2d_backprop_input" and layer.strides != (1, 1):
+        return 0, "a strided input gradient reads zeros between dy values: not measured"
+    if _spot(layer, op) is None:
+        return 0, "no output of this layer reads only in-bounds inputs: not measured"
+    return (layer.input_shape[3] if op == "conv2d_backprop_input" else layer.filter_shape[3]), ""
+
+
+def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: float) -> np.ndarray:
+    """sum_k patterns[r, k] for each row r, computed by `op` at `layer`'s shape (see module
+    docstring); rows beyond one call's capacity take several calls."""
+    from convprobe.probes.layers import run_op
+
+    capacity, why = pattern_rows(layer, op)
+    if not capacity:
+        raise ValueError(why)
+    ph, pw = _spot(layer, op)
+    c, (kh, kw, _, cout) = layer.input_shape[3], layer.filter_shape
+    constant = {"conv2d": layer.input_shape, "conv2d_backprop_input": layer.output_shape,
+                "conv2d_backprop_filter": layer.input_shape}[op]
+    filled = np.full(constant, scale, np.float16)
+    out = np.empty(len(patterns))
+    for r0 in range(0, len(patterns), capacity):
+        take = min(capacity, len(patterns) - r0)
+        block = np.zeros((capacity, patterns.shape[1]))
+        block[:take] = patterns[r0:r0 + take]
+        values = (block / scale).astype(np.float16)
+        if op == "conv2d":  # taps (i, j, c) in order
+            got = run_op(backend, layer, op, filled, np.ascontiguousarray(values.T).reshape(layer.filter_shape))[0, ph, pw]
+        elif op == "conv2d_backprop_input":  # taps (i, j, o) of the 180-degree rotated filter, in order
+            w = values.reshape(c, kh, kw, cout)[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)
+            got = run_op(backend, layer, op, filled, np.ascontiguousarray(w))[0, ph, pw]
+        else:  # positions (n, oh, ow) of the batch, in order
+            dy = np.ascontiguousarray(values.T).reshape(layer.output_shape)
+            got = run_op(backend, layer, op, filled, dy)[ph, pw, 0]
+        out[r0:r0 + take] = got[:take].astype(np.float64)
+    return out
+
+
+def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
+    """An input gradient's K runs tap by tap over C_out output channels; where a strided layer
+    keeps the crafted rows out, try the one-tap chunks that the measured stride-1 layers
+    show (fp16 and fp32 accumulators)."""
+    if op != "conv2d_backprop_input":
+        return ()
+    n = layer.filter_shape[3]
+    return (f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16")
+
+
+def measure(backend, layer: Layer, op: str) -> Structure:
+    """The structure of `op` at `layer` (see the module docstring); never raises for a
+    layer it cannot measure - the Structure's note says why."""
+    capacity, why = pattern_rows(layer, op)
+    if not capacity:
+        return Structure(note=why, derived=_layout_specs(layer, op))
+    return measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale), layer.k(op))
