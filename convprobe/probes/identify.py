@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from convprobe.errors import InvalidArgument
-from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
+from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_many, reduce_rows
 
 __all__ = [
     "DEFAULT_KS",
@@ -171,15 +171,12 @@ def _crafted_rows(backend, op: str, k: int, rows: int):
     """`structure.measure_rows`'s runner at the battery's own shape: the crafted terms go in
     the rows (`rows` per call), every filter is the constant."""
     def run(patterns: np.ndarray, scale: float) -> np.ndarray:
-        out = np.empty(len(patterns))
         b = np.full((CHANNELS, k), scale, dtype=np.float16)
-        for r0 in range(0, len(patterns), rows):
-            take = min(rows, len(patterns) - r0)
-            a = np.zeros((rows, k))
-            a[:take] = patterns[r0:r0 + take]
-            sums = reduce_rows(backend, op, (a / scale).astype(np.float16), b, channels(rows))
-            out[r0:r0 + take] = np.asarray(sums, dtype=np.float64)[:take]
-        return out
+        padded = np.zeros((-(-len(patterns) // rows) * rows, k))
+        padded[:len(patterns)] = patterns
+        blocks = (padded / scale).astype(np.float16).reshape(-1, rows, k)
+        sums = reduce_many(backend, op, [(a, b, channels(rows)) for a in blocks])  # one XLA compile
+        return np.concatenate([np.asarray(s, dtype=np.float64) for s in sums])[:len(patterns)]
 
     return run
 

@@ -54,8 +54,8 @@ def pattern_rows(layer: Layer, op: str) -> tuple[int, str]:
 
 def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: float) -> np.ndarray:
     """sum_k patterns[r, k] for each row r, computed by `op` at `layer`'s shape (see module
-    docstring); rows beyond one call's capacity take several calls."""
-    from convprobe.probes.layers import run_op
+    docstring); rows beyond one call's capacity take several calls, run together."""
+    from convprobe.probes.layers import run_ops
 
     capacity, why = pattern_rows(layer, op)
     if not capacity:
@@ -65,22 +65,20 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
     constant = {"conv2d": layer.input_shape, "conv2d_backprop_input": layer.output_shape,
                 "conv2d_backprop_filter": layer.input_shape}[op]
     filled = np.full(constant, scale, np.float16)
-    out = np.empty(len(patterns))
-    for r0 in range(0, len(patterns), capacity):
-        take = min(capacity, len(patterns) - r0)
-        block = np.zeros((capacity, patterns.shape[1]))
-        block[:take] = patterns[r0:r0 + take]
-        values = (block / scale).astype(np.float16)
+    padded = np.zeros((-(-len(patterns) // capacity) * capacity, patterns.shape[1]))
+    padded[:len(patterns)] = patterns
+    operands = []
+    for values in (padded / scale).astype(np.float16).reshape(-1, capacity, patterns.shape[1]):
         if op == "conv2d":  # taps (i, j, c) in order
-            got = run_op(backend, layer, op, filled, np.ascontiguousarray(values.T).reshape(layer.filter_shape))[0, ph, pw]
+            operands.append((filled, np.ascontiguousarray(values.T).reshape(layer.filter_shape)))
         elif op == "conv2d_backprop_input":  # taps (i, j, o) of the 180-degree rotated filter, in order
             w = values.reshape(c, kh, kw, cout)[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)
-            got = run_op(backend, layer, op, filled, np.ascontiguousarray(w))[0, ph, pw]
+            operands.append((filled, np.ascontiguousarray(w)))
         else:  # positions (n, oh, ow) of the batch, in order
-            dy = np.ascontiguousarray(values.T).reshape(layer.output_shape)
-            got = run_op(backend, layer, op, filled, dy)[ph, pw, 0]
-        out[r0:r0 + take] = got[:take].astype(np.float64)
-    return out
+            operands.append((filled, np.ascontiguousarray(values.T).reshape(layer.output_shape)))
+    outputs = run_ops(backend, layer, op, operands)
+    read = [y[0, ph, pw] if op != "conv2d_backprop_filter" else y[ph, pw, 0] for y in outputs]
+    return np.concatenate(read).astype(np.float64)[:len(patterns)]
 
 
 def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:

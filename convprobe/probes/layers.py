@@ -16,7 +16,8 @@ import numpy as np
 
 from convprobe.errors import InvalidArgument, invalid_choice
 
-__all__ = ["LAYER_OPS", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_inputs", "run_op",
+__all__ = ["LAYER_OPS", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_inputs", "op_call", "run_op",
+           "run_ops",
            "keras_layers"]
 
 #: The ops of one conv layer, forward then the two gradients.
@@ -127,17 +128,28 @@ def op_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]
     return first, second
 
 
+def op_call(layer: Layer, op: str, first: np.ndarray, second: np.ndarray) -> tuple[str, tuple, dict]:
+    """(backend method, args, kwargs) of `op` at this layer."""
+    if op not in LAYER_OPS:
+        raise invalid_choice("op", op, LAYER_OPS)
+    shape = {"conv2d": (), "conv2d_backprop_input": (layer.input_shape,),
+             "conv2d_backprop_filter": (layer.filter_shape,)}[op]
+    return op, (first, second, *shape), dict(layer.conv_args)
+
+
 def run_op(backend, layer: Layer, op: str, first: np.ndarray, second: np.ndarray) -> np.ndarray:
     """`op` of this layer on a backend (TensorFlow or the emulator): fp16 outputs."""
-    if op == "conv2d":
-        out = backend.conv2d(first, second, **layer.conv_args)
-    elif op == "conv2d_backprop_input":
-        out = backend.conv2d_backprop_input(first, second, layer.input_shape, **layer.conv_args)
-    elif op == "conv2d_backprop_filter":
-        out = backend.conv2d_backprop_filter(first, second, layer.filter_shape, **layer.conv_args)
-    else:
-        raise invalid_choice("op", op, LAYER_OPS)
-    return np.asarray(out).astype(np.float16)
+    method, args, kwargs = op_call(layer, op, first, second)
+    return np.asarray(getattr(backend, method)(*args, **kwargs)).astype(np.float16)
+
+
+def run_ops(backend, layer: Layer, op: str, operands) -> list[np.ndarray]:
+    """`run_op` on several (first, second) pairs: one XLA compilation where the backend
+    offers `run_together` (TensorFlow), one call each otherwise."""
+    calls = [op_call(layer, op, first, second) for first, second in operands]
+    if hasattr(backend, "run_together"):
+        return [np.asarray(raw).astype(np.float16) for raw in backend.run_together(calls)]
+    return [run_op(backend, layer, op, first, second) for first, second in operands]
 
 
 def keras_layers(model, batch: int) -> list[Layer]:

@@ -154,3 +154,19 @@ def test_identify_names_a_model_for_each_tensorflow_cpu_configuration():
     assert all(default["fractions"][k] == 1.0 for k in DEFAULT_KS if k <= 4096)
     for summary in found.values():
         assert set(summary["fractions"]) == set(DEFAULT_KS)
+
+
+@pytest.mark.tensorflow
+def test_the_ks_own_measured_model_reproduces_tensorflow_where_no_single_model_does():
+    """oneDNN off + fp16 accumulation: beyond K = 1024 no model of the family matches
+    (the kernel's chunks and its thread split change with K); the model measured at each K
+    does, bit for bit."""
+    from conftest import run_cli_json
+
+    doc = run_cli_json("identify", "--configs", "onednn-off+fp16-acc", "--op", "conv2d,einsum",
+                       "--ks", "2048,8192", "--threads", "2")
+    for op, entry in doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"].items():
+        summary = entry["summary"]
+        assert min(summary["fractions"].values()) < 0.99, (op, summary["fractions"])
+        assert {k: e["fraction"] for k, e in summary["per_k"].items()} == {"2048": 1.0, "8192": 1.0}, op
+        assert summary["per_k"]["8192"]["best"].startswith("splitk(length=4096, "), summary["per_k"]["8192"]
