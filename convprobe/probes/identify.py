@@ -137,9 +137,10 @@ def _ks_for(op: str, ks) -> list[int]:
 
 
 def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed: int = 0, layers=None,
-        **_params) -> dict:
-    """Child side: each op's outputs (fp16 bit patterns) on the seeded inputs for every K;
-    with `layers`, the layer mode of `convprobe.probes.layer_identify` instead."""
+        measure: bool = True, **_params) -> dict:
+    """Child side: each op's outputs (fp16 bit patterns) on the seeded inputs for every K, and
+    (`measure`) its structure from crafted rows; with `layers`, the layer mode of
+    `convprobe.probes.layer_identify` instead."""
     from convprobe.errors import UnsupportedConfiguration
     from convprobe.probes.encoding import encode_bits
 
@@ -158,7 +159,8 @@ def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed:
                 a, b = inputs(seed, k, rows)
                 y = np.asarray(reduce_rows(backend, op, a, b, channels(rows))).astype(np.float16)
                 per_k[str(k)] = encode_bits(y)
-                structures[str(k)] = measure_rows(_crafted_rows(backend, op, k, rows), k).to_dict()
+                if measure:
+                    structures[str(k)] = measure_rows(_crafted_rows(backend, op, k, rows), k).to_dict()
             results[op] = {"status": "ok", "bits": per_k, "structures": structures}
         except UnsupportedConfiguration as exc:
             results[op] = {"status": "unsupported", "error": str(exc)}
@@ -301,7 +303,9 @@ def interpret(observed: dict) -> dict:
     }
 
 
-def identify_backend(backend, op: str = "matmul", *, ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed: int = 0, specs=None) -> dict:
-    """In-process identify of one op (the self-check on the emulator): the summary dict and table."""
-    observed = run(backend, ops=[op], ks=ks, rows=rows, seed=seed)
+def identify_backend(backend, op: str = "matmul", *, ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed: int = 0, specs=None,
+                     measure: bool = True) -> dict:
+    """In-process identify of one op (the self-check on the emulator): the summary dict and table;
+    `measure=False` searches the family alone."""
+    observed = run(backend, ops=[op], ks=ks, rows=rows, seed=seed, measure=measure)
     return identify_observed(observed, specs)[op]

@@ -37,7 +37,7 @@ def test_default_ks_run_from_16_to_8192():
     "exact:fp64:output=fp16",
 ])
 def test_identify_on_the_emulator_recovers_the_model_it_was_given(spec):
-    result = identify_backend(EmulatedBackend(spec), "matmul")
+    result = identify_backend(EmulatedBackend(spec), "matmul", measure=False)  # the family alone
     summary = result["summary"]
     assert summary["best"] == spec
     assert summary["perfect"] == [spec]  # no other candidate reproduces it at every K
@@ -46,14 +46,15 @@ def test_identify_on_the_emulator_recovers_the_model_it_was_given(spec):
 
 
 def test_identify_through_conv2d_recovers_the_model_too():
-    result = identify_backend(EmulatedBackend("chunked:fp16:n=32"), "conv2d", ks=(16, 64, 256))
+    result = identify_backend(EmulatedBackend("chunked:fp16:n=32"), "conv2d", ks=(16, 64, 256), measure=False)
     assert result["summary"]["best"] == "chunked:fp16:n=32"
     assert result["summary"]["fractions"] == {16: 1.0, 64: 1.0, 256: 1.0}
 
 
 def test_a_model_outside_the_family_is_matched_only_up_to_where_it_differs():
     # chunks of 4096 in fp16 (not a candidate) are sequential fp16 for K <= 4096: the best stops there
-    result = identify_backend(EmulatedBackend("chunked:fp16:n=4096"), "matmul", ks=(64, 1024, 4096, 8192))
+    result = identify_backend(EmulatedBackend("chunked:fp16:n=4096"), "matmul", ks=(64, 1024, 4096, 8192),
+                              measure=False)
     summary = result["summary"]
     assert summary["best"] == "sequential:fp16"
     assert summary["stops_matching_at"] == 8192
