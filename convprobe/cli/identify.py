@@ -55,7 +55,7 @@ def register(subparsers) -> None:
                        help="the training harness's ResNet (6n+2: 20, 32, ...): every distinct conv layer")
     layer.add_argument("--batch", type=bounded_int(1, 4096), default=None, metavar="N",
                        help="batch size of --keras-model/--resnet-size layers (default: 4)")
-    layer.add_argument("--image-size", type=bounded_int(8, 1024), default=32, metavar="PX",
+    layer.add_argument("--image-size", type=bounded_int(8, 1024), default=None, metavar="PX",
                        help="--resnet-size image side (default: 32)")
     parser.set_defaults(handler=run)
 
@@ -82,9 +82,13 @@ def layers_from_args(args) -> list | None:
     modes = [name for name, given in (("--input-shape/--filter-shape", args.input_shape or args.filter_shape),
                                       ("--keras-model", args.keras_model),
                                       ("--resnet-size", args.resnet_size is not None)) if given]
+    if args.image_size is not None and args.resnet_size is None:
+        raise InvalidArgument("--image-size applies to --resnet-size only")
     if not modes:
         if args.batch is not None:
             raise InvalidArgument("--batch applies to --keras-model and --resnet-size only")
+        if args.strides != "1" or args.padding != "SAME" or args.dilation != "1":
+            raise InvalidArgument("--strides, --padding and --dilation apply to --input-shape/--filter-shape")
         return None
     if len(modes) > 1:
         raise InvalidArgument(f"choose one of --input-shape/--filter-shape, --keras-model, --resnet-size; "
@@ -119,7 +123,7 @@ def layers_from_args(args) -> list | None:
     from convprobe.training.model import build_resnet
 
     resnet_blocks_per_stage(args.resnet_size)  # the one message for a bad depth
-    return keras_layers(build_resnet(args.resnet_size, image_size=args.image_size), batch)
+    return keras_layers(build_resnet(args.resnet_size, image_size=args.image_size or 32), batch)
 
 
 def _load_keras(path: str):

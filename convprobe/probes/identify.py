@@ -173,11 +173,10 @@ def _crafted_rows(backend, op: str, k: int, rows: int):
     """`structure.measure_rows`'s runner at the battery's own shape: the crafted terms go in
     the rows (`rows` per call), every filter is the constant."""
     def run(patterns: np.ndarray, scale: float) -> np.ndarray:
+        from convprobe.probes.structure import blocks
+
         b = np.full((CHANNELS, k), scale, dtype=np.float16)
-        padded = np.zeros((-(-len(patterns) // rows) * rows, k))
-        padded[:len(patterns)] = patterns
-        blocks = (padded / scale).astype(np.float16).reshape(-1, rows, k)
-        sums = reduce_many(backend, op, [(a, b, channels(rows)) for a in blocks])  # one XLA compile
+        sums = reduce_many(backend, op, [(a, b, channels(rows)) for a in blocks(patterns, rows, scale)])
         return np.concatenate([np.asarray(s, dtype=np.float64) for s in sums])[:len(patterns)]
 
     return run
@@ -209,18 +208,16 @@ def predicted_bits(cand: Candidate, *, seed: int, k: int, rows: int) -> tuple[np
 
 def match_fractions(bits_by_k: dict[str, list[str]], cands: list[Candidate], *, rows: int, seed: int) -> dict[str, dict[int, float]]:
     """{candidate name: {K: fraction of outputs bitwise equal}} (NaNs match NaNs of any payload)."""
+    from convprobe.probes.structure import bitwise_equal
+
     table: dict[str, dict[int, float]] = {c.name: {} for c in cands}
     for key, hexes in bits_by_k.items():
         k = int(key)
         observed = np.array([int(h, 16) for h in hexes], dtype=np.uint16)
-        obs_nan = np.isnan(observed.view(np.float16))
         for cand in cands:
             prediction = predicted_bits(cand, seed=seed, k=k, rows=rows)
-            if prediction is None:
-                continue
-            pb, pred_nan = prediction
-            same = (pb == observed) | (obs_nan & pred_nan)
-            table[cand.name][k] = float(np.mean(same))
+            if prediction is not None:
+                table[cand.name][k] = float(np.mean(bitwise_equal(prediction[0], observed)))
     return table
 
 
@@ -251,11 +248,23 @@ def identify_observed(observed: dict, specs=None) -> dict[str, dict]:
     return per_op
 
 
+def _parseable(specs) -> list[Candidate]:
+    """Candidates of the specs the emulator accepts (a measured structure it cannot express
+    is simply not a candidate)."""
+    out = []
+    for spec in specs:
+        try:
+            out.append(parse_candidate(spec))
+        except InvalidArgument:
+            continue
+    return out
+
+
 def best_per_k(result: dict, table: dict[str, dict[int, float]], *, rows: int, seed: int) -> dict[int, dict]:
     """{K: {"best", "fraction", "measured", "structure"}}: at each K, the specs the crafted
     inputs measured there (`structure.candidate_specs`), then the family; ties go to the
     measured spec. The arithmetic changes with K (blocking, threads), so each K has its own."""
-    from convprobe.probes.structure import Structure, candidate_specs
+    from convprobe.probes.structure import Structure, best_of, candidate_specs
 
     out = {}
     for key, hexes in result["bits"].items():
@@ -263,12 +272,12 @@ def best_per_k(result: dict, table: dict[str, dict[int, float]], *, rows: int, s
         structure = result.get("structures", {}).get(key)
         measured = candidate_specs(Structure(**structure), k) if structure else []
         scores = {spec: fr[k] for spec, fr in match_fractions(
-            {key: hexes}, [parse_candidate(spec) for spec in measured], rows=rows, seed=seed).items() if k in fr}
+            {key: hexes}, _parseable(measured), rows=rows, seed=seed).items() if k in fr}
         for name, fractions in table.items():
             if k in fractions:
                 scores.setdefault(name, fractions[k])
         if scores:
-            best = max(scores, key=lambda spec: (scores[spec], -list(scores).index(spec)))
+            best = best_of(scores)
             out[k] = {"best": best, "fraction": scores[best], "measured": measured, "structure": structure}
     return dict(sorted(out.items()))
 

@@ -94,20 +94,18 @@ def _predicted(spec: str, layer: Layer, op: str, seed: int) -> np.ndarray | None
 
 
 def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dict:
-    from convprobe.probes.structure import Structure, candidate_specs
+    from convprobe.probes.structure import Structure, best_of, bitwise_equal, candidate_specs
 
     k = layer.k(op)
     structure = Structure(**result["structure"])
     measured = candidate_specs(structure, k)
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
-    obs_nan = np.isnan(observed.view(np.float16))
     table = {}
     for spec in dict.fromkeys([*measured, *(extra_specs or ()), *BASE_CANDIDATES]):
         predicted = _predicted(spec, layer, op, seed)
         if predicted is not None:
-            same = (predicted == observed) | (obs_nan & np.isnan(predicted.view(np.float16)))
-            table[spec] = float(np.mean(same))
-    best = max(table, key=lambda s: (table[s], -list(table).index(s))) if table else None
+            table[spec] = float(np.mean(bitwise_equal(predicted, observed)))
+    best = best_of(table) if table else None
     fraction = table.get(best, 0.0)
     perfect = [s for s, f in table.items() if f == 1.0]
     return {"best": best, "fractions": {k: fraction} if best else {},
@@ -153,7 +151,7 @@ def identify_observed(observed: dict, extra_specs=None) -> list[tuple[Layer, str
 def interpret(observed: dict) -> dict:
     """The verdict row: accumulation from the measured accumulators, best specs per op."""
     accumulators = {r["structure"].get("accumulator") for e in observed.get("layers", [])
-                    for r in e["ops"].values() if r.get("status") == "ok"}
+                    for r in e["ops"].values() if r.get("status") == "ok"} - {None}  # unmeasured ops say nothing
     accumulation = (next(iter(accumulators)) if len(accumulators) == 1 and None not in accumulators
                     else "mixed" if accumulators and None not in accumulators else "unknown")
     if accumulation == "wider than fp32":

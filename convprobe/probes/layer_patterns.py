@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from convprobe.probes.layers import Layer
-from convprobe.probes.structure import Structure, measure_rows
+from convprobe.probes.structure import Structure, blocks, measure_rows
 
 __all__ = ["measure", "pattern_rows", "pattern_outputs"]
 
@@ -65,10 +65,8 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
     constant = {"conv2d": layer.input_shape, "conv2d_backprop_input": layer.output_shape,
                 "conv2d_backprop_filter": layer.input_shape}[op]
     filled = np.full(constant, scale, np.float16)
-    padded = np.zeros((-(-len(patterns) // capacity) * capacity, patterns.shape[1]))
-    padded[:len(patterns)] = patterns
     operands = []
-    for values in (padded / scale).astype(np.float16).reshape(-1, capacity, patterns.shape[1]):
+    for values in blocks(patterns, capacity, scale):
         if op == "conv2d":  # taps (i, j, c) in order
             operands.append((filled, np.ascontiguousarray(values.T).reshape(layer.filter_shape)))
         elif op == "conv2d_backprop_input":  # taps (i, j, o) of the 180-degree rotated filter, in order

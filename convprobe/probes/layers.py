@@ -10,6 +10,7 @@ own length K (`Layer.k`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,8 +68,12 @@ class Layer:
         if min(self.output_shape) < 1:
             raise InvalidArgument(f"input {h}x{w} is too small for a {kh}x{kw} filter with dilation "
                                   f"{self.dilation} and padding {self.padding}")
-        sizes = {"input": int(np.prod(self.input_shape)), "output": int(np.prod(self.output_shape)),
-                 "forward im2col": int(np.prod(self.output_shape[:3])) * kh * kw * c}
+        if max(self.strides) > 1 and max(self.dilation) > 1:
+            raise InvalidArgument(f"strides {self.strides} and dilation {self.dilation}: TensorFlow's conv2d "
+                                  f"takes strides > 1 or dilation > 1, not both")
+        sizes = {"input": math.prod(self.input_shape), "output": math.prod(self.output_shape),
+                 "forward im2col": math.prod(self.output_shape[:3]) * kh * kw * c,
+                 "input-gradient im2col": n * h * w * kh * kw * cout}
         for what, size in sizes.items():
             if size > MAX_LAYER_ELEMENTS:
                 raise InvalidArgument(f"the layer's {what} has {size} elements; at most {MAX_LAYER_ELEMENTS} "
@@ -168,10 +173,19 @@ def keras_layers(model, batch: int) -> list[Layer]:
         if item.data_format != "channels_last" or item.groups != 1:
             raise InvalidArgument(f"layer {item.name}: only channels_last, groups=1 Conv2D layers can be "
                                   f"identified; it has {item.data_format}, groups={item.groups}")
-        _, h, w, c = item.input.shape
+        try:
+            _, h, w, c = item.input.shape
+        except (AttributeError, ValueError) as exc:
+            raise InvalidArgument(f"layer {item.name}: its input shape is not known (is the model built?)") from exc
+        if None in (h, w, c):
+            raise InvalidArgument(f"layer {item.name}: input shape {tuple(item.input.shape)} has an unknown "
+                                  f"size; identify needs fixed H, W and C (save the model with a fixed input)")
         kh, kw = item.kernel_size
-        layer = Layer((batch, int(h), int(w), int(c)), (kh, kw, int(c), int(item.filters)),
-                      tuple(item.strides), item.padding.upper(), tuple(item.dilation_rate), item.name)
+        try:
+            layer = Layer((batch, int(h), int(w), int(c)), (kh, kw, int(c), int(item.filters)),
+                          tuple(item.strides), item.padding.upper(), tuple(item.dilation_rate), item.name)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"layer {item.name}: {exc}") from None
         found.setdefault(layer, None)
     if not found:
         raise InvalidArgument("the model has no Conv2D layer to identify")

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Structure", "measure_rows", "grids", "candidate_specs"]
+__all__ = ["Structure", "measure_rows", "grids", "candidate_specs", "blocks", "best_of", "bitwise_equal"]
 
 class Probe(NamedTuple):
     """B and the unit whose sum with B is a tie in the accumulator under test."""
@@ -68,28 +68,43 @@ class Structure:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @property
-    def chunk(self) -> int | None:
-        """The chunk length when the boundaries are its multiples (the last chunk may be
-        shorter); None when they are irregular or absent."""
-        if not self.boundaries:
-            return None
-        n = self.boundaries[0]
-        return n if self.boundaries == list(range(n, n * (len(self.boundaries) + 1), n)) else None
 
 
-def _row(k: int, test: Probe, origin: int, units) -> np.ndarray:
+#: Rows per `run` call while sweeping: the rows are K long, so a sweep is built in blocks.
+_BLOCK = 256
+
+
+def blocks(patterns: np.ndarray, capacity: int, scale: float) -> np.ndarray:
+    """The rows as fp16 operands, `capacity` to a call: (calls, capacity, K), zero-padded."""
+    padded = np.zeros((-(-len(patterns) // capacity) * capacity, patterns.shape[1]))
+    padded[:len(patterns)] = patterns
+    return (padded / scale).astype(np.float16).reshape(-1, capacity, patterns.shape[1])
+
+
+def _row(k: int, test: Probe, origin: int, units, end: int | None = None) -> np.ndarray:
+    """B at `origin`, -B at `end` (default K-1), a unit at each of `units`."""
     row = np.zeros(k)
     row[origin] += test.big
-    row[k - 1] -= test.big
+    row[k - 1 if end is None else end] -= test.big
     for j in units:
         row[j] += test.unit
     return row
 
 
-def _kept(run, k: int, test: Probe, origin: int, pairs) -> np.ndarray:
+def _kept(run, k: int, test: Probe, origin: int, pairs, end: int | None = None) -> np.ndarray:
     """For each (i, j): did the two units at i and j survive B at `origin` (output 2 units)?"""
-    return run(np.stack([_row(k, test, origin, pair) for pair in pairs])) == 2 * test.unit
+    pairs = list(pairs)
+    out = [run(np.stack([_row(k, test, origin, pair, end) for pair in pairs[i:i + _BLOCK]]))
+           for i in range(0, len(pairs), _BLOCK)]
+    return np.concatenate(out) == 2 * test.unit if out else np.zeros(0, dtype=bool)
+
+
+def _kept_anywhere_end(run, k: int, test: Probe, pairs, last: int | None = None) -> np.ndarray:
+    """`_kept` with -B at `last` (default K-1), `last` - 1 and `last` - 2 in turn, kept only if
+    kept every time: with W lanes -B may share a lane with B or with a unit, and then the B's
+    cancel before any rounding."""
+    last = k - 1 if last is None else last
+    return np.logical_and.reduce([_kept(run, k, test, 0, pairs, end) for end in (last, last - 1, last - 2)])
 
 
 def _starts(run, k: int, test: Probe, origin: int, stop: int, lanes: int) -> list[int]:
@@ -127,14 +142,21 @@ def _narrow_totals(run, k: int) -> list[int]:
     return [int(j) + 1 for j, ok in zip(js, kept) if not ok]
 
 
-def _lanes(run, k: int, test: Probe) -> int | None:
-    """W from B at 0 and units at 1 and 1 + d: the units meet first exactly when W | d."""
-    ds = np.arange(1, min(MAX_LANES, k - 3) + 1)
-    kept = _kept(run, k, test, 0, [(1, 1 + d) for d in ds])
+def _lanes(run, k: int, test: Probe, last: int | None = None) -> int | None:
+    """W from B at 0 and units at 1 and 1 + d: the units meet first exactly when W | d, up to
+    the first multiple of W that is lost (a chunk ends there). -B goes at `last` or just
+    before it (default: the end of the row)."""
+    last = k - 1 if last is None else last
+    ds = np.arange(1, min(MAX_LANES, last - 4) + 1)
+    if len(ds) == 0:
+        return 1
+    kept = _kept_anywhere_end(run, k, test, [(1, 1 + d) for d in ds], last)
     if not kept.any():
         return 1
     width = int(ds[np.argmax(kept)])
-    return width if np.array_equal(kept, ds % width == 0) else None
+    expected = ds % width == 0
+    stop = next((i for i, (want, got) in enumerate(zip(expected, kept)) if want and not got), len(ds))
+    return width if np.array_equal(kept[:stop], expected[:stop]) and not kept[stop:].any() else None
 
 
 def _products_rounded(run, k: int, lanes: int) -> bool | None:
@@ -160,12 +182,18 @@ def _additions_in_fp32(run, k: int, lanes: int) -> bool | None:
     return {16400.0: False, 16416.0: True}.get(got)
 
 
+#: Longest reduction measured: a sweep runs K rows of K terms.
+MAX_MEASURED_K = 16384
+
+
 def measure_rows(run, k: int) -> Structure:
     """The structure of any reduction of length k: `run(patterns, scale)` must return
     sum_k patterns[r, k] for every row r, as the kernel computes it, from operands
     patterns / scale and a constant scale."""
     if k < 8:
         return Structure(note=f"K = {k} is too short to measure")
+    if k > MAX_MEASURED_K:
+        return Structure(note=f"K = {k} is above {MAX_MEASURED_K}: not measured (a sweep costs K**2 terms)")
 
     def quiet(patterns, scale):
         with np.errstate(over="ignore", invalid="ignore"):
@@ -174,19 +202,17 @@ def measure_rows(run, k: int) -> Structure:
     def sums(patterns):  # every B/unit term is an fp16 number: the constant operand is 1
         return quiet(patterns, 1.0)
 
-    if not _kept(sums, k, FP16_PROBE, 0, [(1, 2)])[0]:  # B + 1 tied back to B: fp16 accumulator
-        lanes = _lanes(sums, k, FP16_PROBE)
-        if lanes is None:
-            return Structure("fp16", note="the lane sweep fits no interleaving k mod W")
-        rounded = _products_rounded(quiet, k, lanes)
-        return Structure("fp16", _boundaries(sums, k, FP16_PROBE, lanes), lanes, rounded, total="fp16",
-                         additions_in_fp32=_additions_in_fp32(quiet, k, lanes) if rounded is False else None)
+    if not _kept_anywhere_end(sums, k, FP16_PROBE, [(1, 2)])[0]:  # B + 1 tied back to B: fp16
+        return _fp16_structure(sums, quiet, k)
     totals = _narrow_totals(sums, k)
-    if _kept(sums, k, FP32_PROBE, 0, [(1, 2)])[0]:
+    last = totals[0] - 1 if totals else None  # cancel B inside the wide first chunk
+    if last is not None and last < 8:
+        return Structure(note=f"wide partial sums of {totals[0]} terms into an fp16 total: too short to measure")
+    if _kept_anywhere_end(sums, k, FP32_PROBE, [(1, 2)], last)[0]:
         if totals:
             return Structure(note=f"wider than fp32 inside partial sums that start at {totals[:8]} ...")
         return Structure("wider than fp32", note="B + 2**-11 survived at B = 2**13: wider than fp32")
-    lanes = _lanes(sums, k, FP32_PROBE)
+    lanes = _lanes(sums, k, FP32_PROBE, last)
     if lanes is None:
         return Structure("fp32", note="the lane sweep fits no interleaving k mod W")
     boundaries = totals or _boundaries(sums, k, FP32_PROBE, lanes)
@@ -194,7 +220,25 @@ def measure_rows(run, k: int) -> Structure:
                      total="fp16" if totals else "fp32")
 
 
-def grids(boundaries: list[int], k: int) -> tuple[int | None, int | None] | None:
+def _fp16_structure(sums, quiet, k: int) -> Structure:
+    """An fp16 accumulator: lanes, starts, the total's format, products and double rounding.
+    An fp32 total hides every start after the first from B at 0 (units at n and K-2 both
+    survive): then the chunks are taken as every n, which the confirmation checks."""
+    lanes = _lanes(sums, k, FP16_PROBE)
+    if lanes is None:
+        return Structure("fp16", note="the lane sweep fits no interleaving k mod W")
+    boundaries, total, note = _boundaries(sums, k, FP16_PROBE, lanes), "fp16", ""
+    if boundaries and boundaries[0] < k - 2 and _kept(sums, k, FP16_PROBE, 0, [(boundaries[0], k - 2)])[0]:
+        n = boundaries[0]
+        if len(boundaries) > 1 or n * 2 < k:
+            total, note = "fp32", "fp32 total: starts after the first are taken as every n"
+        boundaries = list(range(n, k, n))
+    rounded = _products_rounded(quiet, k, lanes)
+    return Structure("fp16", boundaries, lanes, rounded, note=note, total=total,
+                     additions_in_fp32=_additions_in_fp32(quiet, k, lanes) if rounded is False else None)
+
+
+def grids(boundaries: list[int], k: int, lanes: int = 1) -> tuple[int | None, int | None] | None:
     """(split-K range length, chunk length) whose grids give exactly these boundaries: chunks
     of n from 0 (the last may be shorter), or ranges of P each chunked by n from its own
     start. (None, None) for no boundary; None when no such pair fits."""
@@ -205,7 +249,8 @@ def grids(boundaries: list[int], k: int) -> tuple[int | None, int | None] | None
     starts = range(0, k, outer) if outer else [0]
     span = outer or k
     expected = sorted({m for s in starts for m in range(s + n, min(s + span, k), n)} | set(starts[1:]))
-    return (outer, n) if expected == boundaries else None
+    visible = k - 2 - lanes  # a start this close to the end has no room for its pair of units
+    return (outer, n) if [m for m in expected if m <= visible] == [m for m in boundaries if m <= visible] else None
 
 
 def candidate_specs(structure: Structure, k: int) -> list[str]:
@@ -214,7 +259,7 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
     acc = structure.accumulator
     if acc == "wider than fp32":
         return ["exact:fp64:output=fp16", "sequential:fp64:output=fp16"]
-    fit = grids(structure.boundaries or [], k)
+    fit = grids(structure.boundaries or [], k, structure.lanes or 1)
     if acc is None or structure.lanes is None or fit is None:
         return list(structure.derived)
     outer, n = fit
@@ -222,8 +267,8 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
     steps = ["", ":product=fp16"] if structure.products_rounded is False else [":product=fp16", ""]
     if structure.additions_in_fp32:  # exact products, each addition rounded to fp32 then fp16
         steps = [":addition=fp32", *steps]
-    output = "" if acc == "fp16" else ", output=fp16"
     total = structure.total or acc
+    output = "" if acc == total == "fp16" else ", output=fp16"
     specs = []
     for step in steps:
         inner = f"sequential:{acc}{step}"
@@ -241,13 +286,27 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
             if output:
                 model = model[:-1] + output + ")" if model.endswith(")") else model + ":output=fp16"
             specs.append(model)
-    if total == "fp16" and n is not None and outer is None:  # fp32 totals would hide every start after the first
-        specs += [_wide_totals(spec) for spec in specs]
+    if acc == "fp16" and n is not None and outer is None:  # the other total format: cheap to rule out
+        specs += [_other_totals(spec, total) for spec in specs]
     return specs
 
 
-def _wide_totals(spec: str) -> str:
-    """The same chunks with their totals added in fp32 (and the result rounded to fp16)."""
+def _other_totals(spec: str, total: str) -> str:
+    """An fp16-accumulator chunk spec with its totals in the other format (fp16 <-> fp32)."""
+    other = "fp32" if total == "fp16" else "fp16"
     if spec.startswith("chunked"):
-        return spec.replace(":total=fp16", ":total=fp32")
-    return spec.removesuffix("combine=fp16)") + "combine=fp32, output=fp16)"
+        return spec.replace(f":total={total}", f":total={other}")
+    body = spec.removesuffix(f"combine={total})").removesuffix(f"combine={total}, output=fp16)")
+    return body + ("combine=fp32, output=fp16)" if other == "fp32" else "combine=fp16)")
+
+
+def best_of(scores: dict[str, float]) -> str:
+    """The spec with the highest score, the earliest on ties (the measured ones come first)."""
+    order = list(scores)
+    return max(order, key=lambda spec: (scores[spec], -order.index(spec)))
+
+
+def bitwise_equal(predicted: np.ndarray, observed: np.ndarray) -> np.ndarray:
+    """fp16 bit patterns equal, NaNs matching NaNs of any payload."""
+    nan = np.isnan(predicted.view(np.float16)) & np.isnan(observed.view(np.float16))
+    return (predicted == observed) | nan

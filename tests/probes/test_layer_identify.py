@@ -40,9 +40,50 @@ def test_the_probe_measures_the_emulated_models_structure(spec):
     assert parse_model(spec).to_spec() in [parse_model(s).to_spec() for s in specs], (measured, specs)
 
 
+@pytest.mark.parametrize("spec,layer", [
+    ("chunked:fp16:n=320", LAYER),  # fp32 totals: every start after the first is hidden from B at 0
+    ("lanes(4, sequential:fp16, combine=sequential:fp16)", Layer((1, 6, 6, 17), (1, 1, 17, 4))),  # K = 1 mod 4
+    ("lanes(4, sequential:fp32, combine=pairwise:fp32, output=fp16)", Layer((1, 6, 6, 18), (1, 1, 18, 4))),
+    ("splitk(length=32, lanes(8, sequential:fp16:product=fp16, combine=sequential:fp16), combine=fp16)",
+     Layer((1, 6, 6, 128), (1, 1, 128, 8))),  # chunks shorter than the lane sweep
+    ("chunked:fp16:n=64:total=fp16", Layer((1, 6, 6, 129), (1, 1, 129, 8))),  # a start near K-1
+])
+def test_hard_structures_are_measured_and_reproduced(spec, layer):
+    backend = EmulatedBackend(spec)
+    measured = layer_patterns.measure(backend, layer, "conv2d")
+    specs = structure.candidate_specs(measured, layer.k("conv2d"))
+    x, w = op_inputs(layer, "conv2d", 5)
+    truth = run_op(backend, layer, "conv2d", x, w)
+    assert any(np.array_equal(run_op(EmulatedBackend(s), layer, "conv2d", x, w).view(np.uint16), truth.view(np.uint16))
+               for s in specs), (measured, specs)
+
+
 def test_a_wider_accumulator_is_named_not_forced():
     measured = layer_patterns.measure(EmulatedBackend("exact:fp64"), LAYER, "conv2d")
     assert measured.accumulator == "wider than fp32" and measured.boundaries is None
+
+
+@pytest.mark.parametrize("op", LAYER_OPS)
+@pytest.mark.parametrize("layer", [
+    Layer((2, 7, 7, 4), (3, 3, 4, 5), padding="VALID"),
+    Layer((2, 9, 8, 3), (3, 2, 3, 4), strides=(2, 1)),
+    Layer((1, 9, 9, 2), (3, 3, 2, 3), dilation=(2, 1)),
+], ids=lambda layer: layer.label)
+def test_crafted_rows_land_in_the_emulators_reduction_order(op, layer):
+    """Random fp16 rows summed in an order-sensitive fp16 accumulator: pattern_outputs must
+    give exactly what the emulator's dot gives for the rows in their own order."""
+    from convprobe.emulation import dot
+
+    if layer_patterns.pattern_rows(layer, op)[0] == 0:
+        pytest.skip(layer_patterns.pattern_rows(layer, op)[1])  # strided input gradient: not measured
+    k = layer.k(op)
+    rows = np.random.default_rng(1).uniform(0, 1, (6, k)).astype(np.float16).astype(np.float64)
+    model = parse_model("sequential:fp16")
+    got = layer_patterns.pattern_outputs(EmulatedBackend(model), layer, op, rows, 1.0)
+    want = np.asarray(dot(rows, np.ones_like(rows), model), dtype=np.float64)
+    np.testing.assert_array_equal(got, want)
+    reversed_order = np.asarray(dot(rows[:, ::-1], np.ones_like(rows), model), dtype=np.float64)
+    assert not np.array_equal(got, reversed_order) or k < 4  # the order is visible in these sums
 
 
 @pytest.mark.parametrize("op", LAYER_OPS)
@@ -71,7 +112,8 @@ def test_crafted_rows_are_exact_sums_on_every_op(op):
     ([320, 513, 833], 1024, (513, 320)),
     ([], 1024, (None, None)),
     ([1160], 2304, (None, 1160)),
-    ([1160], 2321, None),  # a second chunk would start at 2320
+    ([1160], 2400, None),  # a second chunk would start at 2320
+    ([1160], 2321, (None, 1160)),  # ... but a start at K-1 leaves no room to see it
 ])
 def test_boundaries_fit_a_chunk_and_split_grid_or_nothing(boundaries, k, fit):
     assert structure.grids(boundaries, k) == fit
@@ -86,7 +128,7 @@ def test_a_strided_input_gradient_is_not_measured_and_says_why():
 
 
 def test_run_op_is_the_emulator_conv_api():
-    layer = Layer((2, 7, 7, 3), (3, 3, 3, 4), strides=(2, 1), padding="VALID", dilation=(1, 2))
+    layer = Layer((2, 7, 7, 3), (3, 3, 3, 4), strides=(2, 1), padding="VALID")
     model = parse_model("chunked:fp16:n=5:product=fp16:total=fp16")
     backend = EmulatedBackend(model)
     x, w = op_inputs(layer, "conv2d", 0)
