@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import run_cli_json
 
 from convprobe.backends import EmulatedBackend
 from convprobe.emulation import dot, parse_model
@@ -157,13 +158,12 @@ def test_identify_names_a_model_for_each_tensorflow_cpu_configuration():
         assert set(summary["fractions"]) == set(DEFAULT_KS)
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow
 def test_the_ks_own_measured_model_reproduces_tensorflow_where_no_single_model_does():
     """oneDNN off + fp16 accumulation: beyond K = 1024 no model of the family matches
     (the kernel's chunks and its thread split change with K); the model measured at each K
     does, bit for bit."""
-    from conftest import run_cli_json
-
     doc = run_cli_json("identify", "--configs", "onednn-off+fp16-acc", "--op", "conv2d,einsum",
                        "--ks", "2048,8192", "--threads", "2")
     for op, entry in doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"].items():
