@@ -196,3 +196,21 @@ def test_real_tensorflow_layers_are_reproduced_bit_for_bit(tmp_path):
     assert best[("1,4,4,6144", "conv2d")] == {
         "splitk(length=3072, splitk(length=320, lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16), "
         "combine=fp16), combine=fp16)"}
+
+
+@pytest.mark.tensorflow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Keras' own save path, not ours
+def test_keras_models_identify_cannot_take_are_one_line_refusals(tmp_path):
+    import keras
+
+    dense = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    dense.save(tmp_path / "dense.keras")
+    inputs = keras.Input((None, None, 3))
+    keras.Model(inputs, keras.layers.Conv2D(4, 3, name="free_size")(inputs)).save(tmp_path / "free.keras")
+    for name, message in (("dense.keras", "the model has no Conv2D layer to identify"),
+                          ("free.keras", "layer free_size: input shape (None, None, None, 3) has an unknown size")):
+        proc = run_cli("identify", "--configs", "none", "--model", "sequential:fp16",
+                       "--keras-model", str(tmp_path / name))
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("convprobe")]
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
