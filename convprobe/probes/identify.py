@@ -186,12 +186,12 @@ def _bits(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values.astype(np.float16)).view(np.uint16)
 
 
-_PREDICTIONS: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
+_PREDICTIONS: dict[tuple, np.ndarray | None] = {}
 _PREDICTIONS_LOCK = threading.Lock()
 
 
-def predicted_bits(cand: Candidate, *, seed: int, k: int, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(fp16 bit patterns, NaN mask) of a candidate on the seeded inputs; cached, since every
+def predicted_bits(cand: Candidate, *, seed: int, k: int, rows: int) -> np.ndarray | None:
+    """The fp16 bit patterns of a candidate on the seeded inputs; cached, since every
     configuration and op is compared with the same predictions. None if the candidate cannot run."""
     key = (cand.name, seed, k, rows)
     with _PREDICTIONS_LOCK:
@@ -200,7 +200,7 @@ def predicted_bits(cand: Candidate, *, seed: int, k: int, rows: int) -> tuple[np
             try:
                 with np.errstate(over="ignore", invalid="ignore"):
                     predicted = cand.compute(a, b)
-                _PREDICTIONS[key] = (_bits(predicted), np.isnan(predicted))
+                _PREDICTIONS[key] = _bits(predicted)
             except InvalidArgument:
                 _PREDICTIONS[key] = None
         return _PREDICTIONS[key]
@@ -217,7 +217,7 @@ def match_fractions(bits_by_k: dict[str, list[str]], cands: list[Candidate], *, 
         for cand in cands:
             prediction = predicted_bits(cand, seed=seed, k=k, rows=rows)
             if prediction is not None:
-                table[cand.name][k] = float(np.mean(bitwise_equal(prediction[0], observed)))
+                table[cand.name][k] = float(np.mean(bitwise_equal(prediction, observed)))
     return table
 
 
