@@ -14,7 +14,7 @@ specialised ones; `_native_fp16`: the CPU's fp16 FMA; `_kernels`: which one runs
 """
 
 from convprobe.emulation import gpus, oracle
-from convprobe.emulation.composites import Lanes, SplitK
+from convprobe.emulation.composites import Lanes, Reverse, SplitK
 from convprobe.emulation.conv import conv2d, conv2d_backprop_filter, conv2d_backprop_input
 from convprobe.emulation.models import (
     AccumulationModel,
@@ -37,6 +37,7 @@ __all__ = [
     "Exact",
     "SplitK",
     "Lanes",
+    "Reverse",
     "parse_model",
     "round_to_format",
     "dot",

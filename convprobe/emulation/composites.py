@@ -9,12 +9,15 @@
   k mod width), each lane reduced by `inner`, and the lane results then reduced, in
   lane order, by the model `combine` (as products with 1): what a SIMD reduction over
   the contracted axis does.
+* `Reverse` - the terms reduced by `inner` from the last to the first, as a fold that
+  adds each accumulator into the next one's sum does (Eigen's inner product combines its
+  packet accumulators as ``p0 + (p1 + (p2 + p3))``).
 
 Inner models may be any model, tensor-core presets and other composites included, but
 not stochastically rounded ones (their random streams are keyed per output of one
 reduction). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
 ``splitk(length=1024, sequential:fp16, combine=fp32)``,
-``lanes(8, sequential:fp32, combine=pairwise:fp32)``.
+``lanes(8, sequential:fp32, combine=pairwise:fp32)``, ``reverse(sequential:fp16)``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32, Format
 from convprobe.options import Rounding
 
-__all__ = ["SplitK", "Lanes", "COMPOSITE_KINDS", "ranges", "add_rounded", "split_arguments",
+__all__ = ["SplitK", "Lanes", "Reverse", "COMPOSITE_KINDS", "ranges", "add_rounded", "split_arguments",
            "parse_composite"]
 
 
@@ -209,7 +212,45 @@ class Lanes(_Composite):
         out[:, col0:col0 + n] = self._finish(self._combined(sums)).reshape(m, n)
 
 
-COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes}
+@dataclass(frozen=True)
+class Reverse(_Composite):
+    """The terms reduced by `inner` in reverse index order (K-1 first)."""
+
+    kind: ClassVar[str] = "reverse"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inner, AccumulationModel):
+            object.__setattr__(self, "accumulator", self.inner.accumulator)
+            if self.output is None:
+                object.__setattr__(self, "output", self.inner.output)
+        super().__post_init__()
+
+    def to_spec(self) -> str:
+        extra = "" if self.output == self.inner.output else f", output={self.output.name}"
+        return f"reverse({self.inner.to_spec()}{extra})"
+
+    @property
+    def name(self) -> str:
+        return self.to_spec()
+
+    def _describe_kind(self) -> str:
+        return f"the terms from last to first, reduced as [{self.inner.describe()}]"
+
+    def reduce_rows(self, a, b, c):
+        if c is not None:
+            raise InvalidArgument("c (an accumulator input) is not defined for reverse models")
+        out = self.inner.reduce_rows(np.ascontiguousarray(a[:, ::-1]), np.ascontiguousarray(b[:, ::-1]), None)
+        return self._finish(np.asarray(out, np.float64))
+
+    def gemm_into(self, a, w, out, col0, inputs_fp16):
+        m, n = a.shape[0], w.shape[1]
+        part = np.empty((m, n), dtype=np.float64)
+        self.inner.gemm_into(np.ascontiguousarray(a[:, ::-1], np.float64),
+                             np.ascontiguousarray(w[::-1], np.float64), part, 0, inputs_fp16)
+        out[:, col0:col0 + n] = self._finish(part)
+
+
+COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes, "reverse": Reverse}
 
 
 def split_arguments(text: str) -> list[str]:
@@ -232,7 +273,7 @@ def split_arguments(text: str) -> list[str]:
 
 
 def parse_composite(spec: str, parse_model) -> AccumulationModel:
-    """``KIND(POSITIONAL, ..., KEY=VALUE, ...)`` for KIND in splitk, lanes."""
+    """``KIND(POSITIONAL, ..., KEY=VALUE, ...)`` for KIND in splitk, lanes, reverse."""
     from convprobe.errors import invalid_choice
 
     head, _, rest = spec.partition("(")
@@ -250,9 +291,11 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         else:
             positional.append(a)
     usage = {"splitk": "splitk(PARTS | length=N, INNER, combine=FORMAT[, output=FORMAT])",
-             "lanes": "lanes(WIDTH, INNER, combine=MODEL)"}[kind]
+             "lanes": "lanes(WIDTH, INNER, combine=MODEL)",
+             "reverse": "reverse(INNER[, output=FORMAT])"}[kind]
     allowed = {"splitk": {"length", "combine", "output", "inner", "parts"},
-               "lanes": {"combine", "output", "inner", "width"}}[kind]
+               "lanes": {"combine", "output", "inner", "width"},
+               "reverse": {"output", "inner"}}[kind]
     unknown = sorted(set(keywords) - allowed)
     if unknown:
         raise invalid_choice(f"{kind} parameter", unknown[0], sorted(allowed))
@@ -265,7 +308,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
 
     values: dict[str, Any] = {}
     size_name = "parts" if kind == "splitk" else "width"
-    if positional and positional[0].strip().lstrip("-").isdigit():
+    if kind != "reverse" and positional and positional[0].strip().lstrip("-").isdigit():
         values[size_name] = integer(size_name, positional.pop(0))
     if positional:
         values["inner"] = positional.pop(0)
@@ -278,6 +321,8 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     if "inner" not in values:
         raise InvalidArgument(f"{kind} needs an inner model: {usage}; received {spec!r}")
     inner = parse_model(values.pop("inner"))
+    if kind == "reverse":
+        return Reverse(inner=inner, output=values.pop("output", None))
     if kind == "splitk":
         combine = resolve_format(values.pop("combine", "fp32"), "combine")
         return SplitK(combine, inner=inner, output=values.pop("output", None), **values)

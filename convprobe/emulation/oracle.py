@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from convprobe.emulation.composites import Lanes, SplitK
+from convprobe.emulation.composites import Lanes, Reverse, SplitK
 from convprobe.emulation.conv import conv_output_shape, pair, resolve_padding
 from convprobe.emulation.models import (
     AccumulationModel,
@@ -254,6 +254,8 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
             part = reduce(a[j0:j0 + size], b[j0:j0 + size], model.inner)
             total = st.rnd(_add(total, part), model.accumulator, "nearest_even")
         return st.rnd(total, model.output, "nearest_even")
+    if isinstance(model, Reverse):
+        return st.rnd(reduce(a[::-1], b[::-1], model.inner), model.output, "nearest_even")
     if isinstance(model, Lanes):
         sums = [reduce(a[lane::model.width], b[lane::model.width], model.inner)
                 for lane in range(model.width)]

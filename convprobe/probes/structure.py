@@ -16,6 +16,11 @@ a pure function of observed outputs:
   added to an fp16 total show as single lost pairs (`_narrow_totals`).
 - **lanes**: B at 0 and units at 1 and 1 + d: with W interleaved accumulators
   (term k goes to k mod W) the ones meet each other first exactly when W | d.
+- **narrow lanes, wide combine** (`_narrow_lanes`): B at 0 and one unit at j. Where
+  fp16 lanes are summed in a wider format at the end (a SIMD dot product whose
+  horizontal sum runs in fp32), the unit is lost exactly when W | j: only there does
+  it share B's fp16 lane. The lane's own structure is then measured on lane 0 alone
+  (every term at k = 0 mod W), as a reduction of K / W terms.
 - **product rounding**: -(1 + 2**-10) then (1 + 2**-10)**2 in one accumulator:
   an exact (fused) product leaves 2**-10 + 2**-20, an fp16-rounded one 2**-10.
 - **double rounding** (fp16 accumulators with exact products): a sum just below
@@ -64,6 +69,9 @@ class Structure:
     total: str | None = None
     #: Specs that follow from the op's layout where the crafted rows cannot be placed.
     derived: tuple[str, ...] = ()
+    #: Narrow lanes summed in a wider format at the end: that format ("fp32"). The other
+    #: fields then describe one lane (boundaries in K positions).
+    combine: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -159,6 +167,32 @@ def _lanes(run, k: int, test: Probe, last: int | None = None) -> int | None:
     return width if np.array_equal(kept[:stop], expected[:stop]) and not kept[stop:].any() else None
 
 
+def _narrow_lanes(run, k: int) -> int | None:
+    """W when a lone unit is lost to B at 0 exactly at the multiples of W (B's own fp16 lane),
+    up to 2 * MAX_LANES; None when no unit is lost, or the losses are not such multiples."""
+    js = np.arange(1, min(2 * MAX_LANES, k - 4) + 1)
+    if len(js) == 0:
+        return None
+    kept = np.logical_and.reduce([
+        np.concatenate([run(np.stack([_row(k, FP16_PROBE, 0, [j], end) for j in js[i:i + _BLOCK]]))
+                        for i in range(0, len(js), _BLOCK)]) == FP16_PROBE.unit
+        for end in (k - 1, k - 2, k - 3)])
+    if kept.all():
+        return None
+    width = int(js[np.argmin(kept)])
+    return width if width > 1 and np.array_equal(~kept, js % width == 0) else None
+
+
+def _lane_zero(run, k: int, width: int):
+    """A runner for rows of k // width terms placed at k = 0, width, 2 * width, ... (lane 0)."""
+    def lane_run(patterns, scale):
+        rows = np.zeros((len(patterns), k))
+        rows[:, 0:width * patterns.shape[1]:width] = patterns
+        return run(rows, scale)
+
+    return lane_run
+
+
 def _products_rounded(run, k: int, lanes: int) -> bool | None:
     """-(s) then s*s, s = 1 + 2**-10, in one accumulator (positions 0 and `lanes`)."""
     if lanes + 1 >= k:
@@ -204,6 +238,9 @@ def measure_rows(run, k: int) -> Structure:
 
     if not _kept_anywhere_end(sums, k, FP16_PROBE, [(1, 2)])[0]:  # B + 1 tied back to B: fp16
         return _fp16_structure(sums, quiet, k)
+    width = _narrow_lanes(sums, k)
+    if width is not None:
+        return _lane_structure(quiet, k, width)
     totals = _narrow_totals(sums, k)
     last = totals[0] - 1 if totals else None  # cancel B inside the wide first chunk
     if last is not None and last < 8:
@@ -238,6 +275,31 @@ def _fp16_structure(sums, quiet, k: int) -> Structure:
                      additions_in_fp32=_additions_in_fp32(quiet, k, lanes) if rounded is False else None)
 
 
+def _lane_structure(quiet, k: int, width: int) -> Structure:
+    """fp16 lanes of `width` summed wide: lane 0 measured as its own fp16 reduction."""
+    if k // width < 8:  # too short to look for chunks inside a lane: its products and additions only
+        rounded = _products_rounded(quiet, k, width)
+        return Structure("fp16", [], width, rounded, total="fp16", combine="fp32",
+                         additions_in_fp32=_additions_in_fp32(quiet, k, width) if rounded is False else None,
+                         note=f"{k // width} terms a lane: no partial-sum starts looked for inside it")
+    lane_quiet = _lane_zero(quiet, k, width)
+    lane = _fp16_structure(lambda patterns: lane_quiet(patterns, 1.0), lane_quiet, k // width)
+    if lane.lanes != 1:  # accumulators inside the lane: not modelled yet
+        return Structure("fp16", lanes=width, combine="fp32",
+                         note=f"fp16 lanes of {width} summed wide; inside a lane: {lane.note or f'lanes={lane.lanes}'}")
+    bounds = None if lane.boundaries is None else [b * width for b in lane.boundaries]
+    return Structure("fp16", bounds, width, lane.products_rounded, note=lane.note, additions_in_fp32=lane.additions_in_fp32,
+                     total=lane.total, combine="fp32")
+
+
+def halving(width: int, fmt: str = "fp32", output: str = "fp16") -> str:
+    """The usual SIMD horizontal sum of `width` lanes as a spec: lane i + lane i + width/2,
+    halving until one is left (Eigen's `predux`), in `fmt`, the result rounded to `output`."""
+    if width <= 2:
+        return f"sequential:{fmt}" + (f":output={output}" if output != fmt else "")
+    return f"lanes({width // 2}, sequential:{fmt}, combine={halving(width // 2, fmt, output)})"
+
+
 def grids(boundaries: list[int], k: int, lanes: int = 1) -> tuple[int | None, int | None] | None:
     """(split-K range length, chunk length) whose grids give exactly these boundaries: chunks
     of n from 0 (the last may be shorter), or ranges of P each chunked by n from its own
@@ -259,6 +321,8 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
     acc = structure.accumulator
     if acc == "wider than fp32":
         return ["exact:fp64:output=fp16", "sequential:fp64:output=fp16"]
+    if structure.combine is not None:
+        return _wide_lane_specs(structure, k)
     fit = grids(structure.boundaries or [], k, structure.lanes or 1)
     if acc is None or structure.lanes is None or fit is None:
         return list(structure.derived)
@@ -289,6 +353,22 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
     if acc == "fp16" and n is not None and outer is None:  # the other total format: cheap to rule out
         specs += [_other_totals(spec, total) for spec in specs]
     return specs
+
+
+def _wide_lane_specs(structure: Structure, k: int) -> list[str]:
+    """Narrow lanes summed wide: each of the lane's own specs in W lanes, combined by the
+    halving tree, in order or pairwise in the wide format, rounded to fp16."""
+    width, wide = structure.lanes, structure.combine
+    if width is None or structure.boundaries is None:
+        return list(structure.derived)
+    lane = Structure(structure.accumulator, [b // width for b in structure.boundaries], 1,
+                     structure.products_rounded, additions_in_fp32=structure.additions_in_fp32,
+                     total=structure.total)
+    combines = [f"sequential:{wide}:output=fp16", f"pairwise:{wide}:output=fp16"]
+    if width & (width - 1) == 0:
+        combines.insert(0, halving(width, wide))
+    return [f"lanes({width}, {inner}, combine={combine})"
+            for inner in candidate_specs(lane, k // width) for combine in combines]
 
 
 def _other_totals(spec: str, total: str) -> str:

@@ -29,8 +29,10 @@ def composites(draw, depth=0):
         combine = draw(st.sampled_from(["fp16", "fp32", "bf16"]))
         output = draw(st.sampled_from(["", ", output=fp16"]))
         return f"splitk({size}, {inner}, combine={combine}{output})"
+    if draw(st.integers(0, 4)) == 0:
+        return f"reverse({inner}{draw(st.sampled_from(['', ', output=fp16']))})"
     combine = draw(st.sampled_from(["sequential:fp32", "pairwise:fp16", "sequential:fp32:output=fp16",
-                                    "exact:fp32"]))
+                                    "exact:fp32", "reverse(sequential:fp16)"]))
     output = draw(st.sampled_from(["", ", output=fp16"]))
     return f"lanes({draw(st.integers(1, 9))}, {inner}, combine={combine}{output})"
 
@@ -52,7 +54,8 @@ def test_composites_match_the_oracle(cases_budget):
 @pytest.mark.parametrize("spec", ["splitk(3, a100, combine=fp16)",
                                   "splitk(length=4, sequential:fp16, combine=fp32, output=fp16)",
                                   "lanes(4, h100, combine=pairwise:fp32)",
-                                  "splitk(2, lanes(3, v100, combine=sequential:fp32), combine=fp32)"])
+                                  "splitk(2, lanes(3, v100, combine=sequential:fp32), combine=fp32)",
+                                  "reverse(chunked:fp16:n=5)"])
 def test_composite_convolutions_and_gradients_match_the_oracle(spec):
     model = em.parse_model(spec)
     rng = np.random.default_rng(7)
@@ -92,8 +95,19 @@ def test_lanes_deal_terms_round_robin():
     ("splitk(2, lanes(2, a100, combine=exact:fp32)), combine=fp32)", "unbalanced parentheses"),
     ("lanes(4, sequential:fp16)", "lanes needs combine=MODEL"),
     ("lanes(4, sequential:fp16:rounding=sr, combine=sequential:fp32)", "cannot round stochastically"),
-    ("warp(4, a100)", "composite model must be one of splitk, lanes; received 'warp'"),
+    ("reverse(4, a100)", "reverse takes reverse\\(INNER\\[, output=FORMAT\\]\\)"),
+    ("reverse(a100, combine=fp32)", "reverse parameter must be one of inner, output; received 'combine'"),
+    ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse; received 'warp'"),
 ])
 def test_bad_composite_specs_say_what_is_allowed(spec, message):
     with pytest.raises(InvalidArgument, match=message):
         em.parse_model(spec)
+
+
+def test_reverse_sums_from_the_last_term():
+    """2048, 1, 1 in fp16: forward each 1 ties back to 2048; reversed 1 + 1 = 2 first, then 2050."""
+    a = np.array([[2048.0, 1.0, 1.0]], np.float16)
+    b = np.ones((1, 3), np.float16)
+    assert float(em.dot(a, b, em.parse_model("sequential:fp16"))[0]) == 2048.0
+    assert float(em.dot(a, b, em.parse_model("reverse(sequential:fp16)"))[0]) == 2050.0
+    assert em.parse_model("reverse(sequential:fp16, output=fp32)").to_spec() == "reverse(sequential:fp16, output=fp32)"

@@ -30,6 +30,9 @@ MODELS = [  # each a structure the probe must recover at LAYER's forward conv (K
     "sequential:fp32:output=fp16",
     "chunked:fp32:n=64:product=fp16:total=fp16:output=fp16",  # wide chunks into an fp16 total
     "chunked:fp32:n=512:total=fp32:output=fp16",
+    # fp16 SIMD lanes summed in fp32 by the halving tree (Eigen's vectorised half dot product)
+    f"lanes(8, sequential:fp16:addition=fp32, combine={structure.halving(8)})",
+    "lanes(4, chunked:fp16:n=96:total=fp16, combine=pairwise:fp32:output=fp16)",
 ]
 
 
@@ -47,6 +50,8 @@ def test_the_probe_measures_the_emulated_models_structure(spec):
     ("splitk(length=32, lanes(8, sequential:fp16:product=fp16, combine=sequential:fp16), combine=fp16)",
      Layer((1, 6, 6, 128), (1, 1, 128, 8))),  # chunks shorter than the lane sweep
     ("chunked:fp16:n=64:total=fp16", Layer((1, 6, 6, 129), (1, 1, 129, 8))),  # a start near K-1
+    # two terms a lane, products rounded: Eigen's K = 16 half dot product
+    (f"lanes(8, sequential:fp16:product=fp16, combine={structure.halving(8)})", Layer((1, 6, 6, 16), (1, 1, 16, 4))),
 ])
 def test_hard_structures_are_measured_and_reproduced(spec, layer):
     backend = EmulatedBackend(spec)
