@@ -22,6 +22,7 @@ from convprobe.probes.fingerprint import (
     run_battery,
 )
 from convprobe.probes.fingerprint_ops import OPS, QUADRATIC_OPS, check_ops, reduce_rows
+from convprobe.probes.structure import halving
 
 #: Models whose parameters the battery must recover (accumulator, rounding, products,
 #: subnormals, overflow, block and chunk sizes), one parameter varied at a time.
@@ -199,7 +200,7 @@ FP16 = ("fp16", "11", "exact", "inf (fp16 fused chain)")
     *[("default", op, FP32) for op in CONV2D_OPS],
     ("onednn-off", "conv2d", FP32),
     ("onednn-off", "conv2d_spatial", FP32),
-    ("onednn-off", "conv2d_backprop_input", ("fp32, products to 11 bits", "24", "11", "NaN (fp16 products)")),
+    ("onednn-off", "conv2d_backprop_input", ("fp16 in 8 lanes, summed in fp32", "11", "11", "NaN (fp16 products)")),
     ("onednn-off", "conv2d_backprop_input_spatial", ("fp16, products to 11 bits", "11", "11", "NaN (fp16 products)")),
     ("onednn-off", "conv2d_backprop_filter", FP16),
     ("onednn-off+fp16-acc", "conv2d", FP16),
@@ -241,3 +242,22 @@ def test_full_matrix_every_op_runs_and_gpu_switches_change_nothing_on_cpu():
     assert props["fp16-acc"] == props["default"]  # the Eigen switch does nothing while oneDNN is on
     for op in OPS:
         assert props["jit+strict+no-excess"][op]["properties"]["accumulation"]["value"] == "fp16"
+
+
+@pytest.mark.parametrize("width", [4, 8, 16])
+def test_narrow_lanes_summed_wide_are_named_from_the_lane_rows(width):
+    """fp16 SIMD lanes with an fp32 horizontal sum (TensorFlow's oneDNN-off input gradient):
+    each lane is measured on its own, and the label says both formats."""
+    model = f"lanes({width}, sequential:fp16:addition=fp32, combine={halving(width)})"
+    got = fingerprint_backend(EmulatedBackend(model), "matmul")
+    assert got["accumulation"] == f"fp16 in {width} lanes, summed in fp32"
+    assert (got["accumulator_bits"], got["rounding"], got["block_size"]) == ("11", "nearest_even", f"lanes={width}")
+
+
+def test_lanes_wider_than_the_stride_or_summed_narrow_are_not_taken_for_narrow_lanes():
+    """32 lanes cannot be measured in one lane (terms 16 apart); fp16 lanes summed in fp16 keep 11 bits
+    in every ordering, so no lane is narrower than their sum."""
+    wide = fingerprint_backend(EmulatedBackend(f"lanes(32, sequential:fp16, combine={halving(32)})"), "matmul")
+    assert "lanes" not in wide["accumulation"]
+    narrow = fingerprint_backend(EmulatedBackend("lanes(8, sequential:fp16, combine=sequential:fp16)"), "matmul")
+    assert "lanes" not in narrow["accumulation"] and narrow["accumulator_bits"] == "11"

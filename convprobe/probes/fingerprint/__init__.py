@@ -16,6 +16,13 @@ dot products (`fingerprint_ops.reduce_rows`). What each test decides:
   The accumulator is the narrowest of the first three; `adjacent` wider than
   `spread` means a fused multi-term adder (block FMA) whose alignment keeps
   `extra_bits` more bits than its accumulator.
+- lanes - big, tiny at every distance d < 62 and -big at 63 or 62: where narrow
+  SIMD lanes are summed in a wider format, tiny is lost exactly when d is a multiple
+  of the lane count W (it shares big's lane). The accumulator is then the lane's,
+  measured by the `strided` ordering and rounding rows (every term at a multiple of
+  16, so in one lane when W divides 16), and the accumulation reads "fp16 in W
+  lanes, summed in fp32" (TensorFlow's oneDNN-off input gradient: Eigen's
+  vectorised half dot product).
 - rounding - at the measured p: big = 1.5 * 2**15, t = 0.75, 0.25 and 0.5 ulp
   (ties on an even and on an odd last bit), and -(big + 0.75 ulp); 16 copies of
   the 0.75 and 0.25 rows expose stochastic rounding (copies disagree).
@@ -49,8 +56,10 @@ References: the 65519 test (DESIGN.md); block FMA models of tensor cores
 accumulation (Blanchard et al., SIAM J. Sci. Comput. 42(3), 2020).
 
 The package splits the work by role: `battery` (the crafted rows), `execution`
-(running them, child side), `inference` (properties from outputs), `expected`
-(what a model must give) and `scheduling` (configurations to processes).
+(running them, child side), `properties` (one small function per property, each
+returning a typed `Finding` with its evidence), `inference` (the properties in
+dependency order, rendered for the table), `expected` (what a model must give) and
+`scheduling` (configurations to processes).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PROPERTIES", "ORDERINGS", "DISTANCES", "Group", "battery"]
+__all__ = ["PROPERTIES", "ORDERINGS", "DISTANCES", "STRIDE", "Group", "battery"]
 
 #: The inferred properties, in table order.
 PROPERTIES = (
@@ -17,11 +17,19 @@ PROPERTIES = (
     "product_overflow", "block_size", "chunk_size",
 )
 
-ORDERINGS = ("spread", "adjacent", "reversed", "cancel_first")
+ORDERINGS = ("spread", "adjacent", "reversed", "cancel_first", "strided")
+
 MAX_J = 38  # tiny = 2**(14 - j) must stay an fp16 number (>= 2**-24)
 ROUNDING_P = range(2, 39)  # ulp = 2**(16 - p) and 0.25 ulp must be fp16 numbers
 COPIES = 16  # 16 stochastic roundings of +0.75 ulp all go up w.p. 0.75**16 ~ 1%; with the 0.25 rows ~ 1e-4
 SHORT = 64
+#: Every term of a `strided` row sits at a multiple of STRIDE: in one SIMD lane whenever
+#: the lane count divides it.
+STRIDE = 16
+#: `lane` rows: the tiny term at every distance d, -big at one of two ends (a lane may hold
+#: one end, never both).
+LANE_ENDS = (SHORT - 1, SHORT - 2)
+LANE_DISTANCES = tuple(range(1, SHORT - 2))
 SPECIAL = 128
 LONG = 16384
 MAX_LEN = 8192
@@ -90,7 +98,19 @@ def _ordering_terms(ordering: str, big: float, tiny: float, length: int) -> dict
         "adjacent": {0: big, 1: tiny, 2: -big},
         "reversed": {0: -big, last - 1: tiny, last: big},
         "cancel_first": {0: big, 1: -big, 2: tiny},
+        "strided": {0: big, STRIDE: tiny, last: -big},
     }[ordering]
+
+
+def _rounding_cases(rbig: float, ulp: float, last: int, at: int) -> dict[str, dict[int, float]]:
+    """The rounding rows with the small terms at multiples of `at` (1: next to big)."""
+    return {
+        "above": {0: rbig, at: 0.75 * ulp, last: -rbig},
+        "below": {0: rbig, at: 0.25 * ulp, last: -rbig},
+        "tie_even": {0: rbig, at: 0.5 * ulp, last: -rbig},
+        "tie_odd": {0: rbig, at: ulp, 2 * at: 0.5 * ulp, 3 * at if at > 1 else last - 1: -ulp, last: -rbig},
+        "neg_above": {0: -rbig, at: -0.75 * ulp, last: rbig},
+    }
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,18 +127,18 @@ def battery() -> tuple[Group, ...]:
     last = SHORT - 1
     for p in ROUNDING_P:
         ulp = 2.0 ** (16 - p)
-        cases = {
-            "above": {0: rbig, 1: 0.75 * ulp, last: -rbig},
-            "below": {0: rbig, 1: 0.25 * ulp, last: -rbig},
-            "tie_even": {0: rbig, 1: 0.5 * ulp, last: -rbig},
-            "tie_odd": {0: rbig, 1: ulp, 2: 0.5 * ulp, last - 1: -ulp, last: -rbig},
-            "neg_above": {0: -rbig, 1: -0.75 * ulp, last: rbig},
-        }
-        for case, terms in cases.items():
-            short.add({"test": "rounding", "p": p, "case": case, "copy": 0}, terms)
-        for copy in range(1, COPIES):
-            short.add({"test": "rounding", "p": p, "case": "above", "copy": copy}, cases["above"])
-            short.add({"test": "rounding", "p": p, "case": "below", "copy": copy}, cases["below"])
+        for placement, at in (("next", 1), ("strided", STRIDE)):
+            cases = _rounding_cases(rbig, ulp, last, at)
+            meta = {"test": "rounding", "p": p} | ({} if at == 1 else {"placement": placement})
+            for case, terms in cases.items():
+                short.add({**meta, "case": case, "copy": 0}, terms)
+            for copy in range(1, COPIES):
+                short.add({**meta, "case": "above", "copy": copy}, cases["above"])
+                short.add({**meta, "case": "below", "copy": copy}, cases["below"])
+    for j in C_BITS:  # lanes: tiny lost to big only at the multiples of the lane count
+        for d in LANE_DISTANCES:
+            for end in LANE_ENDS:
+                short.add({"test": "lane", "j": j, "d": d, "end": end}, {0: mid, d: 2.0 ** (14 - j), end: -mid})
     short.add({"test": "accumulator_range"}, {0: 2.0**15, 1: 2.0**15, last: -(2.0**15)})
     short.add({"test": "overflow"}, {0: F16MAX, 1: 32.0})
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from convprobe.probes.fingerprint.battery import D_BITS, DISTANCES, MAX_J, SHORT
-from convprobe.probes.fingerprint.inference import _accumulation_name, _fmt_bits
+from convprobe.probes.fingerprint.properties import bits_text, format_name, swept
 
 __all__ = ["expected_properties", "resolved_size"]
 
@@ -14,9 +14,7 @@ __all__ = ["expected_properties", "resolved_size"]
 def resolved_size(size: int) -> str:
     """How the distance sweep reports a true block or chunk size: exact, or the interval
     (previous swept distance, first swept distance >= size]."""
-    first = min(d for d in DISTANCES if d >= size)
-    prev = max((d for d in DISTANCES if d < first), default=0)
-    return str(first) if prev == first - 1 else f"({prev},{first}]"
+    return swept(min(d for d in DISTANCES if d >= size)).shown()
 
 
 def expected_properties(model) -> dict[str, str]:
@@ -63,8 +61,8 @@ def expected_properties(model) -> dict[str, str]:
     else:
         double = "no"
     return {
-        "accumulation": _accumulation_name(p) + ("" if products == "exact" else f", products to {products} bits"),
-        "accumulator_bits": _fmt_bits(p),
+        "accumulation": format_name(p) + ("" if products == "exact" else f", products to {products} bits"),
+        "accumulator_bits": bits_text(p),
         "extra_bits": str(extra),
         "rounding": rounding,
         "double_rounding": double,
