@@ -4,7 +4,8 @@
   last shorter), or into ranges of `length` terms; each range is reduced by `inner`
   from +0 (its result in the inner model's output format), and the partial results
   are summed in order into a running total in `combine` (nearest even, from +0), as
-  split-K GEMMs and chunked CPU kernels combine their slices.
+  split-K GEMMs and chunked CPU kernels combine their slices; or, with a model as
+  `combine` (``combine=pairwise:fp32``), reduced by that model, as a tree of chunk sums.
 * `Lanes` - the terms dealt round-robin to `width` accumulators (term k to lane
   k mod width), each lane reduced by `inner`, and the lane results then reduced, in
   lane order, by the model `combine` (as products with 1): what a SIMD reduction over
@@ -44,6 +45,12 @@ def add_rounded(x: np.ndarray, y: np.ndarray, fmt: Format, model: AccumulationMo
     total = x + y if fmt.precision > 51 else _add_odd(x, y)
     return round_to_format(total, fmt, Rounding.NEAREST_EVEN, subnormals=model.subnormals,
                            overflow=model.overflow)
+
+
+def _reduced_by(model: AccumulationModel, values: list[np.ndarray]) -> np.ndarray:
+    """The values (one array per term, in order) reduced by `model`, as products with 1."""
+    stack = np.stack([np.asarray(v, np.float64).reshape(-1) for v in values], axis=1)
+    return np.asarray(model.reduce_rows(stack, np.ones_like(stack), None), np.float64)
 
 
 def _check_inner(model: AccumulationModel, argument: str) -> None:
@@ -99,8 +106,18 @@ class SplitK(_Composite):
     accumulator: Format | str = FP32
     parts: int | None = field(default=None, kw_only=True)
     length: int | None = field(default=None, kw_only=True)
+    #: A model that reduces the partial results (in range order) instead of a running total.
+    combine: AccumulationModel | None = field(default=None, kw_only=True)
 
     kind: ClassVar[str] = "splitk"
+
+    def __post_init__(self) -> None:
+        if self.combine is not None:
+            _check_inner(self.combine, "combine")
+            object.__setattr__(self, "accumulator", self.combine.accumulator)
+            if self.output is None:
+                object.__setattr__(self, "output", self.combine.output)
+        super().__post_init__()
 
     def _validate(self) -> None:
         super()._validate()
@@ -115,6 +132,9 @@ class SplitK(_Composite):
 
     def to_spec(self) -> str:
         size = str(self.parts) if self.parts is not None else f"length={self.length}"
+        if self.combine is not None:
+            extra = "" if self.output == self.combine.output else f", output={self.output.name}"
+            return f"splitk({size}, {self.inner.to_spec()}, combine={self.combine.to_spec()}{extra})"
         extra = "" if self.output == self.accumulator else f", output={self.output.name}"
         return f"splitk({size}, {self.inner.to_spec()}, combine={self.accumulator.name}{extra})"
 
@@ -125,28 +145,35 @@ class SplitK(_Composite):
     def _describe_kind(self) -> str:
         size = (f"{self.parts} contiguous K ranges" if self.parts is not None
                 else f"K ranges of {self.length} terms")
-        return (f"split-K: {size}, each reduced as [{self.inner.describe()}], the partial "
-                f"results summed in {self.accumulator}")
+        combined = (f"reduced as [{self.combine.describe()}]" if self.combine is not None
+                    else f"summed in {self.accumulator}")
+        return f"split-K: {size}, each reduced as [{self.inner.describe()}], the partial results {combined}"
 
     def reduce_rows(self, a, b, c):
         if c is not None:
             raise InvalidArgument("c (an accumulator input) is not defined for splitk models")
-        total = np.zeros(a.shape[0])
-        for j0, j1 in ranges(a.shape[1], self.parts, self.length):
-            part = self.inner.reduce_rows(np.ascontiguousarray(a[:, j0:j1]),
-                                          np.ascontiguousarray(b[:, j0:j1]), None)
-            total = add_rounded(total, np.asarray(part, np.float64), self.accumulator, self)
-        return self._finish(total)
+        parts = [np.asarray(self.inner.reduce_rows(np.ascontiguousarray(a[:, j0:j1]),
+                                                   np.ascontiguousarray(b[:, j0:j1]), None), np.float64)
+                 for j0, j1 in ranges(a.shape[1], self.parts, self.length)]
+        return self._finish(self._combined(parts))
+
+    def _combined(self, parts: list[np.ndarray]) -> np.ndarray:
+        if self.combine is not None:
+            return _reduced_by(self.combine, parts)
+        total = np.zeros(parts[0].shape)
+        for part in parts:
+            total = add_rounded(total, part, self.accumulator, self)
+        return total
 
     def gemm_into(self, a, w, out, col0, inputs_fp16):
         m, n = a.shape[0], w.shape[1]
-        total = np.zeros((m, n))
-        part = np.empty((m, n), dtype=np.float64)
+        parts = []
         for j0, j1 in ranges(a.shape[1], self.parts, self.length):
+            part = np.empty((m, n), dtype=np.float64)
             self.inner.gemm_into(np.ascontiguousarray(a[:, j0:j1], np.float64),
                                  np.ascontiguousarray(w[j0:j1], np.float64), part, 0, inputs_fp16)
-            total = add_rounded(total, part, self.accumulator, self)
-        out[:, col0:col0 + n] = self._finish(total)
+            parts.append(part)
+        out[:, col0:col0 + n] = self._finish(self._combined(parts).reshape(m, n))
 
 
 @dataclass(frozen=True)
@@ -189,9 +216,7 @@ class Lanes(_Composite):
         return [np.arange(lane, k, self.width) for lane in range(self.width)]
 
     def _combined(self, sums: list[np.ndarray]) -> np.ndarray:
-        stack = np.stack([np.asarray(s, np.float64).reshape(-1) for s in sums], axis=1)
-        out = self.combine.reduce_rows(stack, np.ones_like(stack), None)
-        return np.asarray(out, np.float64)
+        return _reduced_by(self.combine, sums)
 
     def reduce_rows(self, a, b, c):
         if c is not None:
@@ -290,7 +315,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
             keywords[key.strip().lower()] = value.strip()
         else:
             positional.append(a)
-    usage = {"splitk": "splitk(PARTS | length=N, INNER, combine=FORMAT[, output=FORMAT])",
+    usage = {"splitk": "splitk(PARTS | length=N, INNER, combine=FORMAT | MODEL[, output=FORMAT])",
              "lanes": "lanes(WIDTH, INNER, combine=MODEL)",
              "reverse": "reverse(INNER[, output=FORMAT])"}[kind]
     allowed = {"splitk": {"length", "combine", "output", "inner", "parts"},
@@ -324,8 +349,10 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     if kind == "reverse":
         return Reverse(inner=inner, output=values.pop("output", None))
     if kind == "splitk":
-        combine = resolve_format(values.pop("combine", "fp32"), "combine")
-        return SplitK(combine, inner=inner, output=values.pop("output", None), **values)
+        text = values.pop("combine", "fp32")
+        if ":" in text or "(" in text:  # a model reduces the partial results
+            return SplitK(inner=inner, combine=parse_model(text), output=values.pop("output", None), **values)
+        return SplitK(resolve_format(text, "combine"), inner=inner, output=values.pop("output", None), **values)
     if "combine" not in values:
         raise InvalidArgument(f"lanes needs combine=MODEL: {usage}; received {spec!r}")
     combine = parse_model(values.pop("combine"))

@@ -249,9 +249,11 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
     if isinstance(model, SplitK):
         k = len(a)
         size = model.length if model.length is not None else max(1, math.ceil(k / model.parts))
+        parts = [reduce(a[j0:j0 + size], b[j0:j0 + size], model.inner) for j0 in range(0, max(k, 1), size)]
+        if model.combine is not None:
+            return st.rnd(reduce(parts, [1.0] * len(parts), model.combine), model.output, "nearest_even")
         total: Value = 0.0
-        for j0 in range(0, k, size):
-            part = reduce(a[j0:j0 + size], b[j0:j0 + size], model.inner)
+        for part in parts:
             total = st.rnd(_add(total, part), model.accumulator, "nearest_even")
         return st.rnd(total, model.output, "nearest_even")
     if isinstance(model, Reverse):

@@ -26,7 +26,7 @@ def composites(draw, depth=0):
     if draw(st.booleans()):
         size = (str(draw(st.integers(1, 6))) if draw(st.booleans())
                 else f"length={draw(st.integers(1, 24))}")
-        combine = draw(st.sampled_from(["fp16", "fp32", "bf16"]))
+        combine = draw(st.sampled_from(["fp16", "fp32", "bf16", "pairwise:fp32", "pairwise:fp16:output=fp32"]))
         output = draw(st.sampled_from(["", ", output=fp16"]))
         return f"splitk({size}, {inner}, combine={combine}{output})"
     if draw(st.integers(0, 4)) == 0:
@@ -111,3 +111,14 @@ def test_reverse_sums_from_the_last_term():
     assert float(em.dot(a, b, em.parse_model("sequential:fp16"))[0]) == 2048.0
     assert float(em.dot(a, b, em.parse_model("reverse(sequential:fp16)"))[0]) == 2050.0
     assert em.parse_model("reverse(sequential:fp16, output=fp32)").to_spec() == "reverse(sequential:fp16, output=fp32)"
+
+
+def test_split_k_with_a_model_combines_the_partials_as_that_model():
+    """Four ranges 2048, 1, 1, 1 (fp32 inner): summed in order in fp16 each 1 ties back to 2048;
+    pairwise, 1 + 1 meet first, and 2048 + 1 ties to even, then + 2 gives 2050."""
+    a = np.array([[2048.0, 1.0, 1.0, 1.0]], np.float16)
+    b = np.ones((1, 4), np.float16)
+    assert float(em.dot(a, b, em.parse_model("splitk(4, sequential:fp32, combine=fp16)"))[0]) == 2048.0
+    tree = em.parse_model("splitk(4, sequential:fp32, combine=pairwise:fp16)")
+    assert float(em.dot(a, b, tree)[0]) == 2050.0
+    assert tree.to_spec() == "splitk(4, sequential:fp32, combine=pairwise:fp16)"
