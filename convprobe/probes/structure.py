@@ -333,7 +333,7 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
         steps = [":addition=fp32", *steps]
     total = structure.total or acc
     output = "" if acc == total == "fp16" else ", output=fp16"
-    specs = []
+    specs, trees = [], []
     for step in steps:
         inner = f"sequential:{acc}{step}"
         bodies = [inner] if structure.lanes == 1 else [
@@ -347,12 +347,14 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
                 model = body
             if outer is not None:
                 model = f"splitk(length={outer}, {model}, combine={total})"
+            if n is not None and outer is None:  # the chunk sums in a tree instead of in order
+                trees.append(f"splitk(length={n}, {body}, combine=pairwise:{total}{output})")
             if output:
                 model = model[:-1] + output + ")" if model.endswith(")") else model + ":output=fp16"
             specs.append(model)
     if acc == "fp16" and n is not None and outer is None:  # the other total format: cheap to rule out
         specs += [_other_totals(spec, total) for spec in specs]
-    return specs
+    return specs + trees
 
 
 def _wide_lane_specs(structure: Structure, k: int) -> list[str]:
