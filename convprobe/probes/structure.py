@@ -16,6 +16,11 @@ a pure function of observed outputs:
   added to an fp16 total show as single lost pairs (`_narrow_totals`).
 - **lanes**: B at 0 and units at 1 and 1 + d: with W interleaved accumulators
   (term k goes to k mod W) the ones meet each other first exactly when W | d.
+- **direction** (`_runs_backwards`): B + u is a tie at B = +2048 but exact at -2048
+  (the binade below has ulp 1), so in an fp16 accumulator B, u, -B in a row loses u
+  only when B comes first, and its mirror -B, u, B only when B comes last. A kernel
+  that sums from K-1 down (an input gradient that runs over a reversed dy) is measured
+  on mirrored rows and its specs wrapped in ``reverse(...)``.
 - **narrow lanes, wide combine** (`_narrow_lanes`): B at 0 and one unit at j. Where
   fp16 lanes are summed in a wider format at the end (a SIMD dot product whose
   horizontal sum runs in fp32), the unit is lost exactly when W | j: only there does
@@ -32,7 +37,7 @@ a pure function of observed outputs:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -72,6 +77,8 @@ class Structure:
     #: Narrow lanes summed in a wider format at the end: that format ("fp32"). The other
     #: fields then describe one lane (boundaries in K positions).
     combine: str | None = None
+    #: The kernel sums from K-1 down: the other fields describe the mirrored rows.
+    backwards: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -183,6 +190,17 @@ def _narrow_lanes(run, k: int) -> int | None:
     return width if width > 1 and np.array_equal(~kept, js % width == 0) else None
 
 
+def _runs_backwards(run, k: int) -> bool:
+    """B, u, -B at positions 0, 1, 2 gives 0 summed forward and u backward, its mirror
+    -B, u, B the other way round (see the module docstring); for fp16 and fp32 accumulators."""
+    rows = np.zeros((4, k))
+    for i, (big, unit) in enumerate((FP16_PROBE, FP32_PROBE)):
+        rows[2 * i, :3] = big, unit, -big
+        rows[2 * i + 1, :3] = -big, unit, big
+    got = run(rows)
+    return any(got[2 * i] == unit and got[2 * i + 1] == 0.0 for i, (_, unit) in enumerate((FP16_PROBE, FP32_PROBE)))
+
+
 def _lane_zero(run, k: int, width: int):
     """A runner for rows of k // width terms placed at k = 0, width, 2 * width, ... (lane 0)."""
     def lane_run(patterns, scale):
@@ -235,6 +253,11 @@ def measure_rows(run, k: int) -> Structure:
 
     def sums(patterns):  # every B/unit term is an fp16 number: the constant operand is 1
         return quiet(patterns, 1.0)
+
+    if _runs_backwards(sums, k):
+        mirrored = measure_rows(lambda patterns, scale: run(np.ascontiguousarray(patterns[:, ::-1]), scale), k)
+        if not mirrored.backwards:
+            return replace(mirrored, backwards=True)
 
     if not _kept_anywhere_end(sums, k, FP16_PROBE, [(1, 2)])[0]:  # B + 1 tied back to B: fp16
         return _fp16_structure(sums, quiet, k)
@@ -318,12 +341,17 @@ def grids(boundaries: list[int], k: int, lanes: int = 1) -> tuple[int | None, in
 def candidate_specs(structure: Structure, k: int) -> list[str]:
     """Emulator specs with the measured structure (empty when nothing was measured or the
     boundaries fit no chunk/split grid)."""
+    if structure.backwards:
+        return [f"reverse({spec})" for spec in candidate_specs(replace(structure, backwards=False), k)]
     acc = structure.accumulator
     if acc == "wider than fp32":
         return ["exact:fp64:output=fp16", "sequential:fp64:output=fp16"]
     if structure.combine is not None:
         return _wide_lane_specs(structure, k)
-    fit = grids(structure.boundaries or [], k, structure.lanes or 1)
+    bounds = structure.boundaries or []
+    fit = grids(bounds, k, structure.lanes or 1)
+    if fit is None and bounds and all(b % bounds[0] == 0 for b in bounds):
+        fit = None, bounds[0]  # a tree of chunk sums hides the starts of chunks it pairs first
     if acc is None or structure.lanes is None or fit is None:
         return list(structure.derived)
     outer, n = fit

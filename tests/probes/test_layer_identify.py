@@ -33,6 +33,11 @@ MODELS = [  # each a structure the probe must recover at LAYER's forward conv (K
     # fp16 SIMD lanes summed in fp32 by the halving tree (Eigen's vectorised half dot product)
     f"lanes(8, sequential:fp16:addition=fp32, combine={structure.halving(8)})",
     "lanes(4, chunked:fp16:n=96:total=fp16, combine=pairwise:fp32:output=fp16)",
+    # summed from K-1 down (an input gradient over a reversed dy), in fp16 and in fp32
+    "reverse(sequential:fp16:product=fp16)",
+    "reverse(chunked:fp32:n=512:total=fp32:output=fp16)",
+    # chunk sums combined in a tree
+    "splitk(length=256, sequential:fp32, combine=pairwise:fp32, output=fp16)",
 ]
 
 
