@@ -377,6 +377,11 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
                 model = f"splitk(length={outer}, {model}, combine={total})"
             if n is not None and outer is None:  # the chunk sums in a tree instead of in order
                 trees.append(f"splitk(length={n}, {body}, combine=pairwise:{total}{output})")
+                # threads' halves or quarters at chunk multiples: the starts are the same
+                inner_chunks = f"chunked:{acc}:n={n}{step}:total={total}" if structure.lanes == 1 else \
+                    f"splitk(length={n}, {body}, combine={total})"
+                trees += [f"splitk(length={k // parts}, {inner_chunks}, combine={total}{output})"
+                          for parts in (2, 4) if k % (parts * n) == 0 and k // parts > n]
             if output:
                 model = model[:-1] + output + ")" if model.endswith(")") else model + ":output=fp16"
             specs.append(model)
