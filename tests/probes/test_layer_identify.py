@@ -38,6 +38,8 @@ MODELS = [  # each a structure the probe must recover at LAYER's forward conv (K
     "reverse(chunked:fp32:n=512:total=fp32:output=fp16)",
     # chunk sums combined in a tree
     "splitk(length=256, sequential:fp32, combine=pairwise:fp32, output=fp16)",
+    # two threads' halves at a chunk multiple (XLA's K = 2048): the same starts as plain chunks
+    "splitk(length=1152, chunked:fp32:n=288:total=fp32, combine=fp32, output=fp16)",
 ]
 
 
