@@ -493,8 +493,8 @@ def parse_model(spec: str) -> AccumulationModel:
       a2, a30, ada, l40s, h100, h200, b200; `convprobe.emulation.gpus`), input fp16 (the
       default), bf16, tf32, fp8_e4m3 or fp8_e5m2, output fp32 (the default) or fp16;
       further keys override the preset's blocked parameters.
-    * ``splitk(PARTS | length=N, INNER, combine=FORMAT[, output=FORMAT])`` and
-      ``lanes(WIDTH, INNER, combine=MODEL)``: composites around any inner spec
+    * ``splitk(PARTS | length=N, INNER, combine=FORMAT | MODEL[, output=FORMAT])``,
+      ``lanes(WIDTH, INNER, combine=MODEL)`` and ``reverse(INNER)``: composites around any inner spec
       (`convprobe.emulation.composites`); identify's ``lanes:FMT:w=W[:then=ORDER]`` is
       shorthand for a lanes model.
 
