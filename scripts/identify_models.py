@@ -37,10 +37,14 @@ def main(path: str) -> None:
             if result.get("status") != "ok":
                 print(f"| {config.split('/')[-1]} | {op} | {result.get('status')}: {result.get('error')} |")
                 continue
-            print(f"| {config.split('/')[-1]} | {op} | {'<br>'.join(_ranges(result['summary']['per_k']))} |")
+            per_k = result["summary"].get("per_k")
+            if per_k is None:
+                raise SystemExit(f"{path}: {config} {op} has no per-K models: a battery document is needed, "
+                                 "not a layer map")
+            print(f"| {config.split('/')[-1]} | {op} | {'<br>'.join(_ranges(per_k))} |")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         raise SystemExit(__doc__)
     main(sys.argv[1])

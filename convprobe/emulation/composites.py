@@ -350,9 +350,11 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         return Reverse(inner=inner, output=values.pop("output", None))
     if kind == "splitk":
         text = values.pop("combine", "fp32")
-        if ":" in text or "(" in text:  # a model reduces the partial results
+        try:
+            combine = resolve_format(text, "combine")
+        except InvalidArgument:  # not a format: a model reduces the partial results
             return SplitK(inner=inner, combine=parse_model(text), output=values.pop("output", None), **values)
-        return SplitK(resolve_format(text, "combine"), inner=inner, output=values.pop("output", None), **values)
+        return SplitK(combine, inner=inner, output=values.pop("output", None), **values)
     if "combine" not in values:
         raise InvalidArgument(f"lanes needs combine=MODEL: {usage}; received {spec!r}")
     combine = parse_model(values.pop("combine"))

@@ -120,9 +120,11 @@ def _explain(structure, measured: list[str], table: dict, best: str | None) -> s
         how = ("a plain model" if best not in measured else "the measured structure" if structure.accumulator
                else "the layer's layout; not measured")
         return f"{best} matches every compared output ({how})"
-    found = (f"measured: {structure.accumulator} accumulator, lanes={structure.lanes}, products "
-             f"{'rounded' if structure.products_rounded else 'exact'}, partial sums start at "
-             f"{structure.boundaries}") if structure.accumulator else f"not measured ({structure.note})"
+    found = (f"measured: {structure.accumulator} accumulator, lanes={structure.lanes}"
+             + (f" summed in {structure.combine}" if structure.combine else "")
+             + f", products {'rounded' if structure.products_rounded else 'exact'}, partial sums start at "
+             f"{structure.boundaries}" + (" (summed from K-1 down; positions mirrored)" if structure.backwards else "")
+             ) if structure.accumulator else f"not measured ({structure.note})"
     tried = ", ".join(f"{s} {f:.1%}" for s, f in sorted(table.items(), key=lambda i: -i[1])[:3])
     return f"no model matches every output; {found}; best tried: {tried}"
 

@@ -42,7 +42,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Structure", "measure_rows", "grids", "candidate_specs", "blocks", "best_of", "bitwise_equal"]
+__all__ = ["Structure", "measure_rows", "grids", "candidate_specs", "blocks", "best_of", "bitwise_equal", "halving",
+           "lost_at_multiples"]
 
 class Probe(NamedTuple):
     """B and the unit whose sum with B is a tie in the accumulator under test."""
@@ -184,28 +185,45 @@ def _narrow_lanes(run, k: int) -> int | None:
         np.concatenate([run(np.stack([_row(k, FP16_PROBE, 0, [j], end) for j in js[i:i + _BLOCK]]))
                         for i in range(0, len(js), _BLOCK)]) == FP16_PROBE.unit
         for end in (k - 1, k - 2, k - 3)])
-    if kept.all():
+    return lost_at_multiples(js, ~kept)
+
+
+def lost_at_multiples(positions, lost) -> int | None:
+    """W > 1 when `lost` is true exactly at the positions that are multiples of W (W being
+    the first lost position): a term that shares B's narrow lane only there."""
+    positions, lost = np.asarray(positions), np.asarray(lost, dtype=bool)
+    if not lost.any() or lost.all():
         return None
-    width = int(js[np.argmin(kept)])
-    return width if width > 1 and np.array_equal(~kept, js % width == 0) else None
+    width = int(positions[np.argmax(lost)])
+    return width if width > 1 and np.array_equal(lost, positions % width == 0) else None
+
+
+#: The direction triple is also placed this far apart: all in one lane of any lane count
+#: that divides it, so a lane kernel's combine order is not taken for the terms' order.
+_DIRECTION_SPACING = 16
 
 
 def _runs_backwards(run, k: int) -> bool:
-    """B, u, -B at positions 0, 1, 2 gives 0 summed forward and u backward, its mirror
-    -B, u, B the other way round (see the module docstring); for fp16 and fp32 accumulators."""
-    rows = np.zeros((4, k))
-    for i, (big, unit) in enumerate((FP16_PROBE, FP32_PROBE)):
-        rows[2 * i, :3] = big, unit, -big
-        rows[2 * i + 1, :3] = -big, unit, big
+    """B, u, -B gives 0 summed forward and u backward, its mirror -B, u, B the other way
+    round (see the module docstring), for fp16 and fp32 accumulators. Backwards only when
+    the triple next to each other and the triple 16 apart (where K allows) both say so."""
+    spacings = [1] + ([_DIRECTION_SPACING] if k > 2 * _DIRECTION_SPACING else [])
+    rows = np.zeros((4 * len(spacings), k))
+    for s, step in enumerate(spacings):
+        for i, (big, unit) in enumerate((FP16_PROBE, FP32_PROBE)):
+            rows[4 * s + 2 * i, [0, step, 2 * step]] = big, unit, -big
+            rows[4 * s + 2 * i + 1, [0, step, 2 * step]] = -big, unit, big
     got = run(rows)
-    return any(got[2 * i] == unit and got[2 * i + 1] == 0.0 for i, (_, unit) in enumerate((FP16_PROBE, FP32_PROBE)))
+    return all(any(got[4 * s + 2 * i] == unit and got[4 * s + 2 * i + 1] == 0.0
+                   for i, (_, unit) in enumerate((FP16_PROBE, FP32_PROBE)))
+               for s in range(len(spacings)))
 
 
 def _lane_zero(run, k: int, width: int):
     """A runner for rows of k // width terms placed at k = 0, width, 2 * width, ... (lane 0)."""
     def lane_run(patterns, scale):
         rows = np.zeros((len(patterns), k))
-        rows[:, 0:width * patterns.shape[1]:width] = patterns
+        rows[:, 0:k:width] = patterns
         return run(rows, scale)
 
     return lane_run
@@ -238,10 +256,11 @@ def _additions_in_fp32(run, k: int, lanes: int) -> bool | None:
 MAX_MEASURED_K = 16384
 
 
-def measure_rows(run, k: int) -> Structure:
+def measure_rows(run, k: int, mirrored: bool = False) -> Structure:
     """The structure of any reduction of length k: `run(patterns, scale)` must return
     sum_k patterns[r, k] for every row r, as the kernel computes it, from operands
-    patterns / scale and a constant scale."""
+    patterns / scale and a constant scale. `mirrored`: the rows are already mirrored
+    (the direction is not tested again)."""
     if k < 8:
         return Structure(note=f"K = {k} is too short to measure")
     if k > MAX_MEASURED_K:
@@ -254,10 +273,10 @@ def measure_rows(run, k: int) -> Structure:
     def sums(patterns):  # every B/unit term is an fp16 number: the constant operand is 1
         return quiet(patterns, 1.0)
 
-    if _runs_backwards(sums, k):
-        mirrored = measure_rows(lambda patterns, scale: run(np.ascontiguousarray(patterns[:, ::-1]), scale), k)
-        if not mirrored.backwards:
-            return replace(mirrored, backwards=True)
+    if not mirrored and _runs_backwards(sums, k):
+        backwards = measure_rows(lambda patterns, scale: run(np.ascontiguousarray(patterns[:, ::-1]), scale), k,
+                                 mirrored=True)
+        return replace(backwards, backwards=True)
 
     if not _kept_anywhere_end(sums, k, FP16_PROBE, [(1, 2)])[0]:  # B + 1 tied back to B: fp16
         return _fp16_structure(sums, quiet, k)
@@ -300,13 +319,14 @@ def _fp16_structure(sums, quiet, k: int) -> Structure:
 
 def _lane_structure(quiet, k: int, width: int) -> Structure:
     """fp16 lanes of `width` summed wide: lane 0 measured as its own fp16 reduction."""
-    if k // width < 8:  # too short to look for chunks inside a lane: its products and additions only
+    terms = -(-k // width)  # in lane 0
+    if terms < 8:  # too short to look for chunks inside a lane: its products and additions only
         rounded = _products_rounded(quiet, k, width)
         return Structure("fp16", [], width, rounded, total="fp16", combine="fp32",
                          additions_in_fp32=_additions_in_fp32(quiet, k, width) if rounded is False else None,
-                         note=f"{k // width} terms a lane: no partial-sum starts looked for inside it")
+                         note=f"{terms} terms in lane 0: no partial-sum starts looked for inside it")
     lane_quiet = _lane_zero(quiet, k, width)
-    lane = _fp16_structure(lambda patterns: lane_quiet(patterns, 1.0), lane_quiet, k // width)
+    lane = _fp16_structure(lambda patterns: lane_quiet(patterns, 1.0), lane_quiet, terms)
     if lane.lanes != 1:  # accumulators inside the lane: not modelled yet
         return Structure("fp16", lanes=width, combine="fp32",
                          note=f"fp16 lanes of {width} summed wide; inside a lane: {lane.note or f'lanes={lane.lanes}'}")
@@ -317,7 +337,10 @@ def _lane_structure(quiet, k: int, width: int) -> Structure:
 
 def halving(width: int, fmt: str = "fp32", output: str = "fp16") -> str:
     """The usual SIMD horizontal sum of `width` lanes as a spec: lane i + lane i + width/2,
-    halving until one is left (Eigen's `predux`), in `fmt`, the result rounded to `output`."""
+    halving until one is left (Eigen's `predux`), in `fmt`, the result rounded to `output`.
+    `width` must be a power of two."""
+    if width < 1 or width & (width - 1):
+        raise ValueError(f"the halving tree needs a power-of-two width; received {width}")
     if width <= 2:
         return f"sequential:{fmt}" + (f":output={output}" if output != fmt else "")
     return f"lanes({width // 2}, sequential:{fmt}, combine={halving(width // 2, fmt, output)})"
@@ -350,7 +373,7 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
         return _wide_lane_specs(structure, k)
     bounds = structure.boundaries or []
     fit = grids(bounds, k, structure.lanes or 1)
-    if fit is None and bounds and all(b % bounds[0] == 0 for b in bounds):
+    if fit is None and bounds and bounds[0] >= 16 and all(b % bounds[0] == 0 for b in bounds):
         fit = None, bounds[0]  # a tree of chunk sums hides the starts of chunks it pairs first
     if acc is None or structure.lanes is None or fit is None:
         return list(structure.derived)
@@ -378,9 +401,7 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
             if n is not None and outer is None:  # the chunk sums in a tree instead of in order
                 trees.append(f"splitk(length={n}, {body}, combine=pairwise:{total}{output})")
                 # threads' halves or quarters at chunk multiples: the starts are the same
-                inner_chunks = f"chunked:{acc}:n={n}{step}:total={total}" if structure.lanes == 1 else \
-                    f"splitk(length={n}, {body}, combine={total})"
-                trees += [f"splitk(length={k // parts}, {inner_chunks}, combine={total}{output})"
+                trees += [f"splitk(length={k // parts}, {model}, combine={total}{output})"
                           for parts in (2, 4) if k % (parts * n) == 0 and k // parts > n]
             if output:
                 model = model[:-1] + output + ")" if model.endswith(")") else model + ":output=fp16"
@@ -402,8 +423,10 @@ def _wide_lane_specs(structure: Structure, k: int) -> list[str]:
     combines = [f"sequential:{wide}:output=fp16", f"pairwise:{wide}:output=fp16"]
     if width & (width - 1) == 0:
         combines.insert(0, halving(width, wide))
+    # lanes folded last to first in the lane format also keep a lone unit outside B's lane
+    combines += [f"reverse(sequential:{structure.accumulator})", f"reverse(sequential:{structure.accumulator}:addition=fp32)"]
     return [f"lanes({width}, {inner}, combine={combine})"
-            for inner in candidate_specs(lane, k // width) for combine in combines]
+            for inner in candidate_specs(lane, -(-k // width)) for combine in combines]
 
 
 def _other_totals(spec: str, total: str) -> str:

@@ -122,3 +122,5 @@ def test_split_k_with_a_model_combines_the_partials_as_that_model():
     tree = em.parse_model("splitk(4, sequential:fp32, combine=pairwise:fp16)")
     assert float(em.dot(a, b, tree)[0]) == 2050.0
     assert tree.to_spec() == "splitk(4, sequential:fp32, combine=pairwise:fp16)"
+    preset = em.parse_model("splitk(2, sequential:fp32, combine=v100)")  # a preset name is a model, not a format
+    assert em.parse_model(preset.to_spec()) == preset

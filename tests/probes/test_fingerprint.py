@@ -22,6 +22,8 @@ from convprobe.probes.fingerprint import (
     run_battery,
 )
 from convprobe.probes.fingerprint_ops import OPS, QUADRATIC_OPS, check_ops, reduce_rows
+from convprobe.probes.fingerprint import properties
+from convprobe.probes.fingerprint.inference import observations
 from convprobe.probes.structure import halving
 
 #: Models whose parameters the battery must recover (accumulator, rounding, products,
@@ -257,7 +259,8 @@ def test_narrow_lanes_summed_wide_are_named_from_the_lane_rows(width):
 def test_lanes_wider_than_the_stride_or_summed_narrow_are_not_taken_for_narrow_lanes():
     """32 lanes cannot be measured in one lane (terms 16 apart); fp16 lanes summed in fp16 keep 11 bits
     in every ordering, so no lane is narrower than their sum."""
-    wide = fingerprint_backend(EmulatedBackend(f"lanes(32, sequential:fp16, combine={halving(32)})"), "matmul")
-    assert "lanes" not in wide["accumulation"]
+    outputs = fingerprint.run_battery(EmulatedBackend(f"lanes(32, sequential:fp16, combine={halving(32)})"), "matmul")
+    assert properties.lanes(observations(outputs)).value == 32  # seen, but not measurable in one lane
+    assert "lanes" not in infer(outputs)["accumulation"]["value"]
     narrow = fingerprint_backend(EmulatedBackend("lanes(8, sequential:fp16, combine=sequential:fp16)"), "matmul")
     assert "lanes" not in narrow["accumulation"] and narrow["accumulator_bits"] == "11"

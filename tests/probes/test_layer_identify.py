@@ -70,6 +70,22 @@ def test_hard_structures_are_measured_and_reproduced(spec, layer):
                for s in specs), (measured, specs)
 
 
+def test_lanes_folded_last_to_first_are_not_taken_for_a_backward_sum():
+    """Eigen folds its packet accumulators p0 + (p1 + (p2 + p3)): terms next to each other
+    then meet in reverse, but a lane's own terms run forward. Measured as lanes, with a
+    candidate that reproduces it, at K = 64 and at K = 65 (a lane one term longer)."""
+    spec = "lanes(4, sequential:fp16, combine=reverse(sequential:fp16))"
+    for layer in (Layer((1, 6, 6, 64), (1, 1, 64, 4)), Layer((1, 6, 6, 65), (1, 1, 65, 4))):
+        backend = EmulatedBackend(spec)
+        measured = layer_patterns.measure(backend, layer, "conv2d")
+        assert not measured.backwards and measured.lanes == 4, measured
+        x, w = op_inputs(layer, "conv2d", 5)
+        truth = run_op(backend, layer, "conv2d", x, w).view(np.uint16)
+        specs = structure.candidate_specs(measured, layer.k("conv2d"))
+        assert any(np.array_equal(run_op(EmulatedBackend(s), layer, "conv2d", x, w).view(np.uint16), truth)
+                   for s in specs), (measured, specs)
+
+
 def test_a_wider_accumulator_is_named_not_forced():
     measured = layer_patterns.measure(EmulatedBackend("exact:fp64"), LAYER, "conv2d")
     assert measured.accumulator == "wider than fp32" and measured.boundaries is None

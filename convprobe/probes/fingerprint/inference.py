@@ -11,10 +11,11 @@ import numpy as np
 from convprobe.probes.fingerprint import properties as prop
 from convprobe.probes.fingerprint.battery import PROPERTIES, battery
 
-__all__ = ["infer", "infer_findings", "infer_observed", "interpret", "fingerprint_backend"]
+__all__ = ["infer", "infer_findings", "observations", "infer_observed", "interpret", "fingerprint_backend"]
 
 
-def _observations(outputs: dict[str, np.ndarray]) -> prop.Observations:
+def observations(outputs: dict[str, np.ndarray]) -> prop.Observations:
+    """The battery's outputs keyed by each row's metadata."""
     values: dict[tuple, float] = {}
     for group in battery():
         if group.name in outputs:
@@ -25,14 +26,15 @@ def _observations(outputs: dict[str, np.ndarray]) -> prop.Observations:
 
 def infer_findings(outputs: dict[str, np.ndarray]) -> dict[str, prop.Finding]:
     """Outputs of `run_battery` -> {property: Finding}, in table order."""
-    get = _observations(outputs)
-    lanes = prop.lanes(get).value
+    get = observations(outputs)
+    lane_finding = prop.lanes(get)
+    lanes = lane_finding.value
     bits = prop.accumulator_bits(get, lanes)
     products = prop.product_bits(get)
     mode = prop.rounding(get, bits.value)
     pov = prop.product_overflow(get)
     found = {
-        "accumulation": prop.accumulation(bits.value, products.value, lanes),
+        "accumulation": prop.accumulation(bits.value, products.value, lanes, lane_finding.evidence),
         "accumulator_bits": bits,
         "extra_bits": prop.extra_bits(bits.value),
         "rounding": mode,
@@ -70,11 +72,9 @@ def infer_observed(observed: dict) -> dict[str, dict]:
 
 
 def _verdict(acc: prop.Accumulation) -> str:
-    """fp16, fp32 or bf16 for one plain accumulator (wider reads as fp32: fp16 inputs cannot
-    show more); anything else (rounded products, lanes) is its own answer."""
-    if acc.products is not None or acc.lanes is not None:
-        return acc.shown()
-    return "fp32" if acc.bits > prop.MAX_J else acc.format
+    """One plain accumulator's format; anything else (rounded products, lanes) is its own
+    answer, so that ops compare as they are shown."""
+    return acc.shown() if acc.products is not None or acc.lanes is not None else acc.format
 
 
 def interpret(observed: dict) -> dict:
@@ -93,6 +93,7 @@ def interpret(observed: dict) -> dict:
         verdicts.add(_verdict(found["accumulation"].value))
         evidence.append(f"{op}: {found['accumulator_bits'].evidence}")
     single = verdicts.pop() if len(verdicts) == 1 else None
+    single = {"exact/wide": "fp32"}.get(single, single)  # fp16 inputs cannot show more than fp32
     summary = ", ".join(f"{op} {a}" for op, a in shown.items())
     return {
         "accumulation": single if single in ("fp16", "fp32", "bf16") else ("mixed" if len(shown) > 1 else "unknown"),

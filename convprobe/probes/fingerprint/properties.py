@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
+from convprobe.probes.structure import lost_at_multiples
 from convprobe.probes.fingerprint.battery import (ALIGNED_X, C_BITS, COPIES, D_BITS, DISTANCES, F16MAX,
                                                   LANE_DISTANCES, LANE_ENDS, MAX_J, ROUNDING_P, STRIDE)
 
@@ -57,15 +58,12 @@ def lanes(get: Observations) -> Finding[int | None]:
     if not get.has(test="lane", j=C_BITS[0], d=1, end=LANE_ENDS[0]):
         return Finding(None, "not run", "no lane rows in this battery")
     for j in C_BITS:
-        lost = [d for d in LANE_DISTANCES
-                if all(get(test="lane", j=j, d=d, end=end) == 0.0 for end in LANE_ENDS)]
-        if lost and len(lost) < len(LANE_DISTANCES):
-            width = lost[0]
-            if width > 1 and lost == [d for d in LANE_DISTANCES if d % width == 0]:
-                return Finding(width, str(width),
-                               f"big + 2**(14-{j}) at distance d - big lost the tiny term exactly at the "
-                               f"multiples of {width} (d = {lost[:4]}...): {width} interleaved lanes, "
-                               f"each narrower than the sum of the lanes")
+        lost = [all(get(test="lane", j=j, d=d, end=end) == 0.0 for end in LANE_ENDS) for d in LANE_DISTANCES]
+        width = lost_at_multiples(LANE_DISTANCES, lost)
+        if width is not None:
+            return Finding(width, str(width),
+                           f"big + 2**(14-{j}) at distance d - big lost the tiny term exactly at the multiples "
+                           f"of {width}: {width} interleaved lanes, each narrower than the sum of the lanes")
     return Finding(None, "none", "the tiny term was lost at every distance or at none: one accumulator")
 
 
@@ -212,12 +210,15 @@ class Accumulation:
         return self.format + ("" if self.products is None else f", products to {self.products} bits")
 
 
-def accumulation(bits: AccumulatorBits, products: int | None, lane_count: int | None) -> Finding[Accumulation]:
+def accumulation(bits: AccumulatorBits, products: int | None, lane_count: int | None,
+                 lane_evidence: str = "") -> Finding[Accumulation]:
+    """With narrow lanes the products note is left out: the product rows put their two terms
+    in different lanes, where a product that starts a lane is rounded with it."""
     value = Accumulation(bits.p, products, lane_count if bits.lanes_summed is not None else None, bits.lanes_summed)
     evidence = f"{bits_text(bits.p)} significand bits in partial sums"
     if value.lanes is not None:
         evidence += (f" of each of {value.lanes} lanes, {bits_text(bits.lanes_summed)} where the lanes are summed "
-                     "(a product that starts a lane is rounded with it)")
+                     f"(a product that starts a lane is rounded with it); {lane_evidence}")
     return Finding(value, value.shown(), evidence)
 
 
