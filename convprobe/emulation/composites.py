@@ -86,8 +86,12 @@ class _Composite(AccumulationModel):
     def _describe_kind(self) -> str:
         raise NotImplementedError
 
+    def _produced(self) -> Format:
+        """The format the combining step leaves its results in."""
+        return self.accumulator
+
     def _finish(self, out: np.ndarray) -> np.ndarray:
-        if self.output == self.accumulator:
+        if self.output == self._produced():
             return out
         return round_to_format(out, self.output, Rounding.NEAREST_EVEN, subnormals=self.subnormals,
                                overflow=self.overflow)
@@ -157,6 +161,9 @@ class SplitK(_Composite):
                  for j0, j1 in ranges(a.shape[1], self.parts, self.length)]
         return self._finish(self._combined(parts))
 
+    def _produced(self) -> Format:
+        return self.accumulator if self.combine is None else self.combine.output
+
     def _combined(self, parts: list[np.ndarray]) -> np.ndarray:
         if self.combine is not None:
             return _reduced_by(self.combine, parts)
@@ -215,6 +222,9 @@ class Lanes(_Composite):
     def _lane_columns(self, k: int) -> list[np.ndarray]:
         return [np.arange(lane, k, self.width) for lane in range(self.width)]
 
+    def _produced(self) -> Format:
+        return self.combine.output
+
     def _combined(self, sums: list[np.ndarray]) -> np.ndarray:
         return _reduced_by(self.combine, sums)
 
@@ -260,6 +270,9 @@ class Reverse(_Composite):
 
     def _describe_kind(self) -> str:
         return f"the terms from last to first, reduced as [{self.inner.describe()}]"
+
+    def _produced(self) -> Format:
+        return self.inner.output
 
     def reduce_rows(self, a, b, c):
         if c is not None:
