@@ -16,7 +16,7 @@ a pure function of observed outputs:
   added to an fp16 total show as single lost pairs (`_narrow_totals`).
 - **lanes**: B at 0 and units at 1 and 1 + d: with W interleaved accumulators
   (term k goes to k mod W) the ones meet each other first exactly when W | d.
-- **direction** (`_runs_backwards`): B + u is a tie at B = +2048 but exact at -2048
+- **direction** (`_directions`): B + u is a tie at B = +2048 but exact at -2048
   (the binade below has ulp 1), so in an fp16 accumulator B, u, -B in a row loses u
   only when B comes first, and its mirror -B, u, B only when B comes last. A kernel
   that sums from K-1 down (an input gradient that runs over a reversed dy) is measured
@@ -203,10 +203,10 @@ def lost_at_multiples(positions, lost) -> int | None:
 _DIRECTION_SPACING = 16
 
 
-def _runs_backwards(run, k: int) -> bool:
-    """B, u, -B gives 0 summed forward and u backward, its mirror -B, u, B the other way
-    round (see the module docstring), for fp16 and fp32 accumulators. Backwards only when
-    the triple next to each other and the triple 16 apart (where K allows) both say so."""
+def _directions(run, k: int) -> list[bool]:
+    """Whether B, u, -B summed backwards: for the triple next to each other and, where K
+    allows, 16 apart. Forward it gives 0 and its mirror -B, u, B gives u; backwards the
+    other way round (see the module docstring); for fp16 and fp32 accumulators."""
     spacings = [1] + ([_DIRECTION_SPACING] if k > 2 * _DIRECTION_SPACING else [])
     rows = np.zeros((4 * len(spacings), k))
     for s, step in enumerate(spacings):
@@ -214,9 +214,9 @@ def _runs_backwards(run, k: int) -> bool:
             rows[4 * s + 2 * i, [0, step, 2 * step]] = big, unit, -big
             rows[4 * s + 2 * i + 1, [0, step, 2 * step]] = -big, unit, big
     got = run(rows)
-    return all(any(got[4 * s + 2 * i] == unit and got[4 * s + 2 * i + 1] == 0.0
-                   for i, (_, unit) in enumerate((FP16_PROBE, FP32_PROBE)))
-               for s in range(len(spacings)))
+    return [any(got[4 * s + 2 * i] == unit and got[4 * s + 2 * i + 1] == 0.0
+                for i, (_, unit) in enumerate((FP16_PROBE, FP32_PROBE)))
+            for s in range(len(spacings))]
 
 
 def _lane_zero(run, k: int, width: int):
@@ -273,11 +273,23 @@ def measure_rows(run, k: int, mirrored: bool = False) -> Structure:
     def sums(patterns):  # every B/unit term is an fp16 number: the constant operand is 1
         return quiet(patterns, 1.0)
 
-    if not mirrored and _runs_backwards(sums, k):
-        backwards = measure_rows(lambda patterns, scale: run(np.ascontiguousarray(patterns[:, ::-1]), scale), k,
-                                 mirrored=True)
-        return replace(backwards, backwards=True)
+    if not mirrored:
+        directions = _directions(sums, k)
+        if directions[0]:
+            # Backwards next to each other but forward 16 apart: a lane kernel whose lanes are
+            # combined last to first (its lanes then show), or backward chunks the wide triple
+            # straddles (then the mirrored rows are measured).
+            forward = _measure_forward(sums, quiet, k) if not all(directions) else None
+            if forward is not None and forward.combine is not None:
+                return forward
+            backwards = measure_rows(lambda patterns, scale: run(np.ascontiguousarray(patterns[:, ::-1]), scale), k,
+                                     mirrored=True)
+            return replace(backwards, backwards=True)
+    return _measure_forward(sums, quiet, k)
 
+
+def _measure_forward(sums, quiet, k: int) -> Structure:
+    """`measure_rows` for a kernel that sums from position 0 up."""
     if not _kept_anywhere_end(sums, k, FP16_PROBE, [(1, 2)])[0]:  # B + 1 tied back to B: fp16
         return _fp16_structure(sums, quiet, k)
     width = _narrow_lanes(sums, k)

@@ -57,6 +57,8 @@ def test_the_probe_measures_the_emulated_models_structure(spec):
     ("splitk(length=32, lanes(8, sequential:fp16:product=fp16, combine=sequential:fp16), combine=fp16)",
      Layer((1, 6, 6, 128), (1, 1, 128, 8))),  # chunks shorter than the lane sweep
     ("chunked:fp16:n=64:total=fp16", Layer((1, 6, 6, 129), (1, 1, 129, 8))),  # a start near K-1
+    # backward chunks that a triple 16 apart straddles (XLA's input gradient over a reversed dy)
+    ("reverse(chunked:fp32:n=96:total=fp32:output=fp16)", Layer((1, 6, 6, 128), (1, 1, 128, 4))),
     # two terms a lane, products rounded: Eigen's K = 16 half dot product
     (f"lanes(8, sequential:fp16:product=fp16, combine={structure.halving(8)})", Layer((1, 6, 6, 16), (1, 1, 16, 4))),
 ])
