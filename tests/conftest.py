@@ -13,9 +13,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: The environment the tests were started in: in-process tests may set switches of their own
+#: (the training harness adds XLA_FLAGS before it imports TensorFlow), which a user's shell
+#: would not have; with several test files per worker they would leak into later CLI runs.
+_SHELL_ENV = dict(os.environ)
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python -m convprobe ARGS` as a user would run it; returns the completed process."""
-    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    full_env = {**_SHELL_ENV, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "convprobe", *args], capture_output=True, text=True,
         env=full_env, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL,
