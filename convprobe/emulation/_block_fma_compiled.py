@@ -1,5 +1,6 @@
-"""The block-FMA adder compiled (numba) for GEMMs: the hot path of convolutions under
-tensor-core models.
+"""The block-FMA adder compiled (numba) for GEMMs, in float64 lanes: the hot path of
+convolutions under tensor-core models where `_block_fma_narrow` (32-bit lanes, fp16 and
+fp8 inputs) does not apply - bf16 and tf32 inputs, an accumulator input, inf and NaN.
 
 Same definition as `_block_fma` (NumPy, any parameters) and the oracle; this kernel
 covers every GPU preset - exact products, alignment to e_a + e_b, truncation, one MMA
@@ -25,6 +26,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from convprobe.emulation import _block_fma_narrow as narrow_kernel
 from convprobe.emulation._block_fma import _NONE
 from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TILE, add_odd, f2i, i2f, load_tile
 from convprobe.emulation._kernels_fast import fast_round, round_limits, round_normal
@@ -183,73 +185,12 @@ def _block_of_four(s, total, at, et, j, ew, w, s_emin, adder_p, bp, mode):
     return special
 
 
-@njit(cache=True, inline="always")
-def _sum_terms_narrow(isum, scale32, top, at32, w32, j0, j1, adder_p):
-    """`_sum_terms` for the terms alone, in float32 and int32 lanes (twice float64's):
-    exact where `_fp32_terms` says so - the products and their scaled values are float32
-    numbers, and the block's truncated terms (int32 conversion truncates) sum below 2**31."""
-    for i in range(TILE):
-        t_i = top[i]
-        scale32[i] = np.float32(_pow2(adder_p - 1 - t_i)) if t_i > _NONE // 2 else np.float32(0.0)
-        isum[i] = 0
-    j = j0
-    while j < j1:
-        if j1 - j >= 4:
-            w0, w1, w2, w3 = w32[j], w32[j + 1], w32[j + 2], w32[j + 3]
-            for i in range(TILE):
-                sc = scale32[i]
-                t = np.int32(np.int32(at32[j, i] * w0 * sc) + np.int32(at32[j + 1, i] * w1 * sc))
-                t = np.int32(t + np.int32(np.int32(at32[j + 2, i] * w2 * sc) + np.int32(at32[j + 3, i] * w3 * sc)))
-                isum[i] = np.int32(isum[i] + t)
-            j += 4
-        else:
-            w0 = w32[j]
-            for i in range(TILE):
-                isum[i] = np.int32(isum[i] + np.int32(at32[j, i] * w0 * scale32[i]))
-            j += 1
-
-
-@njit(cache=True, inline="always")
-def _round_block_narrow(s, isum, top, adder_p, bp, mode):
-    """s = (its truncated, scaled self + the int32 sum of the terms) * 2**q, rounded by
-    `round_normal` (finite inputs, sums known normal)."""
-    for i in range(TILE):
-        sv, t_i = s[i], top[i]
-        live = t_i > _NONE // 2
-        sc = _pow2(adder_p - 1 - t_i) if live else 0.0
-        tv = float(isum[i]) + np.trunc(sv * sc)
-        value = tv * _pow2(t_i - adder_p + 1) if (live & (tv != 0.0)) else 0.0
-        s[i] = round_normal(value, bp, mode) if live else sv
-
-
-@njit(cache=True, inline="always")
-def _block_of_four_narrow(s, at32, et, j, ew, w32, s_emin, adder_p, bp, mode):
-    """`_block_of_four` on finite inputs with the terms in float32/int32 (`_fp32_terms`)."""
-    e0, e1, e2, e3 = ew[0], ew[1], ew[2], ew[3]
-    w0, w1, w2, w3 = w32[0], w32[1], w32[2], w32[3]
-    for i in range(TILE):
-        sv = s[i]
-        top = max(max(_exponent(sv, s_emin), et[j, i] + e0),
-                  max(et[j + 1, i] + e1, max(et[j + 2, i] + e2, et[j + 3, i] + e3)))
-        live = top > _NONE // 2
-        sc = _pow2(adder_p - 1 - top) if live else 0.0
-        sc32 = np.float32(sc)
-        isum = np.int32(np.int32(at32[j, i] * w0 * sc32) + np.int32(at32[j + 1, i] * w1 * sc32))
-        isum = np.int32(isum + np.int32(np.int32(at32[j + 2, i] * w2 * sc32) + np.int32(at32[j + 3, i] * w3 * sc32)))
-        tv = float(isum) + np.trunc(sv * sc)
-        value = tv * _pow2(top - adder_p + 1) if (live & (tv != 0.0)) else 0.0
-        s[i] = round_normal(value, bp, mode) if live else sv
-
-
 @njit(cache=True, parallel=True)
-def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, narrow, w32,
-          w_finite, out):
+def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, out):
     """`block`, `acc`: (p, elow, maxv, tiny, has_inf, keep_sub) of the block-sum format and
     the accumulator (`round_limits`); s_emin: the clamp of the running sum's exponent;
     ew: the exponents of w; normal: every block sum is known to round to a normal number
-    (`round_normal` suffices); narrow: `_fp32_terms` holds, so blocks of finite inputs
-    (w_finite per column, checked per tile for `a`) sum their terms in float32/int32
-    lanes (w32: w in float32).
+    (`round_normal` suffices).
 
     Terms go four at a time through each pass over the tile (one load and store of the
     running values per four terms): summing a block's truncated terms in any order is
@@ -267,17 +208,6 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
         for j in range(k_count):
             for i in range(rows):
                 et[j, i] = _exponent(at[j, i], in_emin)
-        narrow_tile = narrow
-        if narrow:
-            at32 = np.empty((k_count + 3, TILE), dtype=np.float32)
-            for j in range(k_count + 3):
-                for i in range(TILE):
-                    at32[j, i] = np.float32(at[j, i])
-                    narrow_tile &= math.isfinite(at[j, i])
-        else:
-            at32 = np.empty((1, 1), dtype=np.float32)
-        isum = np.empty(TILE, dtype=np.int32)
-        scale32 = np.empty(TILE, dtype=np.float32)
         s = np.empty(TILE)
         c_in = np.empty(TILE)
         top = np.empty(TILE, dtype=np.int64)
@@ -293,18 +223,9 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
                     s[:] = 0.0
                 for j0 in range(s0, min(s0 + step, k_count), b):
                     j1 = min(j0 + b, k_count)
-                    if b == 4 and narrow_tile and w_finite[n]:
-                        _block_of_four_narrow(s, at32, et, j0, ew[j0:j0 + 4, n], w32[j0:j0 + 4, n], s_emin,
-                                              adder_p, bp, mode)
-                        special = False
-                    elif b == 4 and normal:  # one fused pass beats separate narrow passes here
+                    if b == 4 and normal:  # one fused pass for the commonest block size
                         special = _block_of_four(s, total, at, et, j0, ew[j0:j0 + 4, n], w[j0:j0 + 4, n],
                                                  s_emin, adder_p, bp, mode)
-                    elif narrow_tile and w_finite[n]:
-                        _align(top, s, s_emin, et, ew[:, n], j0, j1)
-                        _sum_terms_narrow(isum, scale32, top, at32, w32[:, n], j0, j1, adder_p)
-                        _round_block_narrow(s, isum, top, adder_p, bp, mode)
-                        special = False
                     else:
                         _align(top, s, s_emin, et, ew[:, n], j0, j1)
                         _sum_terms(total, scale, top, s, at, w[:, n], j0, j1, adder_p)
@@ -353,45 +274,39 @@ def _sums_stay_normal(model, k: int) -> bool:
     return all(smallest >= fmt.emin and largest < fmt.max for fmt in (model.block_format, model.accumulator))
 
 
-def _fp32_terms(model, k: int) -> bool:
-    """Whether the terms of every block can be summed in float32 and int32 (with finite
-    inputs): products of two inputs are float32 numbers (at most 24 bits, at least
-    2**-126), and so are they scaled by 2**(adder_p - 1 - E) - at least 2**-126 for the
-    largest alignment exponent E (that of the running sum's bound) - and b terms, each
-    below 2**(adder_p + 1), sum below 2**31."""
-    fin, adder_p = model.input, model.adder.precision + model.extra_bits
-    smallest_product = 2 * (fin.emin - fin.precision + 1)
-    largest_exponent = math.ceil(math.log2((k + 1) * fin.max**2 * 4))
-    return (2 * fin.precision <= 24 and smallest_product >= -126 and 2 * fin.emax + 2 < 127
-            and smallest_product + adder_p - 1 - largest_exponent >= -126
-            and adder_p - 1 - 2 * fin.emin < 127 and model.b << (adder_p + 1) <= 1 << 31)
-
-
 def _limits(fmt, keep_sub: bool) -> tuple:
     """`fast_round`'s view of a format (see `_kernels_fast.round_limits`)."""
     return round_limits(fmt.precision, fmt.emin, float(fmt.max), fmt.has_inf, keep_sub)
 
 
-def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None) -> np.ndarray:
+def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narrow: bool = True) -> np.ndarray:
     """out[m, n] = the block-FMA reduction of c[m, n] (values of the accumulator; +0 when
     None) plus a[m, :] against w[:, n] (float64, K already in the adder's order), rounded to
     the accumulator. Convolutions pass no c; the test that replays the real MMA vectors
     through this kernel does (`dot(c=...)` takes the NumPy path, whose rows each have their
-    own b)."""
+    own b). With `narrow` (the default), the 32-bit-lane kernel of `_block_fma_narrow`
+    computes what it can - fp16/fp8 inputs, finite w, no c - and this float64 kernel the
+    rows of tiles holding an inf or NaN; `narrow=False` is this kernel alone (the tests
+    compare both)."""
     from convprobe.emulation.rounding import MODE_CODES
 
     fmt, acc = model.block_format, model.accumulator
     keep = fmt.subnormals and model.subnormals == "keep"
+    normal = _sums_stay_normal(model, a.shape[1]) and (c is None or not np.any(c))
+    if narrow and narrow_kernel.applies(model) and (c is None or not np.any(c)) and np.isfinite(w).all():
+        out, rows = narrow_kernel.gemm(a, w, model, normal, _limits(fmt, keep),
+                                       _limits(acc, acc.subnormals and model.subnormals == "keep"),
+                                       MODE_CODES[model.rounding])
+        if rows.size:  # the tiles holding an inf or NaN: the IEEE fix-ups below
+            out[rows] = gemm(a[rows], w, model, narrow=False)
+        return out
     shape = (a.shape[0], w.shape[1])
     out = np.zeros(shape) if c is None else np.array(np.broadcast_to(c, shape), dtype=np.float64)
-    normal = _sums_stay_normal(model, a.shape[1]) and (c is None or not np.any(c))
-    narrow = normal and _fp32_terms(model, a.shape[1])
     w_padded = np.zeros((w.shape[0] + 3, w.shape[1]))
     w_padded[:w.shape[0]] = w
     _gemm(np.ascontiguousarray(a), w_padded, _exponents(w_padded, model.input.emin), model.b, model.step,
           model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
           model.input.emin, acc.emin if acc.subnormals else -1022,
           _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
-          MODE_CODES[model.rounding], model.overflow == "saturate", normal, narrow, w_padded.astype(np.float32),
-          np.isfinite(w).all(axis=0), out)
+          MODE_CODES[model.rounding], model.overflow == "saturate", normal, out)
     return out

@@ -81,6 +81,41 @@ def i2f(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def f2i32(typingctx, x):
+    """Reinterpret a float32 as int32 (bitcast)."""
+    sig = types.int32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def i2f32(typingctx, x):
+    """Reinterpret an int32 as float32 (bitcast)."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def bitlen32(typingctx, x):
+    """Number of bits of a non-negative int32 (0 for 0): 32 minus LLVM's ctlz, which
+    vectorises (vplzcntd where the CPU has it)."""
+    sig = types.int32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        zeros = builder.ctlz(args[0], ir.Constant(ir.IntType(1), 0))
+        return builder.sub(ir.Constant(ir.IntType(32), 32), zeros)
+
+    return sig, codegen
+
+
 @njit(cache=True, inline="always")
 def bitlen(x):
     """Number of bits of a positive int64."""

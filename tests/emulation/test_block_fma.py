@@ -315,21 +315,31 @@ def test_the_compiled_gemm_reproduces_the_real_gpu_vectors():
             f"{int((bits != s.d[list(rows)]).sum())} of {len(rows)} vectors differ"
 
 
-@pytest.mark.parametrize("spec", ["v100", "a100", "h100", "b200", "ada:in=fp8_e4m3", "a100:in=bf16"])
-def test_the_narrow_lanes_equal_the_numpy_gemm_on_finite_inputs(spec):
-    """Presets on fp16/fp8 inputs sum their terms in float32/int32 lanes (`_fp32_terms`;
-    blocks of four in one fused pass); bf16 inputs, whose products float32 cannot hold, must
-    not. Both
-    agree bit for bit with the NumPy path over several tiles and blocks, zeros included."""
-    from convprobe.emulation import _block_fma, _block_fma_compiled
+@pytest.mark.parametrize("spec", ["v100", "a100", "h100", "b200", "b200:in=fp8_e4m3", "ada:in=fp8_e4m3",
+                                  "h100:in=fp8_e5m2:out=fp16", "v100:out=fp16", "blocked:fp16:b=4",
+                                  "blocked:fp16:b=8:rounding=nearest_even", "blocked:fp16:b=4:subnormals=flush",
+                                  "a100:in=bf16"])
+def test_the_32_bit_lanes_equal_the_float64_kernel_and_the_numpy_gemm(spec):
+    """fp16/fp8 inputs go to `_block_fma_narrow` (32-bit lanes; fused int32 blocks for v100
+    and a100), bf16 inputs must not (float32 cannot hold their products). Bit for bit the
+    float64 kernel and the NumPy path, over several tiles, with zeros, subnormal inputs,
+    fp16 accumulators that overflow, a separate addition of c (b200 fp8), and an inf and
+    a NaN in two tiles, whose rows the float64 kernel takes."""
+    from convprobe.emulation import _block_fma, _block_fma_compiled, _block_fma_narrow
 
     model = em.parse_model(spec)
-    assert _block_fma_compiled._fp32_terms(model, 300) == (model.input.name != "bf16")
+    assert _block_fma_narrow.applies(model) == (model.input.name != "bf16")
     rng = np.random.default_rng(11)
     fmt = model.input
-    scale = rng.choice([2.0**-12, 1.0, 2.0**6], size=(130, 300))
-    a = round_to_format(rng.standard_normal((130, 300)) * scale, fmt)
-    w = round_to_format(rng.standard_normal((300, 3)), fmt)
+    scale = rng.choice([2.0**-12, 1.0, 2.0**6], size=(200, 300))
+    a = round_to_format(rng.standard_normal((200, 300)) * scale, fmt)
+    w = round_to_format(rng.standard_normal((300, 3)) * 4, fmt)
     a[:, 5] = 0.0
     a[7] = 0.0
-    assert_same_bits(_block_fma.gemm(a, w, model), _block_fma.gemm(a, w, model, compiled=False))
+    a[70, 3], a[140, 9] = np.inf, np.nan
+    with np.errstate(all="ignore"):
+        fast = _block_fma_compiled.gemm(a, w, model)
+        assert_same_bits(fast, _block_fma_compiled.gemm(a, w, model, narrow=False))
+        assert_same_bits(_block_fma.gemm(a, w, model), _block_fma.gemm(a, w, model, compiled=False))
+    if model.accumulator.max < 1e5:  # the fp16 accumulators do overflow here
+        assert np.isinf(fast).any() and np.isfinite(fast).any()
