@@ -238,13 +238,12 @@ def reduce_gemm_seq_nearest(a, w, p, emin, maxv, out, col0):
     """Specialised `reduce_gemm_fast`: exact products, exact additions, nearest-even,
     subnormals kept, overflow to inf, output = accumulator (precision p <= 51).
 
-    Branch-free per term; values that are inf or NaN go through the general
-    rounding (they are rare and sticky)."""
+    Branch-free per term: the round-to-odd sum (`add_odd`'s TwoSum, inlined) rounded by
+    `fast_round`; values that are inf or NaN keep the float64 sum (they are rare and
+    sticky)."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
-    emin_b = emin + 1023
-    shift_p = p - 1
-    maxbits = f2i(maxv)
+    _, elow, _, tiny, _, _ = round_limits(p, emin, maxv, True, True)
     for m in prange(m_count):
         s = np.zeros(n_count)
         for k in range(k_count):
@@ -258,29 +257,21 @@ def reduce_gemm_seq_nearest(a, w, p, emin, maxv, out, col0):
                 b = f2i(t)
                 inex = np.int64(err != 0.0)
                 opp = np.int64((b < 0) != (err < 0.0)) & inex
-                b = (b - opp) | inex
-                e = (b >> 52) & 0x7FF
-                eb = max(e, emin_b)
-                c = i2f(((eb - shift_p + 52) << 52) | (1 << 51))
-                x = i2f(b)
-                yb = f2i((x + c) - c) | (b & _SIGN)
-                mag = yb & ~_SIGN
-                big = mag > maxbits
-                yb = ((yb & _SIGN) | 0x7FF0000000000000) if big else yb
-                s[n] = i2f(yb) if e != 0x7FF else t
+                y = fast_round(i2f((b - opp) | inex), p, elow, maxv, tiny, True, True, NEAREST_EVEN, False, 0, 1)
+                s[n] = y if ((b >> 52) & 0x7FF) != 0x7FF else t
         for n in range(n_count):
             out[m, col0 + n] = s[n]
 
 
-_FP16_EMIN, _FP16_P, _FP16_MAX, _FP16_TINY = FP16.emin, FP16.precision, float(FP16.max), float(FP16.tiny)
+_FP16_LIMITS = (FP16.precision, FP16.emin, float(FP16.max))
 
 
 @njit(cache=True, parallel=True)
 def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
     """Sequential fp16 accumulation of fp16 (or fp8) products, nearest-even, overflow
-    to inf: one float64 add and one rounding per term, no TwoSum. With `add32` each
-    addition is the hardware float32 add (exact operands: s is fp16 and p has 22
-    bits), then rounded to fp16 - the `addition=fp32` model, two roundings.
+    to inf: one float64 add and one rounding (`fast_round`) per term, no TwoSum. With
+    `add32` each addition is the hardware float32 add (exact operands: s is fp16 and p
+    has 22 bits), then rounded to fp16 - the `addition=fp32` model, two roundings.
 
     Why one float64 add suffices: s is fp16 and p = a*b has at most 22 significand
     bits, both multiples of 2**-48. If s + p is inexact in float64, the two
@@ -296,11 +287,8 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
     """
     m_count, k_count = a.shape
     n_count = w.shape[1]
-    # float64 biased exponent below which the fp16 ulp stops shrinking: its emin, or for
-    # a flushing accumulator emin - (precision + 1), low enough that nothing is clamped
-    emin_b = _FP16_EMIN + 1023 if keep_sub else _FP16_EMIN + 1023 - (_FP16_P + 1)
-    maxbits = f2i(_FP16_MAX)
-    tiny = _FP16_TINY
+    p, emin, maxv = _FP16_LIMITS
+    _, elow, _, tiny, _, _ = round_limits(p, emin, maxv, True, keep_sub)
     for m in prange(m_count):
         s = np.zeros(n_count)
         for k in range(k_count):
@@ -310,17 +298,8 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
                     t = np.float64(np.float32(s[n]) + np.float32(av * w[k, n]))
                 else:
                     t = s[n] + av * w[k, n]
-                b = f2i(t)
-                e = (b >> 52) & 0x7FF
-                eb = max(e, emin_b)
-                c = i2f(((eb - 10 + 52) << 52) | (1 << 51))
-                yb = f2i((t + c) - c) | (b & _SIGN)
-                big = (yb & ~_SIGN) > maxbits
-                yb = ((yb & _SIGN) | 0x7FF0000000000000) if big else yb
-                y = i2f(yb)
-                if not keep_sub:
-                    y = math.copysign(0.0, y) if abs(y) < tiny else y
-                s[n] = y if e != 0x7FF else t
+                y = fast_round(t, p, elow, maxv, tiny, True, keep_sub, NEAREST_EVEN, False, 0, 1)
+                s[n] = y if ((f2i(t) >> 52) & 0x7FF) != 0x7FF else t
         for n in range(n_count):
             out[m, col0 + n] = s[n]
 
