@@ -14,9 +14,10 @@ import numpy as np
 
 from convprobe.emulation import _native_fp16
 from convprobe.emulation._kernel_arithmetic import *  # noqa: F403 - the table layout and codes, re-exported
-from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PRODUCT, SEQUENTIAL)
-from convprobe.emulation._kernels_fast import (exact_fp16_ok, fast_ok, reduce_gemm_exact_fp16, reduce_gemm_fast,
-                                               reduce_gemm_fp16_direct, reduce_gemm_seq_nearest)
+from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PAIRWISE, PRODUCT, SEQUENTIAL)
+from convprobe.emulation._kernels_fast import (fast_roundable, exact_fp16_ok, fast_ok, reduce_gemm_exact_fp16,
+                                               reduce_gemm_fast, reduce_gemm_fp16_direct, reduce_gemm_seq_nearest,
+                                               reduce_terms_pairwise_nearest)
 from convprobe.emulation._kernels_reference import reduce_gemm, reduce_one, reduce_pairs, round_array  # noqa: F401
 from convprobe.formats import FP16, FP32
 
@@ -26,6 +27,13 @@ def _nearest_ok(fp, ic) -> bool:
     return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, F_PRECISION] == 0.0 and fp[ADDITION, F_PRECISION] == 0.0 and ic[IC_MODE] == NEAREST_EVEN
             and ic[IC_SAT] == 0 and acc[F_HAS_INF] != 0.0 and acc[F_KEEP_SUB] != 0.0 and acc[F_PRECISION] <= 51
             and acc[F_EMIN] >= -900 and (acc == out).all())
+
+
+def _as_sequential(ic):
+    """ic with the kind set to sequential (to ask the sequential conditions of another kind)."""
+    seq = ic.copy()
+    seq[IC_KIND] = SEQUENTIAL
+    return seq
 
 
 def _same_format(row, fmt) -> bool:
@@ -71,3 +79,18 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
         reduce_gemm_exact_fp16(a, np.ascontiguousarray(w), fp, ic, np.uint64(seed), out, col0)
     else:
         reduce_gemm(a, np.ascontiguousarray(w.T), fp, ic, np.uint64(seed), out, col0)
+
+
+def sum_terms(terms, fp, ic, seed, out):
+    """out[r] = the modelled sum of terms[0, r], terms[1, r], ... (P, R): the nearest-even
+    sequential kernel as the GEMM ones (1, P) x terms, vectorised across r; any other
+    model by the general kernel over the rows of terms.T."""
+    acc = fp[ACCUMULATOR]
+    if fast_ok(fp, ic) and _nearest_ok(fp, ic):
+        reduce_gemm_seq_nearest(np.ones((1, terms.shape[0])), terms, int(acc[F_PRECISION]), int(acc[F_EMIN]),
+                                acc[F_MAX], out.reshape(1, -1), 0)
+    elif ic[IC_KIND] == PAIRWISE and _nearest_ok(fp, _as_sequential(ic)) and fast_roundable(fp, ACCUMULATOR):
+        reduce_terms_pairwise_nearest(terms, int(acc[F_PRECISION]), int(acc[F_EMIN]), acc[F_MAX], out)
+    else:
+        rows = np.ascontiguousarray(terms.T)
+        reduce_pairs(rows, np.ones_like(rows), fp, ic, seed, out)

@@ -79,7 +79,7 @@ def round_normal(x, p, mode):
     return i2f(b & ~mask)
 
 
-def _fast_roundable(fp, slot) -> bool:
+def fast_roundable(fp, slot) -> bool:
     """A slot `fast_round` (or the native float64 add) can do: exact, or precision <= 51 and
     a range well inside float64's."""
     p, emin = int(fp[slot, F_PRECISION]), int(fp[slot, F_EMIN])
@@ -94,7 +94,7 @@ def fast_ok(fp, ic) -> bool:
     if kind not in (SEQUENTIAL, CHUNKED):
         return False
     slots = (PRODUCT, ADDITION, ACCUMULATOR, TOTAL) if kind == CHUNKED else (PRODUCT, ADDITION, ACCUMULATOR)
-    if not all(_fast_roundable(fp, slot) for slot in slots):
+    if not all(fast_roundable(fp, slot) for slot in slots):
         return False
     if int(fp[ACCUMULATOR, F_PRECISION]) == 53 and not (nearest and fp[ADDITION, F_PRECISION] == 0.0):
         return False
@@ -249,18 +249,53 @@ def reduce_gemm_seq_nearest(a, w, p, emin, maxv, out, col0):
         for k in range(k_count):
             av = a[m, k]
             for n in range(n_count):
-                sv = s[n]
-                pv = av * w[k, n]
-                t = sv + pv
-                bb = t - sv
-                err = (sv - (t - bb)) + (pv - bb)
-                b = f2i(t)
-                inex = np.int64(err != 0.0)
-                opp = np.int64((b < 0) != (err < 0.0)) & inex
-                y = fast_round(i2f((b - opp) | inex), p, elow, maxv, tiny, True, True, NEAREST_EVEN, False, 0, 1)
-                s[n] = y if ((b >> 52) & 0x7FF) != 0x7FF else t
+                s[n] = _add_nearest(s[n], av * w[k, n], p, elow, maxv, tiny)
         for n in range(n_count):
             out[m, col0 + n] = s[n]
+
+
+@njit(cache=True, inline="always")
+def _add_nearest(sv, pv, p, elow, maxv, tiny):
+    """sv + pv rounded once, nearest even, to a format that keeps subnormals and overflows
+    to inf: the round-to-odd sum (`add_odd`'s TwoSum, inlined and branch-free) rounded by
+    `fast_round`; an inf or NaN sum stays the float64 sum (rare and sticky)."""
+    t = sv + pv
+    bb = t - sv
+    err = (sv - (t - bb)) + (pv - bb)
+    b = f2i(t)
+    inex = np.int64(err != 0.0)
+    opp = np.int64((b < 0) != (err < 0.0)) & inex
+    y = fast_round(i2f((b - opp) | inex), p, elow, maxv, tiny, True, True, NEAREST_EVEN, False, 0, 1)
+    return y if ((b >> 52) & 0x7FF) != 0x7FF else t
+
+
+@njit(cache=True, parallel=True)
+def reduce_terms_pairwise_nearest(terms, p, emin, maxv, out):
+    """out[r] = the pairwise sum of terms[:, r] (P, R) under the conditions of
+    `reduce_gemm_seq_nearest`: adjacent pairs added level by level, an odd last term
+    carried up, as the general kernel's pairwise tree; vectorised across r."""
+    k_count, r_count = terms.shape
+    _, elow, _, tiny, _, _ = round_limits(p, emin, maxv, True, True)
+    for t in prange((r_count + TILE - 1) // TILE):
+        r0 = t * TILE
+        cols = min(TILE, r_count - r0)
+        level = np.zeros((max(k_count, 1), TILE))
+        for j in range(k_count):
+            for i in range(cols):
+                level[j, i] = terms[j, r0 + i]
+        n = k_count
+        while n > 1:
+            half = n // 2
+            for j in range(half):
+                for i in range(TILE):
+                    level[j, i] = _add_nearest(level[2 * j, i], level[2 * j + 1, i], p, elow, maxv, tiny)
+            if n & 1:
+                for i in range(TILE):
+                    level[half, i] = level[n - 1, i]
+            n = half + (n & 1)
+        for i in range(cols):  # (a lone term meets the output rounding alone, as in the general kernel)
+            v = level[0, i]
+            out[r0 + i] = fast_round(v, p, elow, maxv, tiny, True, True, NEAREST_EVEN, False, 0, 1) if k_count == 1 else v
 
 
 _FP16_LIMITS = (FP16.precision, FP16.emin, float(FP16.max))

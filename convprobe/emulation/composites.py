@@ -28,29 +28,29 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from convprobe.emulation.models import AccumulationModel
+from convprobe.emulation.models import AccumulationModel, Sequential
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32, Format
 from convprobe.options import Rounding
 
-__all__ = ["SplitK", "Lanes", "Reverse", "COMPOSITE_KINDS", "ranges", "add_rounded", "split_arguments",
+__all__ = ["SplitK", "Lanes", "Reverse", "COMPOSITE_KINDS", "ranges", "split_arguments",
            "parse_composite"]
-
-
-def add_rounded(x: np.ndarray, y: np.ndarray, fmt: Format, model: AccumulationModel) -> np.ndarray:
-    """x + y (exact, then rounded to odd in float64), rounded to nearest in `fmt`."""
-    from convprobe.emulation._block_fma import _add_odd
-
-    total = x + y if fmt.precision > 51 else _add_odd(x, y)
-    return round_to_format(total, fmt, Rounding.NEAREST_EVEN, subnormals=model.subnormals,
-                           overflow=model.overflow)
 
 
 def _reduced_by(model: AccumulationModel, values: list[np.ndarray]) -> np.ndarray:
     """The values (one array per term, in order) reduced by `model`, as products with 1."""
-    stack = np.stack([np.asarray(v, np.float64).reshape(-1) for v in values], axis=1)
-    return np.asarray(model.reduce_rows(stack, np.ones_like(stack), None), np.float64)
+    return np.asarray(model.sum_terms(np.stack([np.asarray(v, np.float64).reshape(-1) for v in values])),
+                      np.float64)
+
+
+def _inner_gemm(model: AccumulationModel, a: np.ndarray, w: np.ndarray, inputs_fp16: bool) -> np.ndarray:
+    """`model`'s GEMM of a (M, K) against w (K, N) as float64, run in the dtype its kernel
+    takes (float16 for the CPU's own fp16 FMA: exact, the values are fp16 numbers)."""
+    dtype = model.carrier(inputs_fp16)
+    out = np.empty((a.shape[0], w.shape[1]), dtype=dtype)
+    model.gemm_into(np.ascontiguousarray(a, dtype), np.ascontiguousarray(w, dtype), out, 0, inputs_fp16)
+    return out.astype(np.float64, copy=False)
 
 
 def _check_inner(model: AccumulationModel, argument: str) -> None:
@@ -79,6 +79,12 @@ class _Composite(AccumulationModel):
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         self.inner.check_inputs(x, fp16_dtype, argument)
+
+    def carrier(self, inputs_fp16: bool) -> type:
+        return np.float64  # (the inner model gets its own: `_inner_gemm`)
+
+    def sum_terms(self, terms: np.ndarray) -> np.ndarray:
+        return self.reduce_rows(terms.T, np.ones_like(terms.T), None)
 
     def _summed_formats(self) -> list[tuple[Format, str]]:
         return [(self.accumulator, "combine")]
@@ -165,22 +171,14 @@ class SplitK(_Composite):
         return self.accumulator if self.combine is None else self.combine.output
 
     def _combined(self, parts: list[np.ndarray]) -> np.ndarray:
-        if self.combine is not None:
-            return _reduced_by(self.combine, parts)
-        total = np.zeros(parts[0].shape)
-        for part in parts:
-            total = add_rounded(total, part, self.accumulator, self)
-        return total
+        combine = self.combine if self.combine is not None else Sequential(
+            accumulator=self.accumulator, subnormals=self.subnormals, overflow=self.overflow)
+        return _reduced_by(combine, parts).reshape(parts[0].shape)
 
     def gemm_into(self, a, w, out, col0, inputs_fp16):
-        m, n = a.shape[0], w.shape[1]
-        parts = []
-        for j0, j1 in ranges(a.shape[1], self.parts, self.length):
-            part = np.empty((m, n), dtype=np.float64)
-            self.inner.gemm_into(np.ascontiguousarray(a[:, j0:j1], np.float64),
-                                 np.ascontiguousarray(w[j0:j1], np.float64), part, 0, inputs_fp16)
-            parts.append(part)
-        out[:, col0:col0 + n] = self._finish(self._combined(parts).reshape(m, n))
+        parts = [_inner_gemm(self.inner, a[:, j0:j1], w[j0:j1], inputs_fp16)
+                 for j0, j1 in ranges(a.shape[1], self.parts, self.length)]
+        out[:, col0:col0 + w.shape[1]] = self._finish(self._combined(parts))
 
 
 @dataclass(frozen=True)
@@ -219,9 +217,6 @@ class Lanes(_Composite):
                 f"reduced as [{self.inner.describe()}], then the lanes as "
                 f"[{self.combine.describe()}]")
 
-    def _lane_columns(self, k: int) -> list[np.ndarray]:
-        return [np.arange(lane, k, self.width) for lane in range(self.width)]
-
     def _produced(self) -> Format:
         return self.combine.output
 
@@ -231,19 +226,15 @@ class Lanes(_Composite):
     def reduce_rows(self, a, b, c):
         if c is not None:
             raise InvalidArgument("c (an accumulator input) is not defined for lanes models")
-        sums = [self.inner.reduce_rows(np.ascontiguousarray(a[:, cols]),
-                                       np.ascontiguousarray(b[:, cols]), None)
-                for cols in self._lane_columns(a.shape[1])]
+        sums = [self.inner.reduce_rows(np.ascontiguousarray(a[:, lane::self.width]),
+                                       np.ascontiguousarray(b[:, lane::self.width]), None)
+                for lane in range(self.width)]
         return self._finish(self._combined(sums))
 
     def gemm_into(self, a, w, out, col0, inputs_fp16):
         m, n = a.shape[0], w.shape[1]
-        sums = []
-        for cols in self._lane_columns(a.shape[1]):
-            part = np.empty((m, n), dtype=np.float64)
-            self.inner.gemm_into(np.ascontiguousarray(a[:, cols], np.float64),
-                                 np.ascontiguousarray(w[cols], np.float64), part, 0, inputs_fp16)
-            sums.append(part)
+        sums = [_inner_gemm(self.inner, a[:, lane::self.width], w[lane::self.width], inputs_fp16)
+                for lane in range(self.width)]
         out[:, col0:col0 + n] = self._finish(self._combined(sums)).reshape(m, n)
 
 
@@ -281,11 +272,7 @@ class Reverse(_Composite):
         return self._finish(np.asarray(out, np.float64))
 
     def gemm_into(self, a, w, out, col0, inputs_fp16):
-        m, n = a.shape[0], w.shape[1]
-        part = np.empty((m, n), dtype=np.float64)
-        self.inner.gemm_into(np.ascontiguousarray(a[:, ::-1], np.float64),
-                             np.ascontiguousarray(w[::-1], np.float64), part, 0, inputs_fp16)
-        out[:, col0:col0 + n] = self._finish(part)
+        out[:, col0:col0 + w.shape[1]] = self._finish(_inner_gemm(self.inner, a[:, ::-1], w[::-1], inputs_fp16))
 
 
 COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes, "reverse": Reverse}

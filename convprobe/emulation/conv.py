@@ -26,7 +26,6 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit, prange
 
-from convprobe.emulation import _kernels as K
 from convprobe.emulation.models import AccumulationModel, kernel_config
 from convprobe.emulation.reduction import as_float64, check_exact_products, finish
 from convprobe.errors import InvalidArgument, invalid_choice
@@ -236,9 +235,9 @@ def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
     """(x, w) validated and in the carrier dtype the kernels take - float16 where the CPU's
     fp16 FMA does the arithmetic (`_kernels.native_fp16`), float64 otherwise - and
     whether both hold only fp16-representable values."""
-    fp, ic, _ = kernel_config(model)
+    kernel_config(model)  # (refuses what is not a model)
     narrow = fp16_or_narrower(x, w)
-    if K.native_fp16(fp, ic, narrow):
+    if model.carrier(narrow) == np.float16:
         x16, w16 = np.ascontiguousarray(x, np.float16), np.ascontiguousarray(w, np.float16)
         _check4(x16, x_name, x_layout)
         _check4(w16, w_name, w_layout)

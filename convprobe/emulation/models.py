@@ -220,9 +220,24 @@ class AccumulationModel:
 
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
                   inputs_fp16: bool) -> None:
-        """out[:, col0:col0 + N] = the modelled reductions of a (M, K) against w (K, N)."""
+        """out[:, col0:col0 + N] = the modelled reductions of a (M, K) against w (K, N), in
+        the dtype `carrier` names."""
         fp, ic, seed = kernel_config(self)
         K.gemm(a, w, fp, ic, seed, out, col0, inputs_fp16)
+
+    def carrier(self, inputs_fp16: bool) -> type:
+        """The dtype `gemm_into` takes for a, w and out: float16 where the CPU's own fp16
+        FMA computes this model on fp16 inputs (`_kernels.native_fp16`), else float64."""
+        fp, ic, _ = kernel_config(self)
+        return np.float16 if K.native_fp16(fp, ic, inputs_fp16) else np.float64
+
+    def sum_terms(self, terms: np.ndarray) -> np.ndarray:
+        """out[r] = the modelled sum of terms[0, r], terms[1, r], ... (float64 (P, R)), as
+        products with 1: how composites reduce their partial results."""
+        fp, ic, seed = kernel_config(self)
+        out = np.empty(terms.shape[1])
+        K.sum_terms(np.ascontiguousarray(terms, np.float64), fp, ic, np.uint64(seed), out)
+        return out
 
 
 @dataclass(frozen=True)
@@ -387,6 +402,9 @@ class Blocked(AccumulationModel):
         from convprobe.emulation import _block_fma
 
         return _block_fma.reduce_rows(a, b, c, self)
+
+    def sum_terms(self, terms: np.ndarray) -> np.ndarray:
+        return self.reduce_rows(terms.T, np.ones_like(terms.T), None)  # (checks the input format)
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         from convprobe.emulation import _block_fma
