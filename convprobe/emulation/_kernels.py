@@ -14,7 +14,8 @@ import numpy as np
 
 from convprobe.emulation import _native_fp16
 from convprobe.emulation._kernel_arithmetic import *  # noqa: F403 - the table layout and codes, re-exported
-from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PAIRWISE, PRODUCT, SEQUENTIAL)
+from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PAIRWISE, PRODUCT, SEQUENTIAL, TOTAL,
+                                                    CHUNKED, IC_CHUNK)
 from convprobe.emulation._kernels_fast import (fast_roundable, exact_fp16_ok, fast_ok, reduce_gemm_exact_fp16,
                                                reduce_gemm_fast, reduce_gemm_fp16_direct, reduce_gemm_seq_nearest,
                                                reduce_terms_pairwise_nearest)
@@ -42,18 +43,26 @@ def _same_format(row, fmt) -> bool:
             == (fmt.precision, fmt.emin, fmt.max, fmt.has_inf))
 
 
-def _fp16_direct_ok(fp, ic) -> bool:
+def _fp16_direct_ok(fp, ic, output_checked=True) -> bool:
     acc = fp[ACCUMULATOR]
     add_ok = fp[ADDITION, F_PRECISION] == 0.0 or _same_format(fp[ADDITION], FP32)
     return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, F_PRECISION] == 0.0 and add_ok
             and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
-            and _same_format(acc, FP16) and (acc == fp[OUTPUT]).all())
+            and _same_format(acc, FP16) and (not output_checked or (acc == fp[OUTPUT]).all()))
+
+
+def _native_chunked_ok(fp, ic) -> bool:
+    """The chunked model `_native_fp16` computes: fp16 chunks as the sequential fp16 model,
+    an fp32 total, nearest even, fp16 output with the accumulator's subnormal handling."""
+    return (ic[IC_KIND] == CHUNKED and _fp16_direct_ok(fp, _as_sequential(ic), output_checked=False)
+            and _same_format(fp[TOTAL], FP32) and (fp[OUTPUT] == fp[ACCUMULATOR]).all())
 
 
 def native_fp16(fp, ic, inputs_fp16) -> bool:
     """Whether `gemm` takes float16 arrays for this model and these inputs: the CPU's own
     fp16 FMA does the arithmetic (see `convprobe.emulation._native_fp16`)."""
-    return inputs_fp16 and _fp16_direct_ok(fp, ic) and _native_fp16.available()
+    return (inputs_fp16 and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic))
+            and _native_fp16.available())
 
 
 def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
@@ -65,7 +74,8 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     the model (what the specialised kernels are tested against)."""
     if a.dtype == np.float16:
         _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0,
-                                     add32=fp[ADDITION, F_PRECISION] != 0.0, flush=fp[ACCUMULATOR, F_KEEP_SUB] == 0.0)
+                                     add32=fp[ADDITION, F_PRECISION] != 0.0, flush=fp[ACCUMULATOR, F_KEEP_SUB] == 0.0,
+                                     chunk=int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0)
     elif fast and inputs_fp16 and _fp16_direct_ok(fp, ic):
         reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, F_KEEP_SUB] != 0.0,
                                 fp[ADDITION, F_PRECISION] != 0.0, out, col0)

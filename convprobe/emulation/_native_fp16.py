@@ -15,6 +15,11 @@ then ties to 1 in fp16; the correct result is 1 + 2**-10). So `available()` gate
 these kernels on the instruction, and `convprobe.emulation._kernels` falls back to its
 float64 kernels. The tests compare both paths bit for bit where the instruction exists.
 
+The chunked model with an fp16 accumulator, an fp32 total and fp16 output runs here too:
+each chunk's fp16 sum is this FMA chain from +0, folded into the fp32 total by one
+round-to-odd float64 addition and one float32 rounding (Boldo & Melquiond's argument, as
+in `_kernel_arithmetic`), and the total meets the hardware's fp32 -> fp16 conversion.
+
 Each parallel task runs four rows together so that four independent FMA chains hide
 the instruction's latency; LLVM vectorises the loop over output channels.
 """
@@ -29,6 +34,8 @@ from llvmlite import ir
 from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+
+from convprobe.emulation._kernel_arithmetic import add_odd
 
 __all__ = ["available", "sequential_gemm"]
 
@@ -94,8 +101,48 @@ def _step(av, wv, sv, add32, flush):
     return _flushed(r) if flush else r
 
 
+@intrinsic
+def widen(typingctx, x):
+    """The float32 value of an fp16 bit pattern (exact)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def narrow(typingctx, x):
+    """A float32 rounded to fp16 (nearest even, overflow to inf), as its bit pattern."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
 @njit(cache=True, inline="always")
-def _gemm(a, w, out, col0, add32, flush):
+def _fold(total, s):
+    """total (fp32) + the fp16 chunk sum s, rounded once to fp32, nearest even: the exact
+    sum rounded to odd in float64 (`add_odd`), then to float32; s restarts from +0."""
+    for n in range(total.shape[0]):
+        total[n] = np.float32(add_odd(float(total[n]), float(widen(s[n]))))
+        s[n] = 0
+
+
+@njit(cache=True, inline="always")
+def _store(out, m, col0, s, total, chunk, flush):
+    """Row m of the results: the fp16 sums, or the fp32 chunk totals rounded to fp16."""
+    for n in range(s.shape[0]):
+        out[m, col0 + n] = (_flushed(narrow(total[n])) if flush else narrow(total[n])) if chunk else s[n]
+
+
+@njit(cache=True, inline="always")
+def _gemm(a, w, out, col0, add32, flush, chunk):
+    """chunk = 0: one fp16 sum per output; chunk > 0: fp16 sums of `chunk` terms (from +0)
+    folded into an fp32 total (`_fold`), which the output rounds to fp16."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     tasks = (m_count + _ROWS - 1) // _ROWS
@@ -106,6 +153,10 @@ def _gemm(a, w, out, col0, add32, flush):
             s1 = np.zeros(n_count, np.uint16)
             s2 = np.zeros(n_count, np.uint16)
             s3 = np.zeros(n_count, np.uint16)
+            t0 = np.zeros(n_count, np.float32)
+            t1 = np.zeros(n_count, np.float32)
+            t2 = np.zeros(n_count, np.float32)
+            t3 = np.zeros(n_count, np.float32)
             for k in range(k_count):
                 a0, a1, a2, a3 = a[m0, k], a[m0 + 1, k], a[m0 + 2, k], a[m0 + 3, k]
                 for n in range(n_count):
@@ -114,40 +165,46 @@ def _gemm(a, w, out, col0, add32, flush):
                     s1[n] = _step(a1, wv, s1[n], add32, flush)
                     s2[n] = _step(a2, wv, s2[n], add32, flush)
                     s3[n] = _step(a3, wv, s3[n], add32, flush)
-            for n in range(n_count):
-                out[m0, col0 + n] = s0[n]
-                out[m0 + 1, col0 + n] = s1[n]
-                out[m0 + 2, col0 + n] = s2[n]
-                out[m0 + 3, col0 + n] = s3[n]
+                if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
+                    _fold(t0, s0)
+                    _fold(t1, s1)
+                    _fold(t2, s2)
+                    _fold(t3, s3)
+            _store(out, m0, col0, s0, t0, chunk, flush)
+            _store(out, m0 + 1, col0, s1, t1, chunk, flush)
+            _store(out, m0 + 2, col0, s2, t2, chunk, flush)
+            _store(out, m0 + 3, col0, s3, t3, chunk, flush)
         else:
             for m in range(m0, m_count):
                 s = np.zeros(n_count, np.uint16)
+                total = np.zeros(n_count, np.float32)
                 for k in range(k_count):
                     av = a[m, k]
                     for n in range(n_count):
                         s[n] = _step(av, w[k, n], s[n], add32, flush)
-                for n in range(n_count):
-                    out[m, col0 + n] = s[n]
+                    if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
+                        _fold(total, s)
+                _store(out, m, col0, s, total, chunk, flush)
 
 
 @njit(cache=True, parallel=True)
-def _gemm_fma(a, w, out, col0):
-    _gemm(a, w, out, col0, False, False)
+def _gemm_fma(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, False, False, chunk)
 
 
 @njit(cache=True, parallel=True)
-def _gemm_fma_flush(a, w, out, col0):
-    _gemm(a, w, out, col0, False, True)
+def _gemm_fma_flush(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, False, True, chunk)
 
 
 @njit(cache=True, parallel=True)
-def _gemm_add32(a, w, out, col0):
-    _gemm(a, w, out, col0, True, False)
+def _gemm_add32(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, True, False, chunk)
 
 
 @njit(cache=True, parallel=True)
-def _gemm_add32_flush(a, w, out, col0):
-    _gemm(a, w, out, col0, True, True)
+def _gemm_add32_flush(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, True, True, chunk)
 
 
 _KERNELS = {(False, False): _gemm_fma, (False, True): _gemm_fma_flush,
@@ -155,10 +212,12 @@ _KERNELS = {(False, False): _gemm_fma, (False, True): _gemm_fma_flush,
 
 
 def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
-                    add32: bool, flush: bool) -> None:
-    """out[:, col0:col0 + N] = sequential fp16 sums of a (M, K) against w (K, N), in K order.
+                    add32: bool, flush: bool, chunk: int = 0) -> None:
+    """out[:, col0:col0 + N] = sequential fp16 sums of a (M, K) against w (K, N), in K order;
+    with `chunk`, fp16 sums of that many terms folded into an fp32 total (nearest even),
+    rounded to fp16 at the end (the chunked model with an fp32 total and fp16 output).
 
     a, w and out are float16 arrays (a and w C-contiguous); `add32` selects the
     two-rounding float32 addition, `flush` flushes subnormal results to signed zero.
     """
-    _KERNELS[bool(add32), bool(flush)](a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0)
+    _KERNELS[bool(add32), bool(flush)](a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0, int(chunk))

@@ -18,7 +18,9 @@ needs_fp16_fma = pytest.mark.skipif(not _native_fp16.available(),
                                     reason="no AVX512-FP16 kernel (CPU lacks it or CONVPROBE_NATIVE_FP16=0)")
 
 MODELS = [em.Sequential(FP16), em.Sequential(FP16, subnormals="flush"),
-          em.Sequential(FP16, addition=FP32), em.Sequential(FP16, addition=FP32, subnormals="flush")]
+          em.Sequential(FP16, addition=FP32), em.Sequential(FP16, addition=FP32, subnormals="flush"),
+          em.parse_model("chunked:fp16:n=16"), em.parse_model("chunked:fp16:n=5:addition=fp32"),
+          em.parse_model("chunked:fp16:n=7:subnormals=flush")]
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -54,7 +56,8 @@ def _random_fp16(rng, shape, lo=0x0001, hi=0x7C00):
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.to_spec())
 def test_native_kernel_equals_float64_kernel(model, monkeypatch):
     """Every finite magnitude, both signs, overflow, subnormal results: 1.2M terms on
-    shapes that exercise the four-row blocks and the leftover rows."""
+    shapes that exercise the four-row blocks and the leftover rows; chunked models with
+    chunks that divide K and that do not."""
     rng = np.random.default_rng(3)
     x = _random_fp16(rng, (3, 7, 11, 24))
     x[0] = np.copysign(np.float16(2.0**-23), x[0])  # sums that are subnormal or zero
