@@ -10,16 +10,18 @@ imported). CPU time is printed because shared machines make wall time noisy.
 
 Floor: an exact emulation needs at least one multiply-add and one rounding per term.
 On a CPU with AVX512-FP16 the default sequential fp16 model (and its addition=fp32
-variant) is exactly the hardware's own fp16 fused multiply-add (or float32 multiply,
-add and one conversion), 32 (16) lanes per instruction, so its floor is the native
-kernel's: about 1x, plus the im2col copy that oneDNN avoids. Every other model runs on
-float64 carriers in 4-lane vectors (LLVM picks 256-bit vectors here) against native's
-16-lane fp32 FMA. The block-FMA kernel needs per term an exponent add and max, two
-multiplies, a truncation and an add (about 6 vector operations), plus about 20 per
-block and lane: (6 + 20 / b) / 4 operations per term against 1/16, about 44x for b = 4
-and 30x for b = 16 at equal instruction rates. On fp16/fp8 inputs the terms go in
-8-lane float32/int32 vectors, which halves their share: about 20x for b = 16. The sequential kernels need a TwoSum and a rounding per term
-(about 20 operations), a floor near 80x on float64.
+variant, and the chunked fp16 model with an fp32 total) is exactly the hardware's own
+fp16 fused multiply-add (or float32 multiply, add and one conversion), 32 (16) lanes per
+instruction, so its floor is the native kernel's: about 1x, plus the im2col copy that
+oneDNN avoids. The block-FMA kernel on fp16/fp8 inputs runs in 32-bit lanes (8 per
+256-bit vector, which LLVM picks here, against native's 16-lane fp32 FMA): per term an
+exponent add and max, two multiplies, a truncating conversion and an integer add (6
+operations), and per block and lane about 25 more (the running sum's exponent, two
+powers of two, the rounding of an integer): (6 + 25 / b) / 8 operations per term
+against 1/16, about 25x for b = 4 (V100), 18x for b = 8 (A100) and 15x for b = 16 (H100)
+at equal instruction rates. The other scalar models run on float64 carriers (4 lanes)
+and need a TwoSum and a rounding per term (about 20 operations), a floor near 80x;
+stochastic rounding adds a counter-based random draw per term.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ LAYERS = [  # (x NHWC, w HWIO): ResNet-20 stages at batch 32, 3x3, SAME
     ((32, 16, 16, 32), (3, 3, 32, 32)),
     ((32, 8, 8, 64), (3, 3, 64, 64)),
 ]
-DEFAULT_MODELS = ["sequential:fp16", "sequential:fp16:addition=fp32", "blocked:fp16:b=4",
-                  "sequential:fp16:rounding=stochastic:seed=1", "exact:fp32"]
+DEFAULT_MODELS = [  # the GPU presets and every model kind
+    "v100", "a100", "h100", "blocked:fp16:b=4", "sequential:fp16", "sequential:fp16:addition=fp32",
+    "sequential:fp16:rounding=toward_zero", "sequential:fp16:rounding=stochastic:seed=1", "exact:fp32",
+    "chunked:fp16:n=64", "splitk(4, sequential:fp16, combine=fp32)", "lanes(8, sequential:fp32, combine=pairwise:fp32)",
+]
 
 
 def inputs(seed: int = 0):
