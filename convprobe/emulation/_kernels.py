@@ -15,7 +15,7 @@ import numpy as np
 from convprobe.emulation import _native_fp16
 from convprobe.emulation._kernel_arithmetic import *  # noqa: F403 - the table layout and codes, re-exported
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PAIRWISE, PRODUCT, SEQUENTIAL, TOTAL,
-                                                    CHUNKED, IC_CHUNK)
+                                                    CHUNKED, IC_CHUNK, TOWARD_ZERO)
 from convprobe.emulation._kernels_fast import (fast_roundable, exact_fp16_ok, fast_ok, reduce_gemm_exact_fp16,
                                                reduce_gemm_fast, reduce_gemm_fp16_direct, reduce_gemm_seq_nearest,
                                                reduce_terms_pairwise_nearest)
@@ -58,10 +58,18 @@ def _native_chunked_ok(fp, ic) -> bool:
             and _same_format(fp[TOTAL], FP32) and (fp[OUTPUT] == fp[ACCUMULATOR]).all())
 
 
+def _native_toward_zero_ok(fp, ic) -> bool:
+    """The sequential fp16 model rounded toward zero with exact products and additions,
+    overflow to inf: the fp16 FMA under MXCSR's toward zero (`_native_fp16`)."""
+    nearest = ic.copy()
+    nearest[IC_MODE] = NEAREST_EVEN
+    return (ic[IC_MODE] == TOWARD_ZERO and fp[ADDITION, F_PRECISION] == 0.0 and _fp16_direct_ok(fp, nearest))
+
+
 def native_fp16(fp, ic, inputs_fp16) -> bool:
     """Whether `gemm` takes float16 arrays for this model and these inputs: the CPU's own
     fp16 FMA does the arithmetic (see `convprobe.emulation._native_fp16`)."""
-    return (inputs_fp16 and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic))
+    return (inputs_fp16 and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic) or _native_toward_zero_ok(fp, ic))
             and _native_fp16.available())
 
 
@@ -75,6 +83,7 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     if a.dtype == np.float16:
         _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0,
                                      add32=fp[ADDITION, F_PRECISION] != 0.0, flush=fp[ACCUMULATOR, F_KEEP_SUB] == 0.0,
+                                     toward_zero=ic[IC_MODE] == TOWARD_ZERO,
                                      chunk=int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0)
     elif fast and inputs_fp16 and _fp16_direct_ok(fp, ic):
         reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, F_KEEP_SUB] != 0.0,

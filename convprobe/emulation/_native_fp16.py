@@ -15,6 +15,11 @@ then ties to 1 in fp16; the correct result is 1 + 2**-10). So `available()` gate
 these kernels on the instruction, and `convprobe.emulation._kernels` falls back to its
 float64 kernels. The tests compare both paths bit for bit where the instruction exists.
 
+The sequential fp16 model rounded toward zero runs here too, with each task's MXCSR set
+to toward zero (IEEE rounding control, which the fp16 FMA honours) and put back after;
+where the model overflows to inf and IEEE truncation stops at 65504, a float32 FMA of the
+same operands marks the lane (`_step`).
+
 The chunked model with an fp16 accumulator, an fp32 total and fp16 output runs here too:
 each chunk's fp16 sum is this FMA chain from +0, folded into the fp32 total by one
 round-to-odd float64 addition and one float32 rounding (Boldo & Melquiond's argument, as
@@ -40,6 +45,8 @@ from convprobe.emulation._kernel_arithmetic import add_odd
 __all__ = ["available", "sequential_gemm"]
 
 _ROWS = 4  # rows per task: independent accumulation chains
+_MXCSR_TOWARD_ZERO = 0x6000  # MXCSR rounding control bits 13-14: 11 is toward zero
+_FP16_OVERFLOW = 65536.0  # where truncation to fp16 leaves the finite range (2**16)
 
 
 def available() -> bool:
@@ -86,6 +93,59 @@ def mul_add_fp32_fp16(typingctx, a, b, s):
     return sig, codegen
 
 
+@intrinsic
+def fma_fp32(typingctx, a, b, c):
+    """a * b + c in float32, one rounding (in the rounding mode MXCSR sets)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32, f32]), "llvm.fma.f32")
+        return builder.call(fma, args)
+
+    return sig, codegen
+
+
+def _mxcsr_calls(builder):
+    i8p = ir.IntType(8).as_pointer()
+    fnty = ir.FunctionType(ir.VoidType(), [i8p])
+    return (cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse.stmxcsr"),
+            cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse.ldmxcsr"), i8p)
+
+
+@intrinsic
+def round_toward_zero(typingctx):
+    """Set this thread's SSE rounding control (MXCSR) to toward zero; returns the old MXCSR
+    for `restore_mxcsr`. The fp16 and float32 instructions then round toward zero."""
+    sig = types.int32()
+
+    def codegen(context, builder, signature, args):
+        store, load, i8p = _mxcsr_calls(builder)
+        slot = cgutils.alloca_once(builder, ir.IntType(32))
+        builder.call(store, [builder.bitcast(slot, i8p)])
+        old = builder.load(slot)
+        builder.store(builder.or_(old, ir.Constant(ir.IntType(32), _MXCSR_TOWARD_ZERO)), slot)
+        builder.call(load, [builder.bitcast(slot, i8p)])
+        return old
+
+    return sig, codegen
+
+
+@intrinsic
+def restore_mxcsr(typingctx, value):
+    """Load a saved MXCSR (from `round_toward_zero`)."""
+    sig = types.void(types.int32)
+
+    def codegen(context, builder, signature, args):
+        _, load, i8p = _mxcsr_calls(builder)
+        slot = cgutils.alloca_once(builder, ir.IntType(32))
+        builder.store(args[0], slot)
+        builder.call(load, [builder.bitcast(slot, i8p)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(cache=True, inline="always")
 def _flushed(r):
     """A subnormal fp16 result (exponent field 0) as a zero of its sign."""
@@ -93,11 +153,19 @@ def _flushed(r):
 
 
 @njit(cache=True, inline="always")
-def _step(av, wv, sv, add32, flush):
-    """One accumulation step; `add32` and `flush` are constants in each of the four kernels
-    below, so the branches fold away. (Passing a step function as an argument instead
-    makes the dispatcher part of the cache key, which numba cannot pickle.)"""
+def _step(av, wv, sv, add32, flush, rz):
+    """One accumulation step; `add32`, `flush` and `rz` are constants in each of the
+    kernels below, so the branches fold away. (Passing a step function as an argument
+    instead makes the dispatcher part of the cache key, which numba cannot pickle.)
+
+    `rz` (MXCSR set to toward zero): the FMA truncates, as the model does, except that
+    IEEE gives the largest finite value where the model overflows to inf (at every
+    |exact sum| >= 65536); the float32 FMA of the same operands, truncated too, is at
+    least 65536 exactly then, and marks those lanes."""
     r = mul_add_fp32_fp16(av, wv, sv) if add32 else fma_fp16(av, wv, sv)
+    if rz:
+        t = fma_fp32(widen(av), widen(wv), widen(sv))
+        r = ((r & 0x8000) | 0x7C00) if abs(t) >= _FP16_OVERFLOW else r
     return _flushed(r) if flush else r
 
 
@@ -140,13 +208,15 @@ def _store(out, m, col0, s, total, chunk, flush):
 
 
 @njit(cache=True, inline="always")
-def _gemm(a, w, out, col0, add32, flush, chunk):
+def _gemm(a, w, out, col0, add32, flush, rz, chunk):
     """chunk = 0: one fp16 sum per output; chunk > 0: fp16 sums of `chunk` terms (from +0)
-    folded into an fp32 total (`_fold`), which the output rounds to fp16."""
+    folded into an fp32 total (`_fold`), which the output rounds to fp16. `rz`: each task
+    rounds toward zero (MXCSR), and puts the thread's rounding mode back at its end."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     tasks = (m_count + _ROWS - 1) // _ROWS
     for t in prange(tasks):
+        mxcsr = round_toward_zero() if rz else np.int32(0)
         m0 = t * _ROWS
         if m0 + _ROWS <= m_count:
             s0 = np.zeros(n_count, np.uint16)
@@ -161,10 +231,10 @@ def _gemm(a, w, out, col0, add32, flush, chunk):
                 a0, a1, a2, a3 = a[m0, k], a[m0 + 1, k], a[m0 + 2, k], a[m0 + 3, k]
                 for n in range(n_count):
                     wv = w[k, n]
-                    s0[n] = _step(a0, wv, s0[n], add32, flush)
-                    s1[n] = _step(a1, wv, s1[n], add32, flush)
-                    s2[n] = _step(a2, wv, s2[n], add32, flush)
-                    s3[n] = _step(a3, wv, s3[n], add32, flush)
+                    s0[n] = _step(a0, wv, s0[n], add32, flush, rz)
+                    s1[n] = _step(a1, wv, s1[n], add32, flush, rz)
+                    s2[n] = _step(a2, wv, s2[n], add32, flush, rz)
+                    s3[n] = _step(a3, wv, s3[n], add32, flush, rz)
                 if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                     _fold(t0, s0)
                     _fold(t1, s1)
@@ -181,43 +251,60 @@ def _gemm(a, w, out, col0, add32, flush, chunk):
                 for k in range(k_count):
                     av = a[m, k]
                     for n in range(n_count):
-                        s[n] = _step(av, w[k, n], s[n], add32, flush)
+                        s[n] = _step(av, w[k, n], s[n], add32, flush, rz)
                     if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                         _fold(total, s)
                 _store(out, m, col0, s, total, chunk, flush)
+        if rz:
+            restore_mxcsr(mxcsr)
 
 
 @njit(cache=True, parallel=True)
 def _gemm_fma(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, False, chunk)
+    _gemm(a, w, out, col0, False, False, False, chunk)
 
 
 @njit(cache=True, parallel=True)
 def _gemm_fma_flush(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, True, chunk)
+    _gemm(a, w, out, col0, False, True, False, chunk)
 
 
 @njit(cache=True, parallel=True)
 def _gemm_add32(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, True, False, chunk)
+    _gemm(a, w, out, col0, True, False, False, chunk)
 
 
 @njit(cache=True, parallel=True)
 def _gemm_add32_flush(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, True, True, chunk)
+    _gemm(a, w, out, col0, True, True, False, chunk)
 
 
-_KERNELS = {(False, False): _gemm_fma, (False, True): _gemm_fma_flush,
-            (True, False): _gemm_add32, (True, True): _gemm_add32_flush}
+@njit(cache=True, parallel=True)
+def _gemm_fma_rz(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, False, False, True, 0)
+
+
+@njit(cache=True, parallel=True)
+def _gemm_fma_rz_flush(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, False, True, True, 0)
+
+
+_KERNELS = {(False, False, False): _gemm_fma, (False, True, False): _gemm_fma_flush,
+            (True, False, False): _gemm_add32, (True, True, False): _gemm_add32_flush,
+            (False, False, True): _gemm_fma_rz, (False, True, True): _gemm_fma_rz_flush}
 
 
 def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
-                    add32: bool, flush: bool, chunk: int = 0) -> None:
+                    add32: bool, flush: bool, toward_zero: bool = False, chunk: int = 0) -> None:
     """out[:, col0:col0 + N] = sequential fp16 sums of a (M, K) against w (K, N), in K order;
     with `chunk`, fp16 sums of that many terms folded into an fp32 total (nearest even),
     rounded to fp16 at the end (the chunked model with an fp32 total and fp16 output).
 
     a, w and out are float16 arrays (a and w C-contiguous); `add32` selects the
-    two-rounding float32 addition, `flush` flushes subnormal results to signed zero.
+    two-rounding float32 addition, `flush` flushes subnormal results to signed zero,
+    `toward_zero` rounds each FMA toward zero (not with add32 or chunk).
     """
-    _KERNELS[bool(add32), bool(flush)](a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0, int(chunk))
+    if toward_zero and (add32 or chunk):
+        raise ValueError("toward_zero takes the FMA alone: no add32, no chunk")
+    _KERNELS[bool(add32), bool(flush), bool(toward_zero)](a.view(np.uint16), w.view(np.uint16), out.view(np.uint16),
+                                                          col0, int(chunk))

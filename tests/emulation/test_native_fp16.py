@@ -20,7 +20,8 @@ needs_fp16_fma = pytest.mark.skipif(not _native_fp16.available(),
 MODELS = [em.Sequential(FP16), em.Sequential(FP16, subnormals="flush"),
           em.Sequential(FP16, addition=FP32), em.Sequential(FP16, addition=FP32, subnormals="flush"),
           em.parse_model("chunked:fp16:n=16"), em.parse_model("chunked:fp16:n=5:addition=fp32"),
-          em.parse_model("chunked:fp16:n=7:subnormals=flush")]
+          em.parse_model("chunked:fp16:n=7:subnormals=flush"),
+          em.Sequential(FP16, rounding="toward_zero"), em.Sequential(FP16, rounding="toward_zero", subnormals="flush")]
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -99,3 +100,16 @@ def test_fp8_inputs_take_the_native_kernel_and_agree(monkeypatch):
     assert_same_bits(native, em.oracle.conv2d(x, w, model, padding="SAME"))
     _float64_path(monkeypatch)
     assert_same_bits(native, em.conv2d(x, w, model, padding="SAME"))
+
+
+@needs_fp16_fma
+def test_toward_zero_overflows_to_inf_and_leaves_the_rounding_mode_as_it_was():
+    """IEEE truncation stops at 65504; the model overflows to inf at 65536 and beyond, and
+    keeps 65504 below it. The kernel sets MXCSR to toward zero in its threads and must put
+    it back: float arithmetic here rounds to nearest again afterwards."""
+    model = em.Sequential(FP16, rounding="toward_zero")
+    x = np.array([[[[65504.0, 16.0]]], [[[65504.0, 31.0]]], [[[65504.0, 32.0]]]], dtype=np.float16)
+    w = np.ones((1, 1, 2, 1), dtype=np.float16)
+    got = em.conv2d(x, w, model).ravel()
+    assert got.tolist() == [65504.0, 65504.0, np.inf]  # 65520 and 65535 truncate; 65536 overflows
+    assert np.float32(1.0) + np.float32(2.0**-24) * np.float32(1.5) == np.float32(1.0 + 2.0**-23)
