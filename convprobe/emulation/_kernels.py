@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from convprobe.emulation import _native_fp16
+from convprobe.emulation import _native_fp16, _native_fp32
 from convprobe.emulation._kernel_arithmetic import *  # noqa: F403 - the table layout and codes, re-exported
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PAIRWISE, PRODUCT, SEQUENTIAL, TOTAL,
                                                     CHUNKED, IC_CHUNK, TOWARD_ZERO)
@@ -66,6 +66,16 @@ def _native_toward_zero_ok(fp, ic) -> bool:
     return (ic[IC_MODE] == TOWARD_ZERO and fp[ADDITION, F_PRECISION] == 0.0 and _fp16_direct_ok(fp, nearest))
 
 
+def native_fp32(fp, ic, inputs_fp16) -> bool:
+    """Whether `gemm` takes float32 arrays for this model and these inputs: the sequential
+    fp32 model (exact products and additions, nearest even, subnormals kept, overflow to
+    inf) of fp16 products is the CPU's float32 FMA (see `_native_fp32`)."""
+    acc = fp[ACCUMULATOR]
+    return (inputs_fp16 and ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, F_PRECISION] == 0.0
+            and fp[ADDITION, F_PRECISION] == 0.0 and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
+            and _same_format(acc, FP32) and acc[F_KEEP_SUB] != 0.0 and (acc == fp[OUTPUT]).all())
+
+
 def native_fp16(fp, ic, inputs_fp16) -> bool:
     """Whether `gemm` takes float16 arrays for this model and these inputs: the CPU's own
     fp16 FMA does the arithmetic (see `convprobe.emulation._native_fp16`)."""
@@ -77,10 +87,13 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     """out[:, col0:col0 + N] = modelled reductions of a (M, K) against w (K, N).
 
     `inputs_fp16`: every value of a and w is an fp16 (or fp8) value, which enables
-    `reduce_gemm_fp16_direct` and `reduce_gemm_exact_fp16`. float16 arrays (a, w and out, where `native_fp16` says
-    so) go to the hardware fp16 kernel. `fast=False` takes the general kernel whatever
+    `reduce_gemm_fp16_direct` and `reduce_gemm_exact_fp16`. float16 arrays (a, w and out,
+    where `native_fp16` says so) go to the hardware fp16 kernel, float32 ones (where
+    `native_fp32` says so) to the float32 FMA kernel. `fast=False` takes the general kernel whatever
     the model (what the specialised kernels are tested against)."""
-    if a.dtype == np.float16:
+    if a.dtype == np.float32:
+        _native_fp32.sequential_gemm(a, np.ascontiguousarray(w), out, col0)
+    elif a.dtype == np.float16:
         _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0,
                                      add32=fp[ADDITION, F_PRECISION] != 0.0, flush=fp[ACCUMULATOR, F_KEEP_SUB] == 0.0,
                                      toward_zero=ic[IC_MODE] == TOWARD_ZERO,

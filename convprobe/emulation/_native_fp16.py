@@ -41,6 +41,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from convprobe.emulation._kernel_arithmetic import add_odd
+from convprobe.emulation._native_fp32 import fma_fp32
 
 __all__ = ["available", "sequential_gemm"]
 
@@ -89,19 +90,6 @@ def mul_add_fp32_fp16(typingctx, a, b, s):
         x, y, z = (builder.fpext(v, f32) for v in _half_args(builder, args))
         t = builder.fadd(builder.fmul(x, y), z)
         return builder.bitcast(builder.fptrunc(t, ir.HalfType()), ir.IntType(16))
-
-    return sig, codegen
-
-
-@intrinsic
-def fma_fp32(typingctx, a, b, c):
-    """a * b + c in float32, one rounding (in the rounding mode MXCSR sets)."""
-    sig = types.float32(types.float32, types.float32, types.float32)
-
-    def codegen(context, builder, signature, args):
-        f32 = ir.FloatType()
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32, f32]), "llvm.fma.f32")
-        return builder.call(fma, args)
 
     return sig, codegen
 

@@ -232,9 +232,9 @@ def fp16_or_narrower(*arrays) -> bool:
 
 
 def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
-    """(x, w) validated and in the carrier dtype the kernels take - float16 where the CPU's
-    fp16 FMA does the arithmetic (`_kernels.native_fp16`), float64 otherwise - and
-    whether both hold only fp16-representable values."""
+    """(x, w) validated and in the carrier dtype the kernels take (`model.carrier`:
+    float16 or float32 where the CPU's own FMA does the arithmetic, float64 otherwise),
+    and whether both hold only fp16-representable values."""
     kernel_config(model)  # (refuses what is not a model)
     narrow = fp16_or_narrower(x, w)
     if model.carrier(narrow) == np.float16:
@@ -250,6 +250,8 @@ def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
     check_exact_products(w64, w_narrow, model, w_name)
     model.check_inputs(x64, fp16_or_narrower(x), x_name)
     model.check_inputs(w64, fp16_or_narrower(w), w_name)
+    if model.carrier(narrow) == np.float32:  # (exact: the values are fp16 numbers)
+        return x64.astype(np.float32), w64.astype(np.float32), narrow
     return x64, w64, narrow
 
 

@@ -226,10 +226,13 @@ class AccumulationModel:
         K.gemm(a, w, fp, ic, seed, out, col0, inputs_fp16)
 
     def carrier(self, inputs_fp16: bool) -> type:
-        """The dtype `gemm_into` takes for a, w and out: float16 where the CPU's own fp16
-        FMA computes this model on fp16 inputs (`_kernels.native_fp16`), else float64."""
+        """The dtype `gemm_into` takes for a, w and out: float16 or float32 where the CPU's
+        own fp16 or float32 FMA computes this model on fp16 inputs (`_kernels.native_fp16`,
+        `native_fp32`), else float64."""
         fp, ic, _ = kernel_config(self)
-        return np.float16 if K.native_fp16(fp, ic, inputs_fp16) else np.float64
+        if K.native_fp16(fp, ic, inputs_fp16):
+            return np.float16
+        return np.float32 if K.native_fp32(fp, ic, inputs_fp16) else np.float64
 
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         """out[r] = the modelled sum of terms[0, r], terms[1, r], ... (float64 (P, R)), as
