@@ -182,11 +182,14 @@ def _output_is_identity(model) -> bool:
 
 def gemm(a: np.ndarray, w: np.ndarray, model, compiled: bool = True,
          inputs_checked: bool = False) -> np.ndarray:
-    """out[m, n] = sum_k a[m, k] * w[k, n] under `model` (a (M, K), w (K, N) float64);
-    `compiled`: use the compiled kernel where it applies (the tests compare both paths);
-    `inputs_checked`: the caller knows every value is in the model's input format."""
+    """out[m, n] = sum_k a[m, k] * w[k, n] under `model` (a (M, K), w (K, N) float64, or
+    float32 where `model.carrier` says so); `compiled`: use the compiled kernel where it
+    applies (the tests compare both paths); `inputs_checked`: the caller knows every value
+    is in the model's input format."""
     from convprobe.emulation import _block_fma_compiled as kernel
 
+    if not (compiled and kernel.applies(model)):
+        a, w = np.asarray(a, np.float64), np.asarray(w, np.float64)
     order = step_order(a.shape[1], model)
     permuted = not np.array_equal(order, np.arange(order.size))
     if compiled and kernel.applies(model):

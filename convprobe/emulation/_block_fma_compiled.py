@@ -300,6 +300,7 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narro
         if rows.size:  # the tiles holding an inf or NaN: the IEEE fix-ups below
             out[rows] = gemm(a[rows], w, model, narrow=False)
         return out
+    a, w = np.asarray(a, np.float64), np.asarray(w, np.float64)
     shape = (a.shape[0], w.shape[1])
     out = np.zeros(shape) if c is None else np.array(np.broadcast_to(c, shape), dtype=np.float64)
     w_padded = np.zeros((w.shape[0] + 3, w.shape[1]))

@@ -415,13 +415,21 @@ class Blocked(AccumulationModel):
         if not (fp16_dtype and self.input.holds(FP16)):  # fp16 values need no check then
             _block_fma._check_inputs(x, self, argument)
 
+    def carrier(self, inputs_fp16: bool) -> type:
+        """float32 where the 32-bit-lane kernel computes this model (fp16/fp8 inputs, every
+        format inside float32's: `_block_fma_narrow`), else float64."""
+        from convprobe.emulation import _block_fma_compiled, _block_fma_narrow
+
+        out = self.output
+        fits = out.precision <= 24 and out.emin >= -126 and out.max <= float(np.finfo(np.float32).max)
+        narrow = _block_fma_compiled.applies(self) and _block_fma_narrow.applies(self) and fits
+        return np.float32 if narrow else np.float64
+
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
                   inputs_fp16: bool) -> None:
         from convprobe.emulation import _block_fma
 
-        out[:, col0:col0 + w.shape[1]] = _block_fma.gemm(np.asarray(a, np.float64),
-                                                         np.asarray(w, np.float64), self,
-                                                         inputs_checked=True)
+        out[:, col0:col0 + w.shape[1]] = _block_fma.gemm(a, w, self, inputs_checked=True)
 
 
 def _int_at_least(name: str, value: object, low: int) -> int:
