@@ -14,9 +14,10 @@ the conditions `applies` checks from the formats:
 * The running sum is a value of the accumulator (at most 24 bits, inside float32's
   range), so it is a float32 number.
 * The block's total (the truncated running sum plus the terms) is rounded once: in
-  int32 to the block format's precision where it fits and every sum is known to be
-  normal (`fused`: v100, a100 and the like, one pass per block), else in float64 by the
-  one rounding routine's twins (`round_normal`, `fast_round`).
+  int32 to the block format where it fits (`fused`: blocks of 4 or 8 into fp32 with
+  every sum normal - v100, a100 - or into fp16 with its subnormals and overflow; one pass
+  per block), else in float64 by the one rounding routine's twins (`round_normal`,
+  `fast_round`).
 
 Rows of inputs with an inf or NaN, an accumulator input and wider formats go to the
 float64 kernel of `_block_fma_compiled` (whose `gemm` dispatches).
@@ -31,14 +32,15 @@ from numba import njit, prange
 
 from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TILE, TOWARD_ZERO, add_odd, bitlen32, f2i32, i2f, i2f32
 from convprobe.emulation._kernels_fast import fast_round, round_normal
-from convprobe.formats import FP32
+from convprobe.formats import FP16, FP32
 from convprobe.options import CAddition
 
 __all__ = ["applies", "fused", "gemm"]
 
 _NONE = -(1 << 28)  # the exponent of a zero addend, below every other; sums of two fit int32
 _LIVE = _NONE // 2  # an alignment exponent above this has a nonzero term or running sum
-_FP32_BITS, _FP32_EMIN = FP32.precision, FP32.emin  # the fused pass's block format
+_FP32_BITS, _FP32_EMIN = FP32.precision, FP32.emin  # the fused pass's block formats
+_FP16_BITS, _FP16_EMIN, _FP16_MAX = FP16.precision, FP16.emin, np.float32(FP16.max)
 
 
 def applies(model) -> bool:
@@ -55,14 +57,22 @@ def applies(model) -> bool:
     return products and scales and fits and model.b << (adder_p + 1) <= 1 << 31
 
 
-def fused(model, normal: bool) -> bool:
-    """Whether a block is one int32 pass: blocks of 4 or 8 summed into fp32, every sum
-    normal, and the truncated running sum plus b terms (each below 2**(p + 1)), rounded
-    up once more, below 2**30."""
+def fused(model, normal: bool) -> int:
+    """Whether a block is one int32 pass (0: no; 1: into fp32; 2: into fp16): blocks of 4
+    or 8, the truncated running sum plus b terms (each below 2**(p + 1)), rounded up once
+    more, below 2**30; the block format fp32 with every sum normal, or fp16 (the
+    accumulator's too) keeping subnormals and overflowing to inf, with that bound at
+    2**29 (see `_round_int`)."""
     adder_p = model.adder.precision + model.extra_bits
-    return (normal and model.b in (4, 8) and model.step % model.b == 0
-            and model.block_format.precision == FP32.precision and model.block_format.emin == FP32.emin
-            and (model.b + 1) << (adder_p + 1) <= 1 << 30)
+    fmt = model.block_format
+    bound = (model.b + 1) << (adder_p + 1)
+    if not (model.b in (4, 8) and model.step % model.b == 0 and bound <= 1 << 30):
+        return 0
+    if normal and (fmt.precision, fmt.emin) == (FP32.precision, FP32.emin):
+        return 1
+    fp16 = (fmt.precision, fmt.emin, fmt.max, fmt.has_inf) == (FP16.precision, FP16.emin, FP16.max, True)
+    keeps = model.subnormals == "keep" and model.overflow == "inf" and model.accumulator == fmt
+    return 2 if fp16 and keeps and bound <= 1 << 29 else 0
 
 
 @njit(cache=True, inline="always")
@@ -86,12 +96,14 @@ def _term(a, w, sc):
 
 
 @njit(cache=True, inline="always")
-def _round_int(tv, bp, mode):
-    """The integer tv rounded to bp significant bits (nearest-even or toward zero) as a
-    float32, exact: |tv| < 2**30."""
+def _round_int(tv, bp, low, mode):
+    """The integer tv rounded to bp significant bits, and at least to 2**low (a format's
+    subnormal quantum), nearest-even or toward zero, as a float32; exact for |tv| < 2**30.
+    The shift is clamped at 30, which rounds as any larger one (to 0) where |tv| < 2**29:
+    `fused` asks that of the fp16 blocks, the only ones with a `low` that large."""
     neg = tv < 0
     m = np.int32(-tv) if neg else np.int32(tv)
-    sh = np.int32(max(bitlen32(m) - bp, 0))
+    sh = np.int32(min(max(max(bitlen32(m) - bp, low), 0), 30))
     if mode == NEAREST_EVEN:
         up = np.int32(((np.int32(1) << sh) >> 1) - 1 + ((m >> sh) & 1))
         m = np.int32(m + (up if sh > 0 else np.int32(0)))
@@ -101,11 +113,13 @@ def _round_int(tv, bp, mode):
 
 
 @njit(cache=True, inline="always")
-def _block_fused(s, at, et, j, ew, w, width, adder_p, mode):
+def _block_fused(s, at, et, j, ew, w, width, adder_p, mode, fp16):
     """A whole block of 4 or 8 terms in one int32 pass over the tile: alignment, the
-    truncated sum, the rounding to fp32 (`fused`). The running sum is 0 or a normal fp32
-    number, so its exponent needs no clamp; width, mode and the 24 bits are constants
-    (as run-time values they cost 1.4x: the loop no longer stays in 32-bit lanes)."""
+    truncated sum, the rounding to the block format (`fused`): fp32, where every sum is
+    normal, or fp16 (`fp16`), with its subnormal quantum, overflow to inf, and an infinite
+    running sum kept. Width, mode and format are constants (as run-time values they cost
+    1.4x: the loop no longer stays in 32-bit lanes)."""
+    bits, emin = (_FP16_BITS, _FP16_EMIN) if fp16 else (_FP32_BITS, _FP32_EMIN)
     e0, e1, e2, e3 = ew[0], ew[1], ew[2], ew[3]
     w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
     if width == 8:
@@ -116,7 +130,7 @@ def _block_fused(s, at, et, j, ew, w, width, adder_p, mode):
         w4 = w5 = w6 = w7 = np.float32(0.0)
     for i in range(TILE):
         sv = s[i]
-        top = np.int32(max(max(_exponent(sv, _FP32_EMIN), np.int32(et[j, i] + e0)),
+        top = np.int32(max(max(_exponent(sv, emin), np.int32(et[j, i] + e0)),
                            max(np.int32(et[j + 1, i] + e1),
                                max(np.int32(et[j + 2, i] + e2), np.int32(et[j + 3, i] + e3)))))
         if width == 8:
@@ -132,7 +146,12 @@ def _block_fused(s, at, et, j, ew, w, width, adder_p, mode):
             tv = np.int32(tv + np.int32(np.int32(_term(at[j + 4, i], w4, sc) + _term(at[j + 5, i], w5, sc))
                                         + np.int32(_term(at[j + 6, i], w6, sc)
                                                    + _term(at[j + 7, i], w7, sc))))
-        value = _round_int(tv, _FP32_BITS, mode) * _pow2(np.int32(top - adder_p + 1))
+        q = np.int32(top - adder_p + 1)  # the weight of tv's unit
+        low = np.int32(emin - bits + 1 - q) if fp16 else np.int32(-64)
+        value = _round_int(tv, bits, low, mode) * _pow2(q)
+        if fp16:
+            value = np.float32(math.copysign(math.inf, value)) if abs(value) > _FP16_MAX else value
+            live &= math.isfinite(sv)
         s[i] = value if live else sv  # an exact zero sum is +0
 
 
@@ -202,18 +221,26 @@ def _finish(s, isum, top, adder_p, block, mode, sat, normal):
 
 
 @njit(cache=True, inline="always")
-def _fused_constant(s, at, et, j, ew, w, b, adder_p, mode):
-    """`_block_fused` with the width and rounding mode as constants at each call site:
-    with them as run-time values the pass does not vectorise (measured 2.4x slower)."""
+def _fused_constant(s, at, et, j, ew, w, b, adder_p, mode, fp16):
+    """`_block_fused` with the width, rounding mode and format as constants at each call
+    site: with them as run-time values the pass does not vectorise (measured 2.4x slower)."""
+    if fp16:
+        _fused_mode(s, at, et, j, ew, w, b, adder_p, mode, True)
+    else:
+        _fused_mode(s, at, et, j, ew, w, b, adder_p, mode, False)
+
+
+@njit(cache=True, inline="always")
+def _fused_mode(s, at, et, j, ew, w, b, adder_p, mode, fp16):
     if b == 4:
         if mode == NEAREST_EVEN:
-            _block_fused(s, at, et, j, ew, w, 4, adder_p, NEAREST_EVEN)
+            _block_fused(s, at, et, j, ew, w, 4, adder_p, NEAREST_EVEN, fp16)
         else:
-            _block_fused(s, at, et, j, ew, w, 4, adder_p, TOWARD_ZERO)
+            _block_fused(s, at, et, j, ew, w, 4, adder_p, TOWARD_ZERO, fp16)
     elif mode == NEAREST_EVEN:
-        _block_fused(s, at, et, j, ew, w, 8, adder_p, NEAREST_EVEN)
+        _block_fused(s, at, et, j, ew, w, 8, adder_p, NEAREST_EVEN, fp16)
     else:
-        _block_fused(s, at, et, j, ew, w, 8, adder_p, TOWARD_ZERO)
+        _block_fused(s, at, et, j, ew, w, 8, adder_p, TOWARD_ZERO, fp16)
 
 
 @njit(cache=True, inline="always")
@@ -247,7 +274,8 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
           out, skipped):
     """out (M, N) = the block-FMA sums, from +0, of a (M, K) float64 against w (N, K + 8)
     float32 (zeros past K, each column of the GEMM's w a row here), ew its exponents;
-    `block`, `acc`: `round_limits` of the block format and the accumulator; `separate`: c
+    `fused_blocks`: `fused`'s answer; `block`, `acc`: `round_limits` of the block format
+    and the accumulator; `separate`: c
     (the running sum) is added after each MMA of `step` products, in one nearest
     rounding to the accumulator. Tiles of `a` holding an inf or NaN are
     skipped, and marked in `skipped`."""
@@ -286,7 +314,7 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
                 for j0 in range(s0, min(s0 + step, k_count), b):
                     j1 = min(j0 + b, k_count)
                     if fused_blocks:  # (j1 - j0 < b only at K's end, where the zero rows pad)
-                        _fused_constant(s, at, et, j0, en[j0:j0 + 8], wn[j0:j0 + 8], b, adder_p, mode)
+                        _fused_constant(s, at, et, j0, en[j0:j0 + 8], wn[j0:j0 + 8], b, adder_p, mode, fused_blocks == 2)
                     else:
                         _align(top, s, et, en, j0, j1, s_emin)
                         _terms(isum, scale, top, at, wn, j0, j1, adder_p)

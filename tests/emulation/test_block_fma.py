@@ -324,7 +324,8 @@ def test_the_32_bit_lanes_equal_the_float64_kernel_and_the_numpy_gemm(spec):
     and a100), bf16 inputs must not (float32 cannot hold their products). Bit for bit the
     float64 kernel and the NumPy path, over several tiles, with zeros, subnormal inputs,
     fp16 accumulators that overflow, a separate addition of c (b200 fp8), and an inf and
-    a NaN in two tiles, whose rows the float64 kernel takes."""
+    a NaN in two tiles, whose rows the float64 kernel takes; fp16 block sums that are
+    subnormal."""
     from convprobe.emulation import _block_fma, _block_fma_compiled, _block_fma_narrow
 
     model = em.parse_model(spec)
@@ -336,10 +337,13 @@ def test_the_32_bit_lanes_equal_the_float64_kernel_and_the_numpy_gemm(spec):
     w = round_to_format(rng.standard_normal((300, 3)) * 4, fmt)
     a[:, 5] = 0.0
     a[7] = 0.0
+    a[150:] = round_to_format(rng.standard_normal((50, 300)) * 2.0**-20, fmt)  # fp16 sums near 2**-14
     a[70, 3], a[140, 9] = np.inf, np.nan
     with np.errstate(all="ignore"):
         fast = _block_fma_compiled.gemm(a, w, model)
         assert_same_bits(fast, _block_fma_compiled.gemm(a, w, model, narrow=False))
         assert_same_bits(_block_fma.gemm(a, w, model), _block_fma.gemm(a, w, model, compiled=False))
-    if model.accumulator.max < 1e5:  # the fp16 accumulators do overflow here
+    if model.accumulator.max < 1e5:  # the fp16 accumulators do overflow here, and reach subnormals
         assert np.isinf(fast).any() and np.isfinite(fast).any()
+        if model.subnormals == "keep" and model.input.name == "fp16":
+            assert ((fast != 0) & (np.abs(fast) < 2.0**-14)).any()
