@@ -293,7 +293,8 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narro
     fmt, acc = model.block_format, model.accumulator
     keep = fmt.subnormals and model.subnormals == "keep"
     normal = _sums_stay_normal(model, a.shape[1]) and (c is None or not np.any(c))
-    if narrow and narrow_kernel.applies(model) and (c is None or not np.any(c)) and np.isfinite(w).all():
+    from_plus_zero = c is None or not (np.any(c) or np.signbit(c).any())  # (the 32-bit kernel starts at +0)
+    if narrow and narrow_kernel.applies(model) and from_plus_zero and np.isfinite(w).all():
         out, rows = narrow_kernel.gemm(a, w, model, normal, _limits(fmt, keep),
                                        _limits(acc, acc.subnormals and model.subnormals == "keep"),
                                        MODE_CODES[model.rounding])

@@ -35,7 +35,7 @@ from convprobe.emulation._kernels_fast import fast_round, round_normal
 from convprobe.formats import FP16, FP32
 from convprobe.options import CAddition
 
-__all__ = ["applies", "fused", "gemm"]
+__all__ = ["applies", "fits_float32", "fused", "gemm"]
 
 _NONE = -(1 << 28)  # the exponent of a zero addend, below every other; sums of two fit int32
 _LIVE = _NONE // 2  # an alignment exponent above this has a nonzero term or running sum
@@ -44,25 +44,32 @@ _FP16_BITS, _FP16_EMIN, _FP16_MAX = FP16.precision, FP16.emin, np.float32(FP16.m
 
 
 def applies(model) -> bool:
-    """Whether `gemm` computes `model` (finite inputs, from +0): products of two inputs
+    """Whether `gemm` computes `model` (finite inputs, from +0): the compiled kernel's
+    definition (`_block_fma_compiled.applies`: exact products, input-exponent alignment,
+    truncation), products of two inputs
     are float32 numbers; every scale 2**(p - 1 - E) is a normal float32 (E is at least
     the smallest quantum's exponent 2 * emin - p + 1, at most 128: an infinite running
     sum); b terms, each below 2**(p + 1), sum in int32; the accumulator's and block
     format's values are float32 numbers."""
+    from convprobe.emulation import _block_fma_compiled
+
     fin, adder_p = model.input, model.adder.precision + model.extra_bits
     products = 2 * fin.precision <= 24 and 2 * (fin.emin - fin.precision + 1) >= -126 and 2 * fin.emax + 2 < 128
     scales = 2 * adder_p - 2 - 2 * fin.emin <= 127 and adder_p - 129 >= -126
-    fits = all(f.precision <= 24 and f.emin >= -126 and f.max <= float(np.finfo(np.float32).max)
-               for f in (model.accumulator, model.block_format))
-    return products and scales and fits and model.b << (adder_p + 1) <= 1 << 31
+    return (_block_fma_compiled.applies(model) and products and scales and fits_float32(model.accumulator)
+            and fits_float32(model.block_format) and model.b << (adder_p + 1) <= 1 << 31)
+
+
+def fits_float32(fmt) -> bool:
+    """Whether every value of `fmt` is a float32 number."""
+    return fmt.precision <= 24 and fmt.emin >= -126 and fmt.max <= float(np.finfo(np.float32).max)
 
 
 def fused(model, normal: bool) -> int:
     """Whether a block is one int32 pass (0: no; 1: into fp32; 2: into fp16): blocks of 4
     or 8, the truncated running sum plus b terms (each below 2**(p + 1)), rounded up once
     more, below 2**30; the block format fp32 with every sum normal, or fp16 (the
-    accumulator's too) keeping subnormals and overflowing to inf, with that bound at
-    2**29 (see `_round_int`)."""
+    accumulator's too) keeping subnormals and overflowing to inf."""
     adder_p = model.adder.precision + model.extra_bits
     fmt = model.block_format
     bound = (model.b + 1) << (adder_p + 1)
@@ -72,7 +79,7 @@ def fused(model, normal: bool) -> int:
         return 1
     fp16 = (fmt.precision, fmt.emin, fmt.max, fmt.has_inf) == (FP16.precision, FP16.emin, FP16.max, True)
     keeps = model.subnormals == "keep" and model.overflow == "inf" and model.accumulator == fmt
-    return 2 if fp16 and keeps and bound <= 1 << 29 else 0
+    return 2 if fp16 and keeps else 0
 
 
 @njit(cache=True, inline="always")
@@ -99,8 +106,8 @@ def _term(a, w, sc):
 def _round_int(tv, bp, low, mode):
     """The integer tv rounded to bp significant bits, and at least to 2**low (a format's
     subnormal quantum), nearest-even or toward zero, as a float32; exact for |tv| < 2**30.
-    The shift is clamped at 30, which rounds as any larger one (to 0) where |tv| < 2**29:
-    `fused` asks that of the fp16 blocks, the only ones with a `low` that large."""
+    The shift stays below 30: `low` is at most p + 3 (the smallest alignment exponent is
+    2 * (-14) for fp16 inputs), and the clamp only keeps the shifts defined."""
     neg = tv < 0
     m = np.int32(-tv) if neg else np.int32(tv)
     sh = np.int32(min(max(max(bitlen32(m) - bp, low), 0), 30))
@@ -117,8 +124,8 @@ def _block_fused(s, at, et, j, ew, w, width, adder_p, mode, fp16):
     """A whole block of 4 or 8 terms in one int32 pass over the tile: alignment, the
     truncated sum, the rounding to the block format (`fused`): fp32, where every sum is
     normal, or fp16 (`fp16`), with its subnormal quantum, overflow to inf, and an infinite
-    running sum kept. Width, mode and format are constants (as run-time values they cost
-    1.4x: the loop no longer stays in 32-bit lanes)."""
+    running sum kept. Width, mode and format are constants (as run-time values they stop
+    the pass vectorising, 2.4x slower; run-time ints of 64 bits widen its lanes, 1.4x)."""
     bits, emin = (_FP16_BITS, _FP16_EMIN) if fp16 else (_FP32_BITS, _FP32_EMIN)
     e0, e1, e2, e3 = ew[0], ew[1], ew[2], ew[3]
     w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
@@ -272,7 +279,7 @@ def _add_c(s, c_in, acc, sat, normal):
 @njit(cache=True, parallel=True)
 def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, fused_blocks,
           out, skipped):
-    """out (M, N) = the block-FMA sums, from +0, of a (M, K) float64 against w (N, K + 8)
+    """out (M, N) = the block-FMA sums, from +0, of a (M, K) (float64 or float32) against w (N, K + 8)
     float32 (zeros past K, each column of the GEMM's w a row here), ew its exponents;
     `fused_blocks`: `fused`'s answer; `block`, `acc`: `round_limits` of the block format
     and the accumulator; `separate`: c
@@ -337,7 +344,7 @@ def _exponents(w, emin):
 def gemm(a: np.ndarray, w: np.ndarray, model, normal: bool, block: tuple, acc_limits: tuple,
          mode: int) -> tuple:
     """(out, rows): out[m, n] = the block-FMA reduction from +0 of a[m, :] against w[:, n]
-    (float64, w finite, K in the adder's order), rounded to the block format, for every
+    (float64 or float32, w finite, K in the adder's order), rounded to the block format, for every
     row m but those in `rows` (the tiles holding an inf or NaN, for the float64 kernel);
     `applies` must hold. `block`: `round_limits` of the block format; `mode`: its
     rounding code; `acc_limits`, the accumulator's (for a separate addition of c)."""

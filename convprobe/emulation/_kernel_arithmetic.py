@@ -1,6 +1,7 @@
 """The emulator's compiled (numba) arithmetic that every kernel shares: one rounding routine.
 
-Everything here works on float64 carriers. Why it is exact:
+The rounding works on float64 carriers (the 32-bit bitcasts and `bitlen32` serve the
+32-bit-lane kernels). Why it is exact:
 
 * A product of two values with at most 26 significand bits (fp8/fp16/bf16/fp32
   inputs) is exact in float64; `convprobe.emulation.models` checks fp64 inputs.
@@ -18,7 +19,8 @@ Everything here works on float64 carriers. Why it is exact:
 through it, so the oracle (`convprobe.emulation.oracle`) checks one definition. The
 kernels that use it live by role: `_kernels_reference` (the general kernels, any
 model), `_kernels_fast` (specialised sequential kernels, tested against them),
-`_native_fp16` (the CPU's own fp16 FMA), and `_kernels` (which one runs).
+`_native_fp16` and `_native_fp32` (the CPU's own fp16 and float32 FMA), and `_kernels`
+(which one runs); the block-FMA kernels are `_block_fma*`.
 
 Model configuration travels as two small arrays built by `models.kernel_config`:
 ``fp[slot, F_*]`` (columns F_PRECISION, F_EMIN, F_MAX, F_HAS_INF, F_KEEP_SUB) for the

@@ -16,7 +16,7 @@ from convprobe.emulation import _native_fp16, _native_fp32
 from convprobe.emulation._kernel_arithmetic import *  # noqa: F403 - the table layout and codes, re-exported
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PAIRWISE, PRODUCT, SEQUENTIAL, TOTAL,
                                                     CHUNKED, IC_CHUNK, TOWARD_ZERO)
-from convprobe.emulation._kernels_fast import (fast_roundable, exact_fp16_ok, fast_ok, reduce_gemm_exact_fp16,
+from convprobe.emulation._kernels_fast import (exact_fp16_ok, fast_ok, reduce_gemm_exact_fp16,
                                                reduce_gemm_fast, reduce_gemm_fp16_direct, reduce_gemm_seq_nearest,
                                                reduce_terms_pairwise_nearest)
 from convprobe.emulation._kernels_reference import reduce_gemm, reduce_one, reduce_pairs, round_array  # noqa: F401
@@ -43,19 +43,18 @@ def _same_format(row, fmt) -> bool:
             == (fmt.precision, fmt.emin, fmt.max, fmt.has_inf))
 
 
-def _fp16_direct_ok(fp, ic, output_checked=True) -> bool:
+def _fp16_direct_ok(fp, ic) -> bool:
     acc = fp[ACCUMULATOR]
     add_ok = fp[ADDITION, F_PRECISION] == 0.0 or _same_format(fp[ADDITION], FP32)
     return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, F_PRECISION] == 0.0 and add_ok
             and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
-            and _same_format(acc, FP16) and (not output_checked or (acc == fp[OUTPUT]).all()))
+            and _same_format(acc, FP16) and (acc == fp[OUTPUT]).all())
 
 
 def _native_chunked_ok(fp, ic) -> bool:
     """The chunked model `_native_fp16` computes: fp16 chunks as the sequential fp16 model,
     an fp32 total, nearest even, fp16 output with the accumulator's subnormal handling."""
-    return (ic[IC_KIND] == CHUNKED and _fp16_direct_ok(fp, _as_sequential(ic), output_checked=False)
-            and _same_format(fp[TOTAL], FP32) and (fp[OUTPUT] == fp[ACCUMULATOR]).all())
+    return ic[IC_KIND] == CHUNKED and _fp16_direct_ok(fp, _as_sequential(ic)) and _same_format(fp[TOTAL], FP32)
 
 
 def _native_toward_zero_ok(fp, ic) -> bool:
@@ -78,9 +77,14 @@ def native_fp32(fp, ic, inputs_fp16) -> bool:
 
 def native_fp16(fp, ic, inputs_fp16) -> bool:
     """Whether `gemm` takes float16 arrays for this model and these inputs: the CPU's own
-    fp16 FMA does the arithmetic (see `convprobe.emulation._native_fp16`)."""
-    return (inputs_fp16 and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic) or _native_toward_zero_ok(fp, ic))
-            and _native_fp16.available())
+    fp16 FMA does the arithmetic (see `convprobe.emulation._native_fp16`). Flushing
+    models only toward zero: rounded to nearest on the subnormal grid, a sum just below
+    2**-14 can become 2**-14, where the model rounds with an unbounded exponent first
+    and flushes it."""
+    flushes = fp[ACCUMULATOR, F_KEEP_SUB] == 0.0
+    return (inputs_fp16 and _native_fp16.available()
+            and (_native_toward_zero_ok(fp, ic)
+                 or (not flushes and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))))
 
 
 def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
@@ -92,6 +96,8 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     `native_fp32` says so) to the float32 FMA kernel. `fast=False` takes the general kernel whatever
     the model (what the specialised kernels are tested against)."""
     if a.dtype == np.float32:
+        if not native_fp32(fp, ic, True):
+            raise ValueError("float32 arrays are the carrier of the sequential fp32 model only (native_fp32)")
         _native_fp32.sequential_gemm(a, np.ascontiguousarray(w), out, col0)
     elif a.dtype == np.float16:
         _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0,
@@ -121,7 +127,7 @@ def sum_terms(terms, fp, ic, seed, out):
     if fast_ok(fp, ic) and _nearest_ok(fp, ic):
         reduce_gemm_seq_nearest(np.ones((1, terms.shape[0])), terms, int(acc[F_PRECISION]), int(acc[F_EMIN]),
                                 acc[F_MAX], out.reshape(1, -1), 0)
-    elif ic[IC_KIND] == PAIRWISE and _nearest_ok(fp, _as_sequential(ic)) and fast_roundable(fp, ACCUMULATOR):
+    elif ic[IC_KIND] == PAIRWISE and _nearest_ok(fp, _as_sequential(ic)):
         reduce_terms_pairwise_nearest(terms, int(acc[F_PRECISION]), int(acc[F_EMIN]), acc[F_MAX], out)
     else:
         rows = np.ascontiguousarray(terms.T)

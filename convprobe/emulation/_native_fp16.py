@@ -189,10 +189,10 @@ def _fold(total, s):
 
 
 @njit(cache=True, inline="always")
-def _store(out, m, col0, s, total, chunk, flush):
+def _store(out, m, col0, s, total, chunk):
     """Row m of the results: the fp16 sums, or the fp32 chunk totals rounded to fp16."""
     for n in range(s.shape[0]):
-        out[m, col0 + n] = (_flushed(narrow(total[n])) if flush else narrow(total[n])) if chunk else s[n]
+        out[m, col0 + n] = narrow(total[n]) if chunk else s[n]
 
 
 @njit(cache=True, inline="always")
@@ -228,10 +228,10 @@ def _gemm(a, w, out, col0, add32, flush, rz, chunk):
                     _fold(t1, s1)
                     _fold(t2, s2)
                     _fold(t3, s3)
-            _store(out, m0, col0, s0, t0, chunk, flush)
-            _store(out, m0 + 1, col0, s1, t1, chunk, flush)
-            _store(out, m0 + 2, col0, s2, t2, chunk, flush)
-            _store(out, m0 + 3, col0, s3, t3, chunk, flush)
+            _store(out, m0, col0, s0, t0, chunk)
+            _store(out, m0 + 1, col0, s1, t1, chunk)
+            _store(out, m0 + 2, col0, s2, t2, chunk)
+            _store(out, m0 + 3, col0, s3, t3, chunk)
         else:
             for m in range(m0, m_count):
                 s = np.zeros(n_count, np.uint16)
@@ -242,7 +242,7 @@ def _gemm(a, w, out, col0, add32, flush, rz, chunk):
                         s[n] = _step(av, w[k, n], s[n], add32, flush, rz)
                     if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                         _fold(total, s)
-                _store(out, m, col0, s, total, chunk, flush)
+                _store(out, m, col0, s, total, chunk)
         if rz:
             restore_mxcsr(mxcsr)
 
@@ -253,18 +253,8 @@ def _gemm_fma(a, w, out, col0, chunk):
 
 
 @njit(cache=True, parallel=True)
-def _gemm_fma_flush(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, True, False, chunk)
-
-
-@njit(cache=True, parallel=True)
 def _gemm_add32(a, w, out, col0, chunk):
     _gemm(a, w, out, col0, True, False, False, chunk)
-
-
-@njit(cache=True, parallel=True)
-def _gemm_add32_flush(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, True, True, False, chunk)
 
 
 @njit(cache=True, parallel=True)
@@ -277,8 +267,7 @@ def _gemm_fma_rz_flush(a, w, out, col0, chunk):
     _gemm(a, w, out, col0, False, True, True, 0)
 
 
-_KERNELS = {(False, False, False): _gemm_fma, (False, True, False): _gemm_fma_flush,
-            (True, False, False): _gemm_add32, (True, True, False): _gemm_add32_flush,
+_KERNELS = {(False, False, False): _gemm_fma, (True, False, False): _gemm_add32,
             (False, False, True): _gemm_fma_rz, (False, True, True): _gemm_fma_rz_flush}
 
 
@@ -289,10 +278,11 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
     rounded to fp16 at the end (the chunked model with an fp32 total and fp16 output).
 
     a, w and out are float16 arrays (a and w C-contiguous); `add32` selects the
-    two-rounding float32 addition, `flush` flushes subnormal results to signed zero,
-    `toward_zero` rounds each FMA toward zero (not with add32 or chunk).
+    two-rounding float32 addition, `toward_zero` rounds each FMA toward zero (not with
+    add32 or chunk), `flush` (with toward_zero only: see `_kernels.native_fp16`) flushes
+    subnormal results to signed zero.
     """
-    if toward_zero and (add32 or chunk):
-        raise ValueError("toward_zero takes the FMA alone: no add32, no chunk")
+    if toward_zero and (add32 or chunk) or flush and not toward_zero:
+        raise ValueError("toward_zero takes the FMA alone (no add32, no chunk); flush needs toward_zero")
     _KERNELS[bool(add32), bool(flush), bool(toward_zero)](a.view(np.uint16), w.view(np.uint16), out.view(np.uint16),
                                                           col0, int(chunk))

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from convprobe.emulation.models import AccumulationModel, Sequential
+from convprobe.emulation.models import AccumulationModel, Sequential, sum_terms_as_rows
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32, Format
@@ -84,7 +84,7 @@ class _Composite(AccumulationModel):
         return np.float64  # (the inner model gets its own: `_inner_gemm`)
 
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
-        return self.reduce_rows(terms.T, np.ones_like(terms.T), None)
+        return sum_terms_as_rows(self, terms)
 
     def _summed_formats(self) -> list[tuple[Format, str]]:
         return [(self.accumulator, "combine")]

@@ -407,7 +407,7 @@ class Blocked(AccumulationModel):
         return _block_fma.reduce_rows(a, b, c, self)
 
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
-        return self.reduce_rows(terms.T, np.ones_like(terms.T), None)  # (checks the input format)
+        return sum_terms_as_rows(self, terms)  # (reduce_rows checks the input format)
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         from convprobe.emulation import _block_fma
@@ -418,11 +418,9 @@ class Blocked(AccumulationModel):
     def carrier(self, inputs_fp16: bool) -> type:
         """float32 where the 32-bit-lane kernel computes this model (fp16/fp8 inputs, every
         format inside float32's: `_block_fma_narrow`), else float64."""
-        from convprobe.emulation import _block_fma_compiled, _block_fma_narrow
+        from convprobe.emulation import _block_fma_narrow
 
-        out = self.output
-        fits = out.precision <= 24 and out.emin >= -126 and out.max <= float(np.finfo(np.float32).max)
-        narrow = _block_fma_compiled.applies(self) and _block_fma_narrow.applies(self) and fits
+        narrow = _block_fma_narrow.applies(self) and _block_fma_narrow.fits_float32(self.output)
         return np.float32 if narrow else np.float64
 
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
@@ -430,6 +428,11 @@ class Blocked(AccumulationModel):
         from convprobe.emulation import _block_fma
 
         out[:, col0:col0 + w.shape[1]] = _block_fma.gemm(a, w, self, inputs_checked=True)
+
+
+def sum_terms_as_rows(model: AccumulationModel, terms: np.ndarray) -> np.ndarray:
+    """`sum_terms` by the model's own `reduce_rows` (models without scalar kernels)."""
+    return model.reduce_rows(terms.T, np.ones_like(terms.T), None)
 
 
 def _int_at_least(name: str, value: object, low: int) -> int:

@@ -56,7 +56,7 @@ def check_exact_products(x64: np.ndarray, narrow: bool, model: AccumulationModel
 
 
 def finish(out64: np.ndarray, model: AccumulationModel) -> np.ndarray:
-    """Results (already representable, in a float64 or float16 carrier) in the output
+    """Results (already representable, in a float64, float32 or float16 carrier) in the output
     format's storage dtype."""
     return out64.astype(model.output_dtype, copy=False)
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from convprobe import emulation as em
 from convprobe.emulation import oracle
+from convprobe.emulation.rounding import MODE_CODES
 from convprobe.emulation.gpus import INPUTS, OUTPUTS, tensor_core_parameters
 from convprobe.emulation.rounding import round_to_format
 from convprobe.errors import InvalidArgument
@@ -316,34 +317,41 @@ def test_the_compiled_gemm_reproduces_the_real_gpu_vectors():
 
 
 @pytest.mark.parametrize("spec", ["v100", "a100", "h100", "b200", "b200:in=fp8_e4m3", "ada:in=fp8_e4m3",
-                                  "h100:in=fp8_e5m2:out=fp16", "v100:out=fp16", "blocked:fp16:b=4",
+                                  "h100:in=fp8_e5m2:out=fp16", "v100:out=fp16", "a100:out=fp16", "blocked:fp16:b=4",
                                   "blocked:fp16:b=8:rounding=nearest_even", "blocked:fp16:b=4:subnormals=flush",
-                                  "a100:in=bf16"])
+                                  "blocked:fp16:b=4:step=8:c_addition=separate", "a100:in=bf16"])
 def test_the_32_bit_lanes_equal_the_float64_kernel_and_the_numpy_gemm(spec):
-    """fp16/fp8 inputs go to `_block_fma_narrow` (32-bit lanes; fused int32 blocks for v100
-    and a100), bf16 inputs must not (float32 cannot hold their products). Bit for bit the
-    float64 kernel and the NumPy path, over several tiles, with zeros, subnormal inputs,
-    fp16 accumulators that overflow, a separate addition of c (b200 fp8), and an inf and
-    a NaN in two tiles, whose rows the float64 kernel takes; fp16 block sums that are
-    subnormal."""
+    """fp16/fp8 inputs go to `_block_fma_narrow` (32-bit lanes; fused int32 blocks into fp32
+    and fp16), bf16 inputs must not (float32 cannot hold their products). Bit for bit the
+    float64 kernel and the NumPy path, K = 301 (a ragged last block), with zeros, subnormal
+    inputs, and in the rows the 32-bit kernel computes itself (the first tile) fp16 block
+    sums that overflow and that are subnormal; a separate addition of c; an inf and a NaN
+    in two other tiles, whose rows the float64 kernel takes."""
     from convprobe.emulation import _block_fma, _block_fma_compiled, _block_fma_narrow
 
     model = em.parse_model(spec)
     assert _block_fma_narrow.applies(model) == (model.input.name != "bf16")
     rng = np.random.default_rng(11)
-    fmt = model.input
-    scale = rng.choice([2.0**-12, 1.0, 2.0**6], size=(200, 300))
-    a = round_to_format(rng.standard_normal((200, 300)) * scale, fmt)
-    w = round_to_format(rng.standard_normal((300, 3)) * 4, fmt)
+    fmt, tile = model.input, _block_fma_narrow.TILE
+    scale = rng.choice([2.0**-12, 1.0, 2.0**6], size=(200, 301))
+    scale[10:20] = min(2.0**11, fmt.max / 8)  # fp16 inputs: sums past fp16's range
+    scale[30:50] = 2.0**-20  # fp16 sums near 2**-14
+    a = round_to_format(rng.standard_normal((200, 301)) * scale, fmt)
+    w = round_to_format(rng.standard_normal((301, 3)) * 4, fmt)
     a[:, 5] = 0.0
     a[7] = 0.0
-    a[150:] = round_to_format(rng.standard_normal((50, 300)) * 2.0**-20, fmt)  # fp16 sums near 2**-14
-    a[70, 3], a[140, 9] = np.inf, np.nan
+    a[tile + 6, 3], a[2 * tile + 12, 9] = np.inf, np.nan
     with np.errstate(all="ignore"):
         fast = _block_fma_compiled.gemm(a, w, model)
         assert_same_bits(fast, _block_fma_compiled.gemm(a, w, model, narrow=False))
         assert_same_bits(_block_fma.gemm(a, w, model), _block_fma.gemm(a, w, model, compiled=False))
-    if model.accumulator.max < 1e5:  # the fp16 accumulators do overflow here, and reach subnormals
-        assert np.isinf(fast).any() and np.isfinite(fast).any()
+        if _block_fma_narrow.applies(model):
+            own, redone = _block_fma_narrow.gemm(a, w, model, False, _block_fma_compiled._limits(
+                model.block_format, model.subnormals == "keep"), _block_fma_compiled._limits(
+                model.accumulator, model.subnormals == "keep"), MODE_CODES[model.rounding])
+            assert redone.tolist() == list(range(tile, 3 * tile))  # the two tiles with an inf or a NaN
+    first = fast[:tile]
+    if model.accumulator.max < 1e5:  # the fp16 accumulators overflow in the first tile, and reach subnormals
+        assert np.isinf(first).any() and np.isfinite(first).any()
         if model.subnormals == "keep" and model.input.name == "fp16":
-            assert ((fast != 0) & (np.abs(fast) < 2.0**-14)).any()
+            assert ((first != 0) & (np.abs(first) < 2.0**-14)).any()

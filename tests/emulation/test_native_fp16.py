@@ -17,10 +17,8 @@ from .conftest import assert_same_bits
 needs_fp16_fma = pytest.mark.skipif(not _native_fp16.available(),
                                     reason="no AVX512-FP16 kernel (CPU lacks it or CONVPROBE_NATIVE_FP16=0)")
 
-MODELS = [em.Sequential(FP16), em.Sequential(FP16, subnormals="flush"),
-          em.Sequential(FP16, addition=FP32), em.Sequential(FP16, addition=FP32, subnormals="flush"),
+MODELS = [em.Sequential(FP16), em.Sequential(FP16, addition=FP32),
           em.parse_model("chunked:fp16:n=16"), em.parse_model("chunked:fp16:n=5:addition=fp32"),
-          em.parse_model("chunked:fp16:n=7:subnormals=flush"),
           em.Sequential(FP16, rounding="toward_zero"), em.Sequential(FP16, rounding="toward_zero", subnormals="flush")]
 
 
@@ -68,6 +66,7 @@ def test_native_kernel_equals_float64_kernel(model, monkeypatch):
         native = em.conv2d(x, w, model, **kwargs)
         dx_native = em.conv2d_backprop_input(native, w, x.shape, model, **kwargs)
         dw_native = em.conv2d_backprop_filter(x, native, w.shape, model, **kwargs)
+        assert K.native_fp16(*kernel_config(model)[:2], True)
         _float64_path(monkeypatch)
         assert not K.native_fp16(*kernel_config(model)[:2], True)
         assert_same_bits(native, em.conv2d(x, w, model, **kwargs))
@@ -113,3 +112,21 @@ def test_toward_zero_overflows_to_inf_and_leaves_the_rounding_mode_as_it_was():
     got = em.conv2d(x, w, model).ravel()
     assert got.tolist() == [65504.0, 65504.0, np.inf]  # 65520 and 65535 truncate; 65536 overflows
     assert np.float32(1.0) + np.float32(2.0**-24) * np.float32(1.5) == np.float32(1.0 + 2.0**-23)
+    # every worker thread too: the float32 FMA kernel (parallel) rounds to nearest again
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((8, 6, 6, 16)).astype(np.float16), rng.standard_normal((3, 3, 16, 8)).astype(np.float16)
+    fp32 = em.Sequential(FP32)
+    assert_same_bits(em.conv2d(x, w, fp32), em.oracle.conv2d(x, w, fp32))
+
+
+@pytest.mark.parametrize("model", [em.Sequential(FP16, subnormals="flush"),
+                                   em.Sequential(FP16, addition=FP32, subnormals="flush"),
+                                   em.parse_model("chunked:fp16:n=7:subnormals=flush")], ids=lambda m: m.to_spec())
+def test_flushing_models_rounded_to_nearest_keep_off_the_hardware(model):
+    """2047/1024 * 2**-15 = 1023.5 * 2**-24 ties up to 2**-14 on fp16's subnormal grid, but
+    the model rounds with an unbounded exponent (2047 * 2**-25 is exact), then flushes it:
+    0. So these models take the float64 kernels."""
+    assert not K.native_fp16(*kernel_config(model)[:2], True)
+    x = np.array([2047 / 1024], dtype=np.float16).reshape(1, 1, 1, 1)
+    w = np.array([2.0**-15], dtype=np.float16).reshape(1, 1, 1, 1)
+    assert em.conv2d(x, w, model).item() == 0.0 == em.oracle.conv2d(x, w, model).item()
