@@ -5,7 +5,9 @@ switches that differ per device and are read once per process. This module is
 the one table that maps a request to those settings (README's table is
 generated from the same data). Facts verified on TensorFlow 2.21 (DESIGN.md):
 
-- CPU default: oneDNN f16 kernels accumulate in fp32.
+- CPU default: oneDNN f16 kernels accumulate in fp32, where the CPU lets oneDNN run
+  fp16 (`onednn_runs_fp16`); elsewhere TensorFlow falls back to the Eigen kernels, the
+  same as oneDNN off (measured on an AMD EPYC with AVX-512 but no AVX512-FP16).
 - CPU fp16: the Eigen path (oneDNN off) with TF_CONV2D_USE_FP16_ACCUMULATE=1
   (only the exact string "1" enables it) accumulates conv2d in fp16.
 - GPU: TF_FP16_CONV_USE_FP32_COMPUTE=0 (only the exact string "0") selects
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.options import Device
+from convprobe.provenance import cpu_flags
 
 __all__ = [
     "ACCUMULATE_CHOICES",
@@ -38,6 +41,7 @@ __all__ = [
     "MATRIX_DEFAULT",
     "MUST_SHOW",
     "matrix_configs",
+    "onednn_runs_fp16",
 ]
 
 ACCUMULATE_CHOICES = ("fp16", "fp32", "default")
@@ -61,7 +65,8 @@ SETTINGS: dict[tuple[str, str], Setting] = {
     ),
     ("cpu", "fp32"): Setting(
         {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CONV2D_USE_FP16_ACCUMULATE": "0"},
-        "oneDNN f16 kernels, which accumulate in fp32",
+        "oneDNN f16 kernels, which accumulate in fp32 (on a CPU oneDNN cannot run fp16 on, Eigen's: conv2d "
+        "in fp32, its gradients in fp16)",
     ),
     ("cpu", "default"): Setting({}, "nothing set: TensorFlow's own choice"),
     ("gpu", "fp16"): Setting(
@@ -273,7 +278,7 @@ _NO_EXCESS = "--xla_allow_excess_precision=false"
 #: ignores it.
 MATRIX: dict[str, dict[str, tuple[dict[str, str], bool, str, str]]] = {
     "cpu": {
-        "default": ({}, False, "default", "nothing set: oneDNN f16 kernels"),
+        "default": ({}, False, "default", "nothing set: oneDNN f16 kernels (Eigen's where the CPU lacks them)"),
         "onednn-off": ({"TF_ENABLE_ONEDNN_OPTS": "0"}, False, "default", "Eigen kernels"),
         "onednn-off+fp16-acc": (
             SETTINGS[("cpu", "fp16")].env, False, "fp16", "Eigen conv2d asked to accumulate in fp16",
@@ -338,3 +343,16 @@ def matrix_configs(device: str = "cpu", names: list[str] | str | None = None) ->
         env, jit, accumulate, note = table[name]
         configs.append(BackendConfig("tensorflow", accumulate, resolved, env=dict(env), jit_compile=jit, note=note, name=name))
     return configs
+
+
+#: The CPU flags (/proc/cpuinfo names) with which TensorFlow 2.21 hands fp16 ops to oneDNN:
+#: AVX512BW with AVX512-FP16 or AMX-FP16, or AVX-NE-CONVERT alone (`IsDataTypeSupportedByOneDNNOnThisCPU`
+#: for DT_HALF, tensorflow/core/util/util.cc). Elsewhere the Eigen kernels run, oneDNN on or off.
+_ONEDNN_FP16_FLAGS = (("avx512bw", "avx512_fp16"), ("avx512bw", "amx_fp16"), ("avx_ne_convert",))
+
+
+def onednn_runs_fp16(flags: list[str] | None = None) -> bool:
+    """Whether TensorFlow's oneDNN kernels take fp16 ops on a CPU with these flags (default:
+    this machine's), which decides what the `default` configuration computes."""
+    present = set(cpu_flags() if flags is None else flags)
+    return any(present.issuperset(group) for group in _ONEDNN_FP16_FLAGS)

@@ -2,7 +2,7 @@ import pytest
 
 from convprobe.backends.configurations import (
     MANAGED_VARIABLES, SETTINGS, BackendConfig, emulated_config, gpu_visible, parse_env_assignments,
-    resolve_configs, resolve_device,
+    onednn_runs_fp16, resolve_configs, resolve_device,
 )
 from convprobe.backends.isolation import child_environment
 from convprobe.errors import InvalidArgument
@@ -101,3 +101,15 @@ def test_inherited_switches_are_named():
 
     env = {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "HOME": "/root", "XLA_FLAGS": "--x"}
     assert inherited_switches(env) == {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "XLA_FLAGS": "--x"}
+
+
+@pytest.mark.parametrize("flags,runs", [
+    (["avx512f", "avx512bw", "avx512_bf16"], False),  # AVX-512 without fp16 (AMD Zen 4): Eigen
+    (["avx512bw", "avx512_fp16"], True),
+    (["avx512_fp16"], False),  # AVX512-FP16 needs AVX512BW beside it
+    (["avx512bw", "amx_fp16"], True),
+    (["avx_ne_convert"], True),
+    ([], False),
+])
+def test_onednn_runs_fp16_on_the_cpus_tensorflow_names(flags, runs):
+    assert onednn_runs_fp16(flags) is runs

@@ -176,7 +176,7 @@ def test_all_ops_together_give_what_each_op_gives_alone():
 
 # -- real TensorFlow: the five configurations the fingerprint must tell apart ------------
 
-from convprobe.backends.configurations import MUST_SHOW, matrix_configs  # noqa: E402
+from convprobe.backends.configurations import MUST_SHOW, matrix_configs, onednn_runs_fp16  # noqa: E402
 from convprobe.probes.fingerprint_ops import CONV2D_OPS  # noqa: E402
 
 
@@ -197,14 +197,21 @@ FP32 = ("fp32", "24", "exact", "0 (wide or fused)")
 FP16 = ("fp16", "11", "exact", "inf (fp16 fused chain)")
 
 
+#: The Eigen kernels (oneDNN off), op by op.
+EIGEN = {
+    "conv2d": FP32,
+    "conv2d_spatial": FP32,
+    "conv2d_backprop_input": ("fp16 in 8 lanes, summed in fp32", "11", "11", "NaN (fp16 products)"),
+    "conv2d_backprop_input_spatial": ("fp16, products to 11 bits", "11", "11", "NaN (fp16 products)"),
+    "conv2d_backprop_filter": FP16,
+}
+
+
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("config,op,expected", [
-    *[("default", op, FP32) for op in CONV2D_OPS],
-    ("onednn-off", "conv2d", FP32),
-    ("onednn-off", "conv2d_spatial", FP32),
-    ("onednn-off", "conv2d_backprop_input", ("fp16 in 8 lanes, summed in fp32", "11", "11", "NaN (fp16 products)")),
-    ("onednn-off", "conv2d_backprop_input_spatial", ("fp16, products to 11 bits", "11", "11", "NaN (fp16 products)")),
-    ("onednn-off", "conv2d_backprop_filter", FP16),
+    # oneDNN's f16 kernels accumulate in fp32; a CPU it cannot run fp16 on gets the Eigen kernels
+    *[("default", op, FP32 if onednn_runs_fp16() else EIGEN[op]) for op in CONV2D_OPS],
+    *[("onednn-off", op, expected) for op, expected in EIGEN.items()],
     ("onednn-off+fp16-acc", "conv2d", FP16),
     ("onednn-off+fp16-acc", "conv2d_spatial", FP16),
     ("onednn-off+fp16-acc", "conv2d_backprop_filter", FP16),
@@ -214,6 +221,17 @@ FP16 = ("fp16", "11", "exact", "inf (fp16 fused chain)")
 def test_tensorflow_cpu_configurations_are_told_apart(tf_must_show, config, op, expected):
     got = tf_must_show[(config, op)]
     assert (got["accumulation"], got["accumulator_bits"], got["product_bits"], got["product_overflow"]) == expected
+
+
+@pytest.mark.tensorflow
+def test_the_default_configuration_is_the_eigen_one_exactly_where_onednn_cannot_run_fp16(tf_must_show):
+    """TensorFlow hands fp16 ops to oneDNN only on some CPUs; elsewhere every property of
+    every op under `default` is the oneDNN-off one, and where it does the gradients differ."""
+    same = [tf_must_show[("default", op)] == tf_must_show[("onednn-off", op)] for op in CONV2D_OPS]
+    if onednn_runs_fp16():
+        assert not all(same)
+    else:
+        assert all(same)
 
 
 @pytest.mark.tensorflow
@@ -241,7 +259,10 @@ def test_full_matrix_every_op_runs_and_gpu_switches_change_nothing_on_cpu():
     assert all(r.status == "ok" for r in results.values())
     props = {name: fingerprint.infer_observed(r.observed) for name, r in results.items()}
     assert props["gpu-switches"] == props["default"]  # the cuDNN/cuBLAS switches do nothing on a CPU
-    assert props["fp16-acc"] == props["default"]  # the Eigen switch does nothing while oneDNN is on
+    if onednn_runs_fp16():  # the Eigen switch does nothing while oneDNN runs the op
+        assert props["fp16-acc"] == props["default"]
+    else:  # the Eigen kernels run, and the switch makes their conv2d accumulate in fp16
+        assert props["fp16-acc"] == props["onednn-off+fp16-acc"]
     for op in OPS:
         assert props["jit+strict+no-excess"][op]["properties"]["accumulation"]["value"] == "fp16"
 
