@@ -128,9 +128,23 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
     pp, ap, cp = (int(fp[slot, F_PRECISION]) for slot in (PRODUCT, ADDITION, ACCUMULATOR))
     add_kind = 0 if ap == 0 else (2 if ap == 53 else 1)
     chunk = int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0
-    _BY_MODE[int(ic[IC_MODE])](a, w, fp, seed, out, col0, int(ic[IC_RBITS]), chunk, bool(ic[IC_SAT] != 0),
-                               bool(pp != 0 and pp <= 51), add_kind, bool(cp == 53), chunk > 0,
-                               int(fp[TOTAL, F_PRECISION]) == 53)
+    plain_fp16 = accumulates_fp16(fp) and pp == 0 and ap == 0 and ic[IC_SAT] == 0
+    kernel = (_BY_MODE_FP16 if plain_fp16 else _BY_MODE)[int(ic[IC_MODE])]
+    kernel(a, w, fp, seed, out, col0, int(ic[IC_RBITS]), chunk, bool(ic[IC_SAT] != 0), bool(pp != 0 and pp <= 51),
+           add_kind, bool(cp == 53), chunk > 0, int(fp[TOTAL, F_PRECISION]) == 53)
+
+
+#: `round_limits` of fp16 with subnormals kept and overflow to inf, as constants.
+_FP16_ROUND = (FP16.precision, FP16.emin + 1023, float(FP16.max), math.ldexp(1.0, FP16.emin), True, True)
+
+
+def accumulates_fp16(fp) -> bool:
+    """Whether the accumulator is fp16 with subnormals kept and overflow to inf: the kernels
+    of `_BY_MODE_FP16` then take its rounding limits as constants (`_FP16_ROUND`), which
+    lets LLVM fold `fast_round`'s exponent arithmetic in the inner loop."""
+    acc = fp[ACCUMULATOR]
+    return ((acc[F_PRECISION], acc[F_EMIN], acc[F_MAX]) == (FP16.precision, FP16.emin, FP16.max)
+            and acc[F_HAS_INF] != 0.0 and acc[F_KEEP_SUB] != 0.0)
 
 
 @njit(cache=True, inline="always")
@@ -145,16 +159,20 @@ def _add_fp64(x, y, sat, maxv):
 
 @njit(cache=True, inline="always")
 def _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_round, add_kind, acc64,
-                      chunked, total64):
+                      chunked, total64, acc_fp16):
     """Stochastic events follow `_kernels_reference.reduce_one`: term j is event
     j + (chunks finished before it), each chunk's addition to the total the next one, the
-    output rounding the last."""
+    output rounding the last. `acc_fp16`, a constant of each compiled kernel: the
+    accumulator is `accumulates_fp16`'s format, whose limits are then constants."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     width = out.shape[1]
     pp, p_elow, p_max, p_tiny, p_inf, p_keep = _slot_params(fp, PRODUCT)
     ap, a_elow, a_max, a_tiny, a_inf, a_keep = _slot_params(fp, ADDITION)
-    cp, c_elow, c_max, c_tiny, c_inf, c_keep = _slot_params(fp, ACCUMULATOR)
+    if acc_fp16:
+        cp, c_elow, c_max, c_tiny, c_inf, c_keep = _FP16_ROUND
+    else:
+        cp, c_elow, c_max, c_tiny, c_inf, c_keep = _slot_params(fp, ACCUMULATOR)
     tp, t_elow, t_max, t_tiny, t_inf, t_keep = _slot_params(fp, TOTAL)
     for t in prange((m_count + TILE - 1) // TILE):
         m0 = t * TILE
@@ -210,27 +228,51 @@ def _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_r
                 out[m0 + i, col0 + n] = round_slot(value, fp, OUTPUT, mode, sat, r, rbits)
 
 
+# One compiled kernel per rounding mode and accumulator (`acc_fp16`), both constants there.
+
+
 @njit(cache=True, parallel=True)
 def _fast_nearest(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked, total64):
     _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, NEAREST_EVEN, sat, prod_round, add_kind, acc64,
-                      chunked, total64)
+                      chunked, total64, False)
 
 
 @njit(cache=True, parallel=True)
 def _fast_toward_zero(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
                       total64):
     _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, TOWARD_ZERO, sat, prod_round, add_kind, acc64,
-                      chunked, total64)
+                      chunked, total64, False)
 
 
 @njit(cache=True, parallel=True)
 def _fast_stochastic(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
                      total64):
     _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, STOCHASTIC, sat, prod_round, add_kind, acc64,
-                      chunked, total64)
+                      chunked, total64, False)
+
+
+@njit(cache=True, parallel=True)
+def _fp16_nearest(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked, total64):
+    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, NEAREST_EVEN, False, False, 0, False, chunked,
+                      total64, True)
+
+
+@njit(cache=True, parallel=True)
+def _fp16_toward_zero(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
+                      total64):
+    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, TOWARD_ZERO, False, False, 0, False, chunked,
+                      total64, True)
+
+
+@njit(cache=True, parallel=True)
+def _fp16_stochastic(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
+                     total64):
+    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, STOCHASTIC, False, False, 0, False, chunked,
+                      total64, True)
 
 
 _BY_MODE = {NEAREST_EVEN: _fast_nearest, TOWARD_ZERO: _fast_toward_zero, STOCHASTIC: _fast_stochastic}
+_BY_MODE_FP16 = {NEAREST_EVEN: _fp16_nearest, TOWARD_ZERO: _fp16_toward_zero, STOCHASTIC: _fp16_stochastic}
 
 
 @njit(cache=True, parallel=True)

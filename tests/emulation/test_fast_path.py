@@ -46,6 +46,10 @@ FAST_MODELS = [  # sequential, chunked and exact models the specialised kernels 
     em.parse_model("chunked:bf16:n=4:rounding=stochastic:seed=5"),
     em.parse_model("chunked:fp16:n=7:total=fp64:addition=fp32"),
     em.parse_model("chunked:fp16:n=2:product=fp16:overflow=saturate"),
+    # fp16 accumulators beside those the constant-fp16 kernels take (`accumulates_fp16`)
+    em.parse_model("chunked:fp16:n=6:total=fp16:rounding=stochastic:seed=7"),
+    em.parse_model("sequential:fp16:rounding=toward_zero:overflow=saturate"),
+    em.parse_model("sequential:fp16:rounding=stochastic:subnormals=flush:seed=8"),
 ]
 
 @pytest.mark.parametrize("model", FAST_MODELS, ids=lambda m: m.to_spec())
