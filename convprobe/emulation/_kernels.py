@@ -77,12 +77,14 @@ def native_fp32(fp, ic, inputs_fp16) -> bool:
 
 def native_fp16(fp, ic, inputs_fp16) -> bool:
     """Whether `gemm` takes float16 arrays for this model and these inputs: the CPU's own
-    fp16 FMA does the arithmetic (see `convprobe.emulation._native_fp16`). Flushing
+    fp16 FMA does the arithmetic, or for addition=fp32 its float32 arithmetic and fp16
+    conversions (see `convprobe.emulation._native_fp16`). Flushing
     models only toward zero: rounded to nearest on the subnormal grid, a sum just below
     2**-14 can become 2**-14, where the model rounds with an unbounded exponent first
     and flushes it."""
     flushes = fp[ACCUMULATOR, F_KEEP_SUB] == 0.0
-    return (inputs_fp16 and _native_fp16.available()
+    fma = fp[ADDITION, F_PRECISION] == 0.0  # the addition=fp32 kernel needs only the conversions
+    return (inputs_fp16 and _native_fp16.available(fma=fma)
             and (_native_toward_zero_ok(fp, ic)
                  or (not flushes and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))))
 

@@ -12,8 +12,12 @@ float32 add and one float32 -> fp16 conversion, none of them fused.
 Where the CPU lacks AVX512-FP16, LLVM would widen an fp16 FMA to a float32 FMA and
 round twice, which is NOT exact (1 + 2**-11 + 2**-32 rounds to 1 + 2**-11 in float32,
 then ties to 1 in fp16; the correct result is 1 + 2**-10). So `available()` gates
-these kernels on the instruction, and `convprobe.emulation._kernels` falls back to its
-float64 kernels. The tests compare both paths bit for bit where the instruction exists.
+the FMA kernels on the instruction, and `convprobe.emulation._kernels` falls back to its
+float64 kernels. The ``addition=fp32`` kernel needs no fp16 arithmetic at all, only the
+conversions, which F16C (every x86-64 CPU with AVX2, AMD's included) does in hardware,
+correctly rounded (``vcvtps2ph``, nearest even under the default MXCSR, subnormals and
+overflow to inf as IEEE says): `available(fma=False)`. The tests compare both paths bit
+for bit where the instructions exist.
 
 The sequential fp16 model rounded toward zero runs here too, with each task's MXCSR set
 to toward zero (IEEE rounding control, which the fp16 FMA honours) and put back after;
@@ -50,16 +54,18 @@ _MXCSR_TOWARD_ZERO = 0x6000  # MXCSR rounding control bits 13-14: 11 is toward z
 _FP16_OVERFLOW = 65536.0  # where truncation to fp16 leaves the finite range (2**16)
 
 
-def available() -> bool:
-    """Whether the host CPU has AVX512-FP16 (and CONVPROBE_NATIVE_FP16 is not "0")."""
-    return os.environ.get("CONVPROBE_NATIVE_FP16", "1") != "0" and _host_has_avx512fp16()
+def available(fma: bool = True) -> bool:
+    """Whether the host CPU runs these kernels (and CONVPROBE_NATIVE_FP16 is not "0"): the
+    fp16 FMA needs AVX512-FP16; the addition=fp32 kernel (`fma=False`) F16C's conversions."""
+    return (os.environ.get("CONVPROBE_NATIVE_FP16", "1") != "0"
+            and _host_has("avx512fp16" if fma else "f16c"))
 
 
 @functools.cache
-def _host_has_avx512fp16() -> bool:
+def _host_has(feature: str) -> bool:
     import llvmlite.binding as llvm  # noqa: PLC0415 - only when asked
 
-    return bool(llvm.get_host_cpu_features().get("avx512fp16", False))
+    return bool(llvm.get_host_cpu_features().get(feature, False))
 
 
 def _half_args(builder, args):

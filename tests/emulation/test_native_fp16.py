@@ -1,6 +1,7 @@
-"""The hardware fp16 kernel (AVX512-FP16 FMA) equals the float64 kernels bit for bit.
+"""The hardware fp16 kernels (AVX512-FP16 FMA; F16C conversions for addition=fp32) equal
+the float64 kernels bit for bit.
 
-Where the CPU lacks the instruction the kernel is never used; the comparisons then
+Where the CPU lacks an instruction its kernel is never used; those comparisons then
 skip, and the detection test still checks that it is correctly switched off."""
 
 import numpy as np
@@ -16,6 +17,16 @@ from .conftest import assert_same_bits
 
 needs_fp16_fma = pytest.mark.skipif(not _native_fp16.available(),
                                     reason="no AVX512-FP16 kernel (CPU lacks it or CONVPROBE_NATIVE_FP16=0)")
+
+needs_f16c = pytest.mark.skipif(not _native_fp16.available(fma=False),
+                                reason="no F16C conversions (CPU lacks them or CONVPROBE_NATIVE_FP16=0)")
+
+
+def _on_its_hardware(model):
+    """The model as a parameter that skips where its kernel cannot run: addition=fp32 needs
+    the conversions only, the others the fp16 FMA."""
+    return pytest.param(model, id=model.to_spec(), marks=needs_f16c if model.addition == FP32 else needs_fp16_fma)
+
 
 MODELS = [em.Sequential(FP16), em.Sequential(FP16, addition=FP32),
           em.parse_model("chunked:fp16:n=16"), em.parse_model("chunked:fp16:n=5:addition=fp32"),
@@ -37,8 +48,9 @@ def _cpuinfo_flags() -> set[str]:
 def test_detection_matches_the_kernel_flags(monkeypatch):
     monkeypatch.delenv("CONVPROBE_NATIVE_FP16", raising=False)
     assert _native_fp16.available() == ("avx512_fp16" in _cpuinfo_flags())
+    assert _native_fp16.available(fma=False) == ("f16c" in _cpuinfo_flags())
     monkeypatch.setenv("CONVPROBE_NATIVE_FP16", "0")
-    assert not _native_fp16.available()
+    assert not _native_fp16.available() and not _native_fp16.available(fma=False)
 
 
 def _float64_path(monkeypatch):
@@ -51,8 +63,7 @@ def _random_fp16(rng, shape, lo=0x0001, hi=0x7C00):
     return bits.view(np.float16)
 
 
-@needs_fp16_fma
-@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.to_spec())
+@pytest.mark.parametrize("model", [_on_its_hardware(m) for m in MODELS])
 def test_native_kernel_equals_float64_kernel(model, monkeypatch):
     """Every finite magnitude, both signs, overflow, subnormal results: 1.2M terms on
     shapes that exercise the four-row blocks and the leftover rows; chunked models with
@@ -76,15 +87,24 @@ def test_native_kernel_equals_float64_kernel(model, monkeypatch):
     assert model.subnormals == "flush" or (np.abs(native[native != 0]) < 2.0**-14).any()
 
 
+# 1 + p with p = 2**-11 + 5.7e-8 (a product of two fp16 values): one rounding gives
+# 1 + 2**-10; rounding first to float32 lands on the midpoint 1 + 2**-11, which ties to 1.
+_TWICE_X = np.array([1.0, 1.01953125], dtype=np.float16).reshape(1, 1, 2, 1)
+_TWICE_W = np.array([1.0, 0.00047898292541503906], dtype=np.float16).reshape(1, 2, 1, 1)
+
+
 @needs_fp16_fma
 def test_one_rounding_where_float32_would_round_twice():
-    """1 + p with p = 2**-11 + 5.7e-8 (a product of two fp16 values): one rounding gives
-    1 + 2**-10; rounding first to float32 lands on the midpoint 1 + 2**-11, which ties to
-    1. The fp16 FMA must give the former, the addition=fp32 model the latter."""
-    x = np.array([1.0, 1.01953125], dtype=np.float16).reshape(1, 1, 2, 1)
-    w = np.array([1.0, 0.00047898292541503906], dtype=np.float16).reshape(1, 2, 1, 1)
-    assert em.conv2d(x, w, em.Sequential(FP16)).item() == 1.0 + 2.0**-10
-    assert em.conv2d(x, w, em.Sequential(FP16, addition=FP32)).item() == 1.0
+    """The fp16 FMA must round once."""
+    assert em.conv2d(_TWICE_X, _TWICE_W, em.Sequential(FP16)).item() == 1.0 + 2.0**-10
+
+
+@needs_f16c
+def test_the_addition_fp32_kernel_rounds_twice_as_its_model_says():
+    """The addition=fp32 model rounds to float32, then to fp16: 1 on the conversions' kernel."""
+    model = em.Sequential(FP16, addition=FP32)
+    assert K.native_fp16(*kernel_config(model)[:2], True)
+    assert em.conv2d(_TWICE_X, _TWICE_W, model).item() == 1.0 == em.oracle.conv2d(_TWICE_X, _TWICE_W, model).item()
 
 
 @needs_fp16_fma
