@@ -89,12 +89,28 @@ def native_fp16(fp, ic, inputs_fp16) -> bool:
                  or (not flushes and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))))
 
 
+def _direct_chunked_ok(fp, ic) -> bool:
+    """The chunked model `reduce_gemm_fp16_direct` computes with `chunk`: `_native_chunked_ok`
+    with subnormals kept and exact additions."""
+    return (_native_chunked_ok(fp, ic) and fp[ACCUMULATOR, F_KEEP_SUB] != 0.0
+            and fp[ADDITION, F_PRECISION] == 0.0)
+
+
+def fp16_carriers(fp, ic, inputs_fp16) -> bool:
+    """Whether `gemm` takes float16 arrays (a, w and out) for this model and these inputs:
+    where the CPU's own fp16 arithmetic computes it (`native_fp16`), and where
+    `reduce_gemm_fp16_direct` does and the CPU converts fp16 in hardware (F16C)."""
+    return native_fp16(fp, ic, inputs_fp16) or (
+        inputs_fp16 and _native_fp16.available(fma=False) and (_fp16_direct_ok(fp, ic) or _direct_chunked_ok(fp, ic)))
+
+
 def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     """out[:, col0:col0 + N] = modelled reductions of a (M, K) against w (K, N).
 
     `inputs_fp16`: every value of a and w is an fp16 (or fp8) value, which enables
     `reduce_gemm_fp16_direct` and `reduce_gemm_exact_fp16`. float16 arrays (a, w and out,
-    where `native_fp16` says so) go to the hardware fp16 kernel, float32 ones (where
+    where `fp16_carriers` says so) go to the hardware fp16 kernel or the direct kernel on
+    fp16 bit patterns, float32 ones (where
     `native_fp32` says so) to the float32 FMA kernel. `fast=False` takes the general kernel whatever
     the model (what the specialised kernels are tested against)."""
     if a.dtype == np.float32:
@@ -102,13 +118,19 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
             raise ValueError("float32 arrays are the carrier of the sequential fp32 model only (native_fp32)")
         _native_fp32.sequential_gemm(a, np.ascontiguousarray(w), out, col0)
     elif a.dtype == np.float16:
-        _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0,
-                                     add32=fp[ADDITION, F_PRECISION] != 0.0, flush=fp[ACCUMULATOR, F_KEEP_SUB] == 0.0,
-                                     toward_zero=ic[IC_MODE] == TOWARD_ZERO,
-                                     chunk=int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0)
+        if not fp16_carriers(fp, ic, True):
+            raise ValueError("float16 arrays are the carrier of the models fp16_carriers names only")
+        chunk = int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0
+        add32, flush = fp[ADDITION, F_PRECISION] != 0.0, fp[ACCUMULATOR, F_KEEP_SUB] == 0.0
+        if native_fp16(fp, ic, True):
+            _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0, add32=add32, flush=flush,
+                                         toward_zero=ic[IC_MODE] == TOWARD_ZERO, chunk=chunk)
+        else:  # fp16 storage, float64 arithmetic (w, read once per row of a, widened once here)
+            reduce_gemm_fp16_direct(a.view(np.uint16), np.ascontiguousarray(w, np.float64), not flush, add32,
+                                    out.view(np.uint16), col0, chunk)
     elif fast and inputs_fp16 and _fp16_direct_ok(fp, ic):
         reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, F_KEEP_SUB] != 0.0,
-                                fp[ADDITION, F_PRECISION] != 0.0, out, col0)
+                                fp[ADDITION, F_PRECISION] != 0.0, out, col0, 0)
     elif fast and fast_ok(fp, ic) and _nearest_ok(fp, ic):
         acc = fp[ACCUMULATOR]
         reduce_gemm_seq_nearest(a, np.ascontiguousarray(w), int(acc[F_PRECISION]), int(acc[F_EMIN]), acc[F_MAX],

@@ -42,12 +42,12 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange
 from numba.core import cgutils, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from convprobe.emulation._kernel_arithmetic import add_odd
 from convprobe.emulation._native_fp32 import fma_fp32
 
-__all__ = ["available", "sequential_gemm"]
+__all__ = ["as_float64", "available", "convert", "sequential_gemm", "store_float64"]
 
 _ROWS = 4  # rows per task: independent accumulation chains
 _MXCSR_TOWARD_ZERO = 0x6000  # MXCSR rounding control bits 13-14: 11 is toward zero
@@ -185,6 +185,32 @@ def narrow(typingctx, x):
     return sig, codegen
 
 
+def as_float64(x):
+    """A carrier's element as float64: itself, or the value of an fp16 bit pattern (uint16,
+    the float16 carrier's view) widened by the hardware (exact). For njit code."""
+    return np.float64(x)
+
+
+@overload(as_float64, inline="always")
+def _as_float64(x):
+    if x == types.uint16:
+        return lambda x: np.float64(widen(x))
+    return lambda x: np.float64(x)
+
+
+def store_float64(out, v):
+    """v (a float64) as an element of `out`: itself, or for a uint16 (fp16 bit pattern)
+    array, v rounded to fp16 (exact where v is an fp16 value already). For njit code."""
+    return v
+
+
+@overload(store_float64, inline="always")
+def _store_float64(out, v):
+    if out.dtype == types.uint16:
+        return lambda out, v: narrow(np.float32(v))
+    return lambda out, v: v
+
+
 @njit(cache=True, inline="always")
 def _fold(total, s):
     """total (fp32) + the fp16 chunk sum s, rounded once to fp32, nearest even: the exact
@@ -292,3 +318,34 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
         raise ValueError("toward_zero takes the FMA alone (no add32, no chunk); flush needs toward_zero")
     _KERNELS[bool(add32), bool(flush), bool(toward_zero)](a.view(np.uint16), w.view(np.uint16), out.view(np.uint16),
                                                           col0, int(chunk))
+
+
+@njit(cache=True, parallel=True)
+def _narrow_all(x, out):
+    for i in prange(x.shape[0]):
+        out[i] = narrow(np.float32(x[i]))
+
+
+@njit(cache=True, parallel=True)
+def _widen_all(bits, out):
+    for i in prange(bits.shape[0]):
+        out[i] = np.float64(widen(bits[i]))
+
+
+def convert(x: np.ndarray, dtype) -> np.ndarray:
+    """x (float64 or float16) as a C-contiguous array of `dtype`, fp16 conversions by F16C
+    in parallel (NumPy converts float64 to and from float16 in software, about 5 ns an
+    element: as long as the kernel itself on a split-K slice). x's values must be exact in
+    `dtype` where it is float16 (fp16 inputs, fp16 results)."""
+    dtype = np.dtype(dtype)
+    pair = (np.dtype(x.dtype), dtype)
+    if pair not in ((np.dtype(np.float64), np.dtype(np.float16)), (np.dtype(np.float16), np.dtype(np.float64))) \
+            or not available(fma=False):
+        return np.ascontiguousarray(x, dtype)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty(flat.shape, dtype)
+    if dtype == np.float16:
+        _narrow_all(flat, out.view(np.uint16))
+    else:
+        _widen_all(flat.view(np.uint16), out)
+    return out.reshape(x.shape)

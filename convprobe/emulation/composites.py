@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from convprobe.emulation._native_fp16 import convert
 from convprobe.emulation.models import AccumulationModel, Sequential, sum_terms_as_rows
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument
@@ -49,8 +50,8 @@ def _inner_gemm(model: AccumulationModel, a: np.ndarray, w: np.ndarray, inputs_f
     takes (float16 for the CPU's own fp16 FMA: exact, the values are fp16 numbers)."""
     dtype = model.carrier(inputs_fp16)
     out = np.empty((a.shape[0], w.shape[1]), dtype=dtype)
-    model.gemm_into(np.ascontiguousarray(a, dtype), np.ascontiguousarray(w, dtype), out, 0, inputs_fp16)
-    return out.astype(np.float64, copy=False)
+    model.gemm_into(convert(a, dtype), convert(w, dtype), out, 0, inputs_fp16)
+    return convert(out, np.float64)
 
 
 def _check_inner(model: AccumulationModel, argument: str) -> None:

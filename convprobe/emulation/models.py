@@ -226,11 +226,12 @@ class AccumulationModel:
         K.gemm(a, w, fp, ic, seed, out, col0, inputs_fp16)
 
     def carrier(self, inputs_fp16: bool) -> type:
-        """The dtype `gemm_into` takes for a, w and out: float16 or float32 where the CPU's
-        own fp16 or float32 FMA computes this model on fp16 inputs (`_kernels.native_fp16`,
-        `native_fp32`), else float64."""
+        """The dtype `gemm_into` takes for a, w and out: float16 where the kernel reads and
+        writes fp16 (the CPU's fp16 arithmetic, or the direct kernel through F16C:
+        `_kernels.fp16_carriers`), float32 where the CPU's own float32 FMA computes this
+        model on fp16 inputs (`native_fp32`), else float64."""
         fp, ic, _ = kernel_config(self)
-        if K.native_fp16(fp, ic, inputs_fp16):
+        if K.fp16_carriers(fp, ic, inputs_fp16):
             return np.float16
         return np.float32 if K.native_fp32(fp, ic, inputs_fp16) else np.float64
 

@@ -150,3 +150,25 @@ def test_sum_terms_equals_the_general_kernel_over_rows(spec):
         K.reduce_pairs(rows, np.ones_like(rows), fp, ic, np.uint64(seed), want)
         assert_same_bits(got, want)
         assert np.isinf(got[2]) and (p < 2 or np.isnan(got[3]))
+
+
+@pytest.mark.parametrize("keep_sub,add32,chunk", [(True, False, 0), (False, False, 0), (True, True, 0),
+                                                  (False, True, 0), (True, False, 5), (True, False, 1)])
+def test_direct_kernel_on_fp16_bit_patterns_equals_it_on_float64(keep_sub, add32, chunk):
+    """The float16 carriers (uint16 views, converted by F16C) change no bit of the direct
+    kernel, whatever the CPU's fp16 FMA: every finite fp16 magnitude of both signs, so
+    sums overflow and land among the subnormals, and chunks that do and do not divide K."""
+    from convprobe.emulation._kernels_fast import reduce_gemm_fp16_direct
+
+    rng = np.random.default_rng(7)
+    bits = rng.integers(1, 0x7C00, size=(67, 23), dtype=np.uint16) | (rng.integers(0, 2, (67, 23), np.uint16) << 15)
+    a = bits.view(np.float16)
+    a[:9] = np.float16(2.0**-20)  # rows whose sums stay subnormal
+    w = rng.integers(0x0001, 0x4800, size=(23, 6), dtype=np.uint16).view(np.float16)  # up to 8: sums overflow
+    half, wide = np.empty((67, 9), np.float16), np.empty((67, 9))
+    with np.errstate(all="ignore"):
+        reduce_gemm_fp16_direct(a.view(np.uint16), w.view(np.uint16), keep_sub, add32, half.view(np.uint16), 2, chunk)
+        reduce_gemm_fp16_direct(a.astype(np.float64), w.astype(np.float64), keep_sub, add32, wide, 2, chunk)
+        wide = wide.astype(np.float16)  # (fp16 values and infinities: exact)
+    assert_same_bits(half[:, 2:8], wide[:, 2:8])
+    assert np.isinf(half[:, 2:8]).any() and (np.abs(half[:9, 2:8]) < 2.0**-14).all()
