@@ -36,7 +36,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit
 from numba.core import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 # format slots (rows) of the fp table
 PRODUCT, ADDITION, ACCUMULATOR, OUTPUT, TOTAL = 0, 1, 2, 3, 4
@@ -116,6 +116,55 @@ def bitlen32(typingctx, x):
         return builder.sub(ir.Constant(ir.IntType(32), 32), zeros)
 
     return sig, codegen
+
+
+@intrinsic
+def widen(typingctx, x):
+    """The float32 value of an fp16 bit pattern (exact)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def narrow(typingctx, x):
+    """A float32 rounded to fp16 (nearest even, overflow to inf), as its bit pattern."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+def as_float64(x):
+    """A carrier's element as float64: itself, or the value of an fp16 bit pattern (uint16,
+    the float16 carrier's view) widened by the hardware (exact; F16C, which the callers
+    check: `_native_fp16.available(fma=False)`). For njit code."""
+    return np.float64(x)
+
+
+@overload(as_float64, inline="always")
+def _as_float64(x):
+    if x == types.uint16:
+        return lambda x: np.float64(widen(x))
+    return lambda x: np.float64(x)
+
+
+def store_float64(out, v):
+    """v (a float64) as an element of `out`: itself, or for a uint16 (fp16 bit pattern)
+    array, v rounded to fp16 (exact where v is an fp16 value already). For njit code."""
+    return v
+
+
+@overload(store_float64, inline="always")
+def _store_float64(out, v):
+    if out.dtype == types.uint16:
+        return lambda out, v: narrow(np.float32(v))
+    return lambda out, v: v
 
 
 @njit(cache=True, inline="always")
@@ -414,12 +463,13 @@ TILE = 64  # rows of `a` per task in the row-tiled kernels: a (K, 64) float64 ti
 
 @njit(cache=True, inline="always")
 def load_tile(a, m0, rows, at):
-    """at[j, i] = a[m0 + i, j] for the tile's rows (the rest of `at` untouched): a row of
+    """at[j, i] = a[m0 + i, j] for the tile's rows (the rest of `at` untouched; a may hold
+    fp16 bit patterns, `as_float64`): a row of
     `a` is read across, and stays in L1 for the next taps. The row-tiled kernels then run
     their inner loops over the tile's rows - unit-stride, independent, vectorised."""
     for j in range(a.shape[1]):
         for i in range(rows):
-            at[j, i] = a[m0 + i, j]
+            at[j, i] = as_float64(a[m0 + i, j])
 
 
 @njit(cache=True, inline="always")

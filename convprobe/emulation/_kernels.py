@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from convprobe.emulation import _native_fp16, _native_fp32
+from convprobe.emulation._native_fp16 import convert as _convert
 from convprobe.emulation._kernel_arithmetic import *  # noqa: F403 - the table layout and codes, re-exported
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PAIRWISE, PRODUCT, SEQUENTIAL, TOTAL,
                                                     CHUNKED, IC_CHUNK, TOWARD_ZERO)
@@ -98,10 +99,13 @@ def _direct_chunked_ok(fp, ic) -> bool:
 
 def fp16_carriers(fp, ic, inputs_fp16) -> bool:
     """Whether `gemm` takes float16 arrays (a, w and out) for this model and these inputs:
-    where the CPU's own fp16 arithmetic computes it (`native_fp16`), and where
-    `reduce_gemm_fp16_direct` does and the CPU converts fp16 in hardware (F16C)."""
+    where the CPU's own fp16 arithmetic computes it (`native_fp16`), and where the CPU
+    converts fp16 in hardware (F16C) and `reduce_gemm_fp16_direct` or `reduce_gemm_fast`
+    computes it with an fp16 output (their float64 arithmetic on fp16 bit patterns)."""
     return native_fp16(fp, ic, inputs_fp16) or (
-        inputs_fp16 and _native_fp16.available(fma=False) and (_fp16_direct_ok(fp, ic) or _direct_chunked_ok(fp, ic)))
+        inputs_fp16 and _native_fp16.available(fma=False)
+        and (_fp16_direct_ok(fp, ic) or _direct_chunked_ok(fp, ic)
+             or (fast_ok(fp, ic) and _same_format(fp[OUTPUT], FP16))))
 
 
 def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
@@ -125,9 +129,12 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
         if native_fp16(fp, ic, True):
             _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0, add32=add32, flush=flush,
                                          toward_zero=ic[IC_MODE] == TOWARD_ZERO, chunk=chunk)
-        else:  # fp16 storage, float64 arithmetic (w, read once per row of a, widened once here)
-            reduce_gemm_fp16_direct(a.view(np.uint16), np.ascontiguousarray(w, np.float64), not flush, add32,
-                                    out.view(np.uint16), col0, chunk)
+        elif _fp16_direct_ok(fp, ic) or _direct_chunked_ok(fp, ic):  # fp16 storage, float64 arithmetic
+            reduce_gemm_fp16_direct(a.view(np.uint16), _convert(w, np.float64), not flush, add32, out.view(np.uint16),
+                                    col0, chunk)
+        else:
+            reduce_gemm_fast(a.view(np.uint16), _convert(w, np.float64), fp, ic, np.uint64(seed), out.view(np.uint16),
+                             col0)
     elif fast and inputs_fp16 and _fp16_direct_ok(fp, ic):
         reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, F_KEEP_SUB] != 0.0,
                                 fp[ADDITION, F_PRECISION] != 0.0, out, col0, 0)

@@ -22,10 +22,9 @@ from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNK
                                                     F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_CHUNK,
                                                     IC_KIND, IC_MODE, IC_RBITS, IC_SAT, NEAREST_EVEN, OUTPUT,
                                                     PRODUCT, SEQUENTIAL, STOCHASTIC, TILE, TOTAL, TOWARD_ZERO, _MASK52,
-                                                    _SIGN, add_odd, bitlen, f2i, i2f, load_tile, random_bits,
-                                                    round_parts, round_slot, special_sum, stream_bits,
-                                                    stream_key)
-from convprobe.emulation._native_fp16 import as_float64, store_float64
+                                                    _SIGN, add_odd, as_float64, bitlen, f2i, i2f, load_tile, random_bits,
+                                                    round_parts, round_slot, special_sum, store_float64,
+                                                    stream_bits, stream_key)
 from convprobe.formats import FP16
 
 
@@ -226,7 +225,7 @@ def _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_r
             for i in range(rows):
                 r = stream_bits(keys[i], ev, rbits) if mode == STOCHASTIC else 0
                 value = total[i] if chunked else s[i]
-                out[m0 + i, col0 + n] = round_slot(value, fp, OUTPUT, mode, sat, r, rbits)
+                out[m0 + i, col0 + n] = store_float64(out, round_slot(value, fp, OUTPUT, mode, sat, r, rbits))
 
 
 # One compiled kernel per rounding mode and accumulator (`acc_fp16`), both constants there.

@@ -42,12 +42,12 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange
 from numba.core import cgutils, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
-from convprobe.emulation._kernel_arithmetic import add_odd
+from convprobe.emulation._kernel_arithmetic import add_odd, narrow, widen
 from convprobe.emulation._native_fp32 import fma_fp32
 
-__all__ = ["as_float64", "available", "convert", "sequential_gemm", "store_float64"]
+__all__ = ["available", "convert", "sequential_gemm"]
 
 _ROWS = 4  # rows per task: independent accumulation chains
 _MXCSR_TOWARD_ZERO = 0x6000  # MXCSR rounding control bits 13-14: 11 is toward zero
@@ -161,54 +161,6 @@ def _step(av, wv, sv, add32, flush, rz):
         t = fma_fp32(widen(av), widen(wv), widen(sv))
         r = ((r & 0x8000) | 0x7C00) if abs(t) >= _FP16_OVERFLOW else r
     return _flushed(r) if flush else r
-
-
-@intrinsic
-def widen(typingctx, x):
-    """The float32 value of an fp16 bit pattern (exact)."""
-    sig = types.float32(types.uint16)
-
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def narrow(typingctx, x):
-    """A float32 rounded to fp16 (nearest even, overflow to inf), as its bit pattern."""
-    sig = types.uint16(types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-
-    return sig, codegen
-
-
-def as_float64(x):
-    """A carrier's element as float64: itself, or the value of an fp16 bit pattern (uint16,
-    the float16 carrier's view) widened by the hardware (exact). For njit code."""
-    return np.float64(x)
-
-
-@overload(as_float64, inline="always")
-def _as_float64(x):
-    if x == types.uint16:
-        return lambda x: np.float64(widen(x))
-    return lambda x: np.float64(x)
-
-
-def store_float64(out, v):
-    """v (a float64) as an element of `out`: itself, or for a uint16 (fp16 bit pattern)
-    array, v rounded to fp16 (exact where v is an fp16 value already). For njit code."""
-    return v
-
-
-@overload(store_float64, inline="always")
-def _store_float64(out, v):
-    if out.dtype == types.uint16:
-        return lambda out, v: narrow(np.float32(v))
-    return lambda out, v: v
 
 
 @njit(cache=True, inline="always")

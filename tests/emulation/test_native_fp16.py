@@ -22,17 +22,12 @@ needs_f16c = pytest.mark.skipif(not _native_fp16.available(fma=False),
                                 reason="no F16C conversions (CPU lacks them or CONVPROBE_NATIVE_FP16=0)")
 
 
-def _on_its_hardware(model):
-    """The model as a parameter that skips where its float16-carrier kernel cannot run:
-    toward zero needs the fp16 FMA, the others the conversions only (the fp16 FMA where
-    the CPU has it, else the direct kernel on fp16 bit patterns)."""
-    return pytest.param(model, id=model.to_spec(),
-                        marks=needs_fp16_fma if model.rounding == "toward_zero" else needs_f16c)
-
-
 MODELS = [em.Sequential(FP16), em.Sequential(FP16, addition=FP32),
           em.parse_model("chunked:fp16:n=16"), em.parse_model("chunked:fp16:n=5:addition=fp32"),
-          em.Sequential(FP16, rounding="toward_zero"), em.Sequential(FP16, rounding="toward_zero", subnormals="flush")]
+          em.Sequential(FP16, rounding="toward_zero"), em.Sequential(FP16, rounding="toward_zero", subnormals="flush"),
+          # the float64 kernels on fp16 bit patterns, whatever the CPU's fp16 FMA
+          em.Sequential(FP16, rounding="stochastic", seed=3), em.Sequential(FP16, product=FP16, subnormals="flush"),
+          em.parse_model("chunked:fp16:n=3:total=fp16:rounding=toward_zero")]
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -65,7 +60,8 @@ def _random_fp16(rng, shape, lo=0x0001, hi=0x7C00):
     return bits.view(np.float16)
 
 
-@pytest.mark.parametrize("model", [_on_its_hardware(m) for m in MODELS])
+@needs_f16c
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.to_spec())
 def test_float16_carrier_kernels_equal_float64_kernels(model, monkeypatch):
     """Every finite magnitude, both signs, overflow, subnormal results: 1.2M terms on
     shapes that exercise the four-row blocks and the leftover rows; chunked models with
