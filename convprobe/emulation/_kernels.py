@@ -108,6 +108,18 @@ def fp16_carriers(fp, ic, inputs_fp16) -> bool:
              or (fast_ok(fp, ic) and _same_format(fp[OUTPUT], FP16))))
 
 
+def _fits_float32(row) -> bool:
+    """Whether every value of the format in this table row is a float32 number."""
+    return 0 < row[F_PRECISION] <= FP32.precision and row[F_EMIN] >= FP32.emin and row[F_MAX] <= FP32.max
+
+
+def fp32_carriers(fp, ic, inputs_fp16) -> bool:
+    """Whether `gemm` takes float32 arrays (a, w and out): the CPU's float32 FMA
+    (`native_fp32`), and the exact model on fp16 inputs with an output that float32 holds
+    (`reduce_gemm_exact_fp16`: its products are float32 numbers, exact)."""
+    return native_fp32(fp, ic, inputs_fp16) or (exact_fp16_ok(fp, ic, inputs_fp16) and _fits_float32(fp[OUTPUT]))
+
+
 def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     """out[:, col0:col0 + N] = modelled reductions of a (M, K) against w (K, N).
 
@@ -118,9 +130,12 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
     `native_fp32` says so) to the float32 FMA kernel. `fast=False` takes the general kernel whatever
     the model (what the specialised kernels are tested against)."""
     if a.dtype == np.float32:
-        if not native_fp32(fp, ic, True):
-            raise ValueError("float32 arrays are the carrier of the sequential fp32 model only (native_fp32)")
-        _native_fp32.sequential_gemm(a, np.ascontiguousarray(w), out, col0)
+        if not fp32_carriers(fp, ic, True):
+            raise ValueError("float32 arrays are the carrier of the models fp32_carriers names only")
+        if native_fp32(fp, ic, True):
+            _native_fp32.sequential_gemm(a, np.ascontiguousarray(w), out, col0)
+        else:
+            reduce_gemm_exact_fp16(a, np.ascontiguousarray(w), fp, ic, np.uint64(seed), out, col0)
     elif a.dtype == np.float16:
         if not fp16_carriers(fp, ic, True):
             raise ValueError("float16 arrays are the carrier of the models fp16_carriers names only")

@@ -228,12 +228,12 @@ class AccumulationModel:
     def carrier(self, inputs_fp16: bool) -> type:
         """The dtype `gemm_into` takes for a, w and out: float16 where the kernel reads and
         writes fp16 (the CPU's fp16 arithmetic, or the direct kernel through F16C:
-        `_kernels.fp16_carriers`), float32 where the CPU's own float32 FMA computes this
-        model on fp16 inputs (`native_fp32`), else float64."""
+        `_kernels.fp16_carriers`), float32 where the CPU's own float32 FMA or the exact
+        kernel computes this model on fp16 inputs (`fp32_carriers`), else float64."""
         fp, ic, _ = kernel_config(self)
         if K.fp16_carriers(fp, ic, inputs_fp16):
             return np.float16
-        return np.float32 if K.native_fp32(fp, ic, inputs_fp16) else np.float64
+        return np.float32 if K.fp32_carriers(fp, ic, inputs_fp16) else np.float64
 
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         """out[r] = the modelled sum of terms[0, r], terms[1, r], ... (float64 (P, R)), as

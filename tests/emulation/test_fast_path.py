@@ -172,3 +172,30 @@ def test_direct_kernel_on_fp16_bit_patterns_equals_it_on_float64(keep_sub, add32
         wide = wide.astype(np.float16)  # (fp16 values and infinities: exact)
     assert_same_bits(half[:, 2:8], wide[:, 2:8])
     assert np.isinf(half[:, 2:8]).any() and (np.abs(half[:9, 2:8]) < 2.0**-14).all()
+
+
+@pytest.mark.parametrize("spec", ["exact:fp32", "exact:fp16:rounding=toward_zero", "exact:bf16:rounding=stochastic:seed=3",
+                                  "exact:fp16:subnormals=flush:overflow=saturate"])
+def test_exact_kernel_on_float32_carriers_equals_it_on_float64(spec):
+    """fp16 inputs' products are float32 numbers, so the exact kernel on float32 arrays
+    (`fp32_carriers`) changes no bit: every finite fp16 magnitude, overflow, an inf and
+    a NaN among the inputs."""
+    model = em.parse_model(spec)
+    fp, ic, seed = kernel_config(model)
+    assert K.fp32_carriers(fp, ic, True) and not K.fp32_carriers(fp, ic, False)
+    rng = np.random.default_rng(5)
+    bits = rng.integers(1, 0x7C00, size=(70, 19), dtype=np.uint16) | (rng.integers(0, 2, (70, 19), np.uint16) << 15)
+    a = bits.view(np.float16).astype(np.float64)
+    a[3, 4], a[5, 6] = np.inf, np.nan
+    w = rng.integers(0x0001, 0x4800, size=(19, 4), dtype=np.uint16).view(np.float16).astype(np.float64)
+    narrow, wide = np.empty((70, 4), np.float32), np.empty((70, 4))
+    with np.errstate(all="ignore"):
+        K.gemm(a.astype(np.float32), w.astype(np.float32), fp, ic, seed, narrow, 0, inputs_fp16=True)
+        K.gemm(a, w, fp, ic, seed, wide, 0, inputs_fp16=True)
+    assert_same_bits(narrow, wide.astype(np.float32))
+    assert np.isnan(narrow).any() and (np.isinf(narrow).any() or model.overflow == "saturate")
+
+
+def test_exact_outputs_float32_cannot_hold_keep_float64_carriers():
+    fp, ic, _ = kernel_config(em.parse_model("exact:fp64"))
+    assert not K.fp32_carriers(fp, ic, True)
