@@ -279,7 +279,7 @@ def _add_c(s, c_in, acc, sat, normal):
 @njit(cache=True, parallel=True)
 def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, fused_blocks,
           out, skipped):
-    """out (M, N) = the block-FMA sums, from +0, of a (M, K) (float64 or float32) against w (N, K + 8)
+    """out (M, N) = the block-FMA sums, from +0, of a (M, K) float32 against w (N, K + 8)
     float32 (zeros past K, each column of the GEMM's w a row here), ew its exponents;
     `fused_blocks`: `fused`'s answer; `block`, `acc`: `round_limits` of the block format
     and the accumulator; `separate`: c
@@ -353,7 +353,8 @@ def gemm(a: np.ndarray, w: np.ndarray, model, normal: bool, block: tuple, acc_li
     w32[:, :w.shape[0]] = w.T
     out = np.empty((a.shape[0], w.shape[1]))
     skipped = np.zeros((a.shape[0] + TILE - 1) // TILE, dtype=np.bool_)
-    _gemm(np.ascontiguousarray(a), w32, _exponents(w32, model.input.emin), model.b, model.step,
+    # (float32 always: exact for these inputs, and one compiled signature - each costs ~90 s of LLVM)
+    _gemm(np.ascontiguousarray(a, np.float32), w32, _exponents(w32, model.input.emin), model.b, model.step,
           model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits, model.input.emin,
           acc.emin if acc.subnormals else -1022, block, acc_limits, mode, model.overflow == "saturate", normal,
           fused(model, normal), out, skipped)
