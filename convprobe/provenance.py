@@ -32,7 +32,7 @@ PRECISION_ENV_PREFIXES = ("TF_", "XLA_", "ONEDNN_", "DNNL_", "OMP_", "CUDA_", "N
 #: CPU features that decide which fp16/bf16 kernels a runtime can pick.
 _INTERESTING_CPU_FLAGS = (
     "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-    "avx512_bf16", "avx512_fp16", "avx_ne_convert", "amx_bf16", "amx_fp16", "amx_tile", "asimdhp", "fphp",
+    "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile", "asimdhp", "fphp",
 )
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.options import Device
-from convprobe.provenance import cpu_flags
 
 __all__ = [
     "ACCUMULATE_CHOICES",
@@ -345,14 +344,20 @@ def matrix_configs(device: str = "cpu", names: list[str] | str | None = None) ->
     return configs
 
 
-#: The CPU flags (/proc/cpuinfo names) with which TensorFlow 2.21 hands fp16 ops to oneDNN:
-#: AVX512BW with AVX512-FP16 or AMX-FP16, or AVX-NE-CONVERT alone (`IsDataTypeSupportedByOneDNNOnThisCPU`
-#: for DT_HALF, tensorflow/core/util/util.cc). Elsewhere the Eigen kernels run, oneDNN on or off.
-_ONEDNN_FP16_FLAGS = (("avx512bw", "avx512_fp16"), ("avx512bw", "amx_fp16"), ("avx_ne_convert",))
+#: The CPU features (LLVM's names, read from CPUID) with which TensorFlow 2.21 hands fp16 ops
+#: to oneDNN: AVX512BW with AVX512-FP16 or AMX-FP16, or AVX-NE-CONVERT alone
+#: (`IsDataTypeSupportedByOneDNNOnThisCPU` for DT_HALF, tensorflow/core/util/util.cc). Elsewhere
+#: the Eigen kernels run, oneDNN on or off. (Linux's /proc/cpuinfo does not list AVX-NE-CONVERT.)
+_ONEDNN_FP16_FEATURES = (("avx512bw", "avx512fp16"), ("avx512bw", "amx-fp16"), ("avxneconvert",))
 
 
-def onednn_runs_fp16(flags: list[str] | None = None) -> bool:
-    """Whether TensorFlow's oneDNN kernels take fp16 ops on a CPU with these flags (default:
-    this machine's), which decides what the `default` configuration computes."""
-    present = set(cpu_flags() if flags is None else flags)
-    return any(present.issuperset(group) for group in _ONEDNN_FP16_FLAGS)
+def onednn_runs_fp16(features: list[str] | None = None) -> bool:
+    """Whether TensorFlow's oneDNN kernels take fp16 ops on a CPU with these features
+    (default: this machine's, from CPUID through llvmlite), which decides what the
+    `default` configuration computes."""
+    if features is None:
+        import llvmlite.binding as llvm  # noqa: PLC0415 - only when asked
+
+        features = [name for name, present in llvm.get_host_cpu_features().items() if present]
+    present = set(features)
+    return any(present.issuperset(group) for group in _ONEDNN_FP16_FEATURES)

@@ -233,7 +233,7 @@ def fp16_or_narrower(*arrays) -> bool:
 
 def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
     """(x, w) validated and in the carrier dtype the kernels take (`model.carrier`:
-    float16 or float32 where the CPU's own FMA does the arithmetic, float64 otherwise),
+    float16 or float32 where a kernel reads fp16 inputs in that form, float64 otherwise),
     and whether both hold only fp16-representable values."""
     kernel_config(model)  # (refuses what is not a model)
     narrow = fp16_or_narrower(x, w)
@@ -241,6 +241,8 @@ def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
         x16, w16 = np.ascontiguousarray(x, np.float16), np.ascontiguousarray(w, np.float16)
         _check4(x16, x_name, x_layout)
         _check4(w16, w_name, w_layout)
+        check_exact_products(x16, True, model, x_name)  # (exact products; infinities the formats lack)
+        check_exact_products(w16, True, model, w_name)
         return x16, w16, narrow
     x64, x_narrow = as_float64(x, x_name)
     w64, w_narrow = as_float64(w, w_name)

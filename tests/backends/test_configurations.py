@@ -103,13 +103,14 @@ def test_inherited_switches_are_named():
     assert inherited_switches(env) == {"TF_FP16_CONV_USE_FP32_COMPUTE": "0", "XLA_FLAGS": "--x"}
 
 
-@pytest.mark.parametrize("flags,runs", [
-    (["avx512f", "avx512bw", "avx512_bf16"], False),  # AVX-512 without fp16 (AMD Zen 4): Eigen
-    (["avx512bw", "avx512_fp16"], True),
-    (["avx512_fp16"], False),  # AVX512-FP16 needs AVX512BW beside it
-    (["avx512bw", "amx_fp16"], True),
-    (["avx_ne_convert"], True),
+@pytest.mark.parametrize("features,runs", [
+    (["avx512f", "avx512bw", "avx512bf16", "f16c"], False),  # AVX-512 without fp16 (AMD Zen 4): Eigen
+    (["avx512bw", "avx512fp16"], True),
+    (["avx512fp16"], False),  # AVX512-FP16 needs AVX512BW beside it
+    (["avx512bw", "amx-fp16"], True),
+    (["avxneconvert"], True),
     ([], False),
 ])
-def test_onednn_runs_fp16_on_the_cpus_tensorflow_names(flags, runs):
-    assert onednn_runs_fp16(flags) is runs
+def test_onednn_runs_fp16_on_the_cpus_tensorflow_names(features, runs):
+    assert onednn_runs_fp16(features) is runs
+

@@ -148,3 +148,17 @@ def test_flushing_models_rounded_to_nearest_keep_off_the_hardware(model):
     x = np.array([2047 / 1024], dtype=np.float16).reshape(1, 1, 1, 1)
     w = np.array([2.0**-15], dtype=np.float16).reshape(1, 1, 1, 1)
     assert em.conv2d(x, w, model).item() == 0.0 == em.oracle.conv2d(x, w, model).item()
+
+
+@pytest.mark.parametrize("spec", ["sequential:fp8_e4m3:output=fp16", "chunked:fp8_e4m3:n=3:output=fp16"])
+def test_float16_carriers_keep_the_input_checks(spec):
+    """An accumulator without infinities refuses inf inputs on every carrier (found in review:
+    the float16 path once skipped the check and returned NaN)."""
+    from convprobe.errors import InvalidArgument
+
+    model = em.parse_model(spec)
+    assert K.fp16_carriers(*kernel_config(model)[:2], True) == _native_fp16.available(fma=False)
+    x = np.array([1.0, np.inf, 1.0], dtype=np.float16).reshape(1, 1, 3, 1)
+    w = np.ones((1, 2, 1, 1), np.float16)
+    with pytest.raises(InvalidArgument, match="x contains inf, which the accumulator format fp8_e4m3"):
+        em.conv2d(x, w, model)
