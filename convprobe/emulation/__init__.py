@@ -8,7 +8,8 @@ are tested against. Modules: `rounding` (one rounding definition), `models`
 model), `gpus` (tensor-core presets), `reduction` (`dot`), `conv` (im2col
 convolutions and gradients), the compiled kernels by role (`_kernel_arithmetic`:
 the shared rounding routine; `_kernels_reference`: general kernels; `_kernels_fast`:
-specialised ones; `_native_fp16`: the CPU's fp16 FMA; `_kernels`: which one runs),
+specialised ones; `_native_fp16`: the CPU's fp16 FMA and F16C conversions; `_kernels`:
+which one runs),
 `_block_fma` (the block-FMA adder, vectorised) with its compiled twin
 `_block_fma_compiled`, and `oracle`.
 """

@@ -19,8 +19,9 @@ The rounding works on float64 carriers (the 32-bit bitcasts and `bitlen32` serve
 through it, so the oracle (`convprobe.emulation.oracle`) checks one definition. The
 kernels that use it live by role: `_kernels_reference` (the general kernels, any
 model), `_kernels_fast` (specialised sequential kernels, tested against them),
-`_native_fp16` and `_native_fp32` (the CPU's own fp16 and float32 FMA), and `_kernels`
-(which one runs); the block-FMA kernels are `_block_fma*`.
+`_native_fp16` and `_native_fp32` (the CPU's own fp16 and float32 arithmetic), and
+`_kernels` (which one runs); the block-FMA kernels are `_block_fma*`. Kernels may read fp16
+bit patterns (float16 carriers) through `load_f64` and write them through `store_f64`.
 
 Model configuration travels as two small arrays built by `models.kernel_config`:
 ``fp[slot, F_*]`` (columns F_PRECISION, F_EMIN, F_MAX, F_HAS_INF, F_KEEP_SUB) for the
@@ -140,31 +141,45 @@ def narrow(typingctx, x):
     return sig, codegen
 
 
-def as_float64(x):
+def load_f64(x):
     """A carrier's element as float64: itself, or the value of an fp16 bit pattern (uint16,
     the float16 carrier's view) widened by the hardware (exact; F16C, which the callers
     check: `_native_fp16.available(fma=False)`). For njit code."""
     return np.float64(x)
 
 
-@overload(as_float64, inline="always")
-def _as_float64(x):
+@overload(load_f64, inline="always")
+def _load_f64(x):
     if x == types.uint16:
         return lambda x: np.float64(widen(x))
     return lambda x: np.float64(x)
 
 
-def store_float64(out, v):
+def store_f64(out, v):
     """v (a float64) as an element of `out`: itself, or for a uint16 (fp16 bit pattern)
     array, v rounded to fp16 (exact where v is an fp16 value already). For njit code."""
     return v
 
 
-@overload(store_float64, inline="always")
-def _store_float64(out, v):
+@overload(store_f64, inline="always")
+def _store_f64(out, v):
     if out.dtype == types.uint16:
         return lambda out, v: narrow(np.float32(v))
     return lambda out, v: v
+
+
+def same_format(row, fmt) -> bool:
+    """Whether a format-table row is `fmt` (its subnormal handling aside)."""
+    return ((row[F_PRECISION], row[F_EMIN], row[F_MAX], row[F_HAS_INF] != 0.0)
+            == (fmt.precision, fmt.emin, fmt.max, fmt.has_inf))
+
+
+@njit(cache=True, inline="always")
+def add_fp32(total, v):
+    """total (a float32) + v (a float64 holding at most 53 bits) rounded once to float32,
+    nearest even: the exact sum rounded to odd in float64, then to float32 (Boldo &
+    Melquiond; 53 >= 24 + 2). How chunked models fold an fp16 chunk sum into an fp32 total."""
+    return np.float32(add_odd(np.float64(total), v))
 
 
 @njit(cache=True, inline="always")
@@ -464,12 +479,12 @@ TILE = 64  # rows of `a` per task in the row-tiled kernels: a (K, 64) float64 ti
 @njit(cache=True, inline="always")
 def load_tile(a, m0, rows, at):
     """at[j, i] = a[m0 + i, j] for the tile's rows (the rest of `at` untouched; a may hold
-    fp16 bit patterns, `as_float64`): a row of
+    fp16 bit patterns, `load_f64`): a row of
     `a` is read across, and stays in L1 for the next taps. The row-tiled kernels then run
     their inner loops over the tile's rows - unit-stride, independent, vectorised."""
     for j in range(a.shape[1]):
         for i in range(rows):
-            at[j, i] = as_float64(a[m0 + i, j])
+            at[j, i] = load_f64(a[m0 + i, j])
 
 
 @njit(cache=True, inline="always")

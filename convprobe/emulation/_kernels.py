@@ -2,9 +2,11 @@
 
 The kernels live by role: `_kernel_arithmetic` (the one rounding routine and what every
 kernel shares, with the format-table layout), `_kernels_reference` (general kernels,
-any scalar model), `_kernels_fast` (specialised sequential kernels) and `_native_fp16`
-(the CPU's own fp16 FMA). `gemm` picks the fastest one that computes the same bits;
-`fast=False` forces the general kernel. The names callers use (table layout, codes,
+any scalar model), `_kernels_fast` (specialised sequential kernels), `_native_fp16` (the
+CPU's own fp16 FMA and F16C conversions) and `_native_fp32`. Models name the dtype their
+kernel reads (`fp16_carriers`, `fp32_carriers`; float64 otherwise). `gemm` picks the
+fastest kernel that computes the same bits; `fast=False` forces the general kernel on
+float64 arrays. The names callers use (table layout, codes,
 `reduce_pairs`, `round_array`) are re-exported here.
 """
 
@@ -16,7 +18,7 @@ from convprobe.emulation import _native_fp16, _native_fp32
 from convprobe.emulation._native_fp16 import convert as _convert
 from convprobe.emulation._kernel_arithmetic import *  # noqa: F403 - the table layout and codes, re-exported
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PAIRWISE, PRODUCT, SEQUENTIAL, TOTAL,
-                                                    CHUNKED, IC_CHUNK, TOWARD_ZERO)
+                                                    CHUNKED, IC_CHUNK, TOWARD_ZERO, same_format)
 from convprobe.emulation._kernels_fast import (exact_fp16_ok, fast_ok, reduce_gemm_exact_fp16,
                                                reduce_gemm_fast, reduce_gemm_fp16_direct, reduce_gemm_seq_nearest,
                                                reduce_terms_pairwise_nearest)
@@ -38,24 +40,18 @@ def _as_sequential(ic):
     return seq
 
 
-def _same_format(row, fmt) -> bool:
-    """Whether a format-table row is `fmt` (its subnormal handling aside)."""
-    return ((row[F_PRECISION], row[F_EMIN], row[F_MAX], row[F_HAS_INF] != 0.0)
-            == (fmt.precision, fmt.emin, fmt.max, fmt.has_inf))
-
-
 def _fp16_direct_ok(fp, ic) -> bool:
     acc = fp[ACCUMULATOR]
-    add_ok = fp[ADDITION, F_PRECISION] == 0.0 or _same_format(fp[ADDITION], FP32)
+    add_ok = fp[ADDITION, F_PRECISION] == 0.0 or same_format(fp[ADDITION], FP32)
     return (ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, F_PRECISION] == 0.0 and add_ok
             and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
-            and _same_format(acc, FP16) and (acc == fp[OUTPUT]).all())
+            and same_format(acc, FP16) and (acc == fp[OUTPUT]).all())
 
 
 def _native_chunked_ok(fp, ic) -> bool:
     """The chunked model `_native_fp16` computes: fp16 chunks as the sequential fp16 model,
     an fp32 total, nearest even, fp16 output with the accumulator's subnormal handling."""
-    return ic[IC_KIND] == CHUNKED and _fp16_direct_ok(fp, _as_sequential(ic)) and _same_format(fp[TOTAL], FP32)
+    return ic[IC_KIND] == CHUNKED and _fp16_direct_ok(fp, _as_sequential(ic)) and same_format(fp[TOTAL], FP32)
 
 
 def _native_toward_zero_ok(fp, ic) -> bool:
@@ -67,19 +63,19 @@ def _native_toward_zero_ok(fp, ic) -> bool:
 
 
 def native_fp32(fp, ic, inputs_fp16) -> bool:
-    """Whether `gemm` takes float32 arrays for this model and these inputs: the sequential
+    """Whether the CPU's float32 FMA computes this model on these inputs: the sequential
     fp32 model (exact products and additions, nearest even, subnormals kept, overflow to
-    inf) of fp16 products is the CPU's float32 FMA (see `_native_fp32`)."""
+    inf) of fp16 products (see `_native_fp32`)."""
     acc = fp[ACCUMULATOR]
     return (inputs_fp16 and ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, F_PRECISION] == 0.0
             and fp[ADDITION, F_PRECISION] == 0.0 and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
-            and _same_format(acc, FP32) and acc[F_KEEP_SUB] != 0.0 and (acc == fp[OUTPUT]).all())
+            and same_format(acc, FP32) and acc[F_KEEP_SUB] != 0.0 and (acc == fp[OUTPUT]).all())
 
 
 def native_fp16(fp, ic, inputs_fp16) -> bool:
-    """Whether `gemm` takes float16 arrays for this model and these inputs: the CPU's own
-    fp16 FMA does the arithmetic, or for addition=fp32 its float32 arithmetic and fp16
-    conversions (see `convprobe.emulation._native_fp16`). Flushing
+    """Whether the CPU's own fp16 arithmetic computes this model on these inputs: its fp16
+    FMA, or for addition=fp32 its float32 arithmetic and fp16 conversions (see
+    `convprobe.emulation._native_fp16`). Flushing
     models only toward zero: rounded to nearest on the subnormal grid, a sum just below
     2**-14 can become 2**-14, where the model rounds with an unbounded exponent first
     and flushes it."""
@@ -105,7 +101,7 @@ def fp16_carriers(fp, ic, inputs_fp16) -> bool:
     return native_fp16(fp, ic, inputs_fp16) or (
         inputs_fp16 and _native_fp16.available(fma=False)
         and (_fp16_direct_ok(fp, ic) or _direct_chunked_ok(fp, ic)
-             or (fast_ok(fp, ic) and _same_format(fp[OUTPUT], FP16))))
+             or (fast_ok(fp, ic) and same_format(fp[OUTPUT], FP16))))
 
 
 def _fits_float32(row) -> bool:
@@ -125,10 +121,11 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
 
     `inputs_fp16`: every value of a and w is an fp16 (or fp8) value, which enables
     `reduce_gemm_fp16_direct` and `reduce_gemm_exact_fp16`. float16 arrays (a, w and out,
-    where `fp16_carriers` says so) go to the hardware fp16 kernel or the direct kernel on
-    fp16 bit patterns, float32 ones (where
-    `native_fp32` says so) to the float32 FMA kernel. `fast=False` takes the general kernel whatever
-    the model (what the specialised kernels are tested against)."""
+    where `fp16_carriers` says so) go to the hardware fp16 kernel or to the direct or
+    row-tiled kernel on fp16 bit patterns; float32 ones (where `fp32_carriers` says so) to
+    the float32 FMA kernel or the exact kernel. `fast=False` takes the general kernel,
+    whatever the model, on float64 arrays (what the specialised kernels are tested
+    against); narrower carriers exist only for specialised kernels."""
     if a.dtype == np.float32:
         if not fp32_carriers(fp, ic, True):
             raise ValueError("float32 arrays are the carrier of the models fp32_carriers names only")

@@ -3,9 +3,12 @@
 * `fast_round` (branch-free, any value away from float64's underflow) and `round_normal`
   (results the formats prove normal): twins of `round_f64`, tested against it on every
   fp16 code point (tests/emulation/test_fast_rounding.py).
-* `reduce_gemm_fast`: sequential and chunked models, row-tiled; two specialisations
-  (nearest-even sequential; fp16 accumulation of fp16 products with one float64 add per
-  term); `reduce_gemm_exact_fp16`: the exact model on fp16 inputs in two int64 words.
+* `reduce_gemm_fast`: sequential and chunked models, row-tiled (one compiled kernel per
+  rounding mode, and per mode one with a plain fp16 accumulator's limits as constants);
+  two specialisations (nearest-even sequential; fp16 accumulation of fp16 products with
+  one float64 add per term, chunked too); `reduce_gemm_exact_fp16`: the exact model on
+  fp16 inputs in two int64 words. The row-tiled and fp16 kernels also read and write
+  fp16 bit patterns (float16 carriers, `_kernels.fp16_carriers`).
 
 Each kernel is tested bit for bit against the general kernel (`_kernels_reference`) in
 tests/emulation/test_fast_path.py; `_kernels.gemm` picks them.
@@ -22,8 +25,9 @@ from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNK
                                                     F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_CHUNK,
                                                     IC_KIND, IC_MODE, IC_RBITS, IC_SAT, NEAREST_EVEN, OUTPUT,
                                                     PRODUCT, SEQUENTIAL, STOCHASTIC, TILE, TOTAL, TOWARD_ZERO, _MASK52,
-                                                    _SIGN, add_odd, as_float64, bitlen, f2i, i2f, load_tile, random_bits,
-                                                    round_parts, round_slot, special_sum, store_float64,
+                                                    _SIGN, add_fp32, add_odd, bitlen, f2i, i2f, load_f64, load_tile,
+                                                    random_bits,
+                                                    round_parts, round_slot, same_format, special_sum, store_f64,
                                                     stream_bits, stream_key)
 from convprobe.formats import FP16
 
@@ -111,6 +115,10 @@ def round_limits(p, emin, maxv, has_inf, keep_sub):
     return p, elow, maxv, math.ldexp(1.0, emin), has_inf, keep_sub
 
 
+#: `round_limits` of fp16 with subnormals kept and overflow to inf (`accumulates_fp16`), as constants.
+_FP16_ROUND = round_limits.py_func(FP16.precision, FP16.emin, float(FP16.max), True, True)
+
+
 @njit(cache=True, inline="always")
 def _slot_params(fp, slot):
     return round_limits(int(fp[slot, F_PRECISION]), int(fp[slot, F_EMIN]), fp[slot, F_MAX],
@@ -123,8 +131,9 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
 
     Row-tiled: rows of `a` go in tiles of `TILE`, transposed (`load_tile`), and each inner
     loop runs across the tile's rows - independent running sums, unit stride. The
-    rounding mode is a constant of each of three compiled kernels (the other switches are
-    the same for every element, and rarely set)."""
+    rounding mode is a constant of each compiled kernel, and so are a plain fp16
+    accumulator's limits and switches in the `_BY_MODE_FP16` ones (about half the CPU time
+    of the general ones; elsewhere the switches are the same for every element)."""
     pp, ap, cp = (int(fp[slot, F_PRECISION]) for slot in (PRODUCT, ADDITION, ACCUMULATOR))
     add_kind = 0 if ap == 0 else (2 if ap == 53 else 1)
     chunk = int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0
@@ -134,17 +143,13 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
            add_kind, bool(cp == 53), chunk > 0, int(fp[TOTAL, F_PRECISION]) == 53)
 
 
-#: `round_limits` of fp16 with subnormals kept and overflow to inf, as constants.
-_FP16_ROUND = (FP16.precision, FP16.emin + 1023, float(FP16.max), math.ldexp(1.0, FP16.emin), True, True)
 
 
 def accumulates_fp16(fp) -> bool:
     """Whether the accumulator is fp16 with subnormals kept and overflow to inf: the kernels
     of `_BY_MODE_FP16` then take its rounding limits as constants (`_FP16_ROUND`), which
     lets LLVM fold `fast_round`'s exponent arithmetic in the inner loop."""
-    acc = fp[ACCUMULATOR]
-    return ((acc[F_PRECISION], acc[F_EMIN], acc[F_MAX]) == (FP16.precision, FP16.emin, FP16.max)
-            and acc[F_HAS_INF] != 0.0 and acc[F_KEEP_SUB] != 0.0)
+    return same_format(fp[ACCUMULATOR], FP16) and fp[ACCUMULATOR, F_KEEP_SUB] != 0.0
 
 
 @njit(cache=True, inline="always")
@@ -225,7 +230,7 @@ def _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_r
             for i in range(rows):
                 r = stream_bits(keys[i], ev, rbits) if mode == STOCHASTIC else 0
                 value = total[i] if chunked else s[i]
-                out[m0 + i, col0 + n] = store_float64(out, round_slot(value, fp, OUTPUT, mode, sat, r, rbits))
+                out[m0 + i, col0 + n] = store_f64(out, round_slot(value, fp, OUTPUT, mode, sat, r, rbits))
 
 
 # One compiled kernel per rounding mode and accumulator (`acc_fp16`), both constants there.
@@ -354,7 +359,7 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0, chunk):
     rounding (Boldo & Melquiond), the total rounded to fp16 at the end.
 
     a, w and out are float64 arrays, or uint16 arrays holding fp16 bit patterns (the
-    float16 carriers, converted in registers by F16C: `as_float64`, `store_float64`),
+    float16 carriers, converted in registers by F16C: `load_f64`, `store_f64`),
     which spare im2col three quarters of its memory traffic.
 
     Why one float64 add suffices: s is fp16 and p = a*b has at most 22 significand
@@ -375,11 +380,11 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0, chunk):
     _, elow, _, tiny, _, _ = round_limits(p, emin, maxv, True, keep_sub)
     for m in prange(m_count):
         s = np.zeros(n_count)
-        total = np.zeros(n_count, np.float32)
+        total = np.zeros(n_count if chunk else 1, np.float32)
         for k in range(k_count):
-            av = as_float64(a[m, k])
+            av = load_f64(a[m, k])
             for n in range(n_count):
-                pv = av * as_float64(w[k, n])
+                pv = av * load_f64(w[k, n])
                 if add32:
                     t = np.float64(np.float32(s[n]) + np.float32(pv))
                 else:
@@ -388,12 +393,12 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0, chunk):
                 s[n] = y if ((f2i(t) >> 52) & 0x7FF) != 0x7FF else t
             if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                 for n in range(n_count):
-                    total[n] = np.float32(add_odd(np.float64(total[n]), s[n]))
+                    total[n] = add_fp32(total[n], s[n])
                     s[n] = 0.0
         for n in range(n_count):
             v = fast_round(np.float64(total[n]), p, elow, maxv, tiny, True, keep_sub, NEAREST_EVEN, False, 0,
                            1) if chunk else s[n]
-            out[m, col0 + n] = store_float64(out, v)
+            out[m, col0 + n] = store_f64(out, v)
 
 
 _LOW_BITS = 48  # fp16 (and fp8) products are multiples of 2**-48 (2**-24 squared)

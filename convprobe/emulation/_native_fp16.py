@@ -1,4 +1,5 @@
-"""Sequential fp16 accumulation on the CPU's own fp16 fused multiply-add, where it has one.
+"""Sequential fp16 accumulation on the CPU's own fp16 arithmetic: the fp16 fused multiply-add
+where it has one (AVX512-FP16), the float32 one with F16C's conversions for addition=fp32.
 
 Why this is exact: the default sequential fp16 model computes
 s_{k+1} = fp16(s_k + a_k * b_k) with the product exact and one rounding per step,
@@ -44,7 +45,7 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from convprobe.emulation._kernel_arithmetic import add_odd, narrow, widen
+from convprobe.emulation._kernel_arithmetic import add_fp32, load_f64, narrow, store_f64, widen
 from convprobe.emulation._native_fp32 import fma_fp32
 
 __all__ = ["available", "convert", "sequential_gemm"]
@@ -168,7 +169,7 @@ def _fold(total, s):
     """total (fp32) + the fp16 chunk sum s, rounded once to fp32, nearest even: the exact
     sum rounded to odd in float64 (`add_odd`), then to float32; s restarts from +0."""
     for n in range(total.shape[0]):
-        total[n] = np.float32(add_odd(float(total[n]), float(widen(s[n]))))
+        total[n] = add_fp32(total[n], float(widen(s[n])))
         s[n] = 0
 
 
@@ -273,15 +274,9 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
 
 
 @njit(cache=True, parallel=True)
-def _narrow_all(x, out):
+def _convert_all(x, out):
     for i in prange(x.shape[0]):
-        out[i] = narrow(np.float32(x[i]))
-
-
-@njit(cache=True, parallel=True)
-def _widen_all(bits, out):
-    for i in prange(bits.shape[0]):
-        out[i] = np.float64(widen(bits[i]))
+        out[i] = store_f64(out, load_f64(x[i]))
 
 
 def convert(x: np.ndarray, dtype) -> np.ndarray:
@@ -297,7 +292,7 @@ def convert(x: np.ndarray, dtype) -> np.ndarray:
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty(flat.shape, dtype)
     if dtype == np.float16:
-        _narrow_all(flat, out.view(np.uint16))
+        _convert_all(flat, out.view(np.uint16))
     else:
-        _widen_all(flat.view(np.uint16), out)
+        _convert_all(flat.view(np.uint16), out)
     return out.reshape(x.shape)

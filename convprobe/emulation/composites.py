@@ -47,7 +47,7 @@ def _reduced_by(model: AccumulationModel, values: list[np.ndarray]) -> np.ndarra
 
 def _inner_gemm(model: AccumulationModel, a: np.ndarray, w: np.ndarray, inputs_fp16: bool) -> np.ndarray:
     """`model`'s GEMM of a (M, K) against w (K, N) as float64, run in the dtype its kernel
-    takes (float16 for the CPU's own fp16 FMA: exact, the values are fp16 numbers)."""
+    takes (`model.carrier`; exact: the values are fp16 numbers where it is float16)."""
     dtype = model.carrier(inputs_fp16)
     out = np.empty((a.shape[0], w.shape[1]), dtype=dtype)
     model.gemm_into(convert(a, dtype), convert(w, dtype), out, 0, inputs_fp16)

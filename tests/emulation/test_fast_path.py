@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 
 from convprobe import emulation as em
 from convprobe.emulation import _kernels as K
+from convprobe.emulation import _native_fp16
 from convprobe.emulation.models import kernel_config
 from convprobe.formats import BF16, FP8_E5M2, FP16, FP32, custom_format
 
@@ -152,25 +153,30 @@ def test_sum_terms_equals_the_general_kernel_over_rows(spec):
         assert np.isinf(got[2]) and (p < 2 or np.isnan(got[3]))
 
 
-@pytest.mark.parametrize("keep_sub,add32,chunk", [(True, False, 0), (False, False, 0), (True, True, 0),
-                                                  (False, True, 0), (True, False, 5), (True, False, 1)])
-def test_direct_kernel_on_fp16_bit_patterns_equals_it_on_float64(keep_sub, add32, chunk):
-    """The float16 carriers (uint16 views, converted by F16C) change no bit of the direct
-    kernel, whatever the CPU's fp16 FMA: every finite fp16 magnitude of both signs, so
-    sums overflow and land among the subnormals, and chunks that do and do not divide K."""
+@pytest.mark.skipif(not _native_fp16.available(fma=False), reason="no F16C (or CONVPROBE_NATIVE_FP16=0)")
+@pytest.mark.parametrize("spec,chunk", [("sequential:fp16", 0), ("sequential:fp16:subnormals=flush", 0),
+                                        ("sequential:fp16:addition=fp32", 0),
+                                        ("sequential:fp16:addition=fp32:subnormals=flush", 0),
+                                        ("chunked:fp16:n=5", 5), ("chunked:fp16:n=1", 1)])
+def test_direct_kernel_on_fp16_bit_patterns_equals_the_general_kernel(spec, chunk):
+    """The direct kernel on float16 carriers (uint16 views, converted by F16C), its chunk
+    folding included, against the general kernel on float64, whatever the CPU's fp16 FMA:
+    every finite fp16 magnitude of both signs, so sums overflow and land among the
+    subnormals, and chunks that do and do not divide K."""
     from convprobe.emulation._kernels_fast import reduce_gemm_fp16_direct
 
+    model = em.parse_model(spec)
     rng = np.random.default_rng(7)
     bits = rng.integers(1, 0x7C00, size=(67, 23), dtype=np.uint16) | (rng.integers(0, 2, (67, 23), np.uint16) << 15)
     a = bits.view(np.float16)
     a[:9] = np.float16(2.0**-20)  # rows whose sums stay subnormal
     w = rng.integers(0x0001, 0x4800, size=(23, 6), dtype=np.uint16).view(np.float16)  # up to 8: sums overflow
-    half, wide = np.empty((67, 9), np.float16), np.empty((67, 9))
+    half = np.empty((67, 9), np.float16)
     with np.errstate(all="ignore"):
-        reduce_gemm_fp16_direct(a.view(np.uint16), w.view(np.uint16), keep_sub, add32, half.view(np.uint16), 2, chunk)
-        reduce_gemm_fp16_direct(a.astype(np.float64), w.astype(np.float64), keep_sub, add32, wide, 2, chunk)
-        wide = wide.astype(np.float16)  # (fp16 values and infinities: exact)
-    assert_same_bits(half[:, 2:8], wide[:, 2:8])
+        reduce_gemm_fp16_direct(a.view(np.uint16), w.astype(np.float64), model.subnormals == "keep",
+                                model.addition == FP32, half.view(np.uint16), 2, chunk)
+        general = gemm(model, a, w, fast=False).astype(np.float16)  # (fp16 values and infinities: exact)
+    assert_same_bits(half[:, 2:8], general)
     assert np.isinf(half[:, 2:8]).any() and (np.abs(half[:9, 2:8]) < 2.0**-14).all()
 
 

@@ -134,7 +134,8 @@ def test_run_is_json_and_interpret_names_the_model():
 @pytest.mark.slow
 @pytest.mark.tensorflow
 def test_identify_names_a_model_for_each_tensorflow_cpu_configuration():
-    """Measured on an AVX512-FP16 CPU with TensorFlow 2.21 (see the report in the issue)."""
+    """Measured on an AVX512-FP16 CPU with TensorFlow 2.21 (see the report in the issue); on a
+    CPU where oneDNN cannot run fp16, `default` is the Eigen configuration (`onednn_runs_fp16`)."""
     from convprobe.backends.configurations import MUST_SHOW, matrix_configs
     from convprobe.probes.runner import run_probe
 
