@@ -351,8 +351,9 @@ _FP16_LIMITS = (FP16.precision, FP16.emin, float(FP16.max))
 @njit(cache=True, parallel=True)
 def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0, chunk):
     """Sequential fp16 accumulation of fp16 (or fp8) products, nearest-even, overflow
-    to inf: one float64 add and one rounding (`fast_round`) per term, no TwoSum. With
-    `add32` each addition is the hardware float32 add (exact operands: s is fp16 and p
+    to inf: one float64 add and one rounding (`fast_round`) per term, no TwoSum, four rows
+    of `a` per task (with a short N one row's chains would wait on the rounding's latency).
+    With `add32` each addition is the hardware float32 add (exact operands: s is fp16 and p
     has 22 bits), then rounded to fp16 - the `addition=fp32` model, two roundings.
     `chunk` > 0: the chunked model with an fp32 total - fp16 sums of `chunk` terms from
     +0, each added to the total by one round-to-odd float64 addition and one float32
@@ -378,27 +379,42 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0, chunk):
     n_count = w.shape[1]
     p, emin, maxv = _FP16_LIMITS
     _, elow, _, tiny, _, _ = round_limits(p, emin, maxv, True, keep_sub)
-    for m in prange(m_count):
-        s = np.zeros(n_count)
-        total = np.zeros(n_count if chunk else 1, np.float32)
-        for k in range(k_count):
-            av = load_f64(a[m, k])
+    last = m_count - 1
+    for t in prange((m_count + _ROWS - 1) // _ROWS):
+        m0 = t * _ROWS
+        s = np.zeros((_ROWS, n_count))
+        total = np.zeros((_ROWS, n_count if chunk else 1), np.float32)
+        for k in range(k_count):  # (rows past the end repeat the last one, and are not stored)
+            a0, a1 = load_f64(a[m0, k]), load_f64(a[min(m0 + 1, last), k])
+            a2, a3 = load_f64(a[min(m0 + 2, last), k]), load_f64(a[min(m0 + 3, last), k])
             for n in range(n_count):
-                pv = av * load_f64(w[k, n])
-                if add32:
-                    t = np.float64(np.float32(s[n]) + np.float32(pv))
-                else:
-                    t = s[n] + pv
-                y = fast_round(t, p, elow, maxv, tiny, True, keep_sub, NEAREST_EVEN, False, 0, 1)
-                s[n] = y if ((f2i(t) >> 52) & 0x7FF) != 0x7FF else t
+                wv = load_f64(w[k, n])
+                s[0, n] = _direct_step(s[0, n], a0 * wv, add32, p, elow, maxv, tiny, keep_sub)
+                s[1, n] = _direct_step(s[1, n], a1 * wv, add32, p, elow, maxv, tiny, keep_sub)
+                s[2, n] = _direct_step(s[2, n], a2 * wv, add32, p, elow, maxv, tiny, keep_sub)
+                s[3, n] = _direct_step(s[3, n], a3 * wv, add32, p, elow, maxv, tiny, keep_sub)
             if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
-                for n in range(n_count):
-                    total[n] = add_fp32(total[n], s[n])
-                    s[n] = 0.0
-        for n in range(n_count):
-            v = fast_round(np.float64(total[n]), p, elow, maxv, tiny, True, keep_sub, NEAREST_EVEN, False, 0,
-                           1) if chunk else s[n]
-            out[m, col0 + n] = store_f64(out, v)
+                for r in range(_ROWS):
+                    for n in range(n_count):
+                        total[r, n] = add_fp32(total[r, n], s[r, n])
+                        s[r, n] = 0.0
+        for r in range(min(_ROWS, m_count - m0)):
+            for n in range(n_count):
+                v = fast_round(np.float64(total[r, n]), p, elow, maxv, tiny, True, keep_sub, NEAREST_EVEN, False,
+                               0, 1) if chunk else s[r, n]
+                out[m0 + r, col0 + n] = store_f64(out, v)
+
+
+_ROWS = 4  # rows of `a` per task of the direct kernel: four independent rounding chains per lane
+
+
+@njit(cache=True, inline="always")
+def _direct_step(sv, pv, add32, p, elow, maxv, tiny, keep_sub):
+    """One step of the direct kernel: s + p in float64 (or, `add32`, in float32), rounded
+    to fp16 by `fast_round`; an inf or NaN sum stays the float64 sum (rare and sticky)."""
+    t = np.float64(np.float32(sv) + np.float32(pv)) if add32 else sv + pv
+    y = fast_round(t, p, elow, maxv, tiny, True, keep_sub, NEAREST_EVEN, False, 0, 1)
+    return y if ((f2i(t) >> 52) & 0x7FF) != 0x7FF else t
 
 
 _LOW_BITS = 48  # fp16 (and fp8) products are multiples of 2**-48 (2**-24 squared)
