@@ -41,6 +41,10 @@ _NONE = -(1 << 28)  # the exponent of a zero addend, below every other; sums of 
 _LIVE = _NONE // 2  # an alignment exponent above this has a nonzero term or running sum
 _FP32_BITS, _FP32_EMIN = FP32.precision, FP32.emin  # the fused pass's block formats
 _FP16_BITS, _FP16_EMIN, _FP16_MAX = FP16.precision, FP16.emin, np.float32(FP16.max)
+# (Every integer below is an int32: one int64 operand - a Python int, a run-time argument -
+# widens the whole lane to 64 bits, which halved the fused fp16 pass's speed.)
+_I0, _I1, _I30 = np.int32(0), np.int32(1), np.int32(30)
+_SIGN, _INF_BITS = np.int32(-(1 << 31)), np.int32(0x7F800000)
 
 
 def applies(model) -> bool:
@@ -86,14 +90,14 @@ def fused(model, normal: bool) -> int:
 def _exponent(x, emin):
     """floor(log2|x|) of a finite float32 clamped at emin; _NONE for 0. An infinite
     running sum gives 128 (its blocks keep it: see `_finish`)."""
-    e = np.int32(np.int32((f2i32(x) >> 23) & 0xFF) - 127)
-    return np.int32(_NONE) if x == 0 else max(e, emin)
+    e = np.int32(np.int32((f2i32(x) >> np.int32(23)) & np.int32(0xFF)) - np.int32(127))
+    return np.int32(_NONE) if x == 0 else max(e, np.int32(emin))
 
 
 @njit(cache=True, inline="always")
 def _pow2(e):
     """2**e as float32 for -126 <= e <= 127, from its bits."""
-    return i2f32(np.int32((e + 127) << 23))
+    return i2f32(np.int32(np.int32(e + np.int32(127)) << np.int32(23)))
 
 
 @njit(cache=True, inline="always")
@@ -110,11 +114,11 @@ def _round_int(tv, bp, low, mode):
     2 * (-14) for fp16 inputs), and the clamp only keeps the shifts defined."""
     neg = tv < 0
     m = np.int32(-tv) if neg else np.int32(tv)
-    sh = np.int32(min(max(max(bitlen32(m) - bp, low), 0), 30))
+    sh = np.int32(min(max(max(np.int32(bitlen32(m) - np.int32(bp)), np.int32(low)), _I0), _I30))
     if mode == NEAREST_EVEN:
-        up = np.int32(((np.int32(1) << sh) >> 1) - 1 + ((m >> sh) & 1))
-        m = np.int32(m + (up if sh > 0 else np.int32(0)))
-    m = np.int32(m & ~((np.int32(1) << sh) - 1))
+        up = np.int32(np.int32(np.int32((_I1 << sh) >> _I1) - _I1) + np.int32((m >> sh) & _I1))
+        m = np.int32(m + (up if sh > _I0 else _I0))
+    m = np.int32(m & ~np.int32((_I1 << sh) - _I1))
     f = np.float32(m)
     return -f if neg else f
 
@@ -125,8 +129,9 @@ def _block_fused(s, at, et, j, ew, w, width, adder_p, mode, fp16):
     truncated sum, the rounding to the block format (`fused`): fp32, where every sum is
     normal, or fp16 (`fp16`), with its subnormal quantum, overflow to inf, and an infinite
     running sum kept. Width, mode and format are constants (as run-time values they stop
-    the pass vectorising, 2.4x slower; run-time ints of 64 bits widen its lanes, 1.4x)."""
-    bits, emin = (_FP16_BITS, _FP16_EMIN) if fp16 else (_FP32_BITS, _FP32_EMIN)
+    the pass vectorising, 2.4x slower; an int64 anywhere widens its lanes: 2x for fp16)."""
+    bits, emin = (np.int32(_FP16_BITS), np.int32(_FP16_EMIN)) if fp16 else (np.int32(_FP32_BITS), np.int32(_FP32_EMIN))
+    adder_p = np.int32(adder_p)
     e0, e1, e2, e3 = ew[0], ew[1], ew[2], ew[3]
     w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
     if width == 8:
@@ -145,7 +150,7 @@ def _block_fused(s, at, et, j, ew, w, width, adder_p, mode, fp16):
                                max(np.int32(et[j + 5, i] + e5),
                                    max(np.int32(et[j + 6, i] + e6), np.int32(et[j + 7, i] + e7)))))
         live = top > _LIVE
-        sc = _pow2(np.int32(adder_p - 1 - top)) if live else np.float32(0.0)
+        sc = _pow2(np.int32(np.int32(adder_p - _I1) - top)) if live else np.float32(0.0)
         tv = np.int32(np.int32(np.int32(sv * sc) + _term(at[j, i], w0, sc))
                       + np.int32(_term(at[j + 1, i], w1, sc) + np.int32(_term(at[j + 2, i], w2, sc)
                                                                          + _term(at[j + 3, i], w3, sc))))
@@ -153,11 +158,11 @@ def _block_fused(s, at, et, j, ew, w, width, adder_p, mode, fp16):
             tv = np.int32(tv + np.int32(np.int32(_term(at[j + 4, i], w4, sc) + _term(at[j + 5, i], w5, sc))
                                         + np.int32(_term(at[j + 6, i], w6, sc)
                                                    + _term(at[j + 7, i], w7, sc))))
-        q = np.int32(top - adder_p + 1)  # the weight of tv's unit
-        low = np.int32(emin - bits + 1 - q) if fp16 else np.int32(-64)
+        q = np.int32(np.int32(top - adder_p) + _I1)  # the weight of tv's unit
+        low = np.int32(np.int32(np.int32(emin - bits) + _I1) - q) if fp16 else np.int32(-64)
         value = _round_int(tv, bits, low, mode) * _pow2(q)
-        if fp16:
-            value = np.float32(math.copysign(math.inf, value)) if abs(value) > _FP16_MAX else value
+        if fp16:  # overflow: inf of value's sign
+            value = i2f32(np.int32(f2i32(value) & _SIGN) | _INF_BITS) if abs(value) > _FP16_MAX else value
             live &= math.isfinite(sv)
         s[i] = value if live else sv  # an exact zero sum is +0
 
