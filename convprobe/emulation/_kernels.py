@@ -56,7 +56,8 @@ def _native_chunked_ok(fp, ic) -> bool:
 
 def _native_toward_zero_ok(fp, ic) -> bool:
     """The sequential fp16 model rounded toward zero with exact products and additions,
-    overflow to inf: the fp16 FMA under MXCSR's toward zero (`_native_fp16`)."""
+    overflow to inf: the fp16 FMA, or the float32 FMA and F16C's conversion, under MXCSR's
+    toward zero (`_native_fp16`)."""
     nearest = ic.copy()
     nearest[IC_MODE] = NEAREST_EVEN
     return (ic[IC_MODE] == TOWARD_ZERO and fp[ADDITION, F_PRECISION] == 0.0 and _fp16_direct_ok(fp, nearest))
@@ -74,16 +75,19 @@ def native_fp32(fp, ic, inputs_fp16) -> bool:
 
 def native_fp16(fp, ic, inputs_fp16) -> bool:
     """Whether the CPU's own fp16 arithmetic computes this model on these inputs: its fp16
-    FMA, or for addition=fp32 its float32 arithmetic and fp16 conversions (see
-    `convprobe.emulation._native_fp16`). Flushing
+    FMA, or for addition=fp32 and for toward zero its float32 arithmetic and fp16
+    conversions (see `convprobe.emulation._native_fp16`). Flushing
     models only toward zero: rounded to nearest on the subnormal grid, a sum just below
     2**-14 can become 2**-14, where the model rounds with an unbounded exponent first
     and flushes it."""
     flushes = fp[ACCUMULATOR, F_KEEP_SUB] == 0.0
+    if not inputs_fp16:
+        return False
+    if _native_toward_zero_ok(fp, ic):  # the float32 FMA and F16C's conversion, or the fp16 FMA
+        return _native_fp16.available(fma=False)
     fma = fp[ADDITION, F_PRECISION] == 0.0  # the addition=fp32 kernel needs only the conversions
-    return (inputs_fp16 and _native_fp16.available(fma=fma)
-            and (_native_toward_zero_ok(fp, ic)
-                 or (not flushes and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))))
+    return (_native_fp16.available(fma=fma) and not flushes
+            and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))
 
 
 def _direct_chunked_ok(fp, ic) -> bool:

@@ -23,7 +23,9 @@ for bit where the instructions exist.
 The sequential fp16 model rounded toward zero runs here too, with each task's MXCSR set
 to toward zero (IEEE rounding control, which the fp16 FMA honours) and put back after;
 where the model overflows to inf and IEEE truncation stops at 65504, a float32 FMA of the
-same operands marks the lane (`_step`).
+same operands marks the lane (`_step`). Without the fp16 FMA, that float32 FMA and F16C's
+conversion, both truncating under MXCSR, compute it by themselves: truncating to float32
+and then to fp16 is truncating to fp16 (`_step`), so it needs F16C only.
 
 The chunked model with an fp16 accumulator, an fp32 total and fp16 output runs here too:
 each chunk's fp16 sum is this FMA chain from +0, folded into the fp32 total by one
@@ -148,19 +150,24 @@ def _flushed(r):
 
 
 @njit(cache=True, inline="always")
-def _step(av, wv, sv, add32, flush, rz):
-    """One accumulation step; `add32`, `flush` and `rz` are constants in each of the
-    kernels below, so the branches fold away. (Passing a step function as an argument
+def _step(av, wv, sv, add32, flush, rz, fp32):
+    """One accumulation step; `add32`, `flush`, `rz` and `fp32` are constants in each of
+    the kernels below, so the branches fold away. (Passing a step function as an argument
     instead makes the dispatcher part of the cache key, which numba cannot pickle.)
 
     `rz` (MXCSR set to toward zero): the FMA truncates, as the model does, except that
     IEEE gives the largest finite value where the model overflows to inf (at every
     |exact sum| >= 65536); the float32 FMA of the same operands, truncated too, is at
-    least 65536 exactly then, and marks those lanes."""
-    r = mul_add_fp32_fp16(av, wv, sv) if add32 else fma_fp16(av, wv, sv)
+    least 65536 exactly then, and marks those lanes. `fp32` (with `rz`; no fp16 FMA
+    needed): that float32 FMA, truncated to fp16 by F16C's conversion (which follows
+    MXCSR), is the result itself: truncation to float32 and then to fp16 is truncation to
+    fp16, since every fp16 value is a float32 one (no such nesting holds for nearest)."""
     if rz:
         t = fma_fp32(widen(av), widen(wv), widen(sv))
+        r = narrow(t) if fp32 else fma_fp16(av, wv, sv)
         r = ((r & 0x8000) | 0x7C00) if abs(t) >= _FP16_OVERFLOW else r
+    else:
+        r = mul_add_fp32_fp16(av, wv, sv) if add32 else fma_fp16(av, wv, sv)
     return _flushed(r) if flush else r
 
 
@@ -181,7 +188,7 @@ def _store(out, m, col0, s, total, chunk):
 
 
 @njit(cache=True, inline="always")
-def _gemm(a, w, out, col0, add32, flush, rz, chunk):
+def _gemm(a, w, out, col0, add32, flush, rz, fp32, chunk):
     """chunk = 0: one fp16 sum per output; chunk > 0: fp16 sums of `chunk` terms (from +0)
     folded into an fp32 total (`_fold`), which the output rounds to fp16. `rz`: each task
     rounds toward zero (MXCSR), and puts the thread's rounding mode back at its end."""
@@ -204,10 +211,10 @@ def _gemm(a, w, out, col0, add32, flush, rz, chunk):
                 a0, a1, a2, a3 = a[m0, k], a[m0 + 1, k], a[m0 + 2, k], a[m0 + 3, k]
                 for n in range(n_count):
                     wv = w[k, n]
-                    s0[n] = _step(a0, wv, s0[n], add32, flush, rz)
-                    s1[n] = _step(a1, wv, s1[n], add32, flush, rz)
-                    s2[n] = _step(a2, wv, s2[n], add32, flush, rz)
-                    s3[n] = _step(a3, wv, s3[n], add32, flush, rz)
+                    s0[n] = _step(a0, wv, s0[n], add32, flush, rz, fp32)
+                    s1[n] = _step(a1, wv, s1[n], add32, flush, rz, fp32)
+                    s2[n] = _step(a2, wv, s2[n], add32, flush, rz, fp32)
+                    s3[n] = _step(a3, wv, s3[n], add32, flush, rz, fp32)
                 if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                     _fold(t0, s0)
                     _fold(t1, s1)
@@ -224,7 +231,7 @@ def _gemm(a, w, out, col0, add32, flush, rz, chunk):
                 for k in range(k_count):
                     av = a[m, k]
                     for n in range(n_count):
-                        s[n] = _step(av, w[k, n], s[n], add32, flush, rz)
+                        s[n] = _step(av, w[k, n], s[n], add32, flush, rz, fp32)
                     if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                         _fold(total, s)
                 _store(out, m, col0, s, total, chunk)
@@ -234,30 +241,42 @@ def _gemm(a, w, out, col0, add32, flush, rz, chunk):
 
 @njit(cache=True, parallel=True)
 def _gemm_fma(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, False, False, chunk)
+    _gemm(a, w, out, col0, False, False, False, False, chunk)
 
 
 @njit(cache=True, parallel=True)
 def _gemm_add32(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, True, False, False, chunk)
+    _gemm(a, w, out, col0, True, False, False, False, chunk)
 
 
 @njit(cache=True, parallel=True)
 def _gemm_fma_rz(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, False, True, 0)
+    _gemm(a, w, out, col0, False, False, True, False, 0)
 
 
 @njit(cache=True, parallel=True)
 def _gemm_fma_rz_flush(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, True, True, 0)
+    _gemm(a, w, out, col0, False, True, True, False, 0)
 
 
-_KERNELS = {(False, False, False): _gemm_fma, (True, False, False): _gemm_add32,
-            (False, False, True): _gemm_fma_rz, (False, True, True): _gemm_fma_rz_flush}
+@njit(cache=True, parallel=True)
+def _gemm_fma32_rz(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, False, False, True, True, 0)
+
+
+@njit(cache=True, parallel=True)
+def _gemm_fma32_rz_flush(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, False, True, True, True, 0)
+
+
+_KERNELS = {(False, False, False, False): _gemm_fma, (True, False, False, False): _gemm_add32,
+            (False, False, True, False): _gemm_fma_rz, (False, True, True, False): _gemm_fma_rz_flush,
+            (False, False, True, True): _gemm_fma32_rz, (False, True, True, True): _gemm_fma32_rz_flush}
 
 
 def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
-                    add32: bool, flush: bool, toward_zero: bool = False, chunk: int = 0) -> None:
+                    add32: bool, flush: bool, toward_zero: bool = False, chunk: int = 0,
+                    fp16_fma: bool | None = None) -> None:
     """out[:, col0:col0 + N] = sequential fp16 sums of a (M, K) against w (K, N), in K order;
     with `chunk`, fp16 sums of that many terms folded into an fp32 total (nearest even),
     rounded to fp16 at the end (the chunked model with an fp32 total and fp16 output).
@@ -265,12 +284,16 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
     a, w and out are float16 arrays (a and w C-contiguous); `add32` selects the
     two-rounding float32 addition, `toward_zero` rounds each FMA toward zero (not with
     add32 or chunk), `flush` (with toward_zero only: see `_kernels.native_fp16`) flushes
-    subnormal results to signed zero.
+    subnormal results to signed zero. `fp16_fma`: run the fp16 FMA (default: where the
+    CPU has it); toward zero runs without it, on the float32 FMA (`_step`).
     """
     if toward_zero and (add32 or chunk) or flush and not toward_zero:
         raise ValueError("toward_zero takes the FMA alone (no add32, no chunk); flush needs toward_zero")
-    _KERNELS[bool(add32), bool(flush), bool(toward_zero)](a.view(np.uint16), w.view(np.uint16), out.view(np.uint16),
-                                                          col0, int(chunk))
+    fp16_fma = available() if fp16_fma is None else fp16_fma
+    if not (fp16_fma or add32 or toward_zero):
+        raise ValueError("the sequential fp16 model rounded to nearest needs the fp16 FMA (AVX512-FP16)")
+    kernel = _KERNELS[bool(add32), bool(flush), bool(toward_zero), bool(toward_zero and not fp16_fma)]
+    kernel(a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0, int(chunk))
 
 
 @njit(cache=True, parallel=True)

@@ -119,7 +119,7 @@ def test_fp8_inputs_take_the_native_kernel_and_agree(monkeypatch):
     assert_same_bits(native, em.conv2d(x, w, model, padding="SAME"))
 
 
-@needs_fp16_fma
+@needs_f16c
 def test_toward_zero_overflows_to_inf_and_leaves_the_rounding_mode_as_it_was():
     """IEEE truncation stops at 65504; the model overflows to inf at 65536 and beyond, and
     keeps 65504 below it. The kernel sets MXCSR to toward zero in its threads and must put
@@ -135,6 +135,35 @@ def test_toward_zero_overflows_to_inf_and_leaves_the_rounding_mode_as_it_was():
     x, w = rng.standard_normal((8, 6, 6, 16)).astype(np.float16), rng.standard_normal((3, 3, 16, 8)).astype(np.float16)
     fp32 = em.Sequential(FP32)
     assert_same_bits(em.conv2d(x, w, fp32), em.oracle.conv2d(x, w, fp32))
+
+
+@needs_f16c
+@pytest.mark.parametrize("fp16_fma", [False, pytest.param(True, marks=needs_fp16_fma)])
+@pytest.mark.parametrize("subnormals", ["keep", "flush"])
+def test_toward_zero_on_every_fp16_running_sum(fp16_fma, subnormals):
+    """Each step truncates s + a * w once: s over all 65,536 fp16 code points (inf and NaN
+    included), against products of every size, on the fp16 FMA and on the float32 FMA
+    with F16C's truncating conversion (truncation to float32, then to fp16), equal to
+    the general float64 kernel bit for bit."""
+    rng = np.random.default_rng(11)
+    s = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    products = _random_fp16(rng, (2, 64))  # the second step's a, and w's columns
+    a = np.stack([s, np.resize(products[0], s.shape)], axis=1)  # (65536, 2): s * 1, then a * w
+    w = np.stack([np.ones(64, np.float16), products[1]])
+    w[1, 0] = 1.0
+    edge = np.isin(s, np.float16([65504.0, -65504.0]))  # sums of exactly +-65536 overflow, below it truncate
+    a[edge, 1] = np.copysign(np.float16(32.0), s[edge])
+    model = em.Sequential(FP16, rounding="toward_zero", subnormals=subnormals)
+    fp, ic, _ = kernel_config(model)
+    got = np.empty((a.shape[0], 64), np.float16)
+    with np.errstate(all="ignore"):
+        _native_fp16.sequential_gemm(a, w, got, 0, add32=False, flush=subnormals == "flush", toward_zero=True,
+                                     fp16_fma=fp16_fma)
+        want = np.empty(got.shape)
+        K.gemm(a.astype(np.float64), w.astype(np.float64), fp, ic, 0, want, 0, fast=False)
+    assert_same_bits(got, want.astype(np.float16))
+    assert np.isinf(got[edge, 0]).all() and np.isinf(got[np.isfinite(s)]).any()
+    assert (got == 65504).any() and (got == 0).any()
 
 
 @pytest.mark.parametrize("model", [em.Sequential(FP16, subnormals="flush"),
