@@ -335,6 +335,19 @@ def add_odd(x, y):
 
 
 @njit(cache=True, inline="always")
+def add_odd32(x, y):
+    """x + y rounded to odd in float32: `add_odd`'s twin in 32-bit lanes (TwoSum's error is
+    exact in float32 too, short of overflow), every integer an int32 so lanes stay narrow."""
+    s = x + y
+    bb = s - x
+    err = (x - (s - bb)) + (y - bb)
+    b = f2i32(s)
+    toward = np.int32((b ^ f2i32(err)) >> np.int32(31))  # -1 where err and s differ in sign
+    odd = i2f32(np.int32(np.int32(b + toward) | np.int32(1)))
+    return odd if ((err != np.float32(0.0)) & (abs(s) < np.float32(math.inf))) else s
+
+
+@njit(cache=True, inline="always")
 def is_fp64(p, emin):
     return p == 53 and emin == -1022
 

@@ -74,20 +74,16 @@ def native_fp32(fp, ic, inputs_fp16) -> bool:
 
 
 def native_fp16(fp, ic, inputs_fp16) -> bool:
-    """Whether the CPU's own fp16 arithmetic computes this model on these inputs: its fp16
-    FMA, or for addition=fp32 and for toward zero its float32 arithmetic and fp16
-    conversions (see `convprobe.emulation._native_fp16`). Flushing
+    """Whether the CPU's own arithmetic computes this model on these inputs: its fp16 FMA,
+    or its float32 arithmetic and F16C's fp16 conversions (see
+    `convprobe.emulation._native_fp16`). Flushing
     models only toward zero: rounded to nearest on the subnormal grid, a sum just below
     2**-14 can become 2**-14, where the model rounds with an unbounded exponent first
     and flushes it."""
     flushes = fp[ACCUMULATOR, F_KEEP_SUB] == 0.0
-    if not inputs_fp16:
-        return False
-    if _native_toward_zero_ok(fp, ic):  # the float32 FMA and F16C's conversion, or the fp16 FMA
-        return _native_fp16.available(fma=False)
-    fma = fp[ADDITION, F_PRECISION] == 0.0  # the addition=fp32 kernel needs only the conversions
-    return (_native_fp16.available(fma=fma) and not flushes
-            and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))
+    return (inputs_fp16 and _native_fp16.available(fma=False)  # the fp16 FMA where the CPU has one
+            and (_native_toward_zero_ok(fp, ic)
+                 or (not flushes and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))))
 
 
 def _direct_chunked_ok(fp, ic) -> bool:

@@ -1,5 +1,5 @@
-"""Sequential fp16 accumulation on the CPU's own fp16 arithmetic: the fp16 fused multiply-add
-where it has one (AVX512-FP16), the float32 one with F16C's conversions for addition=fp32.
+"""Sequential fp16 accumulation on the CPU's own arithmetic: the fp16 fused multiply-add
+where it has one (AVX512-FP16), else float32 arithmetic with F16C's fp16 conversions.
 
 Why this is exact: the default sequential fp16 model computes
 s_{k+1} = fp16(s_k + a_k * b_k) with the product exact and one rounding per step,
@@ -13,8 +13,9 @@ float32 add and one float32 -> fp16 conversion, none of them fused.
 Where the CPU lacks AVX512-FP16, LLVM would widen an fp16 FMA to a float32 FMA and
 round twice, which is NOT exact (1 + 2**-11 + 2**-32 rounds to 1 + 2**-11 in float32,
 then ties to 1 in fp16; the correct result is 1 + 2**-10). So `available()` gates
-the FMA kernels on the instruction, and `convprobe.emulation._kernels` falls back to its
-float64 kernels. The ``addition=fp32`` kernel needs no fp16 arithmetic at all, only the
+the fp16 FMA on the instruction; without it each step is the exact sum rounded to odd
+in float32 (TwoSum) and then to fp16 by F16C's conversion, which rounds once in effect
+(`_step`). The ``addition=fp32`` kernel needs no fp16 arithmetic at all, only the
 conversions, which F16C (every x86-64 CPU with AVX2, AMD's included) does in hardware,
 correctly rounded (``vcvtps2ph``, nearest even under the default MXCSR, subnormals and
 overflow to inf as IEEE says): `available(fma=False)`. The tests compare both paths bit
@@ -47,7 +48,7 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from convprobe.emulation._kernel_arithmetic import add_fp32, load_f64, narrow, store_f64, widen
+from convprobe.emulation._kernel_arithmetic import add_fp32, add_odd32, load_f64, narrow, store_f64, widen
 from convprobe.emulation._native_fp32 import fma_fp32
 
 __all__ = ["available", "convert", "sequential_gemm"]
@@ -158,14 +159,20 @@ def _step(av, wv, sv, add32, flush, rz, fp32):
     `rz` (MXCSR set to toward zero): the FMA truncates, as the model does, except that
     IEEE gives the largest finite value where the model overflows to inf (at every
     |exact sum| >= 65536); the float32 FMA of the same operands, truncated too, is at
-    least 65536 exactly then, and marks those lanes. `fp32` (with `rz`; no fp16 FMA
-    needed): that float32 FMA, truncated to fp16 by F16C's conversion (which follows
-    MXCSR), is the result itself: truncation to float32 and then to fp16 is truncation to
-    fp16, since every fp16 value is a float32 one (no such nesting holds for nearest)."""
+    least 65536 exactly then, and marks those lanes.
+
+    `fp32`: no fp16 FMA, F16C's conversions and float32 arithmetic only. Toward zero, the
+    float32 FMA truncated to fp16 by the conversion (which follows MXCSR) is the result:
+    truncation to float32, then to fp16, is truncation to fp16, every fp16 value being a
+    float32 one. Nearest even does not nest so: the exact sum s + p (p = a * b, exact in
+    float32) is rounded to odd in float32 (`add_odd32`), then to fp16 by the conversion;
+    24 bits >= 11 + 2, so that is the sum rounded once (Boldo & Melquiond)."""
     if rz:
         t = fma_fp32(widen(av), widen(wv), widen(sv))
         r = narrow(t) if fp32 else fma_fp16(av, wv, sv)
         r = ((r & 0x8000) | 0x7C00) if abs(t) >= _FP16_OVERFLOW else r
+    elif fp32 and not add32:
+        r = narrow(add_odd32(widen(av) * widen(wv), widen(sv)))
     else:
         r = mul_add_fp32_fp16(av, wv, sv) if add32 else fma_fp16(av, wv, sv)
     return _flushed(r) if flush else r
@@ -250,6 +257,11 @@ def _gemm_add32(a, w, out, col0, chunk):
 
 
 @njit(cache=True, parallel=True)
+def _gemm_odd32(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, False, False, False, True, chunk)
+
+
+@njit(cache=True, parallel=True)
 def _gemm_fma_rz(a, w, out, col0, chunk):
     _gemm(a, w, out, col0, False, False, True, False, 0)
 
@@ -270,6 +282,7 @@ def _gemm_fma32_rz_flush(a, w, out, col0, chunk):
 
 
 _KERNELS = {(False, False, False, False): _gemm_fma, (True, False, False, False): _gemm_add32,
+            (False, False, False, True): _gemm_odd32,
             (False, False, True, False): _gemm_fma_rz, (False, True, True, False): _gemm_fma_rz_flush,
             (False, False, True, True): _gemm_fma32_rz, (False, True, True, True): _gemm_fma32_rz_flush}
 
@@ -285,14 +298,12 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
     two-rounding float32 addition, `toward_zero` rounds each FMA toward zero (not with
     add32 or chunk), `flush` (with toward_zero only: see `_kernels.native_fp16`) flushes
     subnormal results to signed zero. `fp16_fma`: run the fp16 FMA (default: where the
-    CPU has it); toward zero runs without it, on the float32 FMA (`_step`).
+    CPU has it); without it, float32 arithmetic and F16C's conversions (`_step`).
     """
     if toward_zero and (add32 or chunk) or flush and not toward_zero:
         raise ValueError("toward_zero takes the FMA alone (no add32, no chunk); flush needs toward_zero")
     fp16_fma = available() if fp16_fma is None else fp16_fma
-    if not (fp16_fma or add32 or toward_zero):
-        raise ValueError("the sequential fp16 model rounded to nearest needs the fp16 FMA (AVX512-FP16)")
-    kernel = _KERNELS[bool(add32), bool(flush), bool(toward_zero), bool(toward_zero and not fp16_fma)]
+    kernel = _KERNELS[bool(add32), bool(flush), bool(toward_zero), not (fp16_fma or add32)]
     kernel(a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0, int(chunk))
 
 

@@ -91,9 +91,10 @@ _TWICE_X = np.array([1.0, 1.01953125], dtype=np.float16).reshape(1, 1, 2, 1)
 _TWICE_W = np.array([1.0, 0.00047898292541503906], dtype=np.float16).reshape(1, 2, 1, 1)
 
 
-@needs_fp16_fma
+@needs_f16c
 def test_one_rounding_where_float32_would_round_twice():
-    """The fp16 FMA must round once."""
+    """The fp16 FMA, or float32's sum rounded to odd, must round once."""
+    assert K.native_fp16(*kernel_config(em.Sequential(FP16))[:2], True)
     assert em.conv2d(_TWICE_X, _TWICE_W, em.Sequential(FP16)).item() == 1.0 + 2.0**-10
 
 
@@ -105,7 +106,7 @@ def test_the_addition_fp32_kernel_rounds_twice_as_its_model_says():
     assert em.conv2d(_TWICE_X, _TWICE_W, model).item() == 1.0 == em.oracle.conv2d(_TWICE_X, _TWICE_W, model).item()
 
 
-@needs_fp16_fma
+@needs_f16c
 def test_fp8_inputs_take_the_native_kernel_and_agree(monkeypatch):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((2, 6, 6, 8)).astype(FP8_E4M3.dtype)
@@ -139,12 +140,13 @@ def test_toward_zero_overflows_to_inf_and_leaves_the_rounding_mode_as_it_was():
 
 @needs_f16c
 @pytest.mark.parametrize("fp16_fma", [False, pytest.param(True, marks=needs_fp16_fma)])
-@pytest.mark.parametrize("subnormals", ["keep", "flush"])
-def test_toward_zero_on_every_fp16_running_sum(fp16_fma, subnormals):
-    """Each step truncates s + a * w once: s over all 65,536 fp16 code points (inf and NaN
-    included), against products of every size, on the fp16 FMA and on the float32 FMA
-    with F16C's truncating conversion (truncation to float32, then to fp16), equal to
-    the general float64 kernel bit for bit."""
+@pytest.mark.parametrize("rounding, subnormals", [("toward_zero", "keep"), ("toward_zero", "flush"),
+                                                  ("nearest_even", "keep")])
+def test_every_fp16_running_sum(fp16_fma, rounding, subnormals):
+    """Each step rounds s + a * w once: s over all 65,536 fp16 code points (inf and NaN
+    included), against products of every size, on the fp16 FMA and without it (toward
+    zero: the float32 FMA and F16C's truncating conversion; nearest: float32's sum
+    rounded to odd, then converted), equal to the general float64 kernel bit for bit."""
     rng = np.random.default_rng(11)
     s = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     products = _random_fp16(rng, (2, 64))  # the second step's a, and w's columns
@@ -153,16 +155,16 @@ def test_toward_zero_on_every_fp16_running_sum(fp16_fma, subnormals):
     w[1, 0] = 1.0
     edge = np.isin(s, np.float16([65504.0, -65504.0]))  # sums of exactly +-65536 overflow, below it truncate
     a[edge, 1] = np.copysign(np.float16(32.0), s[edge])
-    model = em.Sequential(FP16, rounding="toward_zero", subnormals=subnormals)
+    model = em.Sequential(FP16, rounding=rounding, subnormals=subnormals)
     fp, ic, _ = kernel_config(model)
     got = np.empty((a.shape[0], 64), np.float16)
     with np.errstate(all="ignore"):
-        _native_fp16.sequential_gemm(a, w, got, 0, add32=False, flush=subnormals == "flush", toward_zero=True,
-                                     fp16_fma=fp16_fma)
+        _native_fp16.sequential_gemm(a, w, got, 0, add32=False, flush=subnormals == "flush",
+                                     toward_zero=rounding == "toward_zero", fp16_fma=fp16_fma)
         want = np.empty(got.shape)
         K.gemm(a.astype(np.float64), w.astype(np.float64), fp, ic, 0, want, 0, fast=False)
     assert_same_bits(got, want.astype(np.float16))
-    assert np.isinf(got[edge, 0]).all() and np.isinf(got[np.isfinite(s)]).any()
+    assert np.isinf(got[edge, 0]).all() and np.isinf(got[np.isfinite(s)]).any()  # (65536 overflows either way)
     assert (got == 65504).any() and (got == 0).any()
 
 
