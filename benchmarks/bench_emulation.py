@@ -10,17 +10,21 @@ imported). CPU time is printed because shared machines make wall time noisy.
 
 Floor: an exact emulation needs at least one multiply-add and one rounding per term.
 On a CPU with AVX512-FP16 the default sequential fp16 model (and its addition=fp32
-variant, and the chunked fp16 model with an fp32 total) is exactly the hardware's own
-fp16 fused multiply-add (or float32 multiply, add and one conversion), 32 (16) lanes per
-instruction, so its floor is the native kernel's: about 1x, plus the im2col copy that
-oneDNN avoids. The block-FMA kernel on fp16/fp8 inputs runs in 32-bit lanes (8 per
-256-bit vector, which LLVM picks here, against native's 16-lane fp32 FMA): per term an
-exponent add and max, two multiplies, a truncating conversion and an integer add (6
-operations), and per block and lane about 25 more (the running sum's exponent, two
-powers of two, the rounding of an integer): (6 + 25 / b) / 8 operations per term
-against 1/16, about 25x for b = 4 (V100), 18x for b = 8 (A100) and 15x for b = 16 (H100)
-at equal instruction rates. The other scalar models run on float64 carriers (4 lanes)
-and need a TwoSum and a rounding per term (about 20 operations), a floor near 80x;
+variant, toward zero, and the chunked fp16 model with an fp32 total) is exactly the
+hardware's own fp16 fused multiply-add (or float32 multiply, add and one conversion), 32
+(16) lanes per instruction, so its floor is the native kernel's: about 1x, plus the
+im2col copy that oneDNN avoids. Without it (F16C only), every operation runs in 16
+float32 lanes, as native's FMA does: nearest even needs per term a widening of w, a
+multiply, TwoSum (6), the round-to-odd fix (about 5) and two conversions, about 15
+operations against native's one, a floor near 15x; toward zero one float32 FMA, two
+conversions and the overflow mark (about 5), near 5x. The block-FMA kernel on fp16/fp8
+inputs runs in the same 16 float32/int32 lanes (LLVM picks 512-bit vectors on Zen 4):
+per term an exponent add and max, two multiplies, a truncating conversion and an integer
+add (6 operations), and per block and lane about 25 more (the running sum's exponent, two
+powers of two, the rounding of an integer, overflow): 6 + 25 / b operations per term
+against one, about 12x for b = 4 (V100), 9x for b = 8 (A100) and 7.5x for b = 16 (H100)
+at equal instruction rates. The other scalar models run on float64 carriers (8 lanes) and
+need a TwoSum and a rounding per term (about 20 operations), a floor near 40x;
 stochastic rounding adds a counter-based random draw per term.
 """
 
