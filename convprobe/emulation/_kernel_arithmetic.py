@@ -337,7 +337,9 @@ def add_odd(x, y):
 @njit(cache=True, inline="always")
 def add_odd32(x, y):
     """x + y rounded to odd in float32: `add_odd`'s twin in 32-bit lanes (TwoSum's error is
-    exact in float32 too, short of overflow), every integer an int32 so lanes stay narrow."""
+    exact in float32 too, short of overflow), every integer an int32 so lanes stay narrow.
+    Rounded to nearest (MXCSR's default); callers keep far above float32's subnormals
+    (fp16 products are at least 2**-48)."""
     s = x + y
     bb = s - x
     err = (x - (s - bb)) + (y - bb)

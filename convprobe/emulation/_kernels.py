@@ -81,7 +81,7 @@ def native_fp16(fp, ic, inputs_fp16) -> bool:
     2**-14 can become 2**-14, where the model rounds with an unbounded exponent first
     and flushes it."""
     flushes = fp[ACCUMULATOR, F_KEEP_SUB] == 0.0
-    return (inputs_fp16 and _native_fp16.available(fma=False)  # the fp16 FMA where the CPU has one
+    return (inputs_fp16 and _native_fp16.available(fma=False)  # (F16C; the fp16 FMA is used where present)
             and (_native_toward_zero_ok(fp, ic)
                  or (not flushes and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))))
 

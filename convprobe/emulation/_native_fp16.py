@@ -25,8 +25,8 @@ The sequential fp16 model rounded toward zero runs here too, with each task's MX
 to toward zero (IEEE rounding control, which the fp16 FMA honours) and put back after;
 where the model overflows to inf and IEEE truncation stops at 65504, a float32 FMA of the
 same operands marks the lane (`_step`). Without the fp16 FMA, that float32 FMA and F16C's
-conversion, both truncating under MXCSR, compute it by themselves: truncating to float32
-and then to fp16 is truncating to fp16 (`_step`), so it needs F16C only.
+conversion, both truncating under MXCSR, give the truncated sum (truncating to float32
+and then to fp16 is truncating to fp16), and the same mark its overflow: F16C only.
 
 The chunked model with an fp16 accumulator, an fp32 total and fp16 output runs here too:
 each chunk's fp16 sum is this FMA chain from +0, folded into the fp32 total by one
@@ -55,12 +55,13 @@ __all__ = ["available", "convert", "sequential_gemm"]
 
 _ROWS = 4  # rows per task: independent accumulation chains
 _MXCSR_TOWARD_ZERO = 0x6000  # MXCSR rounding control bits 13-14: 11 is toward zero
-_FP16_OVERFLOW = 65536.0  # where truncation to fp16 leaves the finite range (2**16)
+_FP16_OVERFLOW = np.float32(65536.0)  # where truncation to fp16 leaves the finite range (2**16)
 
 
 def available(fma: bool = True) -> bool:
     """Whether the host CPU runs these kernels (and CONVPROBE_NATIVE_FP16 is not "0"): the
-    fp16 FMA needs AVX512-FP16; the addition=fp32 kernel (`fma=False`) F16C's conversions."""
+    fp16 FMA needs AVX512-FP16; the float32 ones (`fma=False`: addition=fp32, nearest even
+    and toward zero without the fp16 FMA) F16C's conversions."""
     return (os.environ.get("CONVPROBE_NATIVE_FP16", "1") != "0"
             and _host_has("avx512fp16" if fma else "f16c"))
 
@@ -151,8 +152,8 @@ def _flushed(r):
 
 
 @njit(cache=True, inline="always")
-def _step(av, wv, sv, add32, flush, rz, fp32):
-    """One accumulation step; `add32`, `flush`, `rz` and `fp32` are constants in each of
+def _step(av, wv, sv, add32, flush, rz, float32_only):
+    """One accumulation step; `add32`, `flush`, `rz` and `float32_only` are constants in each of
     the kernels below, so the branches fold away. (Passing a step function as an argument
     instead makes the dispatcher part of the cache key, which numba cannot pickle.)
 
@@ -161,7 +162,7 @@ def _step(av, wv, sv, add32, flush, rz, fp32):
     |exact sum| >= 65536); the float32 FMA of the same operands, truncated too, is at
     least 65536 exactly then, and marks those lanes.
 
-    `fp32`: no fp16 FMA, F16C's conversions and float32 arithmetic only. Toward zero, the
+    `float32_only`: no fp16 FMA, F16C's conversions and float32 arithmetic only. Toward zero, the
     float32 FMA truncated to fp16 by the conversion (which follows MXCSR) is the result:
     truncation to float32, then to fp16, is truncation to fp16, every fp16 value being a
     float32 one. Nearest even does not nest so: the exact sum s + p (p = a * b, exact in
@@ -169,9 +170,9 @@ def _step(av, wv, sv, add32, flush, rz, fp32):
     24 bits >= 11 + 2, so that is the sum rounded once (Boldo & Melquiond)."""
     if rz:
         t = fma_fp32(widen(av), widen(wv), widen(sv))
-        r = narrow(t) if fp32 else fma_fp16(av, wv, sv)
+        r = narrow(t) if float32_only else fma_fp16(av, wv, sv)
         r = ((r & 0x8000) | 0x7C00) if abs(t) >= _FP16_OVERFLOW else r
-    elif fp32 and not add32:
+    elif float32_only and not add32:
         r = narrow(add_odd32(widen(av) * widen(wv), widen(sv)))
     else:
         r = mul_add_fp32_fp16(av, wv, sv) if add32 else fma_fp16(av, wv, sv)
@@ -195,7 +196,7 @@ def _store(out, m, col0, s, total, chunk):
 
 
 @njit(cache=True, inline="always")
-def _gemm(a, w, out, col0, add32, flush, rz, fp32, chunk):
+def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk):
     """chunk = 0: one fp16 sum per output; chunk > 0: fp16 sums of `chunk` terms (from +0)
     folded into an fp32 total (`_fold`), which the output rounds to fp16. `rz`: each task
     rounds toward zero (MXCSR), and puts the thread's rounding mode back at its end."""
@@ -218,10 +219,10 @@ def _gemm(a, w, out, col0, add32, flush, rz, fp32, chunk):
                 a0, a1, a2, a3 = a[m0, k], a[m0 + 1, k], a[m0 + 2, k], a[m0 + 3, k]
                 for n in range(n_count):
                     wv = w[k, n]
-                    s0[n] = _step(a0, wv, s0[n], add32, flush, rz, fp32)
-                    s1[n] = _step(a1, wv, s1[n], add32, flush, rz, fp32)
-                    s2[n] = _step(a2, wv, s2[n], add32, flush, rz, fp32)
-                    s3[n] = _step(a3, wv, s3[n], add32, flush, rz, fp32)
+                    s0[n] = _step(a0, wv, s0[n], add32, flush, rz, float32_only)
+                    s1[n] = _step(a1, wv, s1[n], add32, flush, rz, float32_only)
+                    s2[n] = _step(a2, wv, s2[n], add32, flush, rz, float32_only)
+                    s3[n] = _step(a3, wv, s3[n], add32, flush, rz, float32_only)
                 if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                     _fold(t0, s0)
                     _fold(t1, s1)
@@ -238,7 +239,7 @@ def _gemm(a, w, out, col0, add32, flush, rz, fp32, chunk):
                 for k in range(k_count):
                     av = a[m, k]
                     for n in range(n_count):
-                        s[n] = _step(av, w[k, n], s[n], add32, flush, rz, fp32)
+                        s[n] = _step(av, w[k, n], s[n], add32, flush, rz, float32_only)
                     if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                         _fold(total, s)
                 _store(out, m, col0, s, total, chunk)
@@ -257,7 +258,7 @@ def _gemm_add32(a, w, out, col0, chunk):
 
 
 @njit(cache=True, parallel=True)
-def _gemm_odd32(a, w, out, col0, chunk):
+def _gemm_f32(a, w, out, col0, chunk):
     _gemm(a, w, out, col0, False, False, False, True, chunk)
 
 
@@ -272,19 +273,19 @@ def _gemm_fma_rz_flush(a, w, out, col0, chunk):
 
 
 @njit(cache=True, parallel=True)
-def _gemm_fma32_rz(a, w, out, col0, chunk):
+def _gemm_f32_rz(a, w, out, col0, chunk):
     _gemm(a, w, out, col0, False, False, True, True, 0)
 
 
 @njit(cache=True, parallel=True)
-def _gemm_fma32_rz_flush(a, w, out, col0, chunk):
+def _gemm_f32_rz_flush(a, w, out, col0, chunk):
     _gemm(a, w, out, col0, False, True, True, True, 0)
 
 
 _KERNELS = {(False, False, False, False): _gemm_fma, (True, False, False, False): _gemm_add32,
-            (False, False, False, True): _gemm_odd32,
+            (False, False, False, True): _gemm_f32,
             (False, False, True, False): _gemm_fma_rz, (False, True, True, False): _gemm_fma_rz_flush,
-            (False, False, True, True): _gemm_fma32_rz, (False, True, True, True): _gemm_fma32_rz_flush}
+            (False, False, True, True): _gemm_f32_rz, (False, True, True, True): _gemm_f32_rz_flush}
 
 
 def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
@@ -298,11 +299,14 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
     two-rounding float32 addition, `toward_zero` rounds each FMA toward zero (not with
     add32 or chunk), `flush` (with toward_zero only: see `_kernels.native_fp16`) flushes
     subnormal results to signed zero. `fp16_fma`: run the fp16 FMA (default: where the
-    CPU has it); without it, float32 arithmetic and F16C's conversions (`_step`).
+    CPU has it; addition=fp32 never needs it); without it, float32 arithmetic and F16C's
+    conversions (`_step`).
     """
     if toward_zero and (add32 or chunk) or flush and not toward_zero:
         raise ValueError("toward_zero takes the FMA alone (no add32, no chunk); flush needs toward_zero")
     fp16_fma = available() if fp16_fma is None else fp16_fma
+    if fp16_fma and not available():  # (LLVM would widen it to float32 and round twice)
+        raise ValueError("fp16_fma needs AVX512-FP16, which this CPU lacks")
     kernel = _KERNELS[bool(add32), bool(flush), bool(toward_zero), not (fp16_fma or add32)]
     kernel(a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0, int(chunk))
 
