@@ -39,8 +39,9 @@ __all__ = ["applies", "fits_float32", "fused", "gemm"]
 
 _NONE = -(1 << 28)  # the exponent of a zero addend, below every other; sums of two fit int32
 _LIVE = _NONE // 2  # an alignment exponent above this has a nonzero term or running sum
-_FP32_BITS, _FP32_EMIN = FP32.precision, FP32.emin  # the fused pass's block formats
-_FP16_BITS, _FP16_EMIN, _FP16_MAX = FP16.precision, FP16.emin, np.float32(FP16.max)
+# the fused pass's block formats (every integer here an int32: see below)
+_FP32_BITS, _FP32_EMIN = np.int32(FP32.precision), np.int32(FP32.emin)
+_FP16_BITS, _FP16_EMIN, _FP16_MAX = np.int32(FP16.precision), np.int32(FP16.emin), np.float32(FP16.max)
 # (Every integer below is an int32: one int64 operand - a Python int, a run-time argument -
 # widens the whole lane to 64 bits, which halved the fused fp16 pass's speed.)
 _I0, _I1, _I30 = np.int32(0), np.int32(1), np.int32(30)
@@ -130,7 +131,7 @@ def _block_fused(s, at, et, j, ew, w, width, adder_p, mode, fp16):
     normal, or fp16 (`fp16`), with its subnormal quantum, overflow to inf, and an infinite
     running sum kept. Width, mode and format are constants (as run-time values they stop
     the pass vectorising, 2.4x slower; an int64 anywhere widens its lanes: 2x for fp16)."""
-    bits, emin = (np.int32(_FP16_BITS), np.int32(_FP16_EMIN)) if fp16 else (np.int32(_FP32_BITS), np.int32(_FP32_EMIN))
+    bits, emin = (_FP16_BITS, _FP16_EMIN) if fp16 else (_FP32_BITS, _FP32_EMIN)
     adder_p = np.int32(adder_p)
     e0, e1, e2, e3 = ew[0], ew[1], ew[2], ew[3]
     w0, w1, w2, w3 = w[0], w[1], w[2], w[3]

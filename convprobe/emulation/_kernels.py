@@ -86,13 +86,6 @@ def native_fp16(fp, ic, inputs_fp16) -> bool:
                  or (not flushes and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))))
 
 
-def _direct_chunked_ok(fp, ic) -> bool:
-    """The chunked model `reduce_gemm_fp16_direct` computes with `chunk`: `_native_chunked_ok`
-    with subnormals kept and exact additions."""
-    return (_native_chunked_ok(fp, ic) and fp[ACCUMULATOR, F_KEEP_SUB] != 0.0
-            and fp[ADDITION, F_PRECISION] == 0.0)
-
-
 def fp16_carriers(fp, ic, inputs_fp16) -> bool:
     """Whether `gemm` takes float16 arrays (a, w and out) for this model and these inputs:
     where the CPU's own fp16 arithmetic computes it (`native_fp16`), and where the CPU
@@ -100,8 +93,7 @@ def fp16_carriers(fp, ic, inputs_fp16) -> bool:
     computes it with an fp16 output (their float64 arithmetic on fp16 bit patterns)."""
     return native_fp16(fp, ic, inputs_fp16) or (
         inputs_fp16 and _native_fp16.available(fma=False)
-        and (_fp16_direct_ok(fp, ic) or _direct_chunked_ok(fp, ic)
-             or (fast_ok(fp, ic) and same_format(fp[OUTPUT], FP16))))
+        and (_fp16_direct_ok(fp, ic) or (fast_ok(fp, ic) and same_format(fp[OUTPUT], FP16))))
 
 
 def _fits_float32(row) -> bool:
@@ -141,15 +133,15 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
         if native_fp16(fp, ic, True):
             _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0, add32=add32, flush=flush,
                                          toward_zero=ic[IC_MODE] == TOWARD_ZERO, chunk=chunk)
-        elif _fp16_direct_ok(fp, ic) or _direct_chunked_ok(fp, ic):  # fp16 storage, float64 arithmetic
+        elif _fp16_direct_ok(fp, ic):  # fp16 storage, float64 arithmetic (subnormals flushed)
             reduce_gemm_fp16_direct(a.view(np.uint16), _convert(w, np.float64), not flush, add32, out.view(np.uint16),
-                                    col0, chunk)
+                                    col0)
         else:
             reduce_gemm_fast(a.view(np.uint16), _convert(w, np.float64), fp, ic, np.uint64(seed), out.view(np.uint16),
                              col0)
     elif fast and inputs_fp16 and _fp16_direct_ok(fp, ic):
         reduce_gemm_fp16_direct(a, np.ascontiguousarray(w), fp[ACCUMULATOR, F_KEEP_SUB] != 0.0,
-                                fp[ADDITION, F_PRECISION] != 0.0, out, col0, 0)
+                                fp[ADDITION, F_PRECISION] != 0.0, out, col0)
     elif fast and fast_ok(fp, ic) and _nearest_ok(fp, ic):
         acc = fp[ACCUMULATOR]
         reduce_gemm_seq_nearest(a, np.ascontiguousarray(w), int(acc[F_PRECISION]), int(acc[F_EMIN]), acc[F_MAX],

@@ -6,7 +6,7 @@
 * `reduce_gemm_fast`: sequential and chunked models, row-tiled (one compiled kernel per
   rounding mode, and per mode one with a plain fp16 accumulator's limits as constants);
   two specialisations (nearest-even sequential; fp16 accumulation of fp16 products with
-  one float64 add per term, chunked too); `reduce_gemm_exact_fp16`: the exact model on
+  one float64 add per term); `reduce_gemm_exact_fp16`: the exact model on
   fp16 inputs in two int64 words. The row-tiled and fp16 kernels also read and write
   fp16 bit patterns (float16 carriers, `_kernels.fp16_carriers`).
 
@@ -25,7 +25,7 @@ from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNK
                                                     F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_CHUNK,
                                                     IC_KIND, IC_MODE, IC_RBITS, IC_SAT, NEAREST_EVEN, OUTPUT,
                                                     PRODUCT, SEQUENTIAL, STOCHASTIC, TILE, TOTAL, TOWARD_ZERO, _MASK52,
-                                                    _SIGN, add_fp32, add_odd, bitlen, f2i, i2f, load_f64, load_tile,
+                                                    _SIGN, add_odd, bitlen, f2i, i2f, load_f64, load_tile,
                                                     random_bits,
                                                     round_parts, round_slot, same_format, special_sum, store_f64,
                                                     stream_bits, stream_key)
@@ -141,8 +141,6 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
     kernel = (_BY_MODE_FP16 if plain_fp16 else _BY_MODE)[int(ic[IC_MODE])]
     kernel(a, w, fp, seed, out, col0, int(ic[IC_RBITS]), chunk, bool(ic[IC_SAT] != 0), bool(pp != 0 and pp <= 51),
            add_kind, bool(cp == 53), chunk > 0, int(fp[TOTAL, F_PRECISION]) == 53)
-
-
 
 
 def accumulates_fp16(fp) -> bool:
@@ -349,15 +347,14 @@ _FP16_LIMITS = (FP16.precision, FP16.emin, float(FP16.max))
 
 
 @njit(cache=True, parallel=True)
-def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0, chunk):
+def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
     """Sequential fp16 accumulation of fp16 (or fp8) products, nearest-even, overflow
     to inf: one float64 add and one rounding (`fast_round`) per term, no TwoSum, four rows
     of `a` per task (with a short N one row's chains would wait on the rounding's latency).
     With `add32` each addition is the hardware float32 add (exact operands: s is fp16 and p
     has 22 bits), then rounded to fp16 - the `addition=fp32` model, two roundings.
-    `chunk` > 0: the chunked model with an fp32 total - fp16 sums of `chunk` terms from
-    +0, each added to the total by one round-to-odd float64 addition and one float32
-    rounding (Boldo & Melquiond), the total rounded to fp16 at the end.
+    (Where the CPU has F16C, `_native_fp16` takes these models, and their chunked form,
+    unless they flush subnormals.)
 
     a, w and out are float64 arrays, or uint16 arrays holding fp16 bit patterns (the
     float16 carriers, converted in registers by F16C: `load_f64`, `store_f64`),
@@ -383,7 +380,6 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0, chunk):
     for t in prange((m_count + _ROWS - 1) // _ROWS):
         m0 = t * _ROWS
         s = np.zeros((_ROWS, n_count))
-        total = np.zeros((_ROWS, n_count if chunk else 1), np.float32)
         for k in range(k_count):  # (rows past the end repeat the last one, and are not stored)
             a0, a1 = load_f64(a[m0, k]), load_f64(a[min(m0 + 1, last), k])
             a2, a3 = load_f64(a[min(m0 + 2, last), k]), load_f64(a[min(m0 + 3, last), k])
@@ -393,16 +389,9 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0, chunk):
                 s[1, n] = _direct_step(s[1, n], a1 * wv, add32, p, elow, maxv, tiny, keep_sub)
                 s[2, n] = _direct_step(s[2, n], a2 * wv, add32, p, elow, maxv, tiny, keep_sub)
                 s[3, n] = _direct_step(s[3, n], a3 * wv, add32, p, elow, maxv, tiny, keep_sub)
-            if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
-                for r in range(_ROWS):
-                    for n in range(n_count):
-                        total[r, n] = add_fp32(total[r, n], s[r, n])
-                        s[r, n] = 0.0
         for r in range(min(_ROWS, m_count - m0)):
             for n in range(n_count):
-                v = fast_round(np.float64(total[r, n]), p, elow, maxv, tiny, True, keep_sub, NEAREST_EVEN, False,
-                               0, 1) if chunk else s[r, n]
-                out[m0 + r, col0 + n] = store_f64(out, v)
+                out[m0 + r, col0 + n] = store_f64(out, s[r, n])
 
 
 _ROWS = 4  # rows of `a` per task of the direct kernel: four independent rounding chains per lane

@@ -154,15 +154,12 @@ def test_sum_terms_equals_the_general_kernel_over_rows(spec):
 
 
 @pytest.mark.skipif(not _native_fp16.available(fma=False), reason="no F16C (or CONVPROBE_NATIVE_FP16=0)")
-@pytest.mark.parametrize("spec,chunk", [("sequential:fp16", 0), ("sequential:fp16:subnormals=flush", 0),
-                                        ("sequential:fp16:addition=fp32", 0),
-                                        ("sequential:fp16:addition=fp32:subnormals=flush", 0),
-                                        ("chunked:fp16:n=5", 5), ("chunked:fp16:n=1", 1)])
-def test_direct_kernel_on_fp16_bit_patterns_equals_the_general_kernel(spec, chunk):
-    """The direct kernel on float16 carriers (uint16 views, converted by F16C), its chunk
-    folding included, against the general kernel on float64, whatever the CPU's fp16 FMA:
-    every finite fp16 magnitude of both signs, so sums overflow and land among the
-    subnormals, and chunks that do and do not divide K."""
+@pytest.mark.parametrize("spec", ["sequential:fp16", "sequential:fp16:subnormals=flush", "sequential:fp16:addition=fp32",
+                                  "sequential:fp16:addition=fp32:subnormals=flush"])
+def test_direct_kernel_on_fp16_bit_patterns_equals_the_general_kernel(spec):
+    """The direct kernel on float16 carriers (uint16 views, converted by F16C) against the
+    general kernel on float64, whatever the CPU's fp16 FMA: every finite fp16 magnitude of
+    both signs, so sums overflow and land among the subnormals."""
     from convprobe.emulation._kernels_fast import reduce_gemm_fp16_direct
 
     model = em.parse_model(spec)
@@ -174,7 +171,7 @@ def test_direct_kernel_on_fp16_bit_patterns_equals_the_general_kernel(spec, chun
     half = np.empty((67, 9), np.float16)
     with np.errstate(all="ignore"):
         reduce_gemm_fp16_direct(a.view(np.uint16), w.astype(np.float64), model.subnormals == "keep",
-                                model.addition == FP32, half.view(np.uint16), 2, chunk)
+                                model.addition == FP32, half.view(np.uint16), 2)
         general = gemm(model, a, w, fast=False).astype(np.float16)  # (fp16 values and infinities: exact)
     assert_same_bits(half[:, 2:8], general)
     assert np.isinf(half[:, 2:8]).any() and (np.abs(half[:9, 2:8]) < 2.0**-14).all()
