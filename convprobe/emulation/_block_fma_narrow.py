@@ -35,7 +35,7 @@ from convprobe.emulation._kernels_fast import fast_round, round_normal
 from convprobe.formats import FP16, FP32
 from convprobe.options import CAddition
 
-__all__ = ["applies", "fits_float32", "fused", "gemm"]
+__all__ = ["applies", "fused", "gemm"]
 
 _NONE = -(1 << 28)  # the exponent of a zero addend, below every other; sums of two fit int32
 _LIVE = _NONE // 2  # an alignment exponent above this has a nonzero term or running sum
@@ -61,13 +61,8 @@ def applies(model) -> bool:
     fin, adder_p = model.input, model.adder.precision + model.extra_bits
     products = 2 * fin.precision <= 24 and 2 * (fin.emin - fin.precision + 1) >= -126 and 2 * fin.emax + 2 < 128
     scales = 2 * adder_p - 2 - 2 * fin.emin <= 127 and adder_p - 129 >= -126
-    return (_block_fma_compiled.applies(model) and products and scales and fits_float32(model.accumulator)
-            and fits_float32(model.block_format) and model.b << (adder_p + 1) <= 1 << 31)
-
-
-def fits_float32(fmt) -> bool:
-    """Whether every value of `fmt` is a float32 number."""
-    return fmt.precision <= 24 and fmt.emin >= -126 and fmt.max <= float(np.finfo(np.float32).max)
+    return (_block_fma_compiled.applies(model) and products and scales and FP32.holds(model.accumulator)
+            and FP32.holds(model.block_format) and model.b << (adder_p + 1) <= 1 << 31)
 
 
 def fused(model, normal: bool) -> int:

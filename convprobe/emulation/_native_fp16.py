@@ -312,25 +312,27 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
 
 
 @njit(cache=True, parallel=True)
-def _convert_all(x, out):
+def _convert_rows(x, out):
     for i in prange(x.shape[0]):
-        out[i] = store_f64(out, load_f64(x[i]))
+        for j in range(x.shape[1]):
+            out[i, j] = store_f64(out, load_f64(x[i, j]))
 
 
 def convert(x: np.ndarray, dtype) -> np.ndarray:
-    """x (float64 or float16) as a C-contiguous array of `dtype`, fp16 conversions by F16C
-    in parallel (NumPy converts float64 to and from float16 in software, about 5 ns an
-    element: as long as the kernel itself on a split-K slice). x's values must be exact in
-    `dtype` where it is float16 (fp16 inputs, fp16 results)."""
+    """x (float64, float32 or float16) as a C-contiguous array of `dtype`, fp16 conversions
+    by F16C in parallel (NumPy converts to and from float16 in software, about 5 ns an
+    element: as long as the kernel itself on a split-K slice), read in place from a 2-D
+    view (a composite's slice of its im2col) rather than copied first. x's values must be
+    exact in `dtype` where it is float16 (fp16 inputs, fp16 results)."""
     dtype = np.dtype(dtype)
-    pair = (np.dtype(x.dtype), dtype)
-    if pair not in ((np.dtype(np.float64), np.dtype(np.float16)), (np.dtype(np.float16), np.dtype(np.float64))) \
-            or not available(fma=False):
+    wide = (np.dtype(np.float64), np.dtype(np.float32))
+    narrowing, widening = x.dtype in wide and dtype == np.float16, x.dtype == np.float16 and dtype in wide
+    if not ((narrowing or widening) and available(fma=False)):
         return np.ascontiguousarray(x, dtype)
-    flat = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty(flat.shape, dtype)
-    if dtype == np.float16:
-        _convert_all(flat, out.view(np.uint16))
+    rows = x if x.ndim == 2 else np.ascontiguousarray(x).reshape(-1, 1)
+    out = np.empty(rows.shape, dtype)
+    if narrowing:
+        _convert_rows(rows, out.view(np.uint16))
     else:
-        _convert_all(flat.view(np.uint16), out)
+        _convert_rows(rows.view(np.uint16), out)
     return out.reshape(x.shape)

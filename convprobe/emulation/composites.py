@@ -82,7 +82,10 @@ class _Composite(AccumulationModel):
         self.inner.check_inputs(x, fp16_dtype, argument)
 
     def carrier(self, inputs_fp16: bool) -> type:
-        return np.float64  # (the inner model gets its own: `_inner_gemm`)
+        """float32 for fp16 inputs where float32 holds the output (im2col moves half the
+        bytes of float64; each inner model then takes its own carrier: `_inner_gemm`),
+        else float64."""
+        return np.float32 if inputs_fp16 and FP32.holds(self.output) else np.float64
 
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         return sum_terms_as_rows(self, terms)

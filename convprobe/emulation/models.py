@@ -421,7 +421,7 @@ class Blocked(AccumulationModel):
         format inside float32's: `_block_fma_narrow`), else float64."""
         from convprobe.emulation import _block_fma_narrow
 
-        narrow = _block_fma_narrow.applies(self) and _block_fma_narrow.fits_float32(self.output)
+        narrow = _block_fma_narrow.applies(self) and FP32.holds(self.output)
         return np.float32 if narrow else np.float64
 
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,

@@ -55,9 +55,12 @@ def test_composites_match_the_oracle(cases_budget):
                                   "splitk(length=4, sequential:fp16, combine=fp32, output=fp16)",
                                   "lanes(4, h100, combine=pairwise:fp32)",
                                   "splitk(2, lanes(3, v100, combine=sequential:fp32), combine=fp32)",
-                                  "reverse(chunked:fp16:n=5)"])
+                                  "reverse(chunked:fp16:n=5)", "lanes(8, sequential:fp32, combine=pairwise:fp32)"])
 def test_composite_convolutions_and_gradients_match_the_oracle(spec):
+    """On fp16 inputs, through the composite's float32 carrier (its output fits) and each
+    inner model's own."""
     model = em.parse_model(spec)
+    assert model.carrier(True) == np.float32 and model.carrier(False) == np.float64
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, 5, 5, 6)).astype(np.float16)
     w = rng.standard_normal((3, 3, 6, 3)).astype(np.float16)

@@ -170,6 +170,20 @@ def test_every_fp16_running_sum(fp16_fma, rounding, subnormals):
 
 
 @needs_f16c
+@pytest.mark.parametrize("wide", [np.float64, np.float32])
+def test_conversions_keep_every_fp16_code_point(wide):
+    """`convert` (F16C, in parallel) widens every fp16 code point exactly and narrows it back
+    to the same bits, NaNs aside; what it does not convert it leaves to NumPy."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    half = bits.view(np.float16)
+    widened = _native_fp16.convert(half, wide)
+    assert widened.dtype == wide and widened.flags.c_contiguous
+    np.testing.assert_array_equal(widened, half.astype(wide))  # (NaN == NaN here)
+    assert_same_bits(_native_fp16.convert(widened, np.float16), half)
+    assert _native_fp16.convert(widened, np.float64).dtype == np.float64
+
+
+@needs_f16c
 @pytest.mark.parametrize("model", [em.Sequential(FP16), em.Sequential(FP16, rounding="toward_zero"),
                                    em.Sequential(FP16, rounding="toward_zero", subnormals="flush"),
                                    em.parse_model("chunked:fp16:n=2")], ids=lambda m: m.to_spec())
