@@ -23,7 +23,10 @@ from convprobe.emulation.gpus import INPUTS, OUTPUTS, tensor_core_parameters
 from convprobe.emulation.rounding import round_to_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import BF16, FP16, FP32, FP64, TF32, parse_format
+from convprobe.backends import EmulatedBackend
 from convprobe.options import Alignment, CAddition, KLayout, Rounding
+from convprobe.probes.fingerprint import expected_properties, fingerprint_backend
+from convprobe.probes.fingerprint_ops import OPS, QUADRATIC_OPS
 from convprobe.testing.strategies import representable_arrays
 
 from .conftest import assert_same_bits
@@ -355,3 +358,12 @@ def test_the_32_bit_lanes_equal_the_float64_kernel_and_the_numpy_gemm(spec):
         assert np.isinf(first).any() and np.isfinite(first).any()
         if model.subnormals == "keep" and model.input.name == "fp16":
             assert ((first != 0) & (np.abs(first) < 2.0**-14)).any()
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if op not in QUADRATIC_OPS])
+def test_every_op_embedding_feeds_the_block_fma_model_in_index_order(op):
+    """The fingerprint reads blocked:fp16:b=4's own parameters through every op's embedding
+    on the emulator (as tests/probes/test_fingerprint.py does for the scalar models; here
+    because this file's process compiles the kernel the conv ops take, once for both)."""
+    model = em.parse_model("blocked:fp16:b=4")
+    assert fingerprint_backend(EmulatedBackend(model), op) == expected_properties(model)
