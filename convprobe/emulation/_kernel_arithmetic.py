@@ -13,7 +13,8 @@ The rounding works on float64 carriers (the 32-bit bitcasts and `bitlen32` serve
   add (nearest) or TwoSum with a one-ulp correction (toward zero).
 * The exact model sums products in a Kulisch-style long accumulator of 32-bit
   limbs (Kulisch & Miranker 1981) and rounds once; on fp16 inputs the fast kernel
-  uses a two-word int64 fixed point instead (`_kernels_fast.reduce_gemm_exact_fp16`).
+  splits each product into two float64 sums that stay exact
+  (`_kernels_fast.reduce_gemm_exact_fp16`).
 
 `round_parts` is the single rounding routine; `round_f64` and the slot helpers go
 through it, so the oracle (`convprobe.emulation.oracle`) checks one definition. The

@@ -7,7 +7,7 @@
   rounding mode, and per mode one with a plain fp16 accumulator's limits as constants);
   two specialisations (nearest-even sequential; fp16 accumulation of fp16 products with
   one float64 add per term); `reduce_gemm_exact_fp16`: the exact model on
-  fp16 inputs in two int64 words. The row-tiled and fp16 kernels also read and write
+  fp16 inputs, each product split into two float64 sums that stay exact. The row-tiled and fp16 kernels also read and write
   fp16 bit patterns (float16 carriers, `_kernels.fp16_carriers`).
 
 Each kernel is tested bit for bit against the general kernel (`_kernels_reference`) in
@@ -29,6 +29,7 @@ from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNK
                                                     random_bits,
                                                     round_parts, round_slot, same_format, special_sum, store_f64,
                                                     stream_bits, stream_key)
+from convprobe.emulation._native_fp32 import fma_fp64
 from convprobe.formats import FP16
 
 
@@ -406,8 +407,10 @@ def _direct_step(sv, pv, add32, p, elow, maxv, tiny, keep_sub):
     return y if ((f2i(t) >> 52) & 0x7FF) != 0x7FF else t
 
 
-_LOW_BITS = 48  # fp16 (and fp8) products are multiples of 2**-48 (2**-24 squared)
-_RENORMALISE = 1 << 14  # terms between carries of the low word: 2**14 * 2**48 < 2**63
+_LOW_BITS = 48  # fp16 (and fp8) products are multiples of 2**-48 (2**-24 squared), below 2**32
+_SPLIT = 2.0**-8  # each product splits into a multiple of this (its head) and a tail below half of it
+_SPLITTER = 1.5 * 2.0**52 * _SPLIT  # fma(a, w, _SPLITTER) - _SPLITTER: a * w rounded to a multiple of _SPLIT
+_BLOCK = 1 << 12  # terms per float64 block: heads sum below 2**45 (53 bits at 2**-8), tails below 2**3
 
 
 @njit(cache=True, inline="always")
@@ -415,6 +418,14 @@ def _carry(high, low):
     """(high, low) with low reduced to [0, 2**48): the same value high + low * 2**-48."""
     c = low >> _LOW_BITS
     return high + c, low - (c << _LOW_BITS)
+
+
+@njit(cache=True, inline="always")
+def _fixed(x):
+    """An exact float64 x (a multiple of 2**-48 below 2**62 in magnitude) as (whole, fraction * 2**48),
+    two int64s."""
+    whole = np.trunc(x)
+    return np.int64(whole), np.int64((x - whole) * 2.0**_LOW_BITS)
 
 
 @njit(cache=True)
@@ -447,44 +458,99 @@ def exact_fp16_ok(fp, ic, inputs_fp16) -> bool:
 
 @njit(cache=True, parallel=True)
 def reduce_gemm_exact_fp16(a, w, fp, ic, seed, out, col0):
-    """The exact model (one rounding of the exact sum) for fp16 or fp8 inputs: each product
-    p = a * w (exact in float64, a multiple of 2**-48 below 2**32) splits into its integer
-    part and its fraction scaled by 2**48, both exact int64s, summed in two int64 words -
-    a 128-bit fixed-point accumulator in two vector-friendly adds, in place of the
-    general kernel's long accumulator (`superacc_add`). Outputs with an inf or NaN product
-    take the IEEE rule of the general kernel."""
+    """The exact model (one rounding of the exact sum) for fp16 or fp8 inputs, row-tiled
+    and vectorised across the tile's rows in float64 arithmetic, no long accumulator
+    (`superacc_add`).
+
+    Each product p = a * w is exact (a multiple of 2**-48 below 2**32) and splits, without
+    error, into a head h = fma(a, w, 1.5 * 2**44) - 1.5 * 2**44 (p rounded to a multiple of
+    2**-8) and a tail fma(a, w, -h) = p - h (a multiple of 2**-48, at most 2**-9 in
+    magnitude). Over a block of 2**12 terms the heads sum below 2**45 and the tails below
+    2**3, within float64's 53 bits at their quanta: both float64 sums are exact. With K in
+    one block and a target of at most 51 bits, rounding nearest or toward zero, head + tail
+    rounded to odd is rounded once (`fast_round`, or `round_slot` for formats near float64's
+    limits) as the exact sum would be. Otherwise each block's sums move, exactly, into a
+    two-word int64 fixed point (integer part, fraction * 2**48), rounded once at the end
+    (`_round_fixed`). An inf or NaN product makes the tail sum NaN; those outputs take the
+    IEEE rule of the general kernel."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     width = out.shape[1]
     mode = ic[IC_MODE]
     sat = ic[IC_SAT] != 0
     rbits = ic[IC_RBITS]
-    scale = float(np.int64(1) << _LOW_BITS)
-    for m in prange(m_count):
-        high = np.zeros(n_count, dtype=np.int64)
-        low = np.zeros(n_count, dtype=np.int64)
-        check = np.zeros(n_count)  # NaN once any product is inf or NaN
-        for k in range(k_count):
-            av = a[m, k]
-            for n in range(n_count):
-                p = av * w[k, n]
-                whole = np.trunc(p)
-                high[n] += np.int64(whole) if math.isfinite(p) else 0
-                low[n] += np.int64((p - whole) * scale) if math.isfinite(p) else 0
-                check[n] += p * 0.0
-            if (k + 1) % _RENORMALISE == 0:
-                for n in range(n_count):
-                    high[n], low[n] = _carry(high[n], low[n])
+    # one block, rounded by nearest even or toward zero to at most 51 bits: head + tail rounded
+    # to odd in float64 is then rounded once as the exact sum would be (no fixed point)
+    odd = k_count <= _BLOCK and 0 < fp[ACCUMULATOR, F_PRECISION] <= 51 and mode != STOCHASTIC
+    # ... and by `fast_round`, vectorised, where both formats lie well inside float64's range
+    vector_finish = odd and 0 < fp[OUTPUT, F_PRECISION] <= 51 and min(fp[ACCUMULATOR, F_EMIN], fp[OUTPUT, F_EMIN]) >= -900
+    acc_limits, out_limits = _slot_params(fp, ACCUMULATOR), _slot_params(fp, OUTPUT)
+    for t in prange((m_count + TILE - 1) // TILE):
+        m0 = t * TILE
+        rows = min(TILE, m_count - m0)
+        at = np.zeros((k_count, TILE))
+        load_tile(a, m0, rows, at)
+        head = np.empty(TILE)
+        tail = np.empty(TILE)
+        high = np.empty(TILE, dtype=np.int64)
+        low = np.empty(TILE, dtype=np.int64)
+        special = np.empty(TILE, dtype=np.bool_)
+        finished = np.empty(TILE)
         for n in range(n_count):
-            index = m * width + col0 + n
-            r0 = random_bits(seed, index, 0, rbits) if mode == STOCHASTIC else 0
-            r1 = random_bits(seed, index, 1, rbits) if mode == STOCHASTIC else 0
-            if check[n] == check[n]:
-                h, lo = _carry(high[n], low[n])
-                s = _round_fixed(h, lo, fp, mode, sat, r0, rbits)
-            else:
-                s = _ieee_sum_of_specials(a, w, m, n)
-            out[m, col0 + n] = round_slot(s, fp, OUTPUT, mode, sat, r1, rbits)
+            high[:] = 0
+            low[:] = 0
+            special[:] = False
+            for k0 in range(0, k_count, _BLOCK):
+                head[:] = 0.0
+                tail[:] = 0.0
+                for k in range(k0, min(k0 + _BLOCK, k_count)):
+                    wv = np.float64(w[k, n])
+                    for i in range(TILE):
+                        h = fma_fp64(at[k, i], wv, _SPLITTER) - _SPLITTER
+                        head[i] += h
+                        tail[i] += fma_fp64(at[k, i], wv, -h)
+                if odd:
+                    break
+                for i in range(TILE):
+                    special[i] |= tail[i] != tail[i]
+                    hw, hf = _fixed(head[i]) if not special[i] else (0, 0)
+                    tw, tf = _fixed(tail[i]) if not special[i] else (0, 0)
+                    high[i], low[i] = _carry(high[i] + hw + tw, low[i] + hf + tf)
+            if vector_finish:
+                if mode == NEAREST_EVEN:
+                    _round_odd_sums(head, tail, acc_limits, out_limits, NEAREST_EVEN, sat, finished)
+                else:
+                    _round_odd_sums(head, tail, acc_limits, out_limits, TOWARD_ZERO, sat, finished)
+                for i in range(rows):
+                    bad = tail[i] != tail[i]
+                    out[m0 + i, col0 + n] = finished[i] if not bad else round_slot(
+                        _ieee_sum_of_specials(a, w, m0 + i, n), fp, OUTPUT, mode, sat, 0, rbits)
+                continue
+            for i in range(rows):
+                m = m0 + i
+                index = m * width + col0 + n
+                r0 = random_bits(seed, index, 0, rbits) if mode == STOCHASTIC else 0
+                r1 = random_bits(seed, index, 1, rbits) if mode == STOCHASTIC else 0
+                if odd:
+                    bad = tail[i] != tail[i]
+                    s = _ieee_sum_of_specials(a, w, m, n) if bad else round_slot(add_odd(head[i], tail[i]), fp,
+                                                                                   ACCUMULATOR, mode, sat, 0, rbits)
+                elif special[i]:
+                    s = _ieee_sum_of_specials(a, w, m, n)
+                else:
+                    s = _round_fixed(high[i], low[i], fp, mode, sat, r0, rbits)
+                out[m, col0 + n] = round_slot(s, fp, OUTPUT, mode, sat, r1, rbits)
+
+
+@njit(cache=True, inline="always")
+def _round_odd_sums(head, tail, acc_limits, out_limits, mode, sat, finished):
+    """finished[i] = head[i] + tail[i] (exact float64s) rounded once to the accumulator,
+    then to the output (`fast_round`, branch-free: the loop vectorises); `mode` a constant."""
+    cp, c_elow, c_max, c_tiny, c_inf, c_keep = acc_limits
+    op, o_elow, o_max, o_tiny, o_inf, o_keep = out_limits
+    for i in range(TILE):
+        y = fast_round(add_odd(head[i], tail[i]), cp, c_elow, c_max, c_tiny, c_inf, c_keep, mode, sat, 0, 1)
+        finished[i] = fast_round(y, op, o_elow, o_max, o_tiny, o_inf, o_keep, mode, sat, 0, 1)
 
 
 @njit(cache=True)

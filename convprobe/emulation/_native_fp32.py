@@ -39,6 +39,19 @@ def fma_fp32(typingctx, a, b, c):
     return sig, codegen
 
 
+@intrinsic
+def fma_fp64(typingctx, a, b, c):
+    """a * b + c in float64, one rounding (`llvm.fma.f64`, as `fma_fp32`)."""
+    sig = types.float64(types.float64, types.float64, types.float64)
+
+    def codegen(context, builder, signature, args):
+        f64 = ir.DoubleType()
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64, f64, f64]), "llvm.fma.f64")
+        return builder.call(fma, args)
+
+    return sig, codegen
+
+
 @njit(cache=True, parallel=True)
 def _gemm(a, w, out, col0):
     m_count, k_count = a.shape

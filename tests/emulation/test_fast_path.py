@@ -125,6 +125,33 @@ def test_exact_kernel_carries_over_long_sums(spec):
     assert_same_bits(gemm(model, big[:, :1], w[:1], fast=True), gemm(model, big[:, :1], w[:1], fast=False))
 
 
+def test_exact_kernel_keeps_the_last_bit_of_the_longest_sums():
+    """2**16 products of 2**30 (2**46 in all), the half-unit 2**22 of fp32 there, and one
+    product of 2**-8 or 2**-12 (a different sign in the last row): the tie that bit breaks
+    survives only if the float64 head and tail sums of the exact kernel are exact, up to
+    their block length and split point."""
+    k = 1 << 16
+    rows = np.full((3, k + 2), 2.0**15)
+    rows[:, k] = 2.0**11
+    rows[:, k + 1] = [2.0**-12, 2.0**-8, -(2.0**-8)]
+    rows[:, [5, k + 1]] = rows[:, [k + 1, 5]]  # (the tiny product among the first block's large ones)
+    w = np.full((k + 2, 1), 2.0**15)
+    w[[k, 5]] = [[2.0**11], [1.0]]
+    model = em.parse_model("exact:fp32")
+    expected = np.array([[2.0**46 + 2.0**23], [2.0**46 + 2.0**23], [2.0**46]])
+    assert_same_bits(gemm(model, rows, w, fast=True), expected)
+    assert_same_bits(gemm(model, rows, w, fast=False), expected)
+    # a block of 2**12 - 2 products of 5 * 2**-7 (159.92...), fp32's half-unit 2**-17 there,
+    # and 2**-48 last: the tails' sum must keep it (at a coarser split it is near 2**7 by then)
+    n = (1 << 12) - 2
+    row = np.concatenate([np.full(n, 5 * 2.0**-7), [2.0**-17, 2.0**-24]])
+    column = np.concatenate([np.ones(n + 1), [2.0**-24]])[:, None]
+    for fast in (True, False):
+        assert_same_bits(gemm(model, row[None], column, fast=fast), np.array([[n * 5 * 2.0**-7 + 2.0**-16]]))
+    for k in (n + 1, n + 2, n + 3, n + 4, n + 5):  # every term counted, in one block and across two
+        assert_same_bits(gemm(model, np.ones((1, k)), np.ones((k, 1)), fast=True), np.array([[float(k)]]))
+
+
 @pytest.mark.parametrize("spec", ["sequential:fp32", "sequential:fp16", "sequential:bf16", "pairwise:fp32",
                                   "pairwise:fp16", "pairwise:bf16"])
 def test_sum_terms_equals_the_general_kernel_over_rows(spec):
