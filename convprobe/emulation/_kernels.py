@@ -63,14 +63,22 @@ def _native_toward_zero_ok(fp, ic) -> bool:
     return (ic[IC_MODE] == TOWARD_ZERO and fp[ADDITION, F_PRECISION] == 0.0 and _fp16_direct_ok(fp, nearest))
 
 
+def float32_sums(fp, ic) -> bool:
+    """Whether float32 arithmetic computes this model's sums before its output rounding:
+    sequential or pairwise, exact products and additions, nearest even, an fp32
+    accumulator keeping subnormals, overflow to inf (each step is then the float32 add, or
+    on fp16 products the float32 FMA)."""
+    acc = fp[ACCUMULATOR]
+    return (ic[IC_KIND] in (SEQUENTIAL, PAIRWISE) and fp[PRODUCT, F_PRECISION] == 0.0
+            and fp[ADDITION, F_PRECISION] == 0.0 and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
+            and same_format(acc, FP32) and acc[F_KEEP_SUB] != 0.0)
+
+
 def native_fp32(fp, ic, inputs_fp16) -> bool:
     """Whether the CPU's float32 FMA computes this model on these inputs: the sequential
-    fp32 model (exact products and additions, nearest even, subnormals kept, overflow to
-    inf) of fp16 products (see `_native_fp32`)."""
-    acc = fp[ACCUMULATOR]
-    return (inputs_fp16 and ic[IC_KIND] == SEQUENTIAL and fp[PRODUCT, F_PRECISION] == 0.0
-            and fp[ADDITION, F_PRECISION] == 0.0 and ic[IC_MODE] == NEAREST_EVEN and ic[IC_SAT] == 0
-            and same_format(acc, FP32) and acc[F_KEEP_SUB] != 0.0 and (acc == fp[OUTPUT]).all())
+    fp32 model (`float32_sums`, output fp32) of fp16 products (see `_native_fp32`)."""
+    return (inputs_fp16 and ic[IC_KIND] == SEQUENTIAL and float32_sums(fp, ic)
+            and (fp[ACCUMULATOR] == fp[OUTPUT]).all())
 
 
 def native_fp16(fp, ic, inputs_fp16) -> bool:

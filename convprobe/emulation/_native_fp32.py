@@ -11,6 +11,11 @@ float64 kernels bit for bit.
 
 Each parallel task runs four rows together so that four independent FMA chains hide the
 instruction's latency; LLVM vectorises the loop over output channels.
+
+`lanes_gemm` is the same step with the terms dealt to interleaved accumulators (term k to
+lane k mod W), whose sums are then added in float32, in order or as a pairwise tree: the
+`Lanes` composite of that model with a float32 combine (each float32 addition of two
+float32 numbers is the exact sum rounded once, nearest even, as the model's).
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["fma_fp32", "sequential_gemm"]
+__all__ = ["fma_fp32", "fma_fp64", "lanes_gemm", "sequential_gemm"]
 
 _ROWS = 4  # rows per task: independent accumulation chains
+_TILE = 64  # rows per task of the lanes kernel, its inner loop: four 16-lane vectors
 
 
 @intrinsic
@@ -91,3 +97,49 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int) ->
     """out[:, col0:col0 + N] = sequential fp32 sums of a (M, K) against w (K, N), in K order;
     a, w (holding fp16 or narrower values) and out are float32 arrays, a and w C-contiguous."""
     _gemm(a, w, out, col0)
+
+
+@njit(cache=True, parallel=True)
+def _lanes_gemm(a, w, width, pairwise, out, col0):
+    m_count, k_count = a.shape
+    n_count = w.shape[1]
+    for t in prange((m_count + _TILE - 1) // _TILE):
+        m0 = t * _TILE
+        rows = min(_TILE, m_count - m0)
+        at = np.zeros((k_count, _TILE), np.float32)  # the tile's rows, transposed
+        for i in range(rows):
+            for k in range(k_count):
+                at[k, i] = a[m0 + i, k]
+        s = np.empty((width, _TILE), np.float32)
+        for n in range(n_count):
+            s[:] = 0.0
+            for k in range(k_count):
+                wv, lane = w[k, n], k % width
+                for i in range(_TILE):
+                    s[lane, i] = fma_fp32(at[k, i], wv, s[lane, i])
+            if pairwise:  # adjacent pairs, level by level, an odd last sum carried up
+                count = width
+                while count > 1:
+                    half = count // 2
+                    for j in range(half):
+                        for i in range(_TILE):
+                            s[j, i] = s[2 * j, i] + s[2 * j + 1, i]
+                    if count & 1:
+                        s[half] = s[count - 1]
+                    count = half + (count & 1)
+                for i in range(rows):
+                    out[m0 + i, col0 + n] = s[0, i]
+            else:  # in lane order, from +0
+                for i in range(rows):
+                    total = np.float32(0.0)
+                    for lane in range(width):
+                        total += s[lane, i]
+                    out[m0 + i, col0 + n] = total
+
+
+def lanes_gemm(a: np.ndarray, w: np.ndarray, width: int, pairwise: bool, out: np.ndarray, col0: int) -> None:
+    """out[:, col0:col0 + N] = float32 sums of a (M, K) against w (K, N) in `width`
+    interleaved sequential accumulators (term k to lane k mod width, each from +0), the lane
+    sums then added in float32 in lane order from +0, or pairwise (`pairwise`); a and w
+    (holding fp16 or narrower values) and out float32, w C-contiguous."""
+    _lanes_gemm(a, w, width, pairwise, out, col0)

@@ -9,7 +9,9 @@
 * `Lanes` - the terms dealt round-robin to `width` accumulators (term k to lane
   k mod width), each lane reduced by `inner`, and the lane results then reduced, in
   lane order, by the model `combine` (as products with 1): what a SIMD reduction over
-  the contracted axis does.
+  the contracted axis does. With the sequential fp32 model inside and a float32 combine,
+  on fp16 inputs, one compiled kernel runs both on the CPU's float32 arithmetic
+  (`_native_fp32.lanes_gemm`).
 * `Reverse` - the terms reduced by `inner` from the last to the first, as a fold that
   adds each accumulator into the next one's sum does (Eigen's inner product combines its
   packet accumulators as ``p0 + (p1 + (p2 + p3))``).
@@ -28,8 +30,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from convprobe.emulation import _kernels as K
+from convprobe.emulation import _native_fp32
 from convprobe.emulation._native_fp16 import convert
-from convprobe.emulation.models import AccumulationModel, Sequential, sum_terms_as_rows
+from convprobe.emulation.models import AccumulationModel, Sequential, kernel_config, sum_terms_as_rows
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32, Format
@@ -235,8 +239,24 @@ class Lanes(_Composite):
                 for lane in range(self.width)]
         return self._finish(self._combined(sums))
 
+    def _float32_lanes(self, inputs_fp16: bool) -> bool:
+        """Whether the CPU's float32 arithmetic computes the lanes and their combination
+        (`_native_fp32.lanes_gemm`): fp16 inputs, the inner model the float32 FMA
+        (`_kernels.native_fp32`), the combine float32 additions (`_kernels.float32_sums`)."""
+        (fp, ic, _), (cfp, cic, _) = kernel_config(self.inner), kernel_config(self.combine)
+        return K.native_fp32(fp, ic, inputs_fp16) and K.float32_sums(cfp, cic)
+
     def gemm_into(self, a, w, out, col0, inputs_fp16):
         m, n = a.shape[0], w.shape[1]
+        if a.dtype == np.float32 and self._float32_lanes(inputs_fp16):
+            sums = np.empty((m, n), np.float32)
+            pairwise = kernel_config(self.combine)[1][K.IC_KIND] == K.PAIRWISE
+            _native_fp32.lanes_gemm(a, np.ascontiguousarray(w), self.width, pairwise, sums, 0)
+            combined = sums if self.combine.output == FP32 else round_to_format(
+                sums, self.combine.output, Rounding.NEAREST_EVEN, subnormals=self.combine.subnormals,
+                overflow=self.combine.overflow)
+            out[:, col0:col0 + n] = self._finish(np.asarray(combined, np.float64))
+            return
         sums = [_inner_gemm(self.inner, a[:, lane::self.width], w[lane::self.width], inputs_fp16)
                 for lane in range(self.width)]
         out[:, col0:col0 + n] = self._finish(self._combined(sums)).reshape(m, n)

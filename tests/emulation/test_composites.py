@@ -73,6 +73,44 @@ def test_composite_convolutions_and_gradients_match_the_oracle(spec):
                          oracle.conv2d_backprop_filter(x, dy, w.shape, model))
 
 
+FLOAT32_LANES = ["lanes(8, sequential:fp32, combine=pairwise:fp32)", "lanes(3, sequential:fp32, combine=sequential:fp32)",
+                 "lanes(16, sequential:fp32, combine=pairwise:fp32:output=fp16)", "lanes(1, sequential:fp32, combine=pairwise:fp32)",
+                 "lanes(5, sequential:fp32, combine=sequential:fp32, output=fp16)", "lanes(40, sequential:fp32, combine=pairwise:fp32)"]
+
+
+@pytest.mark.parametrize("spec", FLOAT32_LANES)
+def test_the_float32_lanes_kernel_equals_the_lanes_reduced_one_by_one(spec):
+    """On float32 carriers (fp16 inputs) `_native_fp32.lanes_gemm` computes these models;
+    on float64 ones each lane is the inner model's GEMM of a strided slice and the combine
+    model reduces them: bit for bit the same, with rows across the kernel's 64-row tile, K
+    below, at and above the width, signed zeros, fp16's largest values, inf and NaN."""
+    model = em.parse_model(spec)
+    assert model._float32_lanes(True) and not model._float32_lanes(False)
+    rng = np.random.default_rng(11)
+    for k in (1, 7, 8, 33, 300):
+        scale = rng.choice([2.0**-12, 1.0, 2.0**12], size=(130, k))
+        a = (rng.standard_normal((130, k)) * scale).astype(np.float16)
+        w = rng.standard_normal((k, 5)).astype(np.float16)
+        a[0], w[:, 0] = -0.0, 1.0  # (every product of row 0 with column 0 is -0)
+        a[1, 0], a[2], a[3, -1] = np.inf, 65504.0, np.nan
+        fast = np.empty((130, 5), np.float32)
+        model.gemm_into(a.astype(np.float32), w.astype(np.float32), fast, 0, True)
+        lane_by_lane = np.empty((130, 5))
+        with np.errstate(invalid="ignore"):
+            model.gemm_into(a.astype(np.float64), w.astype(np.float64), lane_by_lane, 0, True)
+        assert_same_bits(fast.astype(np.float64), lane_by_lane)
+
+
+@pytest.mark.parametrize("spec", FLOAT32_LANES[:3])
+def test_float32_lanes_convolutions_match_the_oracle(spec):
+    """81 output rows: across the lanes kernel's tile."""
+    model = em.parse_model(spec)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 11, 11, 2)).astype(np.float16)
+    w = rng.standard_normal((3, 3, 2, 2)).astype(np.float16)
+    assert_same_bits(em.conv2d(x, w, model), oracle.conv2d(x, w, model))
+
+
 def test_split_k_combines_partials_in_the_combine_format():
     """Two halves of 2048 + 1 each: summed in fp16 the 1s are lost; in fp32 they are kept."""
     a = np.array([[2048.0, 1.0, 2048.0, 1.0]], np.float16)
