@@ -51,7 +51,7 @@ from numba.extending import intrinsic
 from convprobe.emulation._kernel_arithmetic import add_fp32, add_odd32, load_f64, narrow, store_f64, widen
 from convprobe.emulation._native_fp32 import fma_fp32
 
-__all__ = ["available", "convert", "sequential_gemm"]
+__all__ = ["available", "chunked_gemm_fp32_total", "convert", "sequential_gemm"]
 
 _ROWS = 4  # rows per task: independent accumulation chains
 _MXCSR_TOWARD_ZERO = 0x6000  # MXCSR rounding control bits 13-14: 11 is toward zero
@@ -189,17 +189,22 @@ def _fold(total, s):
 
 
 @njit(cache=True, inline="always")
-def _store(out, m, col0, s, total, chunk):
-    """Row m of the results: the fp16 sums, or the fp32 chunk totals rounded to fp16."""
+def _store(out, m, col0, s, total, chunk, wide):
+    """Row m of the results: the fp16 sums, or the fp32 chunk totals rounded to fp16, or
+    (`wide`, a float32 `out`) the fp32 totals themselves."""
     for n in range(s.shape[0]):
-        out[m, col0 + n] = narrow(total[n]) if chunk else s[n]
+        if wide:
+            out[m, col0 + n] = total[n]
+        else:
+            out[m, col0 + n] = narrow(total[n]) if chunk else s[n]
 
 
 @njit(cache=True, inline="always")
-def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk):
+def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk, wide=False):
     """chunk = 0: one fp16 sum per output; chunk > 0: fp16 sums of `chunk` terms (from +0)
-    folded into an fp32 total (`_fold`), which the output rounds to fp16. `rz`: each task
-    rounds toward zero (MXCSR), and puts the thread's rounding mode back at its end."""
+    folded into an fp32 total (`_fold`), which the output rounds to fp16, or which `wide`
+    stores in a float32 `out`. `rz`: each task rounds toward zero (MXCSR), and puts the
+    thread's rounding mode back at its end."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     tasks = (m_count + _ROWS - 1) // _ROWS
@@ -228,10 +233,10 @@ def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk):
                     _fold(t1, s1)
                     _fold(t2, s2)
                     _fold(t3, s3)
-            _store(out, m0, col0, s0, t0, chunk)
-            _store(out, m0 + 1, col0, s1, t1, chunk)
-            _store(out, m0 + 2, col0, s2, t2, chunk)
-            _store(out, m0 + 3, col0, s3, t3, chunk)
+            _store(out, m0, col0, s0, t0, chunk, wide)
+            _store(out, m0 + 1, col0, s1, t1, chunk, wide)
+            _store(out, m0 + 2, col0, s2, t2, chunk, wide)
+            _store(out, m0 + 3, col0, s3, t3, chunk, wide)
         else:
             for m in range(m0, m_count):
                 s = np.zeros(n_count, np.uint16)
@@ -242,7 +247,7 @@ def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk):
                         s[n] = _step(av, w[k, n], s[n], add32, flush, rz, float32_only)
                     if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                         _fold(total, s)
-                _store(out, m, col0, s, total, chunk)
+                _store(out, m, col0, s, total, chunk, wide)
         if rz:
             restore_mxcsr(mxcsr)
 
@@ -260,6 +265,21 @@ def _gemm_add32(a, w, out, col0, chunk):
 @njit(cache=True, parallel=True)
 def _gemm_f32(a, w, out, col0, chunk):
     _gemm(a, w, out, col0, False, False, False, True, chunk)
+
+
+@njit(cache=True, parallel=True)
+def _gemm_fma_wide(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, False, False, False, False, chunk, True)
+
+
+@njit(cache=True, parallel=True)
+def _gemm_add32_wide(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, True, False, False, False, chunk, True)
+
+
+@njit(cache=True, parallel=True)
+def _gemm_f32_wide(a, w, out, col0, chunk):
+    _gemm(a, w, out, col0, False, False, False, True, chunk, True)
 
 
 @njit(cache=True, parallel=True)
@@ -286,6 +306,15 @@ _KERNELS = {(False, False, False, False): _gemm_fma, (True, False, False, False)
             (False, False, False, True): _gemm_f32,
             (False, False, True, False): _gemm_fma_rz, (False, True, True, False): _gemm_fma_rz_flush,
             (False, False, True, True): _gemm_f32_rz, (False, True, True, True): _gemm_f32_rz_flush}
+_WIDE_KERNELS = {(False, False): _gemm_fma_wide, (True, False): _gemm_add32_wide, (False, True): _gemm_f32_wide}
+
+
+def _fp16_fma(requested: bool | None) -> bool:
+    """Whether a kernel runs the fp16 FMA: by default where the CPU has it; requested
+    without it, refused (LLVM would widen it to float32 and round twice)."""
+    if requested and not available():
+        raise ValueError("fp16_fma needs AVX512-FP16, which this CPU lacks")
+    return available() if requested is None else requested
 
 
 def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
@@ -304,11 +333,19 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
     """
     if toward_zero and (add32 or chunk) or flush and not toward_zero:
         raise ValueError("toward_zero takes the FMA alone (no add32, no chunk); flush needs toward_zero")
-    fp16_fma = available() if fp16_fma is None else fp16_fma
-    if fp16_fma and not available():  # (LLVM would widen it to float32 and round twice)
-        raise ValueError("fp16_fma needs AVX512-FP16, which this CPU lacks")
+    fp16_fma = _fp16_fma(fp16_fma)
     kernel = _KERNELS[bool(add32), bool(flush), bool(toward_zero), not (fp16_fma or add32)]
     kernel(a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0, int(chunk))
+
+
+def chunked_gemm_fp32_total(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *, add32: bool,
+                            chunk: int, fp16_fma: bool | None = None) -> None:
+    """`sequential_gemm` with `chunk`, the fp32 totals stored as they are in a float32 `out`
+    (split-K: fp16 partial sums of `chunk` terms combined in fp32); a and w float16."""
+    if chunk < 1 or out.dtype != np.float32:
+        raise ValueError("chunked_gemm_fp32_total takes chunk >= 1 and a float32 out")
+    kernel = _WIDE_KERNELS[bool(add32), not (_fp16_fma(fp16_fma) or add32)]
+    kernel(a.view(np.uint16), w.view(np.uint16), out, col0, int(chunk))
 
 
 @njit(cache=True, parallel=True)

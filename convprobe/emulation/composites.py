@@ -6,6 +6,8 @@
   are summed in order into a running total in `combine` (nearest even, from +0), as
   split-K GEMMs and chunked CPU kernels combine their slices; or, with a model as
   `combine` (``combine=pairwise:fp32``), reduced by that model, as a tree of chunk sums.
+  With the sequential fp16 model inside, combined in fp32, on fp16 inputs, one compiled
+  kernel computes ranges and total (`_native_fp16.chunked_gemm_fp32_total`).
 * `Lanes` - the terms dealt round-robin to `width` accumulators (term k to lane
   k mod width), each lane reduced by `inner`, and the lane results then reduced, in
   lane order, by the model `combine` (as products with 1): what a SIMD reduction over
@@ -31,13 +33,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from convprobe.emulation import _kernels as K
-from convprobe.emulation import _native_fp32
+from convprobe.emulation import _native_fp16, _native_fp32
 from convprobe.emulation._native_fp16 import convert
 from convprobe.emulation.models import AccumulationModel, Sequential, kernel_config, sum_terms_as_rows
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32, Format
-from convprobe.options import Rounding
+from convprobe.options import Overflow, Rounding, Subnormals
 
 __all__ = ["SplitK", "Lanes", "Reverse", "COMPOSITE_KINDS", "ranges", "split_arguments",
            "parse_composite"]
@@ -111,9 +113,14 @@ class _Composite(AccumulationModel):
                                overflow=self.overflow)
 
 
+def range_length(k: int, parts: int | None, length: int | None) -> int:
+    """The length of a split's ranges (the last may be shorter): ceil(k/parts), or `length`."""
+    return length if length is not None else max(1, -(-k // parts))
+
+
 def ranges(k: int, parts: int | None, length: int | None) -> list[tuple[int, int]]:
     """The contiguous K ranges of a split: `parts` of ceil(k/parts), or runs of `length`."""
-    step = length if length is not None else max(1, -(-k // parts))
+    step = range_length(k, parts, length)
     return [(j, min(j + step, k)) for j in range(0, max(k, 1), step)] if k else [(0, 0)]
 
 
@@ -183,10 +190,29 @@ class SplitK(_Composite):
             accumulator=self.accumulator, subnormals=self.subnormals, overflow=self.overflow)
         return _reduced_by(combine, parts).reshape(parts[0].shape)
 
+    def _fp16_ranges_fp32_total(self, inputs_fp16: bool) -> bool:
+        """Whether `_native_fp16.chunked_gemm_fp32_total` computes the partial sums and
+        their combination: the inner model one that the CPU's fp16 arithmetic (or F16C and
+        float32) computes, sequential with nearest even (`_kernels.native_fp16`), combined
+        in fp32 (a format), subnormals kept, overflow to inf."""
+        if (self.combine is not None or self.accumulator != FP32 or self.subnormals != Subnormals.KEEP
+                or self.overflow != Overflow.INF):
+            return False
+        fp, ic, _ = kernel_config(self.inner)
+        return ic[K.IC_KIND] == K.SEQUENTIAL and ic[K.IC_MODE] == K.NEAREST_EVEN and K.native_fp16(fp, ic, inputs_fp16)
+
     def gemm_into(self, a, w, out, col0, inputs_fp16):
+        n = w.shape[1]
+        if out.dtype == np.float32 and self._fp16_ranges_fp32_total(inputs_fp16):
+            totals = np.empty((a.shape[0], n), np.float32)
+            add32 = kernel_config(self.inner)[0][K.ADDITION, K.F_PRECISION] != 0.0
+            _native_fp16.chunked_gemm_fp32_total(convert(a, np.float16), convert(w, np.float16), totals, 0,
+                                                 add32=add32, chunk=range_length(a.shape[1], self.parts, self.length))
+            out[:, col0:col0 + n] = self._finish(totals)
+            return
         parts = [_inner_gemm(self.inner, a[:, j0:j1], w[j0:j1], inputs_fp16)
                  for j0, j1 in ranges(a.shape[1], self.parts, self.length)]
-        out[:, col0:col0 + w.shape[1]] = self._finish(self._combined(parts))
+        out[:, col0:col0 + n] = self._finish(self._combined(parts))
 
 
 @dataclass(frozen=True)

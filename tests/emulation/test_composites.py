@@ -111,6 +111,34 @@ def test_float32_lanes_convolutions_match_the_oracle(spec):
     assert_same_bits(em.conv2d(x, w, model), oracle.conv2d(x, w, model))
 
 
+FP16_RANGES = ["splitk(4, sequential:fp16, combine=fp32)", "splitk(1, sequential:fp16, combine=fp32)",
+               "splitk(length=7, sequential:fp16:addition=fp32, combine=fp32)",
+               "splitk(3, sequential:fp16, combine=fp32, output=fp16)", "splitk(length=64, sequential:fp16, combine=fp32)"]
+
+
+@pytest.mark.parametrize("spec", FP16_RANGES)
+def test_the_fp16_ranges_kernel_equals_the_ranges_reduced_one_by_one(spec):
+    """On float32 carriers (fp16 inputs) `_native_fp16.chunked_gemm_fp32_total` computes
+    these splits; on float64 ones each range is the inner model's GEMM and the partial
+    results are summed in fp32: bit for bit the same, K below, at and above the parts,
+    ranges that overflow fp16 (inf, and inf - inf), a NaN, and sums that stay finite only in fp32."""
+    model = em.parse_model(spec)
+    assert model._fp16_ranges_fp32_total(True) and not model._fp16_ranges_fp32_total(False)
+    rng = np.random.default_rng(13)
+    for k in (1, 3, 4, 9, 130):
+        a = (rng.standard_normal((37, k)) * rng.choice([2.0**-12, 1.0, 2.0**6], size=(37, k))).astype(np.float16)
+        w = rng.standard_normal((k, 6)).astype(np.float16)
+        a[0], w[:, 0] = 300.0, 300.0  # (each range of row 0, column 0 overflows fp16: 90,000 a term)
+        a[1, ::2], a[1, 1::2], a[2, -1] = 65504.0, -65504.0, np.nan
+        a[3], w[:, 1] = 255.0, 255.0  # (65,025 a term: finite once ranges are 1 term long)
+        fast = np.empty((37, 6), np.float32)
+        with np.errstate(invalid="ignore"):
+            model.gemm_into(a.astype(np.float32), w.astype(np.float32), fast, 0, True)
+            range_by_range = np.empty((37, 6))
+            model.gemm_into(a.astype(np.float64), w.astype(np.float64), range_by_range, 0, True)
+        assert_same_bits(fast.astype(np.float64), range_by_range)
+
+
 def test_split_k_combines_partials_in_the_combine_format():
     """Two halves of 2048 + 1 each: summed in fp16 the 1s are lost; in fp32 they are kept."""
     a = np.array([[2048.0, 1.0, 2048.0, 1.0]], np.float16)

@@ -224,3 +224,27 @@ def test_float16_carriers_keep_the_input_checks(spec):
     w = np.ones((1, 2, 1, 1), np.float16)
     with pytest.raises(InvalidArgument, match="x contains inf, which the accumulator format fp8_e4m3"):
         em.conv2d(x, w, model)
+
+
+@needs_f16c
+@pytest.mark.parametrize("fp16_fma", [False, pytest.param(True, marks=needs_fp16_fma)])
+@pytest.mark.parametrize("addition", ["exact", "fp32"])
+def test_chunk_totals_kept_in_float32_are_the_chunked_model_with_an_fp32_output(fp16_fma, addition):
+    """`chunked_gemm_fp32_total` (split-K's fp16 ranges summed in fp32) is the chunked
+    model with an fp32 output: the general float64 kernel's results bit for bit, for
+    chunks of 1, 5 and more than K, on fp16 values of every size and sign (chunks that
+    overflow fp16, inf - inf), small ones (exact sums) included."""
+    rng = np.random.default_rng(17)
+    a, w = _random_fp16(rng, (70, 23)), _random_fp16(rng, (23, 9), hi=0x5000)  # (w below 32)
+    a[:35] = rng.standard_normal((35, 23)).astype(np.float16)
+    for chunk in (1, 5, 40):
+        model = em.parse_model(f"chunked:fp16:n={chunk}:addition={addition}:output=fp32")
+        fp, ic, _ = kernel_config(model)
+        got = np.empty((70, 9), np.float32)
+        with np.errstate(all="ignore"):
+            _native_fp16.chunked_gemm_fp32_total(a, w, got, 0, add32=addition == "fp32", chunk=chunk,
+                                                 fp16_fma=fp16_fma)
+            want = np.empty(got.shape)
+            K.gemm(a.astype(np.float64), w.astype(np.float64), fp, ic, 0, want, 0, fast=False)
+        assert_same_bits(got.astype(np.float64), want)
+        assert np.isfinite(got[:35]).all() and not np.isfinite(got[35:]).all()
