@@ -23,9 +23,16 @@ per term an exponent add and max, two multiplies, a truncating conversion and an
 add (6 operations), and per block and lane about 25 more (the running sum's exponent, two
 powers of two, the rounding of an integer, overflow): 6 + 25 / b operations per term
 against one, about 12x for b = 4 (V100), 9x for b = 8 (A100) and 7.5x for b = 16 (H100)
-at equal instruction rates. The other scalar models run on float64 carriers (8 lanes) and
-need a TwoSum and a rounding per term (about 20 operations), a floor near 40x;
-stochastic rounding adds a counter-based random draw per term.
+at equal instruction rates. The exact model on fp16 inputs splits each product by two
+FMAs and a subtraction into two float64 sums (5 operations in 8 lanes, 10 against one),
+near 10x plus one rounding per output. Lanes of the sequential fp32 model with a float32
+combine run on native's own FMA (floor 1x, plus im2col and the row tile's transposition);
+split-K of sequential fp16 combined in fp32 is sequential fp16's kernel with its chunk
+totals kept (about 15x). Stochastic rounding runs on float64/int64 carriers (8 lanes):
+its counter-based draw (SplitMix64: 8 int64 operations, two of them 64-bit multiplies) is
+by itself 16 operations against native's one, before the TwoSum (6) and the stochastic
+rounding (about 20), a floor near 60x. Getting it under 20x needs a 32-bit generator in 16
+lanes, which would change every seeded result recorded so far.
 """
 
 from __future__ import annotations
