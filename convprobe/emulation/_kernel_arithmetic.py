@@ -13,8 +13,8 @@ The rounding works on float64 carriers (the 32-bit bitcasts and `bitlen32` serve
   add (nearest) or TwoSum with a one-ulp correction (toward zero).
 * The exact model sums products in a Kulisch-style long accumulator of 32-bit
   limbs (Kulisch & Miranker 1981) and rounds once; on fp16 inputs the fast kernel
-  splits each product into two float64 sums that stay exact
-  (`_kernels_fast.reduce_gemm_exact_fp16`).
+  splits each product into two float64 sums that stay exact over a block, folded into
+  a two-word int64 fixed point past one block (`_kernels_fast.reduce_gemm_exact_fp16`).
 
 `round_parts` is the single rounding routine; `round_f64` and the slot helpers go
 through it, so the oracle (`convprobe.emulation.oracle`) checks one definition. The
@@ -37,7 +37,7 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 # format slots (rows) of the fp table
@@ -511,3 +511,24 @@ def special_sum(nan, pinf, ninf):
         return math.nan
     return math.inf if pinf else -math.inf
 
+
+def _llvm_fma(ty, name):
+    """Code generation of a call to LLVM's fused multiply-add `name` on type `ty`."""
+    def codegen(context, builder, signature, args):
+        return builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name), args)
+
+    return codegen
+
+
+@intrinsic
+def fma_fp32(typingctx, a, b, c):
+    """a * b + c in float32, one rounding (in the rounding mode MXCSR sets): `llvm.fma.f32`,
+    a single instruction where the CPU has FMA, the C library's `fmaf` elsewhere, never a
+    multiply and an add."""
+    return types.float32(types.float32, types.float32, types.float32), _llvm_fma(ir.FloatType(), "llvm.fma.f32")
+
+
+@intrinsic
+def fma_fp64(typingctx, a, b, c):
+    """a * b + c in float64, one rounding (`llvm.fma.f64`, as `fma_fp32`)."""
+    return types.float64(types.float64, types.float64, types.float64), _llvm_fma(ir.DoubleType(), "llvm.fma.f64")

@@ -7,7 +7,9 @@
   rounding mode, and per mode one with a plain fp16 accumulator's limits as constants);
   two specialisations (nearest-even sequential; fp16 accumulation of fp16 products with
   one float64 add per term); `reduce_gemm_exact_fp16`: the exact model on
-  fp16 inputs, each product split into two float64 sums that stay exact. The row-tiled and fp16 kernels also read and write
+  fp16 inputs, each product split into two float64 sums that stay exact over a block of
+  2**12 terms (folded into two int64 words past one block, for fp64 accumulators and for
+  stochastic rounding). The row-tiled and fp16 kernels also read and write
   fp16 bit patterns (float16 carriers, `_kernels.fp16_carriers`).
 
 Each kernel is tested bit for bit against the general kernel (`_kernels_reference`) in
@@ -25,11 +27,10 @@ from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNK
                                                     F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_CHUNK,
                                                     IC_KIND, IC_MODE, IC_RBITS, IC_SAT, NEAREST_EVEN, OUTPUT,
                                                     PRODUCT, SEQUENTIAL, STOCHASTIC, TILE, TOTAL, TOWARD_ZERO, _MASK52,
-                                                    _SIGN, add_odd, bitlen, f2i, i2f, load_f64, load_tile,
+                                                    _SIGN, add_odd, bitlen, f2i, fma_fp64, i2f, load_f64, load_tile,
                                                     random_bits,
                                                     round_parts, round_slot, same_format, special_sum, store_f64,
                                                     stream_bits, stream_key)
-from convprobe.emulation._native_fp32 import fma_fp64
 from convprobe.formats import FP16
 
 
@@ -500,7 +501,7 @@ def reduce_gemm_exact_fp16(a, w, fp, ic, seed, out, col0):
             high[:] = 0
             low[:] = 0
             special[:] = False
-            for k0 in range(0, k_count, _BLOCK):
+            for k0 in range(0, max(k_count, 1), _BLOCK):  # (K = 0: one empty block, sums +0)
                 head[:] = 0.0
                 tail[:] = 0.0
                 for k in range(k0, min(k0 + _BLOCK, k_count)):

@@ -31,7 +31,9 @@ and then to fp16 is truncating to fp16), and the same mark its overflow: F16C on
 The chunked model with an fp16 accumulator, an fp32 total and fp16 output runs here too:
 each chunk's fp16 sum is this FMA chain from +0, folded into the fp32 total by one
 round-to-odd float64 addition and one float32 rounding (Boldo & Melquiond's argument, as
-in `_kernel_arithmetic`), and the total meets the hardware's fp32 -> fp16 conversion.
+in `_kernel_arithmetic`), and the total meets the hardware's fp32 -> fp16 conversion; or
+the total is stored as it is (`chunked_gemm_fp32_total`: split-K of the sequential fp16
+model, its partial results summed in fp32).
 
 Each parallel task runs four rows together so that four independent FMA chains hide
 the instruction's latency; LLVM vectorises the loop over output channels.
@@ -48,8 +50,7 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from convprobe.emulation._kernel_arithmetic import add_fp32, add_odd32, load_f64, narrow, store_f64, widen
-from convprobe.emulation._native_fp32 import fma_fp32
+from convprobe.emulation._kernel_arithmetic import add_fp32, add_odd32, fma_fp32, load_f64, narrow, store_f64, widen
 
 __all__ = ["available", "chunked_gemm_fp32_total", "convert", "sequential_gemm"]
 
@@ -342,8 +343,8 @@ def chunked_gemm_fp32_total(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0:
                             chunk: int, fp16_fma: bool | None = None) -> None:
     """`sequential_gemm` with `chunk`, the fp32 totals stored as they are in a float32 `out`
     (split-K: fp16 partial sums of `chunk` terms combined in fp32); a and w float16."""
-    if chunk < 1 or out.dtype != np.float32:
-        raise ValueError("chunked_gemm_fp32_total takes chunk >= 1 and a float32 out")
+    if chunk < 1 or out.dtype != np.float32 or a.dtype != np.float16 or w.dtype != np.float16:
+        raise ValueError("chunked_gemm_fp32_total takes chunk >= 1, float16 a and w, and a float32 out")
     kernel = _WIDE_KERNELS[bool(add32), not (_fp16_fma(fp16_fma) or add32)]
     kernel(a.view(np.uint16), w.view(np.uint16), out, col0, int(chunk))
 

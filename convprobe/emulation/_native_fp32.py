@@ -21,41 +21,14 @@ float32 numbers is the exact sum rounded once, nearest even, as the model's).
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, prange
-from numba.core import cgutils, types
-from numba.extending import intrinsic
 
-__all__ = ["fma_fp32", "fma_fp64", "lanes_gemm", "sequential_gemm"]
+from convprobe.emulation._kernel_arithmetic import fma_fp32
+
+__all__ = ["lanes_gemm", "sequential_gemm"]
 
 _ROWS = 4  # rows per task: independent accumulation chains
 _TILE = 64  # rows per task of the lanes kernel, its inner loop: four 16-lane vectors
-
-
-@intrinsic
-def fma_fp32(typingctx, a, b, c):
-    """a * b + c in float32, one rounding (in the rounding mode MXCSR sets)."""
-    sig = types.float32(types.float32, types.float32, types.float32)
-
-    def codegen(context, builder, signature, args):
-        f32 = ir.FloatType()
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32, f32]), "llvm.fma.f32")
-        return builder.call(fma, args)
-
-    return sig, codegen
-
-
-@intrinsic
-def fma_fp64(typingctx, a, b, c):
-    """a * b + c in float64, one rounding (`llvm.fma.f64`, as `fma_fp32`)."""
-    sig = types.float64(types.float64, types.float64, types.float64)
-
-    def codegen(context, builder, signature, args):
-        f64 = ir.DoubleType()
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64, f64, f64]), "llvm.fma.f64")
-        return builder.call(fma, args)
-
-    return sig, codegen
 
 
 @njit(cache=True, parallel=True)

@@ -39,7 +39,7 @@ from convprobe.emulation.models import AccumulationModel, Sequential, kernel_con
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32, Format
-from convprobe.options import Overflow, Rounding, Subnormals
+from convprobe.options import Rounding
 
 __all__ = ["SplitK", "Lanes", "Reverse", "COMPOSITE_KINDS", "ranges", "split_arguments",
            "parse_composite"]
@@ -195,8 +195,9 @@ class SplitK(_Composite):
         their combination: the inner model one that the CPU's fp16 arithmetic (or F16C and
         float32) computes, sequential with nearest even (`_kernels.native_fp16`), combined
         in fp32 (a format), subnormals kept, overflow to inf."""
-        if (self.combine is not None or self.accumulator != FP32 or self.subnormals != Subnormals.KEEP
-                or self.overflow != Overflow.INF):
+        own, own_ic, _ = kernel_config(self)
+        if (self.combine is not None or not K.same_format(own[K.ACCUMULATOR], FP32)
+                or own[K.ACCUMULATOR, K.F_KEEP_SUB] == 0.0 or own_ic[K.IC_SAT] != 0):
             return False
         fp, ic, _ = kernel_config(self.inner)
         return ic[K.IC_KIND] == K.SEQUENTIAL and ic[K.IC_MODE] == K.NEAREST_EVEN and K.native_fp16(fp, ic, inputs_fp16)

@@ -1,7 +1,14 @@
-"""Shared helpers for the emulation tests: bit-exact comparison."""
+"""Shared helpers for the emulation tests: bit-exact comparison, the CPU kernels' skips."""
 
 import numpy as np
 import pytest
+
+from convprobe.emulation import _native_fp16
+
+needs_fp16_fma = pytest.mark.skipif(not _native_fp16.available(),
+                                    reason="no AVX512-FP16 kernel (CPU lacks it or CONVPROBE_NATIVE_FP16=0)")
+needs_f16c = pytest.mark.skipif(not _native_fp16.available(fma=False),
+                                reason="no F16C conversions (CPU lacks them or CONVPROBE_NATIVE_FP16=0)")
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 

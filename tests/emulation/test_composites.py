@@ -11,7 +11,7 @@ from convprobe.emulation import oracle
 from convprobe.errors import InvalidArgument
 from convprobe.testing.strategies import fp16_arrays
 
-from .conftest import assert_same_bits
+from .conftest import assert_same_bits, needs_f16c
 from .test_block_fma import budget, run_cases
 
 INNER = ["sequential:fp16", "sequential:fp32", "sequential:fp32:output=fp16",
@@ -111,11 +111,24 @@ def test_float32_lanes_convolutions_match_the_oracle(spec):
     assert_same_bits(em.conv2d(x, w, model), oracle.conv2d(x, w, model))
 
 
+@pytest.mark.parametrize("spec", ["lanes(8, exact:fp32, combine=sequential:fp32)",
+                                  "lanes(8, sequential:fp16, combine=pairwise:fp32)"])
+def test_lanes_wider_than_k_reduce_empty_lanes_to_zero(spec):
+    """A 1x1 convolution over 3 channels: K = 3 terms in 8 lanes, five of them empty, which
+    each inner model's kernel (float32 or float16 carriers) sums from +0 to +0."""
+    model = em.parse_model(spec)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 9, 9, 3)).astype(np.float16)
+    w = rng.standard_normal((1, 1, 3, 4)).astype(np.float16)
+    assert_same_bits(em.conv2d(x, w, model), oracle.conv2d(x, w, model))
+
+
 FP16_RANGES = ["splitk(4, sequential:fp16, combine=fp32)", "splitk(1, sequential:fp16, combine=fp32)",
                "splitk(length=7, sequential:fp16:addition=fp32, combine=fp32)",
                "splitk(3, sequential:fp16, combine=fp32, output=fp16)", "splitk(length=64, sequential:fp16, combine=fp32)"]
 
 
+@needs_f16c
 @pytest.mark.parametrize("spec", FP16_RANGES)
 def test_the_fp16_ranges_kernel_equals_the_ranges_reduced_one_by_one(spec):
     """On float32 carriers (fp16 inputs) `_native_fp16.chunked_gemm_fp32_total` computes

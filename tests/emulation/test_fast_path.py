@@ -125,6 +125,16 @@ def test_exact_kernel_carries_over_long_sums(spec):
     assert_same_bits(gemm(model, big[:, :1], w[:1], fast=True), gemm(model, big[:, :1], w[:1], fast=False))
 
 
+@pytest.mark.parametrize("spec", ["exact:fp32", "exact:fp16:rounding=toward_zero", "exact:fp64:output=fp32"])
+def test_exact_kernel_sums_no_terms_to_zero(spec):
+    """K = 0 (an empty lane or range of a composite): +0 for every output, as the general
+    kernel gives, not whatever the kernel's scratch memory held."""
+    model = em.parse_model(spec)
+    empty_a, empty_w = np.zeros((70, 0)), np.zeros((0, 3))
+    assert_same_bits(gemm(model, empty_a, empty_w, fast=True), np.zeros((70, 3)))
+    assert_same_bits(gemm(model, empty_a, empty_w, fast=False), np.zeros((70, 3)))
+
+
 def test_exact_kernel_keeps_the_last_bit_of_the_longest_sums():
     """2**16 products of 2**30 (2**46 in all), the half-unit 2**22 of fp32 there, and one
     product of 2**-8 or 2**-12 (a different sign in the last row): the tie that bit breaks

@@ -14,13 +14,7 @@ from convprobe.emulation import _native_fp16
 from convprobe.emulation.models import kernel_config
 from convprobe.formats import FP8_E4M3, FP16, FP32
 
-from .conftest import assert_same_bits
-
-needs_fp16_fma = pytest.mark.skipif(not _native_fp16.available(),
-                                    reason="no AVX512-FP16 kernel (CPU lacks it or CONVPROBE_NATIVE_FP16=0)")
-
-needs_f16c = pytest.mark.skipif(not _native_fp16.available(fma=False),
-                                reason="no F16C conversions (CPU lacks them or CONVPROBE_NATIVE_FP16=0)")
+from .conftest import assert_same_bits, needs_f16c, needs_fp16_fma
 
 
 MODELS = [em.Sequential(FP16), em.Sequential(FP16, addition=FP32),
