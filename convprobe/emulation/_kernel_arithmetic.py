@@ -504,6 +504,17 @@ def load_tile(a, m0, rows, at):
 
 
 @njit(cache=True, inline="always")
+def row_tile(a, t):
+    """Tile t of a's rows for the row-tiled kernels: (its first row, its row count, its rows
+    transposed into a zero-padded (K, TILE) float64 array by `load_tile`)."""
+    m0 = t * TILE
+    rows = min(TILE, a.shape[0] - m0)
+    at = np.zeros((a.shape[1], TILE))
+    load_tile(a, m0, rows, at)
+    return m0, rows, at
+
+
+@njit(cache=True, inline="always")
 def special_sum(nan, pinf, ninf):
     """The exact sum of terms among which some are inf or NaN (the flags say which): NaN
     for a NaN or for infinities of both signs, else the infinity's sign."""

@@ -27,9 +27,9 @@ from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNK
                                                     F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_CHUNK,
                                                     IC_KIND, IC_MODE, IC_RBITS, IC_SAT, NEAREST_EVEN, OUTPUT,
                                                     PRODUCT, SEQUENTIAL, STOCHASTIC, TILE, TOTAL, TOWARD_ZERO, _MASK52,
-                                                    _SIGN, add_odd, bitlen, f2i, fma_fp64, i2f, load_f64, load_tile,
+                                                    _SIGN, add_odd, bitlen, f2i, fma_fp64, i2f, load_f64,
                                                     random_bits,
-                                                    round_parts, round_slot, same_format, special_sum, store_f64,
+                                                    round_parts, round_slot, row_tile, same_format, special_sum, store_f64,
                                                     stream_bits, stream_key)
 from convprobe.formats import FP16
 
@@ -180,10 +180,7 @@ def _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_r
         cp, c_elow, c_max, c_tiny, c_inf, c_keep = _slot_params(fp, ACCUMULATOR)
     tp, t_elow, t_max, t_tiny, t_inf, t_keep = _slot_params(fp, TOTAL)
     for t in prange((m_count + TILE - 1) // TILE):
-        m0 = t * TILE
-        rows = min(TILE, m_count - m0)
-        at = np.zeros((k_count, TILE))
-        load_tile(a, m0, rows, at)
+        m0, rows, at = row_tile(a, t)
         s = np.empty(TILE)
         total = np.empty(TILE)
         keys = np.empty(TILE, dtype=np.uint64)  # each output's random stream
@@ -487,10 +484,7 @@ def reduce_gemm_exact_fp16(a, w, fp, ic, seed, out, col0):
     vector_finish = odd and 0 < fp[OUTPUT, F_PRECISION] <= 51 and min(fp[ACCUMULATOR, F_EMIN], fp[OUTPUT, F_EMIN]) >= -900
     acc_limits, out_limits = _slot_params(fp, ACCUMULATOR), _slot_params(fp, OUTPUT)
     for t in prange((m_count + TILE - 1) // TILE):
-        m0 = t * TILE
-        rows = min(TILE, m_count - m0)
-        at = np.zeros((k_count, TILE))
-        load_tile(a, m0, rows, at)
+        m0, rows, at = row_tile(a, t)
         head = np.empty(TILE)
         tail = np.empty(TILE)
         high = np.empty(TILE, dtype=np.int64)
