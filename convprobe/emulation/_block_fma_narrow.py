@@ -30,13 +30,14 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TILE, TOWARD_ZERO, add_odd, bitlen32, f2i32, i2f, i2f32
+from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TOWARD_ZERO, add_odd, bitlen32, f2i32, i2f, i2f32
 from convprobe.emulation._kernels_fast import fast_round, round_normal
 from convprobe.formats import FP16, FP32
 from convprobe.options import CAddition
 
 __all__ = ["applies", "fused", "gemm"]
 
+TILE = 128  # rows per task: 8 vectors of 16 lanes, independent chains through each block's pass
 _NONE = -(1 << 28)  # the exponent of a zero addend, below every other; sums of two fit int32
 _LIVE = _NONE // 2  # an alignment exponent above this has a nonzero term or running sum
 # the fused pass's block formats (every integer here an int32: see below)
