@@ -420,8 +420,8 @@ def _carry(high, low):
 
 @njit(cache=True, inline="always")
 def _fixed(x):
-    """An exact float64 x (a multiple of 2**-48 below 2**62 in magnitude) as (whole, fraction * 2**48),
-    two int64s."""
+    """A block's head or tail sum x (a multiple of 2**-48 below 2**45 in magnitude) as
+    (whole, fraction * 2**48), two exact int64s."""
     whole = np.trunc(x)
     return np.int64(whole), np.int64((x - whole) * 2.0**_LOW_BITS)
 
