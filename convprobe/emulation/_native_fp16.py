@@ -190,21 +190,18 @@ def _fold(total, s):
 
 
 @njit(cache=True, inline="always")
-def _store(out, m, col0, s, total, chunk, wide):
-    """Row m of the results: the fp16 sums, or the fp32 chunk totals rounded to fp16, or
-    (`wide`, a float32 `out`) the fp32 totals themselves."""
+def _store(out, m, col0, s, total, chunk):
+    """Row m of the results: the fp16 sums, or the fp32 chunk totals as `out` holds them
+    (`store_f64`: rounded to fp16 in fp16 bit patterns, themselves in a float32 `out`)."""
     for n in range(s.shape[0]):
-        if wide:
-            out[m, col0 + n] = total[n]
-        else:
-            out[m, col0 + n] = narrow(total[n]) if chunk else s[n]
+        out[m, col0 + n] = store_f64(out, float(total[n])) if chunk else s[n]
 
 
 @njit(cache=True, inline="always")
-def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk, wide=False):
+def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk):
     """chunk = 0: one fp16 sum per output; chunk > 0: fp16 sums of `chunk` terms (from +0)
-    folded into an fp32 total (`_fold`), which the output rounds to fp16, or which `wide`
-    stores in a float32 `out`. `rz`: each task rounds toward zero (MXCSR), and puts the
+    folded into an fp32 total (`_fold`), which an fp16 `out` rounds to fp16 and a float32
+    `out` keeps (`_store`). `rz`: each task rounds toward zero (MXCSR), and puts the
     thread's rounding mode back at its end."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
@@ -234,10 +231,10 @@ def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk, wide=False):
                     _fold(t1, s1)
                     _fold(t2, s2)
                     _fold(t3, s3)
-            _store(out, m0, col0, s0, t0, chunk, wide)
-            _store(out, m0 + 1, col0, s1, t1, chunk, wide)
-            _store(out, m0 + 2, col0, s2, t2, chunk, wide)
-            _store(out, m0 + 3, col0, s3, t3, chunk, wide)
+            _store(out, m0, col0, s0, t0, chunk)
+            _store(out, m0 + 1, col0, s1, t1, chunk)
+            _store(out, m0 + 2, col0, s2, t2, chunk)
+            _store(out, m0 + 3, col0, s3, t3, chunk)
         else:
             for m in range(m0, m_count):
                 s = np.zeros(n_count, np.uint16)
@@ -248,7 +245,7 @@ def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk, wide=False):
                         s[n] = _step(av, w[k, n], s[n], add32, flush, rz, float32_only)
                     if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
                         _fold(total, s)
-                _store(out, m, col0, s, total, chunk, wide)
+                _store(out, m, col0, s, total, chunk)
         if rz:
             restore_mxcsr(mxcsr)
 
@@ -266,21 +263,6 @@ def _gemm_add32(a, w, out, col0, chunk):
 @njit(cache=True, parallel=True)
 def _gemm_f32(a, w, out, col0, chunk):
     _gemm(a, w, out, col0, False, False, False, True, chunk)
-
-
-@njit(cache=True, parallel=True)
-def _gemm_fma_wide(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, False, False, False, chunk, True)
-
-
-@njit(cache=True, parallel=True)
-def _gemm_add32_wide(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, True, False, False, False, chunk, True)
-
-
-@njit(cache=True, parallel=True)
-def _gemm_f32_wide(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, False, False, True, chunk, True)
 
 
 @njit(cache=True, parallel=True)
@@ -307,7 +289,6 @@ _KERNELS = {(False, False, False, False): _gemm_fma, (True, False, False, False)
             (False, False, False, True): _gemm_f32,
             (False, False, True, False): _gemm_fma_rz, (False, True, True, False): _gemm_fma_rz_flush,
             (False, False, True, True): _gemm_f32_rz, (False, True, True, True): _gemm_f32_rz_flush}
-_WIDE_KERNELS = {(False, False): _gemm_fma_wide, (True, False): _gemm_add32_wide, (False, True): _gemm_f32_wide}
 
 
 def _fp16_fma(requested: bool | None) -> bool:
@@ -345,8 +326,8 @@ def chunked_gemm_fp32_total(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0:
     (split-K: fp16 partial sums of `chunk` terms combined in fp32); a and w float16."""
     if chunk < 1 or out.dtype != np.float32 or a.dtype != np.float16 or w.dtype != np.float16:
         raise ValueError("chunked_gemm_fp32_total takes chunk >= 1, float16 a and w, and a float32 out")
-    kernel = _WIDE_KERNELS[bool(add32), not (_fp16_fma(fp16_fma) or add32)]
-    kernel(a.view(np.uint16), w.view(np.uint16), out, col0, int(chunk))
+    kernel = _KERNELS[bool(add32), False, False, not (_fp16_fma(fp16_fma) or add32)]
+    kernel(a.view(np.uint16), w.view(np.uint16), out, col0, int(chunk))  # (float32 out: its own specialisation)
 
 
 @njit(cache=True, parallel=True)
