@@ -24,12 +24,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from convprobe.emulation import _block_fma_narrow as narrow_kernel
 from convprobe.emulation._block_fma import _NONE
 from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TILE, add_odd, f2i, i2f, load_tile
 from convprobe.emulation._kernels_fast import fast_round, round_limits, round_normal
+from convprobe.emulation._threads import over_tasks
 from convprobe.options import Alignment, CAddition
 
 __all__ = ["applies", "gemm"]
@@ -185,12 +186,12 @@ def _block_of_four(s, total, at, et, j, ew, w, s_emin, adder_p, bp, mode):
     return special
 
 
-@njit(cache=True, parallel=True)
-def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, out):
-    """`block`, `acc`: (p, elow, maxv, tiny, has_inf, keep_sub) of the block-sum format and
-    the accumulator (`round_limits`); s_emin: the clamp of the running sum's exponent;
-    ew: the exponents of w; normal: every block sum is known to round to a normal number
-    (`round_normal` suffices).
+@njit(cache=True, nogil=True)
+def _gemm(t0, t1, a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, out):
+    """Row tiles t0 .. t1 - 1 of `gemm`. `block`, `acc`: (p, elow, maxv, tiny, has_inf,
+    keep_sub) of the block-sum format and the accumulator (`round_limits`); s_emin: the
+    clamp of the running sum's exponent; ew: the exponents of w; normal: every block sum
+    is known to round to a normal number (`round_normal` suffices).
 
     Terms go four at a time through each pass over the tile (one load and store of the
     running values per four terms): summing a block's truncated terms in any order is
@@ -199,7 +200,7 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
     n_count = w.shape[1]
     bp, below, bmax, btiny, binf, bkeep = block
     cp, celow, cmax, ctiny, cinf, ckeep = acc
-    for t in prange((m_count + TILE - 1) // TILE):
+    for t in range(t0, t1):
         m0 = t * TILE
         rows = min(TILE, m_count - m0)
         at = np.zeros((k_count + 3, TILE))
@@ -306,9 +307,10 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narro
     out = np.zeros(shape) if c is None else np.array(np.broadcast_to(c, shape), dtype=np.float64)
     w_padded = np.zeros((w.shape[0] + 3, w.shape[1]))
     w_padded[:w.shape[0]] = w
-    _gemm(np.ascontiguousarray(a), w_padded, _exponents(w_padded, model.input.emin), model.b, model.step,
-          model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
-          model.input.emin, acc.emin if acc.subnormals else -1022,
-          _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
-          MODE_CODES[model.rounding], model.overflow == "saturate", normal, out)
+    over_tasks(_gemm, -(-a.shape[0] // TILE), np.ascontiguousarray(a), w_padded,
+               _exponents(w_padded, model.input.emin), model.b, model.step,
+               model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
+               model.input.emin, acc.emin if acc.subnormals else -1022,
+               _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
+               MODE_CODES[model.rounding], model.overflow == "saturate", normal, out)
     return out

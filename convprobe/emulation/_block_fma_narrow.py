@@ -28,10 +28,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TOWARD_ZERO, add_odd, bitlen32, f2i32, i2f, i2f32
 from convprobe.emulation._kernels_fast import fast_round, round_normal
+from convprobe.emulation._threads import over_tasks
 from convprobe.formats import FP16, FP32
 from convprobe.options import CAddition
 
@@ -278,11 +279,11 @@ def _add_c(s, c_in, acc, sat, normal):
             s[i] = np.float32(fast_round(x, cp, celow, cmax, ctiny, cinf, ckeep, NEAREST_EVEN, sat, 0, 1))
 
 
-@njit(cache=True, parallel=True)
-def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, fused_blocks,
+@njit(cache=True, nogil=True)
+def _gemm(t0, t1, a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, fused_blocks,
           out, skipped):
-    """out (M, N) = the block-FMA sums, from +0, of a (M, K) float32 against w (N, K + 8)
-    float32 (zeros past K, each column of the GEMM's w a row here), ew its exponents;
+    """Row tiles t0 .. t1 - 1 of out (M, N) = the block-FMA sums, from +0, of a (M, K)
+    float32 against w (N, K + 8) float32 (zeros past K, each column of the GEMM's w a row here), ew its exponents;
     `fused_blocks`: `fused`'s answer; `block`, `acc`: `round_limits` of the block format
     and the accumulator; `separate`: c
     (the running sum) is added after each MMA of `step` products, in one nearest
@@ -291,7 +292,7 @@ def _gemm(a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mod
     m_count, k_count = a.shape
     n_count = w.shape[0]
     in_emin, s_emin = np.int32(in_emin), np.int32(s_emin)  # (int64 arguments widen the lanes)
-    for t in prange((m_count + TILE - 1) // TILE):
+    for t in range(t0, t1):
         m0 = t * TILE
         rows = min(TILE, m_count - m0)
         at = np.zeros((k_count + 8, TILE), dtype=np.float32)
@@ -355,11 +356,11 @@ def gemm(a: np.ndarray, w: np.ndarray, model, normal: bool, block: tuple, acc_li
     w32[:, :w.shape[0]] = w.T
     out = np.empty((a.shape[0], w.shape[1]))
     skipped = np.zeros((a.shape[0] + TILE - 1) // TILE, dtype=np.bool_)
-    # (float32 always: exact for these inputs, and one compiled signature - each costs ~90 s of LLVM)
-    _gemm(np.ascontiguousarray(a, np.float32), w32, _exponents(w32, model.input.emin), model.b, model.step,
-          model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits, model.input.emin,
-          acc.emin if acc.subnormals else -1022, block, acc_limits, mode, model.overflow == "saturate", normal,
-          fused(model, normal), out, skipped)
+    # (float32 always: exact for these inputs, and one compiled signature - each costs ~45 s of LLVM)
+    over_tasks(_gemm, skipped.size, np.ascontiguousarray(a, np.float32), w32, _exponents(w32, model.input.emin),
+               model.b, model.step, model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
+               model.input.emin, acc.emin if acc.subnormals else -1022, block, acc_limits, mode,
+               model.overflow == "saturate", normal, fused(model, normal), out, skipped)
     tiles = np.flatnonzero(skipped)
     rows = (tiles[:, None] * TILE + np.arange(TILE)).ravel()
     return out, rows[rows < a.shape[0]]

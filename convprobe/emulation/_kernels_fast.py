@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNKED, EXACT, F_EMIN,
                                                     F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_CHUNK,
@@ -31,6 +31,7 @@ from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, CHUNK
                                                     random_bits,
                                                     round_parts, round_slot, row_tile, same_format, special_sum, store_f64,
                                                     stream_bits, stream_key)
+from convprobe.emulation._threads import over_tasks
 from convprobe.formats import FP16
 
 
@@ -141,8 +142,9 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
     chunk = int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0
     plain_fp16 = accumulates_fp16(fp) and pp == 0 and ap == 0 and ic[IC_SAT] == 0
     kernel = (_BY_MODE_FP16 if plain_fp16 else _BY_MODE)[int(ic[IC_MODE])]
-    kernel(a, w, fp, seed, out, col0, int(ic[IC_RBITS]), chunk, bool(ic[IC_SAT] != 0), bool(pp != 0 and pp <= 51),
-           add_kind, bool(cp == 53), chunk > 0, int(fp[TOTAL, F_PRECISION]) == 53)
+    over_tasks(kernel, -(-a.shape[0] // TILE), a, w, fp, seed, out, col0, int(ic[IC_RBITS]), chunk,
+               bool(ic[IC_SAT] != 0), bool(pp != 0 and pp <= 51), add_kind, bool(cp == 53), chunk > 0,
+               int(fp[TOTAL, F_PRECISION]) == 53)
 
 
 def accumulates_fp16(fp) -> bool:
@@ -163,12 +165,13 @@ def _add_fp64(x, y, sat, maxv):
 
 
 @njit(cache=True, inline="always")
-def _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_round, add_kind, acc64,
+def _reduce_gemm_fast(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_round, add_kind, acc64,
                       chunked, total64, acc_fp16):
-    """Stochastic events follow `_kernels_reference.reduce_one`: term j is event
-    j + (chunks finished before it), each chunk's addition to the total the next one, the
-    output rounding the last. `acc_fp16`, a constant of each compiled kernel: the
-    accumulator is `accumulates_fp16`'s format, whose limits are then constants."""
+    """Row tiles t0 .. t1 - 1 of `reduce_gemm_fast`. Stochastic events follow
+    `_kernels_reference.reduce_one`: term j is event j + (chunks finished before it), each
+    chunk's addition to the total the next one, the output rounding the last. `acc_fp16`,
+    a constant of each compiled kernel: the accumulator is `accumulates_fp16`'s format,
+    whose limits are then constants."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     width = out.shape[1]
@@ -179,7 +182,7 @@ def _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_r
     else:
         cp, c_elow, c_max, c_tiny, c_inf, c_keep = _slot_params(fp, ACCUMULATOR)
     tp, t_elow, t_max, t_tiny, t_inf, t_keep = _slot_params(fp, TOTAL)
-    for t in prange((m_count + TILE - 1) // TILE):
+    for t in range(t0, t1):
         m0, rows, at = row_tile(a, t)
         s = np.empty(TILE)
         total = np.empty(TILE)
@@ -233,43 +236,43 @@ def _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, mode, sat, prod_r
 # One compiled kernel per rounding mode and accumulator (`acc_fp16`), both constants there.
 
 
-@njit(cache=True, parallel=True)
-def _fast_nearest(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked, total64):
-    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, NEAREST_EVEN, sat, prod_round, add_kind, acc64,
+@njit(cache=True, nogil=True)
+def _fast_nearest(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked, total64):
+    _reduce_gemm_fast(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, NEAREST_EVEN, sat, prod_round, add_kind, acc64,
                       chunked, total64, False)
 
 
-@njit(cache=True, parallel=True)
-def _fast_toward_zero(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
+@njit(cache=True, nogil=True)
+def _fast_toward_zero(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
                       total64):
-    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, TOWARD_ZERO, sat, prod_round, add_kind, acc64,
+    _reduce_gemm_fast(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, TOWARD_ZERO, sat, prod_round, add_kind, acc64,
                       chunked, total64, False)
 
 
-@njit(cache=True, parallel=True)
-def _fast_stochastic(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
+@njit(cache=True, nogil=True)
+def _fast_stochastic(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
                      total64):
-    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, STOCHASTIC, sat, prod_round, add_kind, acc64,
+    _reduce_gemm_fast(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, STOCHASTIC, sat, prod_round, add_kind, acc64,
                       chunked, total64, False)
 
 
-@njit(cache=True, parallel=True)
-def _fp16_nearest(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked, total64):
-    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, NEAREST_EVEN, False, False, 0, False, chunked,
+@njit(cache=True, nogil=True)
+def _fp16_nearest(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked, total64):
+    _reduce_gemm_fast(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, NEAREST_EVEN, False, False, 0, False, chunked,
                       total64, True)
 
 
-@njit(cache=True, parallel=True)
-def _fp16_toward_zero(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
+@njit(cache=True, nogil=True)
+def _fp16_toward_zero(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
                       total64):
-    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, TOWARD_ZERO, False, False, 0, False, chunked,
+    _reduce_gemm_fast(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, TOWARD_ZERO, False, False, 0, False, chunked,
                       total64, True)
 
 
-@njit(cache=True, parallel=True)
-def _fp16_stochastic(a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
+@njit(cache=True, nogil=True)
+def _fp16_stochastic(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, sat, prod_round, add_kind, acc64, chunked,
                      total64):
-    _reduce_gemm_fast(a, w, fp, seed, out, col0, rbits, chunk, STOCHASTIC, False, False, 0, False, chunked,
+    _reduce_gemm_fast(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, STOCHASTIC, False, False, 0, False, chunked,
                       total64, True)
 
 
@@ -277,7 +280,6 @@ _BY_MODE = {NEAREST_EVEN: _fast_nearest, TOWARD_ZERO: _fast_toward_zero, STOCHAS
 _BY_MODE_FP16 = {NEAREST_EVEN: _fp16_nearest, TOWARD_ZERO: _fp16_toward_zero, STOCHASTIC: _fp16_stochastic}
 
 
-@njit(cache=True, parallel=True)
 def reduce_gemm_seq_nearest(a, w, p, emin, maxv, out, col0):
     """Specialised `reduce_gemm_fast`: exact products, exact additions, nearest-even,
     subnormals kept, overflow to inf, output = accumulator (precision p <= 51).
@@ -285,10 +287,16 @@ def reduce_gemm_seq_nearest(a, w, p, emin, maxv, out, col0):
     Branch-free per term: the round-to-odd sum (`add_odd`'s TwoSum, inlined) rounded by
     `fast_round`; values that are inf or NaN keep the float64 sum (they are rare and
     sticky)."""
+    over_tasks(_seq_nearest_rows, a.shape[0], a, w, p, emin, maxv, out, col0)
+
+
+@njit(cache=True, nogil=True)
+def _seq_nearest_rows(t0, t1, a, w, p, emin, maxv, out, col0):
+    """Rows t0 .. t1 - 1 of `reduce_gemm_seq_nearest`."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     _, elow, _, tiny, _, _ = round_limits(p, emin, maxv, True, True)
-    for m in prange(m_count):
+    for m in range(t0, t1):
         s = np.zeros(n_count)
         for k in range(k_count):
             av = a[m, k]
@@ -313,14 +321,19 @@ def _add_nearest(sv, pv, p, elow, maxv, tiny):
     return y if ((b >> 52) & 0x7FF) != 0x7FF else t
 
 
-@njit(cache=True, parallel=True)
 def reduce_terms_pairwise_nearest(terms, p, emin, maxv, out):
     """out[r] = the pairwise sum of terms[:, r] (P, R) under the conditions of
     `reduce_gemm_seq_nearest`: adjacent pairs added level by level, an odd last term
     carried up, as the general kernel's pairwise tree; vectorised across r."""
+    over_tasks(_pairwise_nearest_tiles, -(-terms.shape[1] // TILE), terms, p, emin, maxv, out)
+
+
+@njit(cache=True, nogil=True)
+def _pairwise_nearest_tiles(t0, t1, terms, p, emin, maxv, out):
+    """Column tiles t0 .. t1 - 1 of `reduce_terms_pairwise_nearest`."""
     k_count, r_count = terms.shape
     _, elow, _, tiny, _, _ = round_limits(p, emin, maxv, True, True)
-    for t in prange((r_count + TILE - 1) // TILE):
+    for t in range(t0, t1):
         r0 = t * TILE
         cols = min(TILE, r_count - r0)
         level = np.zeros((max(k_count, 1), TILE))
@@ -345,7 +358,6 @@ def reduce_terms_pairwise_nearest(terms, p, emin, maxv, out):
 _FP16_LIMITS = (FP16.precision, FP16.emin, float(FP16.max))
 
 
-@njit(cache=True, parallel=True)
 def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
     """Sequential fp16 accumulation of fp16 (or fp8) products, nearest-even, overflow
     to inf: one float64 add and one rounding (`fast_round`) per term, no TwoSum, four rows
@@ -371,12 +383,18 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
     stochastic rounding, so both take the round-to-odd kernels. Tested bit for bit
     against the general kernel and the oracle.
     """
+    over_tasks(_fp16_direct_tasks, -(-a.shape[0] // _ROWS), a, w, keep_sub, add32, out, col0)
+
+
+@njit(cache=True, nogil=True)
+def _fp16_direct_tasks(t0, t1, a, w, keep_sub, add32, out, col0):
+    """Tasks (four rows each) t0 .. t1 - 1 of `reduce_gemm_fp16_direct`."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     p, emin, maxv = _FP16_LIMITS
     _, elow, _, tiny, _, _ = round_limits(p, emin, maxv, True, keep_sub)
     last = m_count - 1
-    for t in prange((m_count + _ROWS - 1) // _ROWS):
+    for t in range(t0, t1):
         m0 = t * _ROWS
         s = np.zeros((_ROWS, n_count))
         for k in range(k_count):  # (rows past the end repeat the last one, and are not stored)
@@ -454,7 +472,6 @@ def exact_fp16_ok(fp, ic, inputs_fp16) -> bool:
     return inputs_fp16 and ic[IC_KIND] == EXACT and fp[PRODUCT, F_PRECISION] == 0.0
 
 
-@njit(cache=True, parallel=True)
 def reduce_gemm_exact_fp16(a, w, fp, ic, seed, out, col0):
     """The exact model (one rounding of the exact sum) for fp16 or fp8 inputs, row-tiled
     and vectorised across the tile's rows in float64 arithmetic, no long accumulator
@@ -471,6 +488,12 @@ def reduce_gemm_exact_fp16(a, w, fp, ic, seed, out, col0):
     two-word int64 fixed point (integer part, fraction * 2**48), rounded once at the end
     (`_round_fixed`). An inf or NaN product makes the tail sum NaN; those outputs take the
     IEEE rule of the general kernel."""
+    over_tasks(_exact_fp16_tiles, -(-a.shape[0] // TILE), a, w, fp, ic, seed, out, col0)
+
+
+@njit(cache=True, nogil=True)
+def _exact_fp16_tiles(t0, t1, a, w, fp, ic, seed, out, col0):
+    """Row tiles t0 .. t1 - 1 of `reduce_gemm_exact_fp16`."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     width = out.shape[1]
@@ -483,7 +506,7 @@ def reduce_gemm_exact_fp16(a, w, fp, ic, seed, out, col0):
     # ... and by `fast_round`, vectorised, where both formats lie well inside float64's range
     vector_finish = odd and 0 < fp[OUTPUT, F_PRECISION] <= 51 and min(fp[ACCUMULATOR, F_EMIN], fp[OUTPUT, F_EMIN]) >= -900
     acc_limits, out_limits = _slot_params(fp, ACCUMULATOR), _slot_params(fp, OUTPUT)
-    for t in prange((m_count + TILE - 1) // TILE):
+    for t in range(t0, t1):
         m0, rows, at = row_tile(a, t)
         head = np.empty(TILE)
         tail = np.empty(TILE)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, CHUNKED, IC_CHUNK, IC_KIND, IC_MODE,
                                                     IC_RBITS, IC_SAT, OUTPUT, PAIRWISE, SEQUENTIAL,
                                                     STOCHASTIC, TOTAL, _NLIMBS, accumulate, add_slot,
                                                     product, random_bits, round_f64, round_slot, special_sum,
                                                     superacc_add, superacc_round)
+from convprobe.emulation._threads import over_tasks
 
 
 @njit(cache=True)
@@ -91,31 +92,41 @@ def reduce_one(a, ia, b, ib, k, fp, ic, seed, index, scratch, limbs):
     return round_slot(s, fp, OUTPUT, mode, sat, r, rbits)
 
 
-@njit(cache=True, parallel=True)
 def reduce_pairs(a, b, fp, ic, seed, out):
     """out[m] = reduction of a[m, :] * b[m, :] (a, b C-contiguous (M, K))."""
+    over_tasks(_pairs_rows, a.shape[0], a, b, fp, ic, seed, out)
+
+
+@njit(cache=True, nogil=True)
+def _pairs_rows(t0, t1, a, b, fp, ic, seed, out):
+    """Rows t0 .. t1 - 1 of `reduce_pairs`."""
     m_count, k = a.shape
     af = a.ravel()
     bf = b.ravel()
-    for m in prange(m_count):
+    for m in range(t0, t1):
         scratch = np.empty(max(k, 1))
         limbs = np.zeros(_NLIMBS, dtype=np.int64)
         out[m] = reduce_one(af, m * k, bf, m * k, k, fp, ic, seed, m, scratch, limbs)
 
 
-@njit(cache=True, parallel=True)
 def reduce_gemm(a, bt, fp, ic, seed, out, col0):
     """out[m, col0 + n] = reduction of a[m, :] * bt[n, :] (a (M, K), bt (N, K), C-contiguous).
 
     The stochastic-rounding stream of output (m, col) is keyed by its flat index
     m * out.shape[1] + col, so grouped layers draw the same bits as one call.
     """
+    over_tasks(_gemm_rows, a.shape[0], a, bt, fp, ic, seed, out, col0)
+
+
+@njit(cache=True, nogil=True)
+def _gemm_rows(t0, t1, a, bt, fp, ic, seed, out, col0):
+    """Rows t0 .. t1 - 1 of `reduce_gemm`."""
     m_count, k = a.shape
     n_count = bt.shape[0]
     width = out.shape[1]
     af = a.ravel()
     bf = bt.ravel()
-    for m in prange(m_count):
+    for m in range(t0, t1):
         scratch = np.empty(max(k, 1))
         limbs = np.zeros(_NLIMBS, dtype=np.int64)
         for n in range(n_count):
@@ -123,8 +134,13 @@ def reduce_gemm(a, bt, fp, ic, seed, out, col0):
                                           m * width + col0 + n, scratch, limbs)
 
 
-@njit(cache=True, parallel=True)
 def round_array(x, out, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits):
     """Vectorised `round_f64` over flat arrays (r: one random integer per element)."""
-    for i in prange(x.shape[0]):
+    over_tasks(_round_elements, x.shape[0], x, out, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits)
+
+
+@njit(cache=True, nogil=True)
+def _round_elements(t0, t1, x, out, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits):
+    """Elements t0 .. t1 - 1 of `round_array`."""
+    for i in range(t0, t1):
         out[i] = round_f64(x[i], p, emin, maxv, has_inf, keep_sub, mode, sat, r[i], rbits)

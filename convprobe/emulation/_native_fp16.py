@@ -46,11 +46,12 @@ import os
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange
+from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from convprobe.emulation._kernel_arithmetic import add_fp32, add_odd32, fma_fp32, load_f64, narrow, store_f64, widen
+from convprobe.emulation._threads import over_tasks
 
 __all__ = ["available", "chunked_gemm_fp32_total", "convert", "sequential_gemm"]
 
@@ -198,15 +199,15 @@ def _store(out, m, col0, s, total, chunk):
 
 
 @njit(cache=True, inline="always")
-def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk):
-    """chunk = 0: one fp16 sum per output; chunk > 0: fp16 sums of `chunk` terms (from +0)
+def _gemm(t0, t1, a, w, out, col0, add32, flush, rz, float32_only, chunk):
+    """Tasks t0 .. t1 - 1 (four rows each) of `sequential_gemm`. chunk = 0: one fp16 sum
+    per output; chunk > 0: fp16 sums of `chunk` terms (from +0)
     folded into an fp32 total (`_fold`), which an fp16 `out` rounds to fp16 and a float32
     `out` keeps (`_store`). `rz`: each task rounds toward zero (MXCSR), and puts the
     thread's rounding mode back at its end."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
-    tasks = (m_count + _ROWS - 1) // _ROWS
-    for t in prange(tasks):
+    for t in range(t0, t1):
         mxcsr = round_toward_zero() if rz else np.int32(0)
         m0 = t * _ROWS
         if m0 + _ROWS <= m_count:
@@ -250,39 +251,39 @@ def _gemm(a, w, out, col0, add32, flush, rz, float32_only, chunk):
             restore_mxcsr(mxcsr)
 
 
-@njit(cache=True, parallel=True)
-def _gemm_fma(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, False, False, False, chunk)
+@njit(cache=True, nogil=True)
+def _gemm_fma(t0, t1, a, w, out, col0, chunk):
+    _gemm(t0, t1, a, w, out, col0, False, False, False, False, chunk)
 
 
-@njit(cache=True, parallel=True)
-def _gemm_add32(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, True, False, False, False, chunk)
+@njit(cache=True, nogil=True)
+def _gemm_add32(t0, t1, a, w, out, col0, chunk):
+    _gemm(t0, t1, a, w, out, col0, True, False, False, False, chunk)
 
 
-@njit(cache=True, parallel=True)
-def _gemm_f32(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, False, False, True, chunk)
+@njit(cache=True, nogil=True)
+def _gemm_f32(t0, t1, a, w, out, col0, chunk):
+    _gemm(t0, t1, a, w, out, col0, False, False, False, True, chunk)
 
 
-@njit(cache=True, parallel=True)
-def _gemm_fma_rz(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, False, True, False, 0)
+@njit(cache=True, nogil=True)
+def _gemm_fma_rz(t0, t1, a, w, out, col0, chunk):
+    _gemm(t0, t1, a, w, out, col0, False, False, True, False, 0)
 
 
-@njit(cache=True, parallel=True)
-def _gemm_fma_rz_flush(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, True, True, False, 0)
+@njit(cache=True, nogil=True)
+def _gemm_fma_rz_flush(t0, t1, a, w, out, col0, chunk):
+    _gemm(t0, t1, a, w, out, col0, False, True, True, False, 0)
 
 
-@njit(cache=True, parallel=True)
-def _gemm_f32_rz(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, False, True, True, 0)
+@njit(cache=True, nogil=True)
+def _gemm_f32_rz(t0, t1, a, w, out, col0, chunk):
+    _gemm(t0, t1, a, w, out, col0, False, False, True, True, 0)
 
 
-@njit(cache=True, parallel=True)
-def _gemm_f32_rz_flush(a, w, out, col0, chunk):
-    _gemm(a, w, out, col0, False, True, True, True, 0)
+@njit(cache=True, nogil=True)
+def _gemm_f32_rz_flush(t0, t1, a, w, out, col0, chunk):
+    _gemm(t0, t1, a, w, out, col0, False, True, True, True, 0)
 
 
 _KERNELS = {(False, False, False, False): _gemm_fma, (True, False, False, False): _gemm_add32,
@@ -317,7 +318,8 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
         raise ValueError("toward_zero takes the FMA alone (no add32, no chunk); flush needs toward_zero")
     fp16_fma = _fp16_fma(fp16_fma)
     kernel = _KERNELS[bool(add32), bool(flush), bool(toward_zero), not (fp16_fma or add32)]
-    kernel(a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0, int(chunk))
+    over_tasks(kernel, -(-a.shape[0] // _ROWS), a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0,
+               int(chunk))
 
 
 def chunked_gemm_fp32_total(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *, add32: bool,
@@ -327,12 +329,13 @@ def chunked_gemm_fp32_total(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0:
     if chunk < 1 or out.dtype != np.float32 or a.dtype != np.float16 or w.dtype != np.float16:
         raise ValueError("chunked_gemm_fp32_total takes chunk >= 1, float16 a and w, and a float32 out")
     kernel = _KERNELS[bool(add32), False, False, not (_fp16_fma(fp16_fma) or add32)]
-    kernel(a.view(np.uint16), w.view(np.uint16), out, col0, int(chunk))  # (float32 out: its own specialisation)
+    over_tasks(kernel, -(-a.shape[0] // _ROWS), a.view(np.uint16), w.view(np.uint16), out, col0,
+               int(chunk))  # (float32 out: its own specialisation)
 
 
-@njit(cache=True, parallel=True)
-def _convert_rows(x, out):
-    for i in prange(x.shape[0]):
+@njit(cache=True, nogil=True)
+def _convert_rows(t0, t1, x, out):
+    for i in range(t0, t1):
         for j in range(x.shape[1]):
             out[i, j] = store_f64(out, load_f64(x[i, j]))
 
@@ -351,7 +354,7 @@ def convert(x: np.ndarray, dtype) -> np.ndarray:
     rows = x if x.ndim == 2 else np.ascontiguousarray(x).reshape(-1, 1)
     out = np.empty(rows.shape, dtype)
     if narrowing:
-        _convert_rows(rows, out.view(np.uint16))
+        over_tasks(_convert_rows, rows.shape[0], rows, out.view(np.uint16))
     else:
-        _convert_rows(rows.view(np.uint16), out)
+        over_tasks(_convert_rows, rows.shape[0], rows.view(np.uint16), out)
     return out.reshape(x.shape)

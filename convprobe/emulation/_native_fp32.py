@@ -21,9 +21,10 @@ float32 numbers is the exact sum rounded once, nearest even, as the model's).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from convprobe.emulation._kernel_arithmetic import fma_fp32
+from convprobe.emulation._threads import over_tasks
 
 __all__ = ["lanes_gemm", "sequential_gemm"]
 
@@ -31,11 +32,12 @@ _ROWS = 4  # rows per task: independent accumulation chains
 _TILE = 64  # rows per task of the lanes kernel, its inner loop: four 16-lane vectors
 
 
-@njit(cache=True, parallel=True)
-def _gemm(a, w, out, col0):
+@njit(cache=True, nogil=True)
+def _gemm(t0, t1, a, w, out, col0):
+    """Tasks t0 .. t1 - 1 (four rows each) of `sequential_gemm`."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
-    for t in prange((m_count + _ROWS - 1) // _ROWS):
+    for t in range(t0, t1):
         m0 = t * _ROWS
         if m0 + _ROWS <= m_count:
             s0 = np.zeros(n_count, np.float32)
@@ -69,14 +71,15 @@ def _gemm(a, w, out, col0):
 def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int) -> None:
     """out[:, col0:col0 + N] = sequential fp32 sums of a (M, K) against w (K, N), in K order;
     a, w (holding fp16 or narrower values) and out are float32 arrays, a and w C-contiguous."""
-    _gemm(a, w, out, col0)
+    over_tasks(_gemm, -(-a.shape[0] // _ROWS), a, w, out, col0)
 
 
-@njit(cache=True, parallel=True)
-def _lanes_gemm(a, w, width, pairwise, out, col0):
+@njit(cache=True, nogil=True)
+def _lanes_gemm(t0, t1, a, w, width, pairwise, out, col0):
+    """Row tiles t0 .. t1 - 1 of `lanes_gemm`."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
-    for t in prange((m_count + _TILE - 1) // _TILE):
+    for t in range(t0, t1):
         m0 = t * _TILE
         rows = min(_TILE, m_count - m0)
         at = np.zeros((k_count, _TILE), np.float32)  # the tile's rows, transposed
@@ -115,4 +118,4 @@ def lanes_gemm(a: np.ndarray, w: np.ndarray, width: int, pairwise: bool, out: np
     interleaved sequential accumulators (term k to lane k mod width, each from +0), the lane
     sums then added in float32 in lane order from +0, or pairwise (`pairwise`); a and w
     (holding fp16 or narrower values) and out float32, w C-contiguous."""
-    _lanes_gemm(a, w, width, pairwise, out, col0)
+    over_tasks(_lanes_gemm, -(-a.shape[0] // _TILE), a, w, width, pairwise, out, col0)

@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
+from convprobe.emulation._threads import over_tasks
 from convprobe.emulation.models import AccumulationModel, kernel_config
 from convprobe.emulation.reduction import as_float64, check_exact_products, finish
 from convprobe.errors import InvalidArgument, invalid_choice
@@ -107,13 +108,13 @@ def conv_output_shape(in_hw: tuple[int, int], k_hw: tuple[int, int], strides: tu
 U = np.uint64
 
 
-@njit(cache=True, parallel=True)
-def _im2col_rows(x, out, c0, cg, kh, kw, sh, sw, dh, dw, top, left, oh, ow, st_h, st_w, st_c):
-    """out[(b, y, x), tap] for the (M, K) layout; x is NHWC, out flat."""
+@njit(cache=True, nogil=True)
+def _im2col_rows(t0, t1, x, out, c0, cg, kh, kw, sh, sw, dh, dw, top, left, oh, ow, st_h, st_w, st_c):
+    """Rows (b, y) t0 .. t1 - 1 of out[(b, y, x), tap], the (M, K) layout; x is NHWC, out flat."""
     n, h, w, c_all = x.shape
     xf = x.ravel()
     k = kh * kw * cg
-    for r in prange(n * oh):
+    for r in range(t0, t1):
         b, y = r // oh, r % oh
         for xo in range(ow):
             row = (r * ow + xo) * k
@@ -135,14 +136,14 @@ def _im2col_rows(x, out, c0, cg, kh, kw, sh, sw, dh, dw, top, left, oh, ow, st_h
                             out[base + c * U(st_c)] = 0
 
 
-@njit(cache=True, parallel=True)
-def _im2col_cols(x, out, c0, cg, kh, kw, sh, sw, dh, dw, top, left, oh, ow):
-    """out[tap, (b, y, x)] for the (K, M) layout, taps nested (h, w, c); out flat.
+@njit(cache=True, nogil=True)
+def _im2col_cols(t0, t1, x, out, c0, cg, kh, kw, sh, sw, dh, dw, top, left, oh, ow):
+    """Taps t0 .. t1 - 1 of out[tap, (b, y, x)], the (K, M) layout, taps nested (h, w, c); out flat.
     One output row per task, written contiguously."""
     n, h, w, c_all = x.shape
     xf = x.ravel()
     m = U(n * oh * ow)
-    for t in prange(kh * kw * cg):
+    for t in range(t0, t1):
         i, j, c = t // (kw * cg), (t // cg) % kw, t % cg
         row = U(t) * m
         for b in range(n):
@@ -175,11 +176,12 @@ def _im2col(x: np.ndarray, k_hw, strides, dilation, pads, out_hw, channels: tupl
     bits = (lambda a: a.view(np.uint16)) if x.dtype == np.float16 else (lambda a: a)
     geometry = (c0, cg, *k_hw, *strides, *dilation, top, left, *out_hw)
     if transposed:
-        _im2col_cols(bits(x), bits(out).reshape(-1), *geometry)
+        over_tasks(_im2col_cols, k, bits(x), bits(out).reshape(-1), *geometry)
     else:
         sizes = {"h": k_hw[0], "w": k_hw[1], "c": cg}
         st = {order[2]: 1, order[1]: sizes[order[2]], order[0]: sizes[order[2]] * sizes[order[1]]}
-        _im2col_rows(bits(x), bits(out).reshape(-1), *geometry, st["h"], st["w"], st["c"])
+        over_tasks(_im2col_rows, x.shape[0] * out_hw[0], bits(x), bits(out).reshape(-1), *geometry,
+                   st["h"], st["w"], st["c"])
     return out
 
 
