@@ -1,0 +1,65 @@
+"""`_threads.over_tasks`: every task run exactly once, on every thread count; errors and
+forked children."""
+
+import multiprocessing
+import threading
+
+import numba
+import numpy as np
+import pytest
+from numba import njit
+
+from convprobe.emulation._threads import over_tasks
+
+
+@njit(cache=False, nogil=True)
+def _count(t0, t1, hits):
+    for t in range(t0, t1):
+        hits[t] += 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 100])
+def test_every_task_runs_exactly_once(threads, count):
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        hits = np.zeros(count + 1, dtype=np.int64)  # one past the end, which no task may touch
+        over_tasks(_count, count, hits)
+    finally:
+        numba.set_num_threads(before)
+    assert hits[:count].tolist() == [1] * count and hits[count] == 0
+
+
+def test_ranges_run_on_more_than_one_thread_and_a_kernel_error_reaches_the_caller():
+    if numba.get_num_threads() < 2:
+        pytest.skip("one numba thread: every range runs on the caller's")
+    seen = []
+
+    def kernel(t0, t1):
+        seen.append((t0, t1, threading.get_ident()))
+        if t0 > 0:
+            raise ValueError(f"task range {t0}..{t1}")
+
+    with pytest.raises(ValueError, match="task range"):
+        over_tasks(kernel, 4)
+    assert sorted(r[:2] for r in seen)[0] == (0, 4 // numba.get_num_threads())
+    assert len({r[2] for r in seen}) == len(seen) > 1
+
+
+def _in_child(queue):
+    hits = np.zeros(50, dtype=np.int64)
+    over_tasks(_count, 50, hits)
+    queue.put(hits.tolist())
+
+
+def test_a_forked_child_starts_its_own_pool():
+    hits = np.zeros(50, dtype=np.int64)
+    over_tasks(_count, 50, hits)  # the parent's pool exists before the fork
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_in_child, args=(queue,))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0 and got == [1] * 50
