@@ -15,29 +15,31 @@ worker, each probe) pays it.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numba
 
 __all__ = ["over_tasks"]
 
 _pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+_pool_lock = threading.Lock()
 
 
-def _executor(threads: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    if _pool is None or _pool_size < threads:
-        if _pool is not None:
-            _pool.shutdown(wait=False)
-        _pool, _pool_size = ThreadPoolExecutor(threads, thread_name_prefix="convprobe-kernel"), threads
-    return _pool
+def _executor() -> ThreadPoolExecutor:
+    """The process's pool, made once with numba's largest thread count (NUMBA_NUM_THREADS,
+    which `numba.set_num_threads` cannot exceed), so no caller ever sees it replaced."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, thread_name_prefix="convprobe-kernel")
+        return _pool
 
 
 def _forget_pool() -> None:
     """A forked child has none of its parent's threads: it starts its own pool."""
-    global _pool, _pool_size
-    _pool, _pool_size = None, 0
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_pool)
@@ -50,8 +52,11 @@ def over_tasks(kernel, count: int, *args) -> None:
         kernel(0, count, *args)
         return
     bounds = [count * i // threads for i in range(threads + 1)]
-    pool = _executor(threads)
+    pool = _executor()
     futures = [pool.submit(kernel, bounds[i], bounds[i + 1], *args) for i in range(1, threads)]
-    kernel(bounds[0], bounds[1], *args)  # the first range on this thread
+    try:
+        kernel(bounds[0], bounds[1], *args)  # the first range on this thread
+    finally:
+        wait(futures)  # every range has ended before this returns or raises
     for future in futures:
         future.result()  # (re-raises a kernel's error here)

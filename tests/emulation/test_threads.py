@@ -63,3 +63,22 @@ def test_a_forked_child_starts_its_own_pool():
     got = queue.get(timeout=60)
     child.join(60)
     assert child.exitcode == 0 and got == [1] * 50
+
+
+def test_callers_on_several_threads_share_the_pool():
+    """Callers on their own threads (identify predicts on several) each get all their tasks."""
+    results = {}
+
+    def caller(name):
+        hits = np.zeros(333, dtype=np.int64)
+        for _ in range(50):
+            over_tasks(_count, 333, hits)
+        results[name] = hits
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results) == [0, 1, 2, 3]
+    assert all((hits == 50).all() for hits in results.values())
