@@ -6,6 +6,8 @@
   are summed in order into a running total in `combine` (nearest even, from +0), as
   split-K GEMMs and chunked CPU kernels combine their slices; or, with a model as
   `combine` (``combine=pairwise:fp32``), reduced by that model, as a tree of chunk sums.
+  ``first=M0 | M1 | ...`` gives the first ranges models of their own (range i < n takes
+  Mi, the rest `inner`): a kernel whose slices are not all computed alike.
   With the sequential fp16 model inside, combined in fp32, on fp16 inputs, one compiled
   kernel computes ranges and total (`_native_fp16.chunked_gemm_fp32_total`).
 * `Lanes` - the terms dealt round-robin to `width` accumulators (term k to lane
@@ -14,6 +16,12 @@
   the contracted axis does. With the sequential fp32 model inside and a float32 combine,
   on fp16 inputs, one compiled kernel runs both on the CPU's float32 arithmetic
   (`_native_fp32.lanes_gemm`).
+* `Columns` - output channel j (the GEMM's column) reduced by ``models[min(j, n - 1)]``:
+  a GEMM whose micro kernels differ by column block. Eigen's fp16 input gradient
+  (col = dy x filter^T, KH*KW*C columns) rounds products and adds in fp16 in whole blocks
+  of 16 columns, sums the next block of 8 in two interleaved lanes, and runs the last
+  columns as an FMA chain; each dx channel then meets its taps' columns in turn
+  (`columns(splitk(length=C_out, ..., first=...), ...)`, as ``identify`` derives it).
 * `Reverse` - the terms reduced by `inner` from the last to the first, as a fold that
   adds each accumulator into the next one's sum does (Eigen's inner product combines its
   packet accumulators as ``p0 + (p1 + (p2 + p3))``).
@@ -22,7 +30,9 @@ Inner models may be any model, tensor-core presets and other composites included
 not stochastically rounded ones (their random streams are keyed per output of one
 reduction). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
 ``splitk(length=1024, sequential:fp16, combine=fp32)``,
-``lanes(8, sequential:fp32, combine=pairwise:fp32)``, ``reverse(sequential:fp16)``.
+``lanes(8, sequential:fp32, combine=pairwise:fp32)``, ``reverse(sequential:fp16)``,
+``splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16 | pairwise:fp16, combine=fp16)``,
+``columns(sequential:fp16, sequential:fp32:output=fp16)``.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32, Format
 from convprobe.options import Rounding
 
-__all__ = ["SplitK", "Lanes", "Reverse", "COMPOSITE_KINDS", "ranges", "split_arguments",
+__all__ = ["SplitK", "Lanes", "Reverse", "Columns", "COMPOSITE_KINDS", "ranges", "split_arguments",
            "parse_composite"]
 
 
@@ -133,6 +143,8 @@ class SplitK(_Composite):
     length: int | None = field(default=None, kw_only=True)
     #: A model that reduces the partial results (in range order) instead of a running total.
     combine: AccumulationModel | None = field(default=None, kw_only=True)
+    #: The models of the first ranges, in order (the rest take `inner`).
+    first: tuple[AccumulationModel, ...] = field(default=(), kw_only=True)
 
     kind: ClassVar[str] = "splitk"
 
@@ -154,14 +166,25 @@ class SplitK(_Composite):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
                                       or value < 1):
                 raise InvalidArgument(f"{name} must be an integer >= 1; received {value!r}")
+        object.__setattr__(self, "first", tuple(self.first))
+        for model in self.first:
+            _check_inner(model, "first")
+
+    def range_model(self, i: int) -> AccumulationModel:
+        """The model that reduces range i."""
+        return self.first[i] if i < len(self.first) else self.inner
 
     def to_spec(self) -> str:
         size = str(self.parts) if self.parts is not None else f"length={self.length}"
+        if self.first:
+            size += f", {self.inner.to_spec()}, first={' | '.join(m.to_spec() for m in self.first)}"
+        else:
+            size += f", {self.inner.to_spec()}"
         if self.combine is not None:
             extra = "" if self.output == self.combine.output else f", output={self.output.name}"
-            return f"splitk({size}, {self.inner.to_spec()}, combine={self.combine.to_spec()}{extra})"
+            return f"splitk({size}, combine={self.combine.to_spec()}{extra})"
         extra = "" if self.output == self.accumulator else f", output={self.output.name}"
-        return f"splitk({size}, {self.inner.to_spec()}, combine={self.accumulator.name}{extra})"
+        return f"splitk({size}, combine={self.accumulator.name}{extra})"
 
     @property
     def name(self) -> str:
@@ -172,14 +195,16 @@ class SplitK(_Composite):
                 else f"K ranges of {self.length} terms")
         combined = (f"reduced as [{self.combine.describe()}]" if self.combine is not None
                     else f"summed in {self.accumulator}")
-        return f"split-K: {size}, each reduced as [{self.inner.describe()}], the partial results {combined}"
+        own = "".join(f"range {i} as [{m.describe()}], " for i, m in enumerate(self.first))
+        rest = "the others" if self.first else "each"
+        return f"split-K: {size}, {own}{rest} reduced as [{self.inner.describe()}], the partial results {combined}"
 
     def reduce_rows(self, a, b, c):
         if c is not None:
             raise InvalidArgument("c (an accumulator input) is not defined for splitk models")
-        parts = [np.asarray(self.inner.reduce_rows(np.ascontiguousarray(a[:, j0:j1]),
-                                                   np.ascontiguousarray(b[:, j0:j1]), None), np.float64)
-                 for j0, j1 in ranges(a.shape[1], self.parts, self.length)]
+        parts = [np.asarray(self.range_model(i).reduce_rows(np.ascontiguousarray(a[:, j0:j1]),
+                                                            np.ascontiguousarray(b[:, j0:j1]), None), np.float64)
+                 for i, (j0, j1) in enumerate(ranges(a.shape[1], self.parts, self.length))]
         return self._finish(self._combined(parts))
 
     def _produced(self) -> Format:
@@ -196,7 +221,7 @@ class SplitK(_Composite):
         float32) computes, sequential with nearest even (`_kernels.native_fp16`), combined
         in fp32 (a format), subnormals kept, overflow to inf."""
         own, own_ic, _ = kernel_config(self)
-        if (self.combine is not None or not K.same_format(own[K.ACCUMULATOR], FP32)
+        if (self.combine is not None or self.first or not K.same_format(own[K.ACCUMULATOR], FP32)
                 or own[K.ACCUMULATOR, K.F_KEEP_SUB] == 0.0 or own_ic[K.IC_SAT] != 0):
             return False
         fp, ic, _ = kernel_config(self.inner)
@@ -211,8 +236,8 @@ class SplitK(_Composite):
                                                  add32=add32, chunk=range_length(a.shape[1], self.parts, self.length))
             out[:, col0:col0 + n] = self._finish(totals)
             return
-        parts = [_inner_gemm(self.inner, a[:, j0:j1], w[j0:j1], inputs_fp16)
-                 for j0, j1 in ranges(a.shape[1], self.parts, self.length)]
+        parts = [_inner_gemm(self.range_model(i), a[:, j0:j1], w[j0:j1], inputs_fp16)
+                 for i, (j0, j1) in enumerate(ranges(a.shape[1], self.parts, self.length))]
         out[:, col0:col0 + n] = self._finish(self._combined(parts))
 
 
@@ -326,7 +351,68 @@ class Reverse(_Composite):
         out[:, col0:col0 + w.shape[1]] = self._finish(_inner_gemm(self.inner, a[:, ::-1], w[::-1], inputs_fp16))
 
 
-COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes, "reverse": Reverse}
+@dataclass(frozen=True)
+class Columns(_Composite):
+    """Output channel j reduced by ``models[min(j, n - 1)]`` (all with one output format)."""
+
+    models: tuple[AccumulationModel, ...] = field(default=(), kw_only=True)
+
+    kind: ClassVar[str] = "columns"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", tuple(self.models))
+        if not self.models:
+            raise InvalidArgument("columns needs at least one model")
+        for model in self.models:
+            _check_inner(model, "a columns model")
+        outputs = {m.output.name for m in self.models}
+        if len(outputs) > 1:
+            raise InvalidArgument(f"columns' models must share one output format; received {sorted(outputs)}")
+        if self.output is not None and resolve_format(self.output, "output") != self.models[0].output:
+            raise InvalidArgument(f"columns' output is its models' own ({self.models[0].output.name}); set output "
+                                  f"on the models; received output={self.output!r}")
+        object.__setattr__(self, "inner", self.models[0])
+        object.__setattr__(self, "accumulator", self.models[0].output)
+        object.__setattr__(self, "output", self.models[0].output)
+        super().__post_init__()
+
+    def column_model(self, column: int) -> AccumulationModel:
+        """The model of output channel `column`."""
+        return self.models[min(column, len(self.models) - 1)]
+
+    def to_spec(self) -> str:
+        return f"columns({', '.join(m.to_spec() for m in self.models)})"
+
+    @property
+    def name(self) -> str:
+        return self.to_spec()
+
+    def _describe_kind(self) -> str:
+        return "by output channel: " + "; ".join(
+            f"{'channel ' + str(j) if j < len(self.models) - 1 else f'channels {j}+'} as [{m.describe()}]"
+            for j, m in enumerate(self.models))
+
+    def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
+        for model in self.models:
+            model.check_inputs(x, fp16_dtype, argument)
+
+    def reduce_rows(self, a, b, c):
+        raise InvalidArgument(f"{self.to_spec()} differs by output channel: it computes conv2d and its "
+                              f"gradients, not dot products")
+
+    def gemm_into(self, a, w, out, col0, inputs_fp16):
+        n, j0 = w.shape[1], 0
+        while j0 < n:  # runs of columns with one model, each one GEMM
+            model = self.column_model(col0 + j0)
+            j1 = j0 + 1
+            while j1 < n and self.column_model(col0 + j1) is model:
+                j1 += 1
+            out[:, col0 + j0:col0 + j1] = _inner_gemm(model, a, w[:, j0:j1], inputs_fp16)
+            j0 = j1
+
+
+COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes, "reverse": Reverse,
+                                                "columns": Columns}
 
 
 def split_arguments(text: str) -> list[str]:
@@ -349,7 +435,7 @@ def split_arguments(text: str) -> list[str]:
 
 
 def parse_composite(spec: str, parse_model) -> AccumulationModel:
-    """``KIND(POSITIONAL, ..., KEY=VALUE, ...)`` for KIND in splitk, lanes, reverse."""
+    """``KIND(POSITIONAL, ..., KEY=VALUE, ...)`` for KIND in splitk, lanes, reverse, columns."""
     from convprobe.errors import invalid_choice
 
     head, _, rest = spec.partition("(")
@@ -366,12 +452,15 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
             keywords[key.strip().lower()] = value.strip()
         else:
             positional.append(a)
-    usage = {"splitk": "splitk(PARTS | length=N, INNER, combine=FORMAT | MODEL[, output=FORMAT])",
+    usage = {"splitk": "splitk(PARTS | length=N, INNER[, first=MODEL | MODEL ...], combine=FORMAT | MODEL"
+                       "[, output=FORMAT])",
              "lanes": "lanes(WIDTH, INNER, combine=MODEL)",
-             "reverse": "reverse(INNER[, output=FORMAT])"}[kind]
-    allowed = {"splitk": {"length", "combine", "output", "inner", "parts"},
+             "reverse": "reverse(INNER[, output=FORMAT])",
+             "columns": "columns(MODEL, MODEL, ...)"}[kind]
+    allowed = {"splitk": {"length", "combine", "output", "inner", "parts", "first"},
                "lanes": {"combine", "output", "inner", "width"},
-               "reverse": {"output", "inner"}}[kind]
+               "reverse": {"output", "inner"},
+               "columns": set()}[kind]
     unknown = sorted(set(keywords) - allowed)
     if unknown:
         raise invalid_choice(f"{kind} parameter", unknown[0], sorted(allowed))
@@ -382,6 +471,10 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         except ValueError:
             raise InvalidArgument(f"{name} must be an integer; received {text!r}") from None
 
+    if kind == "columns":
+        if not positional:
+            raise InvalidArgument(f"columns needs at least one model: {usage}; received {spec!r}")
+        return Columns(models=tuple(parse_model(m) for m in positional))
     values: dict[str, Any] = {}
     size_name = "parts" if kind == "splitk" else "width"
     if kind != "reverse" and positional and positional[0].strip().lstrip("-").isdigit():
@@ -400,6 +493,8 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     if kind == "reverse":
         return Reverse(inner=inner, output=values.pop("output", None))
     if kind == "splitk":
+        if "first" in values:
+            values["first"] = tuple(parse_model(m.strip()) for m in values.pop("first").split("|"))
         text = values.pop("combine", "fp32")
         try:
             combine = resolve_format(text, "combine")

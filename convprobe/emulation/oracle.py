@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from convprobe.emulation.composites import Lanes, Reverse, SplitK
+from convprobe.emulation.composites import Columns, Lanes, Reverse, SplitK
 from convprobe.emulation.conv import conv_output_shape, pair, resolve_padding
 from convprobe.emulation.models import (
     AccumulationModel,
@@ -27,6 +27,7 @@ from convprobe.emulation.models import (
     Sequential,
 )
 from convprobe.emulation.rounding import resolve_format, stochastic_bits
+from convprobe.errors import InvalidArgument
 from convprobe.formats import Format
 from convprobe.options import Alignment, CAddition, KLayout
 
@@ -245,11 +246,15 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
            c: float | None = None) -> float:
     """One modelled reduction of c + sum a[k] * b[k] (k in list order); `index` keys the SR
     stream; `c` (block-FMA models only) is the accumulator input."""
+    if isinstance(model, Columns):
+        raise InvalidArgument(f"{model.to_spec()} differs by output channel: it computes conv2d and its "
+                              f"gradients, not dot products")
     st = _Stepper(model, index)
     if isinstance(model, SplitK):
         k = len(a)
         size = model.length if model.length is not None else max(1, math.ceil(k / model.parts))
-        parts = [reduce(a[j0:j0 + size], b[j0:j0 + size], model.inner) for j0 in range(0, max(k, 1), size)]
+        inners = [*model.first, *[model.inner] * max(1, math.ceil(k / size))]  # the first ranges' own
+        parts = [reduce(a[j0:j0 + size], b[j0:j0 + size], inners[i]) for i, j0 in enumerate(range(0, max(k, 1), size))]
         if model.combine is not None:
             return st.rnd(reduce(parts, [1.0] * len(parts), model.combine), model.output, "nearest_even")
         total: Value = 0.0
@@ -302,6 +307,13 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
     return st.rnd(s, model.output)
 
 
+def _for_column(model: AccumulationModel, column: int) -> AccumulationModel:
+    """The model of output channel `column` (`Columns` differ by channel)."""
+    if not isinstance(model, Columns):
+        return model
+    return model.models[min(column, len(model.models) - 1)]
+
+
 def dot(a, b, model: AccumulationModel, c=None) -> np.ndarray:
     """Scalar `dot`: reduce c + a.b along the last axis, leading axes broadcast."""
     a64 = np.asarray(a).astype(np.float64)
@@ -351,7 +363,7 @@ def conv2d(x, w, model: AccumulationModel, *, strides=1, padding="VALID", dilati
             a_terms.append(x[b_, ih, iw, g * cg + ci] if inside else 0.0)
             b_terms.append(w[i, j, ci, co])
         flat = ((b_ * oh + y) * ow + z) * cout + co
-        out[idx] = reduce(a_terms, b_terms, model, flat)
+        out[idx] = reduce(a_terms, b_terms, _for_column(model, idx[-1]), flat)
     return out.astype(model.output_dtype)
 
 
@@ -379,7 +391,7 @@ def conv2d_backprop_input(dy, w, input_shape, model: AccumulationModel, *, strid
             a_terms.append(dy[b_, t // sh, u // sw, g * og + co_l] if on_grid else 0.0)
             b_terms.append(w[kh - 1 - i, kw - 1 - j, ci_l, g * og + co_l])
         flat = ((b_ * h + y) * wd + z) * c + ci
-        out[idx] = reduce(a_terms, b_terms, model, flat)
+        out[idx] = reduce(a_terms, b_terms, _for_column(model, idx[-1]), flat)
     return out.astype(model.output_dtype)
 
 
@@ -406,5 +418,5 @@ def conv2d_backprop_filter(x, dy, filter_shape, model: AccumulationModel, *, str
             a_terms.append(x[b_, ih, iw, g * cg + ci_l] if inside else 0.0)
             b_terms.append(dy[b_, y, z, co])
         flat = ((i * kw + j) * cg + ci_l) * cout + co
-        out[idx] = reduce(a_terms, b_terms, model, flat)
+        out[idx] = reduce(a_terms, b_terms, _for_column(model, idx[-1]), flat)
     return out.astype(model.output_dtype)

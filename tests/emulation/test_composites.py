@@ -28,7 +28,9 @@ def composites(draw, depth=0):
                 else f"length={draw(st.integers(1, 24))}")
         combine = draw(st.sampled_from(["fp16", "fp32", "bf16", "pairwise:fp32", "pairwise:fp16:output=fp32"]))
         output = draw(st.sampled_from(["", ", output=fp16"]))
-        return f"splitk({size}, {inner}, combine={combine}{output})"
+        first = draw(st.lists(st.sampled_from(INNER), max_size=3))
+        first = f", first={' | '.join(first)}" if first else ""
+        return f"splitk({size}, {inner}{first}, combine={combine}{output})"
     if draw(st.integers(0, 4)) == 0:
         return f"reverse({inner}{draw(st.sampled_from(['', ', output=fp16']))})"
     combine = draw(st.sampled_from(["sequential:fp32", "pairwise:fp16", "sequential:fp32:output=fp16",
@@ -52,6 +54,10 @@ def test_composites_match_the_oracle(cases_budget):
 
 
 @pytest.mark.parametrize("spec", ["splitk(3, a100, combine=fp16)",
+                                  "splitk(length=6, sequential:fp16:product=fp16, first=sequential:fp16 | lanes(2, "
+                                  "sequential:fp16:product=fp16, combine=sequential:fp16), combine=fp16)",
+                                  "columns(splitk(length=3, sequential:fp16, first=pairwise:fp16, combine=fp16), "
+                                  "sequential:fp16:product=fp16, chunked:fp16:n=4)",
                                   "splitk(length=4, sequential:fp16, combine=fp32, output=fp16)",
                                   "lanes(4, h100, combine=pairwise:fp32)",
                                   "splitk(2, lanes(3, v100, combine=sequential:fp32), combine=fp32)",
@@ -179,7 +185,12 @@ def test_lanes_deal_terms_round_robin():
     ("lanes(4, sequential:fp16:rounding=sr, combine=sequential:fp32)", "cannot round stochastically"),
     ("reverse(4, a100)", "reverse takes reverse\\(INNER\\[, output=FORMAT\\]\\)"),
     ("reverse(a100, combine=fp32)", "reverse parameter must be one of inner, output; received 'combine'"),
-    ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse; received 'warp'"),
+    ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse, columns; received 'warp'"),
+    ("columns()", "columns needs at least one model"),
+    ("columns(sequential:fp16, sequential:fp32)", "columns' models must share one output format"),
+    ("columns(sequential:fp16, output=fp32)", "columns parameter must be one of ; received 'output'"),
+    ("splitk(length=4, sequential:fp16, first=sequential:fp16:rounding=sr, combine=fp16)",
+     "first of a composite cannot round stochastically"),
 ])
 def test_bad_composite_specs_say_what_is_allowed(spec, message):
     with pytest.raises(InvalidArgument, match=message):
@@ -206,3 +217,29 @@ def test_split_k_with_a_model_combines_the_partials_as_that_model():
     assert tree.to_spec() == "splitk(4, sequential:fp32, combine=pairwise:fp16)"
     preset = em.parse_model("splitk(2, sequential:fp32, combine=v100)")  # a preset name is a model, not a format
     assert em.parse_model(preset.to_spec()) == preset
+
+
+def test_the_first_ranges_take_their_own_models():
+    """Ranges of 2 over 2048, 1, 1, 1, 1, 1, totalled in fp32: in fp16 the first range loses
+    its 1 (2048, then 2 and 2: 2052); summed in fp32 it keeps 2049 (2053)."""
+    a = np.array([[2048.0, 1.0, 1.0, 1.0, 1.0, 1.0]], np.float16)
+    b = np.ones((1, 6), np.float16)
+    plain = em.parse_model("splitk(length=2, sequential:fp16, combine=fp32)")
+    first = em.parse_model("splitk(length=2, sequential:fp16, first=sequential:fp32, combine=fp32)")
+    assert float(em.dot(a, b, plain)[0]) == 2052.0  # 2048 (1 lost), 2, 2
+    assert float(em.dot(a, b, first)[0]) == 2053.0  # 2049 kept in fp32, 2, 2
+    assert float(oracle.dot(a, b, first)[0]) == 2053.0
+    assert first.range_model(0).to_spec() == "sequential:fp32" and first.range_model(5) == first.inner
+
+
+def test_columns_give_each_output_channel_its_model_and_refuse_dot_products():
+    """Channel 0 sums 2048 + 1 + 1 in fp16 (2048), channels 1 and 2 in fp32 rounded to fp16
+    (2050); a dot product has no channel, so the model refuses it in one line."""
+    model = em.parse_model("columns(sequential:fp16, sequential:fp32:output=fp16)")
+    x = np.array([2048.0, 1.0, 1.0], np.float16).reshape(1, 1, 1, 3)
+    w = np.ones((1, 1, 3, 3), np.float16)
+    assert em.conv2d(x, w, model).ravel().tolist() == [2048.0, 2050.0, 2050.0]
+    assert oracle.conv2d(x, w, model).ravel().tolist() == [2048.0, 2050.0, 2050.0]
+    for dot in (em.dot, oracle.dot):
+        with pytest.raises(InvalidArgument, match="differs by output channel"):
+            dot(x.reshape(1, 3), np.ones((1, 3), np.float16), model)
