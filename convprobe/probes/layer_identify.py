@@ -13,7 +13,9 @@ For every layer and each of its three ops (`layers.LAYER_OPS`) the child process
    bit patterns of up to `SAMPLE` outputs, picked by seed.
 
 The parent turns the structure into emulator specs (`structure.candidate_specs`),
-adds a few plain models (`BASE_CANDIDATES`) and any the user names, recomputes
+adds those the layer's layout suggests (`layer_patterns`: an input gradient's one-tap
+chunks and its GEMM's column blocks), a few plain models (`BASE_CANDIDATES`) and any the
+user names, recomputes
 the same op through the emulator's conv API for each, and counts the outputs
 that match bit for bit. The best spec is the measured one when it matches; a
 summary says plainly what was measured and ruled out when nothing matches.
@@ -101,7 +103,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     measured = candidate_specs(structure, k)
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
     table = {}
-    for spec in dict.fromkeys([*measured, *(extra_specs or ()), *BASE_CANDIDATES]):
+    for spec in dict.fromkeys([*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]):
         predicted = _predicted(spec, layer, op, seed)
         if predicted is not None:
             table[spec] = float(np.mean(bitwise_equal(predicted, observed)))
@@ -117,8 +119,12 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
 def _explain(structure, measured: list[str], table: dict, best: str | None) -> str:
     """One line: what was measured, and what was ruled out when nothing matched."""
     if best is not None and table[best] == 1.0:
-        how = ("a plain model" if best not in measured else "the measured structure" if structure.accumulator
-               else "the layer's layout; not measured")
+        if best in measured and structure.accumulator:
+            how = "the measured structure"
+        elif best in structure.derived:
+            how = "the layer's layout" + ("" if structure.accumulator else "; not measured")
+        else:
+            how = "a plain model"
         return f"{best} matches every compared output ({how})"
     found = (f"measured: {structure.accumulator} accumulator, lanes={structure.lanes}"
              + (f" summed in {structure.combine}" if structure.combine else "")

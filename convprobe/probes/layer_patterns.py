@@ -10,12 +10,14 @@ is the constant and dy's channel o carries the row over the batch positions
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import Structure, blocks, measure_rows
 
-__all__ = ["measure", "pattern_rows", "pattern_outputs"]
+__all__ = ["measure", "pattern_rows", "pattern_outputs", "column_blocks_spec"]
 
 
 def _first(candidates, valid) -> int | None:
@@ -79,14 +81,54 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
     return np.concatenate(read).astype(np.float64)[:len(patterns)]
 
 
+#: The micro kernels of an fp16 GEMM by column block (see `column_blocks_spec`).
+_WHOLE_16 = "sequential:fp16:product=fp16"
+_NEXT_8 = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
+_LAST = "sequential:fp16"
+
+
+def column_blocks_spec(layer: Layer) -> str | None:
+    """The input gradient as an fp16 GEMM col = dy x filter^T whose KH*KW*C columns, (tap,
+    channel) in filter order, run on micro kernels by block: whole blocks of 16 columns round
+    each product to fp16 and add in fp16, the next block of 8 sums in two interleaved fp16
+    lanes, the last columns are an FMA chain; col2im then adds each dx channel's taps in
+    fp16, in the rotated filter's order. Measured on Eigen's kernel (oneDNN off, fp16
+    accumulation: `scripts/input_gradient_columns.py`). None where every column is in a
+    block of 16 (then it is the one-tap chunks)."""
+    kh, kw, c_in, c_out = layer.filter_shape
+    columns = kh * kw * c_in
+    whole16 = columns // 16 * 16
+    next8 = whole16 + (columns - whole16) // 8 * 8
+    if whole16 == columns:
+        return None
+
+    def kernel(column: int) -> str:
+        return _WHOLE_16 if column < whole16 else _NEXT_8 if column < next8 else _LAST
+
+    channels = []
+    for c in range(c_in):  # the rotated filter meets the last tap first: blocks of later columns lead
+        taps = [kernel((kh * kw - 1 - r) * c_in + c) for r in range(kh * kw)]
+        inner, first = taps[-1], taps[:-1]
+        while first and first[-1] == inner:
+            first.pop()
+        channels.append(f"splitk(length={c_out}, {inner}, first={' | '.join(first)}, combine=fp16)" if first
+                        else f"splitk(length={c_out}, {inner}, combine=fp16)")
+    while len(channels) > 1 and channels[-1] == channels[-2]:
+        channels.pop()  # (the last model serves every channel after it)
+    return f"columns({', '.join(channels)})" if len(channels) > 1 else channels[0]
+
+
 def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
-    """An input gradient's K runs tap by tap over C_out output channels; where a strided layer
-    keeps the crafted rows out, try the one-tap chunks that the measured stride-1 layers
-    show (fp16 and fp32 accumulators)."""
+    """An input gradient's K runs tap by tap over C_out output channels: the one-tap chunks
+    that the measured stride-1 layers show (fp16 and fp32 accumulators), which a strided
+    layer (its crafted rows kept out) can only try, and the GEMM's column blocks where
+    KH*KW*C is not a multiple of 16 (`column_blocks_spec`)."""
     if op != "conv2d_backprop_input":
         return ()
     n = layer.filter_shape[3]
-    return (f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16")
+    blocks = column_blocks_spec(layer)
+    return (f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16",
+            *((blocks,) if blocks else ()))
 
 
 def measure(backend, layer: Layer, op: str) -> Structure:
@@ -95,4 +137,5 @@ def measure(backend, layer: Layer, op: str) -> Structure:
     capacity, why = pattern_rows(layer, op)
     if not capacity:
         return Structure(note=why, derived=_layout_specs(layer, op))
-    return measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale), layer.k(op))
+    measured = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale), layer.k(op))
+    return replace(measured, derived=_layout_specs(layer, op))

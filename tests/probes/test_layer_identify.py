@@ -244,3 +244,48 @@ def test_keras_models_identify_cannot_take_are_one_line_refusals(tmp_path):
         lines = [line for line in proc.stderr.splitlines() if line.startswith("convprobe")]
         assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
         assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_the_column_blocks_give_each_channel_its_taps_kernels():
+    """KH*KW*C = 27 columns: 0-15 in a block of 16, 16-23 in one of 8, 24-26 the rest. In
+    the rotated filter's order channel 0 meets tap 8 (column 24), then taps 7 and 6 (21, 18)
+    in the block of 8; channels 1 and 2 also tap 5 (16, 17). Whole blocks of 16 need no spec;
+    the spec reproduces the same arithmetic tap by tap on the emulator."""
+    spec = layer_patterns.column_blocks_spec(Layer((1, 6, 6, 3), (3, 3, 3, 16)))
+    lanes = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
+    assert spec == (f"columns(splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16 | {lanes} | "
+                    f"{lanes}, combine=fp16), splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16"
+                    f" | {lanes} | {lanes} | {lanes}, combine=fp16))")
+    assert layer_patterns.column_blocks_spec(Layer((1, 6, 6, 16), (3, 3, 16, 8))) is None
+    assert layer_patterns.column_blocks_spec(Layer((1, 6, 6, 2), (1, 1, 2, 8))) == "splitk(length=8, sequential:fp16, combine=fp16)"
+    model = parse_model(spec)
+    rng = np.random.default_rng(3)
+    dy = rng.uniform(0, 1, (1, 6, 6, 16)).astype(np.float16)
+    w = rng.uniform(0, 1, (3, 3, 3, 16)).astype(np.float16)
+    want = np.zeros((1, 6, 6, 3), np.float16)
+    for t, (i, j) in enumerate([(i, j) for i in range(3) for j in range(3)][::-1]):
+        for c in range(3):  # tap (i, j) of channel c alone, by its column's kernel
+            column = (i * 3 + j) * 3 + c
+            kernel = "sequential:fp16:product=fp16" if column < 16 else lanes if column < 24 else "sequential:fp16"
+            wt = np.zeros_like(w)
+            wt[i, j, c] = w[i, j, c]
+            part = conv2d_backprop_input(dy, wt, (1, 6, 6, 3), parse_model(kernel), padding="SAME")[..., c]
+            want[..., c] = (want[..., c] + part.astype(np.float16)).astype(np.float16)
+    got = conv2d_backprop_input(dy, w, (1, 6, 6, 3), model, padding="SAME")
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.tensorflow
+def test_real_input_gradients_with_few_channels_are_the_gemm_s_column_blocks():
+    """onednn-off+fp16-acc, the first ResNet layer (C = 3, 27 columns) at two seeds and a
+    C = 1 layer (9 columns): the input gradient is the column-block spec, 100%; one model
+    for every column (the one-tap chunks measured) is not."""
+    for shape, filters, seeds in (("4,32,32,3", "3,3,3,16", ("0", "1")), ("2,16,16,1", "3,3,1,8", ("0",))):
+        layer = Layer(tuple(map(int, shape.split(","))), tuple(map(int, filters.split(","))))
+        for seed in seeds:
+            doc = run_cli_json("identify", "--configs", "onednn-off+fp16-acc", "--seed", seed,
+                               "--input-shape", shape, "--filter-shape", filters)
+            summary = doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"]["conv2d_backprop_input"]["summary"]
+            assert summary["best"] == layer_patterns.column_blocks_spec(layer), summary["explanation"]
+            assert summary["stops_matching_at"] is None and "the layer's layout" in summary["explanation"]
+            assert summary["table"][f"chunked:fp16:n={layer.filter_shape[3]}:product=fp16:total=fp16"] < 0.99
