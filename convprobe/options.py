@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from convprobe.errors import invalid_choice
 
-__all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "OutputFormat",
+__all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "OutputFormat",
            "FigureFormat", "Status", "Device", "parse_option"]
 
 
@@ -73,6 +73,17 @@ class CAddition(StrEnum):
 
     FUSED = "fused"
     SEPARATE = "separate"
+
+
+class Positions(StrEnum):
+    """The order of a filter gradient's sum over the batch positions (n, oh, ow).
+
+    ``nhw``: image by image, each row by row (the layout's own order). ``hwn``: position by
+    position, the batch innermost (XLA's CPU filter gradient under strict f16 math).
+    """
+
+    NHW = "nhw"
+    HWN = "hwn"
 
 
 class OutputFormat(StrEnum):

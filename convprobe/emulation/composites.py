@@ -49,7 +49,7 @@ from convprobe.emulation.models import AccumulationModel, Sequential, kernel_con
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32, Format
-from convprobe.options import Rounding
+from convprobe.options import Positions, Rounding
 
 __all__ = ["SplitK", "Lanes", "Reverse", "Columns", "COMPOSITE_KINDS", "ranges", "split_arguments",
            "parse_composite"]
@@ -76,6 +76,9 @@ def _check_inner(model: AccumulationModel, argument: str) -> None:
     if model.rounding == Rounding.STOCHASTIC:
         raise InvalidArgument(f"{argument} of a composite cannot round stochastically; received "
                               f"{model.to_spec()}")
+    if model.positions != Positions.NHW:
+        raise InvalidArgument(f"{argument} of a composite cannot set positions (the order of the whole "
+                              f"sum, the outermost model's); received {model.to_spec()}")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ Reduction orders (what the K sum of each output runs over, in order):
   filter rotated 180 degrees and its in/out channels swapped (dilated by
   `dilation`): K = KH*KW*C_out/groups taps in `model.order`, zeros included, as
   Eigen's SpatialConvolutionBackwardInput forms it.
-* gradient w.r.t. filter: the N*OH*OW output positions in (n, oh, ow) order.
+* gradient w.r.t. filter: the N*OH*OW output positions in (n, oh, ow) order, or with
+  `model.positions` "hwn" in (oh, ow, n) order.
 
 Stochastic rounding is keyed by the flat C-order index of each result.
 """
@@ -30,6 +31,7 @@ from convprobe.emulation._threads import over_tasks
 from convprobe.emulation.models import AccumulationModel, kernel_config
 from convprobe.emulation.reduction import as_float64, check_exact_products, finish
 from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.options import Positions
 
 __all__ = [
     "conv2d",
@@ -337,8 +339,12 @@ def conv2d_backprop_filter(x: np.ndarray, dy: np.ndarray, filter_shape: Sequence
     m = n * out_hw[0] * out_hw[1]
     og = cout // groups
     out = np.empty((kh * kw * cg, cout), dtype=xc.dtype)
+    # the positions in the model's order: (n, oh, ow), or with the batch innermost
+    order = (slice(None) if model.positions == Positions.NHW
+             else np.arange(m).reshape(n, *out_hw).transpose(1, 2, 0).ravel())
     for g in range(groups):
         a = _im2col(xc, (kh, kw), strides, dilation, pads, out_hw, (g * cg, (g + 1) * cg),
                     transposed=True)
-        model.gemm_into(a, dyc[..., g * og:(g + 1) * og].reshape(m, og), out, g * og, narrow)
+        dyg = dyc[..., g * og:(g + 1) * og].reshape(m, og)
+        model.gemm_into(np.ascontiguousarray(a[:, order]), np.ascontiguousarray(dyg[order]), out, g * og, narrow)
     return finish(out.reshape(kh, kw, cg, cout), model)

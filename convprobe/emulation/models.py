@@ -15,6 +15,8 @@ Every model reduces ``sum_k a_k * b_k`` in the order given. Common parameters:
 * ``order`` - for convolutions, the nesting of the reduction over K, outermost
   first, as a permutation of ``"hwc"`` (kernel row, kernel column, input channel);
   the default ``"hwc"`` is HWIO filter order.
+* ``positions`` - a filter gradient's order over the batch positions: ``"nhw"`` (the
+  default, image by image) or ``"hwn"`` (the batch innermost; `options.Positions`).
 
 Sequential and chunked sums start from +0. Spec strings: see `parse_model`.
 """
@@ -43,7 +45,7 @@ from convprobe.emulation.rounding import (
 )
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import FP16, FP32, FP64, Format
-from convprobe.options import Alignment, CAddition, KLayout, Rounding, parse_option
+from convprobe.options import Alignment, CAddition, KLayout, Positions, Rounding, parse_option
 
 __all__ = [
     "AccumulationModel",
@@ -81,6 +83,7 @@ class AccumulationModel:
     overflow: str = "inf"
     seed: int = 0
     order: str = "hwc"
+    positions: Positions | str = Positions.NHW
 
     kind: ClassVar[str] = "model"
     _kind_code: ClassVar[int] = -1
@@ -105,6 +108,7 @@ class AccumulationModel:
         self._set("subnormals", check_choice("subnormals", self.subnormals, SUBNORMALS))
         self._set("overflow", check_choice("overflow", self.overflow, OVERFLOWS))
         self._set("order", check_choice("order", self.order, ORDERS))
+        self._set("positions", parse_option("positions", self.positions, Positions))
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not (
             0 <= int(self.seed) < 2**64
         ):
@@ -169,7 +173,7 @@ class AccumulationModel:
         parts = [self.name]
         defaults = {f.name: f.default for f in fields(self)}
         for key in ("product", "addition", "output", "rounding", "subnormals", "overflow",
-                    "seed", "order"):
+                    "seed", "order", "positions"):
             value = getattr(self, key)
             default = defaults[key]
             if key == "output":
@@ -518,8 +522,9 @@ def parse_model(spec: str) -> AccumulationModel:
       fp8_e5m2, aliases, or ``p<precision>_emax<emax>``). Keys: product, addition (format
       or exact), output, total (formats), rounding (nearest_even|toward_zero|stochastic,
       or rn|rz|sr), subnormals (keep|flush), overflow (inf|saturate), seed, order
-      (permutation of hwc), n (chunk, any length); blocked also takes b, extra (extra
-      bits, negative to narrow), in (input format), adder (format), alignment
+      (permutation of hwc), positions (nhw|hwn: a filter gradient's order over n, oh,
+      ow), n (chunk, any length); blocked also takes b, extra (extra bits, negative to
+      narrow), in (input format), adder (format), alignment
       (input_exponents|values), truncate (true|false), step, layout
       (contiguous|pair_interleaved), c_addition (fused|separate).
     * ``GPU[:in=FORMAT][:out=FORMAT][:KEY=VALUE]...``: a tensor-core preset (v100, a100,

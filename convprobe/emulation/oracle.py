@@ -397,7 +397,7 @@ def conv2d_backprop_input(dy, w, input_shape, model: AccumulationModel, *, strid
 
 def conv2d_backprop_filter(x, dy, filter_shape, model: AccumulationModel, *, strides=1,
                            padding="VALID", dilation=1, groups=1) -> np.ndarray:
-    """Scalar filter gradient: sum over (n, oh, ow) in that order."""
+    """Scalar filter gradient: sum over (n, oh, ow) in that order, or (oh, ow, n) (positions "hwn")."""
     x = np.asarray(x).astype(np.float64)
     dy = np.asarray(dy).astype(np.float64)
     (sh, sw), (dh, dw) = pair(strides, "strides"), pair(dilation, "dilation")
@@ -412,7 +412,9 @@ def conv2d_backprop_filter(x, dy, filter_shape, model: AccumulationModel, *, str
         i, j, ci_l, co = idx
         g = co // og
         a_terms, b_terms = [], []
-        for b_, y, z in np.ndindex(n, oh, ow):
+        positions = (np.ndindex(n, oh, ow) if model.positions == "nhw"
+                     else ((b_, y, z) for y, z, b_ in np.ndindex(oh, ow, n)))
+        for b_, y, z in positions:
             ih, iw = y * sh + i * dh - pt, z * sw + j * dw - pl
             inside = 0 <= ih < h and 0 <= iw < wd
             a_terms.append(x[b_, ih, iw, g * cg + ci_l] if inside else 0.0)

@@ -10,6 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 from convprobe import emulation as em
 from convprobe.emulation import oracle
+from convprobe.errors import InvalidArgument
 from convprobe.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, custom_format
 
 from .conftest import assert_same_bits, fp16_arrays
@@ -125,3 +126,33 @@ def test_inf_and_nan_propagate_like_the_oracle(model):
     b = np.array([1.0, 1.0, -1.0, 0.5, 2.0], dtype=np.float16)
     with np.errstate(all="ignore"):
         assert_same_bits(em.dot(a, b, model), oracle.dot(a, b, model))
+
+
+@pytest.mark.parametrize("spec", ["sequential:fp16:product=fp16:positions=hwn", "chunked:fp16:n=5:positions=hwn",
+                                  "pairwise:fp32:output=fp16:positions=hwn", "v100:positions=hwn"])
+def test_filter_gradients_with_the_batch_innermost_match_the_oracle(spec):
+    """positions=hwn sums a filter gradient over (oh, ow, n): the emulator and the oracle
+    agree, and the order shows: B at (n=0, oh=0, ow=0), then 1 at (n=1, 0, 0) and -B at
+    (0, 0, 1). Image by image the 1 comes last (1); batch innermost it meets B first, and
+    2048 + 1 ties back to 2048 (0)."""
+    model = em.parse_model(spec)
+    assert em.parse_model(model.to_spec()) == model
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 5, 2)).astype(np.float16)
+    dy = rng.standard_normal((3, 4, 5, 3)).astype(np.float16)
+    with np.errstate(all="ignore"):
+        assert_same_bits(em.conv2d_backprop_filter(x, dy, (1, 1, 2, 3), model),
+                         oracle.conv2d_backprop_filter(x, dy, (1, 1, 2, 3), model))
+    x = np.zeros((2, 1, 2, 1), np.float16)
+    x[0, 0, 0], x[1, 0, 0], x[0, 0, 1] = 2048.0, 1.0, -2048.0
+    dy = np.ones((2, 1, 2, 1), np.float16)
+    fp16 = em.parse_model("sequential:fp16")
+    assert em.conv2d_backprop_filter(x, dy, (1, 1, 1, 1), fp16).item() == 1.0
+    hwn = em.parse_model("sequential:fp16:positions=hwn")
+    assert em.conv2d_backprop_filter(x, dy, (1, 1, 1, 1), hwn).item() == 0.0
+    assert oracle.conv2d_backprop_filter(x, dy, (1, 1, 1, 1), hwn).item() == 0.0
+
+
+def test_positions_belong_to_the_outermost_model():
+    with pytest.raises(InvalidArgument, match="cannot set positions"):
+        em.parse_model("splitk(2, sequential:fp16:positions=hwn, combine=fp32)")
