@@ -101,6 +101,8 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     k = layer.k(op)
     structure = Structure(**result["structure"])
     measured = candidate_specs(structure, k)
+    if structure.batch_innermost:  # a plain model takes the order (composites sum in the layout's)
+        measured = [spec if "(" in spec else f"{spec}:positions=hwn" for spec in measured]
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
     table = {}
     for spec in dict.fromkeys([*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]):

@@ -80,6 +80,9 @@ class Structure:
     combine: str | None = None
     #: The kernel sums from K-1 down: the other fields describe the mirrored rows.
     backwards: bool = False
+    #: A filter gradient that sums its batch positions (oh, ow, n), the batch innermost
+    #: (None: not measured); the other fields were measured in (n, oh, ow) order.
+    batch_innermost: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -247,7 +247,8 @@ def _structure_text(structure: dict) -> str:
         return structure.get("note") or "-"
     bounds = structure.get("boundaries") or []
     shown = ", ".join(map(str, bounds[:4])) + (", ..." if len(bounds) > 4 else "")
-    return f"{structure['accumulator']}, lanes {structure['lanes']}, starts [{shown}]"
+    order = ", batch innermost" if structure.get("batch_innermost") else ""
+    return f"{structure['accumulator']}, lanes {structure['lanes']}, starts [{shown}]{order}"
 
 
 # -- sweep -------------------------------------------------------------------------------

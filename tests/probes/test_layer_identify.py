@@ -289,3 +289,31 @@ def test_real_input_gradients_with_few_channels_are_the_gemm_s_column_blocks():
             assert summary["best"] == layer_patterns.column_blocks_spec(layer), summary["explanation"]
             assert summary["stops_matching_at"] is None and "the layer's layout" in summary["explanation"]
             assert summary["table"][f"chunked:fp16:n={layer.filter_shape[3]}:product=fp16:total=fp16"] < 0.99
+
+
+@pytest.mark.parametrize("spec,innermost", [("sequential:fp16:product=fp16:positions=hwn", True),
+                                            ("sequential:fp16:product=fp16", False),
+                                            ("sequential:fp32:output=fp16:positions=hwn", True)])
+def test_the_probe_measures_a_filter_gradient_s_position_order(spec, innermost):
+    """On the emulator: B, a unit one image later and -B one column later tell (oh, ow, n)
+    from (n, oh, ow), for fp16 and fp32 accumulators, and identify confirms the spec."""
+    layer = Layer((2, 6, 6, 8), (3, 3, 8, 4))
+    measured = layer_patterns.measure(EmulatedBackend(spec), layer, "conv2d_backprop_filter")
+    assert measured.batch_innermost is innermost, measured
+    doc = run_cli_json("identify", "--configs", "none", "--model", spec, "--input-shape", "2,6,6,8",
+                       "--filter-shape", "3,3,8,4")
+    summary = doc["matches"][f"emulated/{spec}"]["conv2d_backprop_filter"]["summary"]
+    assert summary["best"] == spec and summary["stops_matching_at"] is None, summary["explanation"]
+    assert layer_patterns.measure(EmulatedBackend(spec), Layer((1, 6, 6, 8), (3, 3, 8, 4)),
+                                  "conv2d_backprop_filter").batch_innermost is None  # one image: no order
+
+
+@pytest.mark.tensorflow
+def test_strict_xla_filter_gradients_sum_the_batch_innermost():
+    """jit+strict at 2,8,8,64 * 3,3,64,64: XLA's filter gradient is an fp16 chain of fp16
+    products over (oh, ow, n), 100%; in (n, oh, ow) order the same chain is not."""
+    doc = run_cli_json("identify", "--configs", "jit+strict", "--input-shape", "2,8,8,64", "--filter-shape", "3,3,64,64")
+    summary = doc["matches"]["tensorflow/cpu/jit+strict"]["conv2d_backprop_filter"]["summary"]
+    assert summary["best"] == "sequential:fp16:product=fp16:positions=hwn", summary["explanation"]
+    assert summary["stops_matching_at"] is None and summary["structure"]["batch_innermost"] is True
+    assert summary["table"]["sequential:fp16:product=fp16"] < 0.5
