@@ -215,10 +215,10 @@ def _gemm(t0, t1, a, w, out, col0, add32, flush, rz, float32_only, chunk):
             s1 = np.zeros(n_count, np.uint16)
             s2 = np.zeros(n_count, np.uint16)
             s3 = np.zeros(n_count, np.uint16)
-            t0 = np.zeros(n_count, np.float32)
-            t1 = np.zeros(n_count, np.float32)
-            t2 = np.zeros(n_count, np.float32)
-            t3 = np.zeros(n_count, np.float32)
+            total0 = np.zeros(n_count, np.float32)
+            total1 = np.zeros(n_count, np.float32)
+            total2 = np.zeros(n_count, np.float32)
+            total3 = np.zeros(n_count, np.float32)
             for k in range(k_count):
                 a0, a1, a2, a3 = a[m0, k], a[m0 + 1, k], a[m0 + 2, k], a[m0 + 3, k]
                 for n in range(n_count):
@@ -228,14 +228,14 @@ def _gemm(t0, t1, a, w, out, col0, add32, flush, rz, float32_only, chunk):
                     s2[n] = _step(a2, wv, s2[n], add32, flush, rz, float32_only)
                     s3[n] = _step(a3, wv, s3[n], add32, flush, rz, float32_only)
                 if chunk and ((k + 1) % chunk == 0 or k == k_count - 1):
-                    _fold(t0, s0)
-                    _fold(t1, s1)
-                    _fold(t2, s2)
-                    _fold(t3, s3)
-            _store(out, m0, col0, s0, t0, chunk)
-            _store(out, m0 + 1, col0, s1, t1, chunk)
-            _store(out, m0 + 2, col0, s2, t2, chunk)
-            _store(out, m0 + 3, col0, s3, t3, chunk)
+                    _fold(total0, s0)
+                    _fold(total1, s1)
+                    _fold(total2, s2)
+                    _fold(total3, s3)
+            _store(out, m0, col0, s0, total0, chunk)
+            _store(out, m0 + 1, col0, s1, total1, chunk)
+            _store(out, m0 + 2, col0, s2, total2, chunk)
+            _store(out, m0 + 3, col0, s3, total3, chunk)
         else:
             for m in range(m0, m_count):
                 s = np.zeros(n_count, np.uint16)

@@ -79,6 +79,9 @@ def _check_inner(model: AccumulationModel, argument: str) -> None:
     if model.positions != Positions.NHW:
         raise InvalidArgument(f"{argument} of a composite cannot set positions (the order of the whole "
                               f"sum, the outermost model's); received {model.to_spec()}")
+    if isinstance(model, Columns):
+        raise InvalidArgument(f"{argument} of a composite cannot be a columns model (it picks a model by "
+                              f"output channel, so it is the outermost); received {model.to_spec()}")
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,9 @@ class _Composite(AccumulationModel):
         if self.rounding != Rounding.NEAREST_EVEN:
             raise InvalidArgument(f"{self.kind} combines with nearest-even rounding; set rounding "
                                   f"on the inner model")
+        if self.positions != Positions.NHW:
+            raise InvalidArgument(f"positions (a filter gradient's order) is set on plain models, not on "
+                                  f"{self.kind}; received positions={self.positions}")
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         self.inner.check_inputs(x, fp16_dtype, argument)
@@ -173,8 +179,13 @@ class SplitK(_Composite):
         for model in self.first:
             _check_inner(model, "first")
 
+    def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
+        for model in (self.inner, *self.first):
+            model.check_inputs(x, fp16_dtype, argument)
+
     def range_model(self, i: int) -> AccumulationModel:
-        """The model that reduces range i."""
+        """The model that reduces range i (`first` longer than the ranges: its extra models
+        go unused)."""
         return self.first[i] if i < len(self.first) else self.inner
 
     def to_spec(self) -> str:
@@ -408,7 +419,7 @@ class Columns(_Composite):
         while j0 < n:  # runs of columns with one model, each one GEMM
             model = self.column_model(col0 + j0)
             j1 = j0 + 1
-            while j1 < n and self.column_model(col0 + j1) is model:
+            while j1 < n and self.column_model(col0 + j1) == model:
                 j1 += 1
             out[:, col0 + j0:col0 + j1] = _inner_gemm(model, a, w[:, j0:j1], inputs_fp16)
             j0 = j1
@@ -418,8 +429,8 @@ COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes
                                                 "columns": Columns}
 
 
-def split_arguments(text: str) -> list[str]:
-    """Top-level comma-separated arguments of a call (nested parentheses kept whole)."""
+def split_arguments(text: str, separator: str = ",") -> list[str]:
+    """Top-level `separator`-separated arguments of a call (nested parentheses kept whole)."""
     depth, start, out = 0, 0, []
     for i, ch in enumerate(text):
         if ch == "(":
@@ -428,7 +439,7 @@ def split_arguments(text: str) -> list[str]:
             depth -= 1
             if depth < 0:
                 raise InvalidArgument(f"unbalanced parentheses in model spec {text!r}")
-        elif ch == "," and depth == 0:
+        elif ch == separator and depth == 0:
             out.append(text[start:i].strip())
             start = i + 1
     if depth:
@@ -463,7 +474,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     allowed = {"splitk": {"length", "combine", "output", "inner", "parts", "first"},
                "lanes": {"combine", "output", "inner", "width"},
                "reverse": {"output", "inner"},
-               "columns": set()}[kind]
+               "columns": {"output"}}[kind]
     unknown = sorted(set(keywords) - allowed)
     if unknown:
         raise invalid_choice(f"{kind} parameter", unknown[0], sorted(allowed))
@@ -477,7 +488,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     if kind == "columns":
         if not positional:
             raise InvalidArgument(f"columns needs at least one model: {usage}; received {spec!r}")
-        return Columns(models=tuple(parse_model(m) for m in positional))
+        return Columns(models=tuple(parse_model(m) for m in positional), output=keywords.get("output"))
     values: dict[str, Any] = {}
     size_name = "parts" if kind == "splitk" else "width"
     if kind != "reverse" and positional and positional[0].strip().lstrip("-").isdigit():
@@ -497,7 +508,11 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         return Reverse(inner=inner, output=values.pop("output", None))
     if kind == "splitk":
         if "first" in values:
-            values["first"] = tuple(parse_model(m.strip()) for m in values.pop("first").split("|"))
+            text = values.pop("first")
+            models = [m.strip() for m in split_arguments(text, "|")] if text.strip() else []
+            if not models or len(models) != text.count("|") - sum(m.count("|") for m in models) + 1:
+                raise InvalidArgument(f"splitk's first must be models separated by |; received first={text!r}")
+            values["first"] = tuple(parse_model(m) for m in models)
         text = values.pop("combine", "fp32")
         try:
             combine = resolve_format(text, "combine")

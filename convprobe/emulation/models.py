@@ -200,6 +200,8 @@ class AccumulationModel:
                 f"output {self.output}")
         if self.rounding == "stochastic":
             text += f"; seed {self.seed}"
+        if self.positions == Positions.HWN:
+            text += "; a filter gradient sums its positions (oh, ow, n), the batch innermost"
         return text
 
     def _describe_kind(self) -> str:

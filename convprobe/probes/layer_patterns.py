@@ -138,19 +138,20 @@ def measure(backend, layer: Layer, op: str) -> Structure:
     if not capacity:
         return Structure(note=why, derived=_layout_specs(layer, op))
     measured = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale), layer.k(op))
-    innermost = _batch_innermost(backend, layer, measured.accumulator) if op == "conv2d_backprop_filter" else None
+    innermost = _batch_innermost(backend, layer, measured) if op == "conv2d_backprop_filter" else None
     return replace(measured, derived=_layout_specs(layer, op), batch_innermost=innermost)
 
 
-def _batch_innermost(backend, layer: Layer, accumulator: str | None) -> bool | None:
+def _batch_innermost(backend, layer: Layer, measured: Structure) -> bool | None:
     """Whether a filter gradient sums its positions with the batch innermost, (oh, ow, n):
     B at (n, oh, ow) = (0, 0, 0), a unit at (1, 0, 0) and -B at (0, 0, 1). Image by image
     -B cancels B before the unit comes (the unit is the sum); batch innermost the unit
     meets B first and ties back to it (0). None where the order cannot show (one image,
-    one column) or the accumulator is not fp16 or fp32."""
+    one column), the accumulator is not fp16 or fp32, or the sum is not one chain (lanes
+    would part B from -B; a backward sum reads the row mirrored)."""
     n, oh, ow, _ = layer.output_shape
-    probe = {"fp16": FP16_PROBE, "fp32": FP32_PROBE}.get(accumulator)
-    if n < 2 or ow < 2 or probe is None:
+    probe = {"fp16": FP16_PROBE, "fp32": FP32_PROBE}.get(measured.accumulator)
+    if n < 2 or ow < 2 or probe is None or measured.lanes != 1 or measured.backwards:
         return None
     row = np.zeros((1, layer.k("conv2d_backprop_filter")))
     row[0, 0], row[0, oh * ow], row[0, 1] = probe.big, probe.unit, -probe.big

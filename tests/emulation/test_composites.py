@@ -188,7 +188,13 @@ def test_lanes_deal_terms_round_robin():
     ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse, columns; received 'warp'"),
     ("columns()", "columns needs at least one model"),
     ("columns(sequential:fp16, sequential:fp32)", "columns' models must share one output format"),
-    ("columns(sequential:fp16, output=fp32)", "columns parameter must be one of ; received 'output'"),
+    ("columns(sequential:fp16, output=fp32)", "columns' output is its models' own \\(fp16\\); set output on the models"),
+    ("splitk(1, columns(sequential:fp16, sequential:fp16:product=fp16), combine=fp16)",
+     "inner of a composite cannot be a columns model"),
+    ("lanes(2, sequential:fp16, combine=columns(sequential:fp16))", "combine of a composite cannot be a columns model"),
+    ("splitk(length=4, sequential:fp16, first=, combine=fp16)", "splitk's first must be models separated by \\|"),
+    ("splitk(length=4, sequential:fp16, first=sequential:fp16 || pairwise:fp16, combine=fp16)",
+     "splitk's first must be models separated by \\|"),
     ("splitk(length=4, sequential:fp16, first=sequential:fp16:rounding=sr, combine=fp16)",
      "first of a composite cannot round stochastically"),
 ])
@@ -243,3 +249,18 @@ def test_columns_give_each_output_channel_its_model_and_refuse_dot_products():
     for dot in (em.dot, oracle.dot):
         with pytest.raises(InvalidArgument, match="differs by output channel"):
             dot(x.reshape(1, 3), np.ones((1, 3), np.float16), model)
+
+
+def test_nested_first_models_round_trip_and_first_models_check_their_inputs():
+    """A first= model with its own first= list parses back (the | inside its parentheses is
+    its own); a block-FMA model in first= refuses inputs outside its input format as inner does."""
+    spec = ("splitk(length=4, sequential:fp16, first=splitk(length=2, sequential:fp16, first=pairwise:fp16 | "
+            "sequential:fp32:output=fp16, combine=fp16) | pairwise:fp16, combine=fp16)")
+    model = em.parse_model(spec)
+    assert model.to_spec() == spec and em.parse_model(model.to_spec()) == model and len(model.first) == 2
+    fp8 = em.parse_model("splitk(2, sequential:fp32, first=blocked:fp32:b=4:in=fp8_e4m3, combine=fp32)")
+    x = np.full((1, 1, 1, 4), 1.0 + 2.0**-9, np.float16)
+    with pytest.raises(InvalidArgument, match="not fp8_e4m3 numbers"):
+        em.conv2d(x, np.ones((1, 1, 4, 1), np.float16), fp8)
+    with pytest.raises(InvalidArgument, match="positions .* is set on plain models"):
+        em.SplitK(inner=em.parse_model("sequential:fp16"), parts=2, positions="hwn")

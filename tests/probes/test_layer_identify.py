@@ -308,6 +308,14 @@ def test_the_probe_measures_a_filter_gradient_s_position_order(spec, innermost):
                                   "conv2d_backprop_filter").batch_innermost is None  # one image: no order
 
 
+def test_lanes_leave_the_position_order_unmeasured():
+    """Lanes part B from -B, so the order probe would misread them: not measured."""
+    for spec in ("lanes(2, sequential:fp16, combine=sequential:fp16)", "lanes(4, sequential:fp32, combine=pairwise:fp32)"):
+        measured = layer_patterns.measure(EmulatedBackend(spec), Layer((2, 6, 6, 8), (3, 3, 8, 4)),
+                                          "conv2d_backprop_filter")
+        assert measured.lanes != 1 and measured.batch_innermost is None, measured
+
+
 @pytest.mark.tensorflow
 def test_strict_xla_filter_gradients_sum_the_batch_innermost():
     """jit+strict at 2,8,8,64 * 3,3,64,64: XLA's filter gradient is an fp16 chain of fp16
