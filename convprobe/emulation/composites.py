@@ -28,7 +28,8 @@
 
 Inner models may be any model, tensor-core presets and other composites included, but
 not stochastically rounded ones (their random streams are keyed per output of one
-reduction). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
+reduction), nor `Columns` (it picks by output channel, so it is the outermost), nor
+models that set ``positions`` (the order of the whole sum: plain models only). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
 ``splitk(length=1024, sequential:fp16, combine=fp32)``,
 ``lanes(8, sequential:fp32, combine=pairwise:fp32)``, ``reverse(sequential:fp16)``,
 ``splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16 | pairwise:fp16, combine=fp16)``,
