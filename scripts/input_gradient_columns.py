@@ -22,6 +22,7 @@ os.environ.update({"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE"
 import numpy as np  # noqa: E402
 
 from convprobe import emulation as em  # noqa: E402
+from convprobe.probes.layer_patterns import column_blocks_spec  # noqa: E402
 from convprobe.probes.layers import Layer, op_inputs  # noqa: E402
 
 BLOCK16 = "sequential:fp16:product=fp16"
@@ -63,6 +64,11 @@ def main() -> None:
                 total[..., c] = (total[..., c] + part.astype(np.float16)).astype(np.float16)
         match = np.mean(total.view(np.uint16) == real.view(np.uint16))
         print(f"  columns by block (16: products rounded; 8: two lanes; rest: {rest_name}): {match:.4f} match")
+    spec = column_blocks_spec(layer)
+    if spec is not None:  # the one spec identify derives, through the emulator's own input gradient
+        ours = em.conv2d_backprop_input(dy, w, shape, em.parse_model(spec), padding="SAME")
+        print(f"  identify's spec (layer_patterns.column_blocks_spec): "
+              f"{np.mean(ours.view(np.uint16) == real.view(np.uint16)):.4f} match")
 
 
 if __name__ == "__main__":
