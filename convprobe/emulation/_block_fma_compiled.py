@@ -307,10 +307,10 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narro
     out = np.zeros(shape) if c is None else np.array(np.broadcast_to(c, shape), dtype=np.float64)
     w_padded = np.zeros((w.shape[0] + 3, w.shape[1]))
     w_padded[:w.shape[0]] = w
-    over_tasks(_gemm, -(-a.shape[0] // TILE), np.ascontiguousarray(a), w_padded,
+    over_tasks(_gemm, a.shape[0], np.ascontiguousarray(a), w_padded,
                _exponents(w_padded, model.input.emin), model.b, model.step,
                model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
                model.input.emin, acc.emin if acc.subnormals else -1022,
                _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
-               MODE_CODES[model.rounding], model.overflow == "saturate", normal, out)
+               MODE_CODES[model.rounding], model.overflow == "saturate", normal, out, per_task=TILE)
     return out

@@ -357,10 +357,11 @@ def gemm(a: np.ndarray, w: np.ndarray, model, normal: bool, block: tuple, acc_li
     out = np.empty((a.shape[0], w.shape[1]))
     skipped = np.zeros((a.shape[0] + TILE - 1) // TILE, dtype=np.bool_)
     # (float32 always: exact for these inputs, and one compiled signature - each costs ~45 s of LLVM)
-    over_tasks(_gemm, skipped.size, np.ascontiguousarray(a, np.float32), w32, _exponents(w32, model.input.emin),
+    over_tasks(_gemm, a.shape[0], np.ascontiguousarray(a, np.float32), w32, _exponents(w32, model.input.emin),
                model.b, model.step, model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
                model.input.emin, acc.emin if acc.subnormals else -1022, block, acc_limits, mode,
-               model.overflow == "saturate", normal, fused(model, normal), out, skipped)
+               model.overflow == "saturate", normal, fused(model, normal), out, skipped,
+               per_task=TILE)
     tiles = np.flatnonzero(skipped)
     rows = (tiles[:, None] * TILE + np.arange(TILE)).ravel()
     return out, rows[rows < a.shape[0]]

@@ -142,9 +142,9 @@ def reduce_gemm_fast(a, w, fp, ic, seed, out, col0):
     chunk = int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0
     plain_fp16 = accumulates_fp16(fp) and pp == 0 and ap == 0 and ic[IC_SAT] == 0
     kernel = (_BY_MODE_FP16 if plain_fp16 else _BY_MODE)[int(ic[IC_MODE])]
-    over_tasks(kernel, -(-a.shape[0] // TILE), a, w, fp, seed, out, col0, int(ic[IC_RBITS]), chunk,
+    over_tasks(kernel, a.shape[0], a, w, fp, seed, out, col0, int(ic[IC_RBITS]), chunk,
                bool(ic[IC_SAT] != 0), bool(pp != 0 and pp <= 51), add_kind, bool(cp == 53), chunk > 0,
-               int(fp[TOTAL, F_PRECISION]) == 53)
+               int(fp[TOTAL, F_PRECISION]) == 53, per_task=TILE)
 
 
 def accumulates_fp16(fp) -> bool:
@@ -325,7 +325,7 @@ def reduce_terms_pairwise_nearest(terms, p, emin, maxv, out):
     """out[r] = the pairwise sum of terms[:, r] (P, R) under the conditions of
     `reduce_gemm_seq_nearest`: adjacent pairs added level by level, an odd last term
     carried up, as the general kernel's pairwise tree; vectorised across r."""
-    over_tasks(_pairwise_nearest_tiles, -(-terms.shape[1] // TILE), terms, p, emin, maxv, out)
+    over_tasks(_pairwise_nearest_tiles, terms.shape[1], terms, p, emin, maxv, out, per_task=TILE)
 
 
 @njit(cache=True, nogil=True)
@@ -383,7 +383,7 @@ def reduce_gemm_fp16_direct(a, w, keep_sub, add32, out, col0):
     stochastic rounding, so both take the round-to-odd kernels. Tested bit for bit
     against the general kernel and the oracle.
     """
-    over_tasks(_fp16_direct_tasks, -(-a.shape[0] // _ROWS), a, w, keep_sub, add32, out, col0)
+    over_tasks(_fp16_direct_tasks, a.shape[0], a, w, keep_sub, add32, out, col0, per_task=_ROWS)
 
 
 @njit(cache=True, nogil=True)
@@ -488,7 +488,7 @@ def reduce_gemm_exact_fp16(a, w, fp, ic, seed, out, col0):
     two-word int64 fixed point (integer part, fraction * 2**48), rounded once at the end
     (`_round_fixed`). An inf or NaN product makes the tail sum NaN; those outputs take the
     IEEE rule of the general kernel."""
-    over_tasks(_exact_fp16_tiles, -(-a.shape[0] // TILE), a, w, fp, ic, seed, out, col0)
+    over_tasks(_exact_fp16_tiles, a.shape[0], a, w, fp, ic, seed, out, col0, per_task=TILE)
 
 
 @njit(cache=True, nogil=True)

@@ -318,8 +318,8 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
         raise ValueError("toward_zero takes the FMA alone (no add32, no chunk); flush needs toward_zero")
     fp16_fma = _fp16_fma(fp16_fma)
     kernel = _KERNELS[bool(add32), bool(flush), bool(toward_zero), not (fp16_fma or add32)]
-    over_tasks(kernel, -(-a.shape[0] // _ROWS), a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0,
-               int(chunk))
+    over_tasks(kernel, a.shape[0], a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0,
+               int(chunk), per_task=_ROWS)
 
 
 def chunked_gemm_fp32_total(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *, add32: bool,
@@ -329,8 +329,8 @@ def chunked_gemm_fp32_total(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0:
     if chunk < 1 or out.dtype != np.float32 or a.dtype != np.float16 or w.dtype != np.float16:
         raise ValueError("chunked_gemm_fp32_total takes chunk >= 1, float16 a and w, and a float32 out")
     kernel = _KERNELS[bool(add32), False, False, not (_fp16_fma(fp16_fma) or add32)]
-    over_tasks(kernel, -(-a.shape[0] // _ROWS), a.view(np.uint16), w.view(np.uint16), out, col0,
-               int(chunk))  # (float32 out: its own specialisation)
+    over_tasks(kernel, a.shape[0], a.view(np.uint16), w.view(np.uint16), out, col0,
+               int(chunk), per_task=_ROWS)  # (float32 out: its own specialisation)
 
 
 @njit(cache=True, nogil=True)

@@ -71,7 +71,7 @@ def _gemm(t0, t1, a, w, out, col0):
 def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int) -> None:
     """out[:, col0:col0 + N] = sequential fp32 sums of a (M, K) against w (K, N), in K order;
     a, w (holding fp16 or narrower values) and out are float32 arrays, a and w C-contiguous."""
-    over_tasks(_gemm, -(-a.shape[0] // _ROWS), a, w, out, col0)
+    over_tasks(_gemm, a.shape[0], a, w, out, col0, per_task=_ROWS)
 
 
 @njit(cache=True, nogil=True)
@@ -118,4 +118,4 @@ def lanes_gemm(a: np.ndarray, w: np.ndarray, width: int, pairwise: bool, out: np
     interleaved sequential accumulators (term k to lane k mod width, each from +0), the lane
     sums then added in float32 in lane order from +0, or pairwise (`pairwise`); a and w
     (holding fp16 or narrower values) and out float32, w C-contiguous."""
-    over_tasks(_lanes_gemm, -(-a.shape[0] // _TILE), a, w, width, pairwise, out, col0)
+    over_tasks(_lanes_gemm, a.shape[0], a, w, width, pairwise, out, col0, per_task=_TILE)

@@ -1,7 +1,7 @@
 """The compiled kernels' tasks spread over threads.
 
 A kernel here is a ``nogil`` numba function whose first two arguments are a range of
-its tasks, ``[t0, t1)`` (row tiles, rows, ...). `over_tasks` runs ``count`` tasks as
+its tasks, ``[t0, t1)`` (row tiles, rows, ...). `over_tasks` runs the tasks as
 contiguous ranges on up to ``numba.get_num_threads()`` threads, so NUMBA_NUM_THREADS
 and `numba.set_num_threads` bound it as they bound ``prange``.
 
@@ -45,8 +45,10 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-def over_tasks(kernel, count: int, *args) -> None:
-    """kernel(t0, t1, *args) over tasks 0 .. count - 1, in contiguous ranges on threads."""
+def over_tasks(kernel, items: int, *args, per_task: int = 1) -> None:
+    """kernel(t0, t1, *args) over its tasks, in contiguous ranges on threads: each task
+    takes `per_task` of the `items` (a tile of rows, say), the last one the rest."""
+    count = -(-items // per_task)
     threads = min(numba.get_num_threads(), count)
     if threads <= 1:
         kernel(0, count, *args)

@@ -430,8 +430,9 @@ COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes
                                                 "columns": Columns}
 
 
-def split_arguments(text: str, separator: str = ",") -> list[str]:
-    """Top-level `separator`-separated arguments of a call (nested parentheses kept whole)."""
+def split_arguments(text: str, separator: str = ",", keep_empty: bool = False) -> list[str]:
+    """Top-level `separator`-separated arguments of a call (nested parentheses kept whole),
+    stripped; empty ones dropped unless `keep_empty`."""
     depth, start, out = 0, 0, []
     for i, ch in enumerate(text):
         if ch == "(":
@@ -446,7 +447,7 @@ def split_arguments(text: str, separator: str = ",") -> list[str]:
     if depth:
         raise InvalidArgument(f"unbalanced parentheses in model spec {text!r}")
     out.append(text[start:].strip())
-    return [a for a in out if a]
+    return out if keep_empty else [a for a in out if a]
 
 
 def parse_composite(spec: str, parse_model) -> AccumulationModel:
@@ -510,8 +511,8 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     if kind == "splitk":
         if "first" in values:
             text = values.pop("first")
-            models = [m.strip() for m in split_arguments(text, "|")] if text.strip() else []
-            if not models or len(models) != text.count("|") - sum(m.count("|") for m in models) + 1:
+            models = split_arguments(text, "|", keep_empty=True)
+            if not all(models):
                 raise InvalidArgument(f"splitk's first must be models separated by |; received first={text!r}")
             values["first"] = tuple(parse_model(m) for m in models)
         text = values.pop("combine", "fp32")

@@ -82,3 +82,10 @@ def test_callers_on_several_threads_share_the_pool():
         t.join(120)
     assert sorted(results) == [0, 1, 2, 3]
     assert all((hits == 50).all() for hits in results.values())
+
+
+@pytest.mark.parametrize("items, per_task, tasks", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (130, 64, 3)])
+def test_items_go_per_task_with_the_last_task_taking_the_rest(items, per_task, tasks):
+    hits = np.zeros(tasks + 1, dtype=np.int64)
+    over_tasks(_count, items, hits, per_task=per_task)
+    assert hits[:tasks].tolist() == [1] * tasks and hits[tasks] == 0
