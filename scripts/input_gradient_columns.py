@@ -22,19 +22,11 @@ os.environ.update({"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE"
 import numpy as np  # noqa: E402
 
 from convprobe import emulation as em  # noqa: E402
-from convprobe.probes.layer_patterns import column_blocks_spec  # noqa: E402
+from convprobe.probes.layer_patterns import LAST, column_blocks_spec, column_kernel  # noqa: E402
 from convprobe.probes.layers import Layer, op_inputs  # noqa: E402
 
-BLOCK16 = "sequential:fp16:product=fp16"
-BLOCK8 = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
-REST = {"exact products": "sequential:fp16", "addition=fp32": "sequential:fp16:addition=fp32"}
-
-
-def column_model(column: int, columns: int, rest: str) -> str:
-    whole16 = columns // 16 * 16
-    if column < whole16:
-        return BLOCK16
-    return BLOCK8 if column < whole16 + (columns - whole16) // 8 * 8 else rest
+#: The last columns' kernel, and the one these K cannot tell from it.
+REST = {"exact products": LAST, "addition=fp32": "sequential:fp16:addition=fp32"}
 
 
 def main() -> None:
@@ -57,7 +49,8 @@ def main() -> None:
         total = np.zeros(shape, np.float16)
         for i, j in taps:
             for c in range(c_in):
-                spec = column_model((i * kw + j) * c_in + c, kh * kw * c_in, rest)
+                spec = column_kernel((i * kw + j) * c_in + c, kh * kw * c_in)
+                spec = rest if spec == LAST else spec
                 wt = np.zeros_like(w)
                 wt[i, j, c] = w[i, j, c]
                 part = em.conv2d_backprop_input(dy, wt, shape, em.parse_model(spec), padding="SAME")[..., c]

@@ -17,7 +17,7 @@ import numpy as np
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, measure_rows
 
-__all__ = ["measure", "pattern_rows", "pattern_outputs", "column_blocks_spec"]
+__all__ = ["measure", "pattern_rows", "pattern_outputs", "column_blocks_spec", "column_kernel"]
 
 
 def _first(candidates, valid) -> int | None:
@@ -82,9 +82,18 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
 
 
 #: The micro kernels of an fp16 GEMM by column block (see `column_blocks_spec`).
-_WHOLE_16 = "sequential:fp16:product=fp16"
-_NEXT_8 = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
-_LAST = "sequential:fp16"
+WHOLE_16 = "sequential:fp16:product=fp16"
+NEXT_8 = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
+LAST = "sequential:fp16"
+
+
+def column_kernel(column: int, columns: int) -> str:
+    """The micro kernel of column `column` of `columns`: `WHOLE_16` in whole blocks of 16,
+    `NEXT_8` in the next block of 8, `LAST` for the rest."""
+    whole16 = columns // 16 * 16
+    if column < whole16:
+        return WHOLE_16
+    return NEXT_8 if column < whole16 + (columns - whole16) // 8 * 8 else LAST
 
 
 def column_blocks_spec(layer: Layer) -> str | None:
@@ -97,17 +106,11 @@ def column_blocks_spec(layer: Layer) -> str | None:
     block of 16 (then it is the one-tap chunks)."""
     kh, kw, c_in, c_out = layer.filter_shape
     columns = kh * kw * c_in
-    whole16 = columns // 16 * 16
-    next8 = whole16 + (columns - whole16) // 8 * 8
-    if whole16 == columns:
+    if columns % 16 == 0:
         return None
-
-    def kernel(column: int) -> str:
-        return _WHOLE_16 if column < whole16 else _NEXT_8 if column < next8 else _LAST
-
     channels = []
     for c in range(c_in):  # the rotated filter meets the last tap first: blocks of later columns lead
-        taps = [kernel((kh * kw - 1 - r) * c_in + c) for r in range(kh * kw)]
+        taps = [column_kernel((kh * kw - 1 - r) * c_in + c, columns) for r in range(kh * kw)]
         inner, first = taps[-1], taps[:-1]
         while first and first[-1] == inner:
             first.pop()
