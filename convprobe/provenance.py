@@ -13,6 +13,7 @@ import platform
 import sys
 from importlib import metadata
 
+from convprobe.random_stream import STREAM_VERSION  # seeded stochastic results depend on it
 from convprobe.results import SCHEMA_VERSION  # the envelope's version, recorded in provenance too
 
 __all__ = [
@@ -96,6 +97,7 @@ def collect(
     """A provenance record: schema, versions, machine, environment, seed, time."""
     record = {
         "schema_version": SCHEMA_VERSION,
+        "random_stream": STREAM_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": package_versions(),
         "platform": platform.platform(),

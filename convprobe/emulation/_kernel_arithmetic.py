@@ -40,6 +40,8 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
+from convprobe.random_stream import LOWBIAS32, WEYL32
+
 # format slots (rows) of the fp table
 PRODUCT, ADDITION, ACCUMULATOR, OUTPUT, TOTAL = 0, 1, 2, 3, 4
 # its columns: a format's precision (0: exact), emin, largest finite value, whether it has
@@ -55,6 +57,8 @@ SEQUENTIAL, PAIRWISE, CHUNKED, EXACT = 0, 1, 3, 4
 NEAREST_EVEN, TOWARD_ZERO, STOCHASTIC = 0, 1, 2
 
 _MASK52 = (1 << 52) - 1
+_WEYL32 = np.uint32(WEYL32)
+_LOWBIAS_A, _LOWBIAS_B = (np.uint32(m) for m in LOWBIAS32)
 _SIGN = -(1 << 63)
 _M32 = 0xFFFFFFFF
 # long accumulator: bit 0 of limb 0 weighs 2**-1074; products of float64 values
@@ -218,16 +222,38 @@ def splitmix64(z):
 
 
 @njit(cache=True, inline="always")
+def hash32(x):
+    """lowbias32 (Wellons 2018) on a uint32, every step kept in 32 bits so loops over
+    outputs vectorise in 32-bit lanes."""
+    x = np.uint32(x ^ np.uint32(x >> np.uint32(16)))
+    x = np.uint32(x * _LOWBIAS_A)
+    x = np.uint32(x ^ np.uint32(x >> np.uint32(15)))
+    x = np.uint32(x * _LOWBIAS_B)
+    return np.uint32(x ^ np.uint32(x >> np.uint32(16)))
+
+
+@njit(cache=True, inline="always")
 def stream_key(seed, index):
-    """The key of output `index`'s random stream (see `random_bits`)."""
-    return splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(index)))
+    """The 32-bit key of output `index`'s random stream (`convprobe.random_stream`)."""
+    return np.uint32(splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(index))) >> np.uint64(32))
+
+
+@njit(cache=True, inline="always")
+def weyl(event):
+    """Event `event`'s step of the stream's Weyl sequence, event * WEYL32 mod 2**32."""
+    return np.uint32(np.uint32(event) * _WEYL32)
+
+
+@njit(cache=True, inline="always")
+def stream_word(key, step):
+    """The 32 random bits of the event whose Weyl step is `step`, in the stream with this key."""
+    return hash32(np.uint32(key + step))
 
 
 @njit(cache=True, inline="always")
 def stream_bits(key, event, rbits):
     """The rbits-bit random integer of event `event` in the stream with this key."""
-    z = splitmix64(key + np.uint64(event))
-    return np.int64(z >> np.uint64(64 - rbits))
+    return np.int64(stream_word(key, weyl(event)) >> np.uint32(32 - rbits))
 
 
 @njit(cache=True, inline="always")

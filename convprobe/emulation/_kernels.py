@@ -3,7 +3,8 @@
 The kernels live by role: `_kernel_arithmetic` (the one rounding routine and what every
 kernel shares, with the format-table layout), `_kernels_reference` (general kernels,
 any scalar model), `_kernels_fast` (specialised sequential kernels), `_native_fp16` (the
-CPU's own fp16 FMA and F16C conversions) and `_native_fp32`. Models name the dtype their
+CPU's own fp16 FMA and F16C conversions), `_native_stochastic` (stochastically rounded fp16
+sums in float32 lanes) and `_native_fp32`. Models name the dtype their
 kernel reads (`fp16_carriers`, `fp32_carriers`; float64 otherwise). `gemm` picks the
 fastest kernel that computes the same bits; `fast=False` forces the general kernel on
 float64 arrays. The names callers use (table layout, codes,
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from convprobe.emulation import _native_fp16, _native_fp32
+from convprobe.emulation import _native_fp16, _native_fp32, _native_stochastic
 from convprobe.emulation._native_fp16 import convert as _convert
 from convprobe.emulation._kernel_arithmetic import *  # noqa: F403 - the table layout and codes, re-exported
 from convprobe.emulation._kernel_arithmetic import (ACCUMULATOR, ADDITION, F_EMIN, F_HAS_INF, F_KEEP_SUB, F_MAX, F_PRECISION, IC_KIND, IC_MODE, IC_SAT, NEAREST_EVEN, OUTPUT, PAIRWISE, PRODUCT, SEQUENTIAL, TOTAL,
-                                                    CHUNKED, IC_CHUNK, TOWARD_ZERO, same_format)
+                                                    CHUNKED, IC_CHUNK, IC_RBITS, STOCHASTIC, TOWARD_ZERO, same_format)
 from convprobe.emulation._kernels_fast import (exact_fp16_ok, fast_ok, reduce_gemm_exact_fp16,
                                                reduce_gemm_fast, reduce_gemm_fp16_direct, reduce_gemm_seq_nearest,
                                                reduce_terms_pairwise_nearest)
@@ -63,6 +64,16 @@ def _native_toward_zero_ok(fp, ic) -> bool:
     return (ic[IC_MODE] == TOWARD_ZERO and fp[ADDITION, F_PRECISION] == 0.0 and _fp16_direct_ok(fp, nearest))
 
 
+def _native_stochastic_ok(fp, ic) -> bool:
+    """The sequential fp16 model rounded stochastically with exact products and additions,
+    subnormals kept, overflow to inf, R = 13 (`_native_stochastic`)."""
+    nearest = ic.copy()
+    nearest[IC_MODE] = NEAREST_EVEN
+    return (ic[IC_MODE] == STOCHASTIC and ic[IC_RBITS] == _native_stochastic.RANDOM_BITS
+            and fp[ADDITION, F_PRECISION] == 0.0 and fp[ACCUMULATOR, F_KEEP_SUB] != 0.0
+            and _fp16_direct_ok(fp, nearest))
+
+
 def float32_sums(fp, ic) -> bool:
     """Whether float32 arithmetic computes this model's sums before its output rounding:
     sequential or pairwise, exact products and additions, nearest even, an fp32
@@ -90,7 +101,7 @@ def native_fp16(fp, ic, inputs_fp16) -> bool:
     and flushes it."""
     flushes = fp[ACCUMULATOR, F_KEEP_SUB] == 0.0
     return (inputs_fp16 and _native_fp16.available(fma=False)  # (F16C; the fp16 FMA is used where present)
-            and (_native_toward_zero_ok(fp, ic)
+            and (_native_toward_zero_ok(fp, ic) or _native_stochastic_ok(fp, ic)
                  or (not flushes and (_fp16_direct_ok(fp, ic) or _native_chunked_ok(fp, ic)))))
 
 
@@ -138,7 +149,9 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
             raise ValueError("float16 arrays are the carrier of the models fp16_carriers names only")
         chunk = int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0
         add32, flush = fp[ADDITION, F_PRECISION] != 0.0, fp[ACCUMULATOR, F_KEEP_SUB] == 0.0
-        if native_fp16(fp, ic, True):
+        if _native_stochastic_ok(fp, ic) and native_fp16(fp, ic, True):
+            _native_stochastic.stochastic_gemm(a, np.ascontiguousarray(w), out, col0, seed)
+        elif native_fp16(fp, ic, True):
             _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0, add32=add32, flush=flush,
                                          toward_zero=ic[IC_MODE] == TOWARD_ZERO, chunk=chunk)
         elif _fp16_direct_ok(fp, ic):  # fp16 storage, float64 arithmetic (subnormals flushed)

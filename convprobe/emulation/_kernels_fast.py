@@ -186,7 +186,7 @@ def _reduce_gemm_fast(t0, t1, a, w, fp, seed, out, col0, rbits, chunk, mode, sat
         m0, rows, at = row_tile(a, t)
         s = np.empty(TILE)
         total = np.empty(TILE)
-        keys = np.empty(TILE, dtype=np.uint64)  # each output's random stream
+        keys = np.empty(TILE, dtype=np.uint32)  # each output's random stream
         for n in range(n_count):
             s[:] = 0.0
             total[:] = 0.0

@@ -30,6 +30,7 @@ from convprobe.emulation.rounding import resolve_format, stochastic_bits
 from convprobe.errors import InvalidArgument
 from convprobe.formats import Format
 from convprobe.options import Alignment, CAddition, KLayout
+from convprobe.random_stream import LOWBIAS32, WEYL32
 
 __all__ = [
     "round_value",
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 _M64 = (1 << 64) - 1
+_M32 = (1 << 32) - 1
 Value = float | Fraction  # float: zero, inf or NaN; Fraction: nonzero finite
 
 
@@ -53,9 +55,19 @@ def _splitmix(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def _lowbias32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * LOWBIAS32[0]) & _M32
+    x ^= x >> 15
+    x = (x * LOWBIAS32[1]) & _M32
+    return x ^ (x >> 16)
+
+
 def random_bits(seed: int, index: int, event: int, rbits: int) -> int:
-    """The random integer of stochastic rounding event `event` of output `index`."""
-    return _splitmix((_splitmix(seed ^ _splitmix(index)) + event) & _M64) >> (64 - rbits)
+    """The random integer of stochastic rounding event `event` of output `index`
+    (`convprobe.random_stream`, version 2)."""
+    key = _splitmix(seed ^ _splitmix(index)) >> 32
+    return _lowbias32((key + event * WEYL32) & _M32) >> (32 - rbits)
 
 
 def _floor_log2(x: Fraction) -> int:

@@ -9,9 +9,9 @@ Definitions (identical in the oracle):
 * ``toward_zero``: truncation.
 * ``stochastic``: round away from zero iff ``floor(f * 2**R) + r >= 2**R``, where
   ``f`` is the discarded fraction of an ulp and ``r`` a uniform R-bit integer,
-  ``R = stochastic_bits(fmt) = min(32, 51 - p)``. The expectation of the result is
-  the exact value whenever f has at most R bits (always, for the inputs of one
-  accumulation step into fp16/bf16/fp8), otherwise it falls short by less than
+  ``R = stochastic_bits(fmt)`` (24 - p up to 11 bits of precision, else
+  min(32, 51 - p); `convprobe.random_stream`). The expectation of the result is the
+  exact value whenever f has at most R bits, otherwise it falls short by less than
   ``2**-R`` ulp.
 * ``subnormals="flush"``: a nonzero result below ``2**emin`` after rounding with
   unbounded exponent becomes a zero of the same sign (flush to zero; inputs are
@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 
+from convprobe import random_stream
 from convprobe.emulation import _kernels as K
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import Format, parse_format
@@ -92,12 +93,11 @@ def resolve_format(value: str | Format, argument: str) -> Format:
 
 
 def stochastic_bits(fmt: Format) -> int:
-    """R, the random bits per stochastic rounding: min(32, 51 - p).
-
-    51 - p keeps the round-to-odd sum (53 bits) two bits wider than the
-    rounding point plus R, so the bits stochastic rounding inspects are exact.
-    """
-    return min(32, 51 - fmt.precision)
+    """R, the random bits per stochastic rounding to `fmt` (`convprobe.random_stream`):
+    24 - p up to 11 bits of precision, else min(32, 51 - p). Never above 51 - p, which
+    keeps the round-to-odd sum (53 bits) two bits wider than the rounding point plus R,
+    so the bits stochastic rounding inspects are exact."""
+    return random_stream.stochastic_bits(fmt.precision)
 
 
 def format_row(fmt: Format | None, subnormals: str) -> np.ndarray:

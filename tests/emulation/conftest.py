@@ -1,7 +1,10 @@
-"""Shared helpers for the emulation tests: bit-exact comparison, the CPU kernels' skips."""
+"""Shared helpers for the emulation tests: bit-exact comparison, the CPU kernels' skips,
+hypothesis case budgets."""
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from convprobe.emulation import _native_fp16
 
@@ -45,7 +48,6 @@ def _finite_fp16(bits):
 def fp16_arrays(shape):
     """Hypothesis strategy: fp16 arrays over every finite bit pattern (no filtering),
     mixed with values near 1 (so sums do not just overflow) and edge values."""
-    from hypothesis import strategies as st
     from hypothesis.extra import numpy as hnp
 
     edge = [0x0000, 0x8000, 0x0001, 0x8001, 0x0400, 0x03FF, 0x7BFF, 0xFBFF, 0x3C00, 0xBC00,
@@ -53,3 +55,26 @@ def fp16_arrays(shape):
     elements = (st.integers(0, 0xFFFF) | st.integers(0x3000, 0x4400)
                 | st.integers(0xB000, 0xC400) | st.sampled_from(edge))
     return hnp.arrays(np.uint16, shape, elements=elements).map(_finite_fp16)
+
+
+def budget(quick: int, thorough: int):
+    """Two runs of one property: `quick` cases in the default suite, `thorough` under -m slow
+    (the block-FMA model's 10,000: 6,000 + 2,000 in test_block_fma.py and 2,000 in
+    test_composites.py; stochastic rounding's in test_native_stochastic.py)."""
+    return pytest.mark.parametrize("cases_budget", [
+        pytest.param(quick, id="quick"), pytest.param(thorough, id="thorough", marks=pytest.mark.slow)])
+
+
+def run_cases(count: int, body) -> None:
+    """Run the property `body(data)` on `count` derandomized hypothesis cases, and check that
+    all `count` really ran (hypothesis stops early when it believes a space exhausted)."""
+    ran = []
+
+    def counted(data):
+        body(data)
+        ran.append(1)
+
+    settings(max_examples=count, deadline=None, derandomize=True,
+             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
+        given(data=st.data())(counted))()
+    assert len(ran) >= count, f"only {len(ran)} of {count} cases ran"

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from convprobe import emulation as em
@@ -29,29 +29,7 @@ from convprobe.probes.fingerprint import expected_properties, fingerprint_backen
 from convprobe.probes.fingerprint_ops import OPS, QUADRATIC_OPS
 from convprobe.testing.strategies import representable_arrays
 
-from .conftest import assert_same_bits
-
-def budget(quick: int, thorough: int):
-    """Two runs of one property: `quick` cases in the default suite, `thorough` under -m slow
-    (6,000 + 2,000 here and 2,000 in test_composites.py: the 10,000 of the tensor-core work)."""
-    return pytest.mark.parametrize("cases_budget", [
-        pytest.param(quick, id="quick"), pytest.param(thorough, id="thorough", marks=pytest.mark.slow)])
-
-
-def run_cases(count: int, body) -> None:
-    """Run the property `body(data)` on `count` derandomized hypothesis cases, and check that
-    all `count` really ran (hypothesis stops early when it believes a space exhausted)."""
-    ran = []
-
-    def counted(data):
-        body(data)
-        ran.append(1)
-
-    settings(max_examples=count, deadline=None, derandomize=True,
-             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
-        given(data=st.data())(counted))()
-    assert len(ran) >= count, f"only {len(ran)} of {count} cases ran"
-
+from .conftest import assert_same_bits, budget, run_cases
 
 def _values(fmt, shape, specials=False):
     """Arrays of `fmt` numbers as float64, uniform over its encodings (tf32 via fp32)."""

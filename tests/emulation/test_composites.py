@@ -12,7 +12,7 @@ from convprobe.errors import InvalidArgument
 from convprobe.testing.strategies import fp16_arrays
 
 from .conftest import assert_same_bits, needs_f16c
-from .test_block_fma import budget, run_cases
+from .conftest import budget, run_cases
 
 INNER = ["sequential:fp16", "sequential:fp32", "sequential:fp32:output=fp16",
          "sequential:fp16:product=fp16", "pairwise:fp32", "chunked:fp16:n=5",

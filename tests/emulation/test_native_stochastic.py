@@ -1,0 +1,142 @@
+"""Stochastic rounding's random stream (version 2) and its float32-lane fp16 kernel.
+
+The compiled stream equals the oracle's Python one; the kernel (`_native_stochastic`)
+equals the general float64 kernel on every fp16 running sum and the Fraction oracle on
+hypothesis cases (10,000 under -m slow); its rounding is unbiased over all 2**13 random
+integers, exactly."""
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+
+from convprobe import emulation as em
+from convprobe import provenance, random_stream
+from convprobe.emulation import _kernel_arithmetic as KA
+from convprobe.emulation import _kernels as K
+from convprobe.emulation import _native_stochastic, oracle
+from convprobe.emulation.models import kernel_config
+from convprobe.emulation.rounding import stochastic_bits
+from convprobe.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, TF32
+
+from .conftest import assert_same_bits, budget, fp16_arrays, needs_f16c, run_cases
+
+
+def test_compiled_stream_equals_the_oracle_stream():
+    """Seeds, indices and events over their whole ranges, every R the formats use."""
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        seed, index = int(rng.integers(0, 2**63)), int(rng.integers(0, 2**63))
+        event = int(rng.integers(0, 2**40))
+        for rbits in (1, 13, 16, 20, 27, 32):
+            assert KA.random_bits(seed, index, event, rbits) == oracle.random_bits(seed, index, event, rbits)
+
+
+def test_the_stream_is_uniform_and_its_events_uncorrelated():
+    """Each of the 13 bits a stochastic fp16 rounding draws is set half the time, and
+    consecutive events agree half the time: 6 sigma on 2**18 draws."""
+    draws = np.array([KA.random_bits(7, index, event, 13) for index in range(512) for event in range(512)])
+    bits = (draws[:, None] >> np.arange(13)) & 1
+    sigma = 0.5 / np.sqrt(draws.size)
+    assert np.abs(bits.mean(axis=0) - 0.5).max() < 6 * sigma
+    pairs = draws.reshape(512, 512)
+    agree = ((pairs[:, 1:] ^ pairs[:, :-1]) & 1) == 0
+    assert abs(agree.mean() - 0.5) < 6 * 0.5 / np.sqrt(agree.size)
+
+
+def test_random_bits_per_format_and_the_version_in_provenance():
+    """R = 24 - p up to fp16's 11 bits (float32's significand bits below the format's),
+    min(32, 51 - p) above; every result records the stream's version."""
+    assert [stochastic_bits(f) for f in (FP16, BF16, FP8_E4M3, FP8_E5M2, TF32, FP32)] == [13, 16, 20, 21, 13, 27]
+    assert _native_stochastic.RANDOM_BITS == 13
+    assert provenance.collect(seed=1)["random_stream"] == random_stream.STREAM_VERSION == 2
+    assert set(random_stream.STREAM_HISTORY) == set(range(1, random_stream.STREAM_VERSION + 1))
+
+
+def _gemm_native_and_general(a, w, seed):
+    model = em.Sequential(FP16, rounding="stochastic", seed=seed)
+    fp, ic, _ = kernel_config(model)
+    assert K.native_fp16(fp, ic, True)
+    got = np.empty((a.shape[0], w.shape[1]), np.float16)
+    want = np.empty(got.shape)
+    with np.errstate(all="ignore"):
+        _native_stochastic.stochastic_gemm(a, w, got, 0, seed)
+        K.gemm(a.astype(np.float64), w.astype(np.float64), fp, ic, seed, want, 0, fast=False)
+    return got, want.astype(np.float16)
+
+
+@needs_f16c
+@pytest.mark.parametrize("seed", [0, 12345])
+def test_every_fp16_running_sum(seed):
+    """s over all 65,536 fp16 code points (inf and NaN included) plus a * w of every size,
+    rounded stochastically: the kernel equals the general float64 kernel bit for bit; the
+    sums round both ways, into and out of the subnormal range, and overflow."""
+    rng = np.random.default_rng(seed)
+    s = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    bits = rng.integers(0x0001, 0x7C00, size=(2, 48), dtype=np.uint16) | (
+        rng.integers(0, 2, size=(2, 48), dtype=np.uint16) << 15)
+    products = bits.view(np.float16)
+    a = np.stack([s, np.resize(products[0], s.shape)], axis=1)  # (65536, 2): s * 1, then a * w
+    w = np.stack([np.ones(48, np.float16), products[1]])
+    got, want = _gemm_native_and_general(a, w, seed)
+    assert_same_bits(got, want)
+    finite = np.isfinite(got)
+    with np.errstate(all="ignore"):
+        exact = a[:, :1].astype(np.float64) + a[:, 1:].astype(np.float64) * w[1].astype(np.float64)
+        assert (np.abs(got[finite]) > np.abs(exact[finite])).any() and (np.abs(got[finite]) < np.abs(exact[finite])).any()
+    tiny = finite & (np.abs(got) < 2.0**-14) & (got != 0)
+    assert tiny.any() and np.isinf(got[np.isfinite(exact) & (np.abs(exact) < 65536)]).any()
+
+
+@needs_f16c
+def test_signed_zeros_cancellation_and_the_edges_of_the_range():
+    """-0 + -0 stays -0; x + (-x) is +0; sums at 2**-14 and 65504 (whose ulp step
+    overflows): the kernel against the oracle on crafted rows, for many seeds."""
+    rows = [[-0.0, -0.0], [1.0, -1.0], [-(2.0**-24), -0.0], [-(2.0**-24), 2.0**-24], [65504.0, -65504.0],
+            [-(2.0**-14), 2.0**-24], [65504.0, 8.0], [-65504.0, -16.0], [2.0**-14, -(2.0**-24)], [6e-5, 3e-8]]
+    x = np.array(rows, dtype=np.float16).reshape(len(rows), 1, 1, 2)
+    for seed in range(40):
+        model = em.Sequential(FP16, rounding="stochastic", seed=seed)
+        for w in ([[1.0], [1.0]], [[2.0**-4], [1.0]], [[1.0], [-1.0]], [[1.0], [0.0999]]):
+            w = np.array(w, dtype=np.float16).reshape(1, 1, 2, 1)
+            assert_same_bits(em.conv2d(x, w, model), em.oracle.conv2d(x, w, model))
+
+
+@needs_f16c
+@budget(300, 10_000)
+def test_kernel_matches_the_oracle(cases_budget):
+    """Random GEMMs of fp16 values over every finite bit pattern, K up to 40, any seed:
+    conv2d on the float32-lane kernel equals the Fraction oracle bit for bit."""
+    def body(data):
+        m, k, n = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 40)), data.draw(st.integers(1, 5))
+        x = data.draw(fp16_arrays((1, m, 1, k)))
+        f = data.draw(fp16_arrays((1, 1, k, n)))
+        model = em.Sequential(FP16, rounding="stochastic", seed=data.draw(st.integers(0, 2**32)))
+        with np.errstate(all="ignore"):
+            assert_same_bits(em.conv2d(x, f, model), oracle.conv2d(x, f, model))
+
+    run_cases(cases_budget, body)
+
+
+@KA.njit(cache=False)
+def _rounding_sums(ys):
+    """For each y, the sum over every 13-bit r of the kernel's rounding of y (float64)."""
+    out = np.zeros(ys.shape[0])
+    for i in range(ys.shape[0]):
+        for r in range(1 << 13):
+            out[i] += np.float64(_native_stochastic._round(ys[i], np.int32(r)))
+    return out
+
+
+def test_rounding_is_exactly_unbiased_over_every_random_integer():
+    """A float32 y (the truncated sum the kernel rounds) has at most 13 bits below fp16's
+    ulp, so its stochastic rounding averages to y exactly over all 2**13 integers r: normal
+    and subnormal fp16 ranges, both signs, values on the fp16 grid, and the ulp step
+    that crosses into the next binade. (Above 65504 - ulp/2 the up step overflows.)"""
+    rng = np.random.default_rng(4)
+    ys = np.concatenate([
+        rng.uniform(-60000, 60000, 200), rng.uniform(-2.0**-14, 2.0**-14, 200),
+        [1.0, -1.0, 2.0**-14, -(2.0**-24), 0.5 - 2.0**-25, 2.0 - 2.0**-23, 2.0**-14 - 2.0**-37, 65500.0],
+    ]).astype(np.float32)
+    ys = np.where(np.abs(ys) < 2.0**-14, np.round(ys * np.float32(2.0**37)) / np.float32(2.0**37), ys)
+    ys = ys.astype(np.float32)
+    np.testing.assert_array_equal(_rounding_sums(ys), ys.astype(np.float64) * (1 << 13))
