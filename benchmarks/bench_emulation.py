@@ -28,11 +28,14 @@ FMAs and a subtraction into two float64 sums (5 operations in 8 lanes, 10 agains
 near 10x plus one rounding per output. Lanes of the sequential fp32 model with a float32
 combine run on native's own FMA (floor 1x, plus im2col and the row tile's transposition);
 split-K of sequential fp16 combined in fp32 is sequential fp16's kernel with its chunk
-totals kept (about 15x). Stochastic rounding runs on float64/int64 carriers (8 lanes):
-its counter-based draw (SplitMix64: 8 int64 operations, two of them 64-bit multiplies) is
-by itself 16 operations against native's one, before the TwoSum (6) and the stochastic
-rounding (about 20), a floor near 60x. Getting it under 20x needs a 32-bit generator in 16
-lanes, which would change every seeded result recorded so far.
+totals kept (about 15x). Stochastic rounding of the sequential fp16 model runs in the same
+16 float32/int32 lanes (`_native_stochastic`, random stream version 2): per term a
+widening of w, a truncating float32 FMA, the draw (the Weyl step's add and lowbias32's two
+32-bit multiplies, three shifts and three xors, then the shift to 13 bits: 9) and the
+rounding (magnitude, compare and select for the subnormal lift, two adds, an integer add
+and mask, the overflow compare and select, the sign: about 11), about 22 operations
+against one, a floor near 20x. (Version 1's stream, SplitMix64 in 8 int64 lanes with the
+rounding in float64, cost 65-91x.)
 """
 
 from __future__ import annotations
