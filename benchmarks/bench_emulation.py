@@ -3,7 +3,7 @@
 Run: ``python benchmarks/bench_emulation.py [--repeat 3] [--models sequential:fp16 ...]``
 
 Prints, per layer and in total, the best-of-N wall time and process CPU time of
-each emulation model and of ``tf.nn.conv2d`` in fp32 on the same shapes, measured
+each emulation model (timed round robin: N passes over all models) and of ``tf.nn.conv2d`` in fp32 on the same shapes, measured
 in this one run, their ratios, and the peak memory of the emulator (NumPy
 allocations via tracemalloc, plus the process's peak RSS before TensorFlow is
 imported). CPU time is printed because shared machines make wall time noisy.
@@ -71,15 +71,17 @@ def inputs(seed: int = 0):
     return out
 
 
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one call."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
 def best(fn, repeat: int) -> tuple[float, float]:
     """(best wall seconds, best process CPU seconds) over `repeat` calls."""
-    walls, cpus = [], []
-    for _ in range(repeat):
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
-    return min(walls), min(cpus)
+    times = [timed(fn) for _ in range(repeat)]
+    return min(t[0] for t in times), min(t[1] for t in times)
 
 
 def main() -> None:
@@ -88,22 +90,22 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
     args = parser.parse_args()
     data = inputs()
-    emu: dict[str, list[tuple[float, float]]] = {}
+    models = {spec: parse_model(spec) for spec in args.models}
     peak_np: dict[str, int] = {}
-    for spec in args.models:
-        model = parse_model(spec)
+    for spec, model in models.items():
         for x, w in data:  # compile / load the numba cache outside the timing
             conv2d(x[:1], w, model, padding="SAME")
-        rows = []
-        peak = 0
+        tracemalloc.start()
         for x, w in data:
-            rows.append(best(lambda: conv2d(x, w, model, padding="SAME"), args.repeat))
-            tracemalloc.start()
             conv2d(x, w, model, padding="SAME")
-            peak = max(peak, tracemalloc.get_traced_memory()[1])
-            tracemalloc.stop()
-        emu[spec] = rows
-        peak_np[spec] = peak
+        peak_np[spec] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    # Round robin: each pass times every model once, so a slow spell of a shared machine
+    # spreads over the models instead of landing on one; each keeps its best pass.
+    passes = [{spec: [timed(lambda: conv2d(x, w, model, padding="SAME")) for x, w in data]
+               for spec, model in models.items()} for _ in range(args.repeat)]
+    emu = {spec: [(min(p[spec][i][0] for p in passes), min(p[spec][i][1] for p in passes))
+                  for i in range(len(data))] for spec in models}
     rss_before_tf = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     import tensorflow as tf  # noqa: PLC0415 - the benchmark's baseline only
