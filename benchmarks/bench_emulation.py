@@ -30,12 +30,14 @@ combine run on native's own FMA (floor 1x, plus im2col and the row tile's transp
 split-K of sequential fp16 combined in fp32 is sequential fp16's kernel with its chunk
 totals kept (about 15x). Stochastic rounding of the sequential fp16 model runs in the same
 16 float32/int32 lanes (`_native_stochastic`, random stream version 2): per term a
-widening of w, a truncating float32 FMA, the draw (the Weyl step's add and lowbias32's two
-32-bit multiplies, three shifts and three xors, then the shift to 13 bits: 9) and the
+widening of w, a truncating float32 FMA, the draw (the Weyl step's add, lowbias32's two
+32-bit multiplies, three shifts and three xors, then the shift to 13 bits: 10) and the
 rounding (magnitude, compare and select for the subnormal lift, two adds, an integer add
-and mask, the overflow compare and select, the sign: about 11), about 22 operations
-against one, a floor near 20x. (Version 1's stream, SplitMix64 in 8 int64 lanes with the
-rounding in float64, cost 65-91x.)
+and mask, the overflow compare and select, the sign: about 11), about 23 operations
+against one. These counts are rough: measured, it costs 12-13x, less than sequential
+fp16's 15 operations at about 15x (its TwoSum is a dependent chain of six adds; the draw
+is independent of the running sum). Version 1's stream, SplitMix64 in 8 int64 lanes
+with the rounding in float64, cost 65-91x.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def main() -> None:
         peak_np[spec] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     # Round robin: each pass times every model once, so a slow spell of a shared machine
-    # spreads over the models instead of landing on one; each keeps its best pass.
+    # spreads over the models instead of landing on one; each keeps its best time per layer.
     passes = [{spec: [timed(lambda: conv2d(x, w, model, padding="SAME")) for x, w in data]
                for spec, model in models.items()} for _ in range(args.repeat)]
     emu = {spec: [(min(p[spec][i][0] for p in passes), min(p[spec][i][1] for p in passes))

@@ -16,20 +16,27 @@ with seed `seed` has a 32-bit key, and its rounding event `event` (counted per o
 * r = lowbias32((key + event * 0x9E3779B9) mod 2**32) >> (32 - R): a Weyl sequence
   through Wellons's lowbias32 integer hash ("Prospecting for hash functions", 2018,
   https://nullprogram.com/blog/2018/07/31/);
-* R = `stochastic_bits(p)` for a format of precision p: 24 - p for formats of at most
-  11 bits (fp16, bf16, fp8, tf32), the significand bits a float32 value has below the
-  format's, so rounding an exact value stochastically with R bits is rounding its
-  float32 truncation (the fast kernels round fp16 sums so, in 16 float32 lanes);
-  min(32, 51 - p) for wider formats.
+* R, by default the fewest `stochastic_bits(p)` over the model's stochastically rounded
+  formats: 24 - p for formats of at most 11 bits (fp16, bf16, fp8, tf32), the
+  significand bits a float32 value has below the format's, so rounding an exact value
+  stochastically with R bits is rounding its float32 truncation, as hardware that forms
+  the sum in float32 and converts it with random bits does (the fast kernels round fp16
+  sums so, in 16 float32 lanes); min(32, 51 - p) for wider formats. A model's ``rbits``
+  sets R itself, up to `max_bits(p)` (min(32, 51 - p)).
 
 Rounding away from zero happens iff floor(f * 2**R) + r >= 2**R, f being the discarded
 fraction of an ulp (`convprobe.emulation.rounding`): unbiased for every f with at most
-R bits, otherwise low by less than 2**-R ulp.
+R bits, otherwise low by less than 2**-R ulp. So an increment below 2**-R ulp of the
+running sum never rounds up: with fp16's default R = 13, adding 1e-4 to 2048 (ulp 2)
+4096 times leaves 2048, where R = 32 (``rbits=32``) averages to the exact 2048.41.
+Events are counted per output as `convprobe.emulation._kernels_reference.reduce_one`
+and the oracle count them: term j, then each chunk's addition to its total, then the
+output rounding.
 """
 
 from __future__ import annotations
 
-__all__ = ["STREAM_VERSION", "STREAM_HISTORY", "WEYL32", "LOWBIAS32", "stochastic_bits"]
+__all__ = ["STREAM_VERSION", "STREAM_HISTORY", "WEYL32", "LOWBIAS32", "stochastic_bits", "max_bits"]
 
 STREAM_VERSION = 2
 
@@ -39,8 +46,10 @@ STREAM_HISTORY = {
        "R = min(32, 51 - p) for every format (convprobe up to commit ae2ef29).",
     2: "A 32-bit key (the high half of version 1's) and lowbias32 of a Weyl sequence per "
        "event, so that the draw runs in 32-bit lanes; R = 24 - p for formats of at most 11 "
-       "bits (fp16: 13, bf16: 16), min(32, 51 - p) for wider ones. Every seeded "
-       "stochastic result changed.",
+       "bits (fp16: 13, bf16: 16), min(32, 51 - p) for wider ones, the fewest over a "
+       "model's formats unless its rbits sets R. Every seeded stochastic result changed, "
+       "and increments below 2**-R ulp of a running sum now never round up (fp16: 2**-13 "
+       "ulp, where version 1 drew 32 bits; rbits=32 restores that resolution).",
 }
 
 #: The Weyl increment per event (2**32 over the golden ratio, odd).
@@ -52,8 +61,14 @@ _FLOAT32_PRECISION = 24
 _NARROW = 11  # formats up to fp16's precision draw the float32 significand's bits below theirs
 
 
+def max_bits(precision: int) -> int:
+    """The most random bits a rounding to this precision may draw: one 32-bit word, and
+    51 - p, which keeps the bits it inspects exact in a round-to-odd float64 sum."""
+    return min(32, 51 - precision)
+
+
 def stochastic_bits(precision: int) -> int:
-    """R, the random bits per stochastic rounding to a format of this precision."""
+    """R, the default random bits per stochastic rounding to a format of this precision."""
     if precision <= _NARROW:
         return _FLOAT32_PRECISION - precision
-    return min(32, 51 - precision)
+    return max_bits(precision)

@@ -132,8 +132,9 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
 
     `inputs_fp16`: every value of a and w is an fp16 (or fp8) value, which enables
     `reduce_gemm_fp16_direct` and `reduce_gemm_exact_fp16`. float16 arrays (a, w and out,
-    where `fp16_carriers` says so) go to the hardware fp16 kernel or to the direct or
-    row-tiled kernel on fp16 bit patterns; float32 ones (where `fp32_carriers` says so) to
+    where `fp16_carriers` says so) go to the hardware fp16 kernel, the float32-lane
+    stochastic kernel (`_native_stochastic`), or the direct or row-tiled kernel on fp16 bit
+    patterns; float32 ones (where `fp32_carriers` says so) to
     the float32 FMA kernel or the exact kernel. `fast=False` takes the general kernel,
     whatever the model, on float64 arrays (what the specialised kernels are tested
     against); narrower carriers exist only for specialised kernels."""

@@ -208,7 +208,6 @@ def _gemm(t0, t1, a, w, out, col0, add32, flush, rz, float32_only, chunk):
     m_count, k_count = a.shape
     n_count = w.shape[1]
     for t in range(t0, t1):
-        mxcsr = round_toward_zero() if rz else np.int32(0)
         m0 = t * _ROWS
         if m0 + _ROWS <= m_count:
             s0 = np.zeros(n_count, np.uint16)
@@ -219,6 +218,7 @@ def _gemm(t0, t1, a, w, out, col0, add32, flush, rz, float32_only, chunk):
             total1 = np.zeros(n_count, np.float32)
             total2 = np.zeros(n_count, np.float32)
             total3 = np.zeros(n_count, np.float32)
+            mxcsr = round_toward_zero() if rz else np.int32(0)  # (after the allocations, which may fail)
             for k in range(k_count):
                 a0, a1, a2, a3 = a[m0, k], a[m0 + 1, k], a[m0 + 2, k], a[m0 + 3, k]
                 for n in range(n_count):
@@ -237,9 +237,12 @@ def _gemm(t0, t1, a, w, out, col0, add32, flush, rz, float32_only, chunk):
             _store(out, m0 + 2, col0, s2, total2, chunk)
             _store(out, m0 + 3, col0, s3, total3, chunk)
         else:
+            s = np.zeros(n_count, np.uint16)
+            total = np.zeros(n_count, np.float32)
+            mxcsr = round_toward_zero() if rz else np.int32(0)
             for m in range(m0, m_count):
-                s = np.zeros(n_count, np.uint16)
-                total = np.zeros(n_count, np.float32)
+                s[:] = 0
+                total[:] = 0.0
                 for k in range(k_count):
                     av = a[m, k]
                     for n in range(n_count):

@@ -65,24 +65,26 @@ def _round(y, r):
 @njit(cache=True, nogil=True)
 def _gemm(t0, t1, a, w, out, col0, seed):
     """Tasks t0 .. t1 - 1 (four rows each; the last task's missing rows repeat its last row
-    and are not stored) of `stochastic_gemm`, under MXCSR's toward zero."""
+    and are not stored) of `stochastic_gemm`, each under MXCSR's toward zero from its first
+    term to its last store, the thread's mode put back after."""
     m_count, k_count = a.shape
     n_count = w.shape[1]
     width = out.shape[1]
+    s0, s1 = np.empty(n_count, np.float32), np.empty(n_count, np.float32)
+    s2, s3 = np.empty(n_count, np.float32), np.empty(n_count, np.float32)
+    k0, k1 = np.empty(n_count, np.uint32), np.empty(n_count, np.uint32)
+    k2, k3 = np.empty(n_count, np.uint32), np.empty(n_count, np.uint32)
     for t in range(t0, t1):
-        mxcsr = round_toward_zero()
         m0 = t * _ROWS
         rows = min(_ROWS, m_count - m0)
         m1, m2, m3 = min(m0 + 1, m_count - 1), min(m0 + 2, m_count - 1), min(m0 + 3, m_count - 1)
-        s0, s1 = np.zeros(n_count, np.float32), np.zeros(n_count, np.float32)
-        s2, s3 = np.zeros(n_count, np.float32), np.zeros(n_count, np.float32)
-        k0, k1 = np.empty(n_count, np.uint32), np.empty(n_count, np.uint32)
-        k2, k3 = np.empty(n_count, np.uint32), np.empty(n_count, np.uint32)
+        s0[:], s1[:], s2[:], s3[:] = 0.0, 0.0, 0.0, 0.0
         for n in range(n_count):
             k0[n] = stream_key(seed, m0 * width + col0 + n)
             k1[n] = stream_key(seed, m1 * width + col0 + n)
             k2[n] = stream_key(seed, m2 * width + col0 + n)
             k3[n] = stream_key(seed, m3 * width + col0 + n)
+        mxcsr = round_toward_zero()  # (after every allocation: nothing below can fail)
         for k in range(k_count):
             a0, a1, a2, a3 = widen(a[m0, k]), widen(a[m1, k]), widen(a[m2, k]), widen(a[m3, k])
             step = weyl(k)  # term k is event k

@@ -12,6 +12,8 @@ Every model reduces ``sum_k a_k * b_k`` in the order given. Common parameters:
 * ``rounding`` - mode of every accumulator, total and output rounding;
   ``subnormals``, ``overflow`` - see `convprobe.emulation.rounding`.
 * ``seed`` - stochastic rounding key (counter-based: same seed, same bits).
+* ``rbits`` - random bits per stochastic rounding (default: `convprobe.random_stream`'s R,
+  13 for fp16; up to 32).
 * ``order`` - for convolutions, the nesting of the reduction over K, outermost
   first, as a permutation of ``"hwc"`` (kernel row, kernel column, input channel);
   the default ``"hwc"`` is HWIO filter order.
@@ -41,6 +43,7 @@ from convprobe.emulation.rounding import (
     check_choice,
     format_row,
     resolve_format,
+    check_rbits,
     stochastic_bits,
 )
 from convprobe.errors import InvalidArgument, invalid_choice
@@ -82,6 +85,7 @@ class AccumulationModel:
     subnormals: str = "keep"
     overflow: str = "inf"
     seed: int = 0
+    rbits: int | None = None
     order: str = "hwc"
     positions: Positions | str = Positions.NHW
 
@@ -128,6 +132,13 @@ class AccumulationModel:
                         f"stochastic rounding needs {argument} precision of at most 50 bits; "
                         f"received {fmt.name}"
                     )
+        self._check_rbits()
+
+    def _check_rbits(self) -> None:
+        """rbits, where set, must suit every stochastically rounded format."""
+        if self.rbits is not None:
+            for fmt, _ in self._stochastic_formats():
+                self._set("rbits", check_rbits(self.rbits, fmt, self.rounding))
 
     # -- hooks -------------------------------------------------------------
     def _validate(self) -> None:
@@ -148,10 +159,13 @@ class AccumulationModel:
 
     @property
     def random_bits(self) -> int:
-        """R, the random bits each stochastic rounding draws: the fewest that any
-        stochastically rounded format allows (`rounding.stochastic_bits`); 1 otherwise."""
+        """R, the random bits each stochastic rounding draws: `rbits` if set, else the
+        fewest that any stochastically rounded format takes by default
+        (`rounding.stochastic_bits`); 1 without stochastic rounding."""
         if self.rounding != "stochastic":
             return 1
+        if self.rbits is not None:
+            return self.rbits
         return min(stochastic_bits(fmt) for fmt, _ in self._stochastic_formats())
 
     # -- public ------------------------------------------------------------
@@ -173,7 +187,7 @@ class AccumulationModel:
         parts = [self.name]
         defaults = {f.name: f.default for f in fields(self)}
         for key in ("product", "addition", "output", "rounding", "subnormals", "overflow",
-                    "seed", "order", "positions"):
+                    "seed", "rbits", "order", "positions"):
             value = getattr(self, key)
             default = defaults[key]
             if key == "output":
@@ -199,7 +213,7 @@ class AccumulationModel:
                 f"rounding, subnormals {self.subnormals}, overflow to {self.overflow}; "
                 f"output {self.output}")
         if self.rounding == "stochastic":
-            text += f"; seed {self.seed}"
+            text += f"; seed {self.seed}, {self.random_bits} random bits per rounding"
         if self.positions == Positions.HWN:
             text += "; a filter gradient sums its positions (oh, ow, n), the batch innermost"
         return text
@@ -510,7 +524,7 @@ TENSOR_CORE_PRESETS = GPU_PRESETS
 
 _KEY_ALIASES = {"extra": "extra_bits", "n": "chunk", "acc": "accumulator", "out": "output",
                 "in": "input"}
-_INT_KEYS = {"b", "extra_bits", "chunk", "seed", "step"}
+_INT_KEYS = {"b", "extra_bits", "chunk", "seed", "rbits", "step"}
 _BOOL_KEYS = {"truncate"}
 
 
@@ -523,7 +537,8 @@ def parse_model(spec: str) -> AccumulationModel:
       chunked, exact; ACCUMULATOR a format name (fp16, bf16, tf32, fp32, fp64, fp8_e4m3,
       fp8_e5m2, aliases, or ``p<precision>_emax<emax>``). Keys: product, addition (format
       or exact), output, total (formats), rounding (nearest_even|toward_zero|stochastic,
-      or rn|rz|sr), subnormals (keep|flush), overflow (inf|saturate), seed, order
+      or rn|rz|sr), subnormals (keep|flush), overflow (inf|saturate), seed, rbits (random
+      bits per stochastic rounding; `convprobe.random_stream`), order
       (permutation of hwc), positions (nhw|hwn: a filter gradient's order over n, oh,
       ow), n (chunk, any length); blocked also takes b, extra (extra bits, negative to
       narrow), in (input format), adder (format), alignment

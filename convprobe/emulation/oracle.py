@@ -120,16 +120,17 @@ def round_value(v: Value, fmt: Format, mode: str = "nearest_even", *, subnormals
 
 
 def round_to_format(values, fmt, rounding="nearest_even", *, subnormals="keep", overflow="inf",
-                    rng=None) -> np.ndarray:
+                    rng=None, rbits=None) -> np.ndarray:
     """Scalar-loop `round_to_format` (same random draws as the engine)."""
     fmt = resolve_format(fmt, "fmt")
     x = np.asarray(values, dtype=np.float64)
     flat = x.reshape(-1)
-    rbits = 1
     rs = np.zeros(flat.shape, dtype=np.int64)
-    if rounding == "stochastic":
+    if rounding != "stochastic":
+        rbits = 1
+    else:
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        rbits = stochastic_bits(fmt)
+        rbits = stochastic_bits(fmt) if rbits is None else rbits
         rs = gen.integers(0, 1 << rbits, size=flat.shape, dtype=np.int64)
     out = [round_value(float(v), fmt, rounding, subnormals=subnormals, overflow=overflow,
                        r=int(r), rbits=rbits) for v, r in zip(flat, rs)]

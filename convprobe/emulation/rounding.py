@@ -100,6 +100,20 @@ def stochastic_bits(fmt: Format) -> int:
     return random_stream.stochastic_bits(fmt.precision)
 
 
+def check_rbits(rbits: object, fmt: Format, rounding: str = Rounding.STOCHASTIC) -> int:
+    """R for stochastic rounding to `fmt`: `rbits` checked against 1 ..
+    `random_stream.max_bits`, or the default `stochastic_bits(fmt)` where it is None;
+    `rbits` without stochastic rounding is refused."""
+    if rounding != Rounding.STOCHASTIC and rbits is not None:
+        raise InvalidArgument(f"rbits needs rounding=stochastic; received rbits={rbits!r} with rounding={rounding}")
+    if rbits is None:
+        return stochastic_bits(fmt)
+    top = random_stream.max_bits(fmt.precision)
+    if isinstance(rbits, bool) or not isinstance(rbits, (int, np.integer)) or not 1 <= rbits <= top:
+        raise InvalidArgument(f"rbits must be an integer from 1 to {top} for {fmt.name}; received {rbits!r}")
+    return int(rbits)
+
+
 def format_row(fmt: Format | None, subnormals: str) -> np.ndarray:
     """A row of the kernels' format table, columns `_kernels.F_*` (all zero: exact)."""
     row = np.zeros(K.F_SIZE)
@@ -119,11 +133,13 @@ def round_to_format(
     subnormals: Literal["keep", "flush"] = "keep",
     overflow: Literal["inf", "saturate"] = "inf",
     rng: np.random.Generator | int | None = None,
+    rbits: int | None = None,
 ) -> np.ndarray:
     """Round every value (taken exactly as a float64) to `fmt`; returns float64.
 
     `rng` (a Generator or an int seed) is required for stochastic rounding and
-    supplies one R-bit integer per element, in C order.
+    supplies one R-bit integer per element, in C order; R is `rbits`, by default
+    `stochastic_bits(fmt)`.
     """
     fmt = resolve_format(fmt, "fmt")
     rounding = check_choice("rounding", rounding, ROUNDINGS, _ROUNDING_ALIASES)
@@ -136,9 +152,11 @@ def round_to_format(
         x = x.astype(np.float64)
     x = np.ascontiguousarray(x, dtype=np.float64)
     flat = x.reshape(-1)
-    rbits = 1
     r = np.zeros(flat.shape, dtype=np.int64)
-    if rounding == "stochastic":
+    if rounding != "stochastic":
+        check_rbits(rbits, fmt, rounding)
+        rbits = 1
+    else:
         if fmt.precision > 50:
             raise InvalidArgument(
                 f"stochastic rounding needs a format precision of at most 50 bits; "
@@ -148,7 +166,7 @@ def round_to_format(
             raise InvalidArgument("rng must be a numpy Generator or an int seed for "
                                   "stochastic rounding; received None")
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        rbits = stochastic_bits(fmt)
+        rbits = check_rbits(rbits, fmt)
         r = gen.integers(0, 1 << rbits, size=flat.shape, dtype=np.int64)
     row = format_row(fmt, subnormals)
     out = np.empty_like(flat)

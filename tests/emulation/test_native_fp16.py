@@ -20,7 +20,7 @@ from .conftest import assert_same_bits, needs_f16c, needs_fp16_fma
 MODELS = [em.Sequential(FP16), em.Sequential(FP16, addition=FP32),
           em.parse_model("chunked:fp16:n=16"), em.parse_model("chunked:fp16:n=5:addition=fp32"),
           em.Sequential(FP16, rounding="toward_zero"), em.Sequential(FP16, rounding="toward_zero", subnormals="flush"),
-          # the float64 kernels on fp16 bit patterns, whatever the CPU's fp16 FMA
+          # the float32-lane stochastic kernel; the float64 kernels on fp16 bit patterns
           em.Sequential(FP16, rounding="stochastic", seed=3), em.Sequential(FP16, product=FP16, subnormals="flush"),
           em.parse_model("chunked:fp16:n=3:total=fp16:rounding=toward_zero")]
 

@@ -25,10 +25,10 @@ def test_compiled_stream_equals_the_oracle_stream():
     """Seeds, indices and events over their whole ranges, every R the formats use."""
     rng = np.random.default_rng(0)
     for _ in range(3000):
-        seed, index = int(rng.integers(0, 2**63)), int(rng.integers(0, 2**63))
+        seed, index = rng.integers(0, 2**64, dtype=np.uint64), rng.integers(0, 2**64, dtype=np.uint64)
         event = int(rng.integers(0, 2**40))
         for rbits in (1, 13, 16, 20, 27, 32):
-            assert KA.random_bits(seed, index, event, rbits) == oracle.random_bits(seed, index, event, rbits)
+            assert KA.random_bits(seed, index, event, rbits) == oracle.random_bits(int(seed), int(index), event, rbits)
 
 
 def test_the_stream_is_uniform_and_its_events_uncorrelated():
@@ -110,11 +110,40 @@ def test_kernel_matches_the_oracle(cases_budget):
         m, k, n = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 40)), data.draw(st.integers(1, 5))
         x = data.draw(fp16_arrays((1, m, 1, k)))
         f = data.draw(fp16_arrays((1, 1, k, n)))
-        model = em.Sequential(FP16, rounding="stochastic", seed=data.draw(st.integers(0, 2**32)))
+        model = em.Sequential(FP16, rounding="stochastic", seed=data.draw(st.integers(0, 2**64 - 1)))
         with np.errstate(all="ignore"):
             assert_same_bits(em.conv2d(x, f, model), oracle.conv2d(x, f, model))
 
     run_cases(cases_budget, body)
+
+
+@pytest.mark.parametrize("spec", ["sequential:fp16:rounding=sr:subnormals=flush", "sequential:fp16:rounding=sr:overflow=saturate",
+                                  "sequential:fp16:rounding=sr:product=fp16", "sequential:fp16:rounding=sr:addition=fp32",
+                                  "sequential:fp16:rounding=sr:output=fp32", "sequential:fp16:rounding=sr:rbits=32",
+                                  "chunked:fp16:n=3:rounding=sr"])
+def test_other_stochastic_models_keep_off_the_kernel_and_match_the_oracle(spec):
+    """Each differs from the kernel's model in one thing, so the float64 kernels run it."""
+    model = em.parse_model(spec + ":seed=9")
+    assert not K.native_fp16(*kernel_config(model)[:2], True)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 5, 1, 30)).astype(np.float16) * np.float16(300)
+    f = rng.standard_normal((1, 1, 30, 3)).astype(np.float16)
+    x[0, 0, 0, :] = np.float16(2.0**-20)  # subnormal sums
+    with np.errstate(all="ignore"):
+        assert_same_bits(em.conv2d(x, f, model), oracle.conv2d(x, f, model))
+
+
+def test_tiny_increments_stall_at_thirteen_bits_and_move_with_rbits():
+    """2048 plus 4,096 terms of 1e-4 (2**-14.6 of the ulp 2) stays 2048 for every seed with
+    fp16's 13 random bits; with rbits=32 some seeds round up (about 0.2 an output expected,
+    40 outputs here), as the exact sum 2048.41 asks."""
+    x = np.full((1, 40, 1, 4097), 1e-4, np.float16)
+    x[..., 0] = 2048.0
+    f = np.ones((1, 1, 4097, 1), np.float16)
+    default = em.conv2d(x, f, em.parse_model("sequential:fp16:rounding=sr:seed=1"))
+    assert (default == 2048.0).all()
+    finer = em.conv2d(x, f, em.parse_model("sequential:fp16:rounding=sr:rbits=32:seed=1"))
+    assert set(np.unique(finer)) <= {2048.0, 2050.0, 2052.0} and (finer > 2048.0).any()
 
 
 @KA.njit(cache=False)
@@ -131,7 +160,7 @@ def test_rounding_is_exactly_unbiased_over_every_random_integer():
     """A float32 y (the truncated sum the kernel rounds) has at most 13 bits below fp16's
     ulp, so its stochastic rounding averages to y exactly over all 2**13 integers r: normal
     and subnormal fp16 ranges, both signs, values on the fp16 grid, and the ulp step
-    that crosses into the next binade. (Above 65504 - ulp/2 the up step overflows.)"""
+    that crosses into the next binade. (Above 65504 the up step overflows.)"""
     rng = np.random.default_rng(4)
     ys = np.concatenate([
         rng.uniform(-60000, 60000, 200), rng.uniform(-2.0**-14, 2.0**-14, 200),

@@ -90,20 +90,43 @@ def test_matches_oracle_every_mode(values, fmt, mode, subnormals, overflow, seed
 
 
 def test_stochastic_is_seeded_and_unbiased():
-    """Mean of n stochastic roundings of x = 1 + f*ulp: E = x exactly for R-bit f.
+    """Mean of n stochastic roundings of x = 1 + f*ulp: E = x exactly for R-bit f
+    (fp16: R = 13, so 2**-13 is the finest f it sees).
 
     The sample mean's standard deviation is at most ulp/(2 sqrt(n)); we allow
     6 sigma (false-failure probability < 1e-8) for a fixed seed.
     """
     n = 200_000
     ulp = 2.0**-10
-    for f in (0.25, 0.5, 0.75, 2.0**-20):
+    for f in (0.25, 0.5, 0.75, 2.0**-13):
         x = np.full(n, 1.0 + f * ulp)
         a = round_to_format(x, FP16, "stochastic", rng=7)
         b = round_to_format(x, FP16, "stochastic", rng=7)
         assert_same_bits(a, b)
         assert set(np.unique(a)) <= {1.0, 1.0 + ulp}
         assert abs(a.mean() - x[0]) <= 6 * ulp / (2 * math.sqrt(n))
+
+
+def test_fractions_below_two_to_the_minus_r_never_round_up_unless_rbits_says():
+    """f = 2**-14 ulp (one bit finer than fp16's R = 13) rounds down every time; with
+    rbits=14 it rounds up 1 time in 2**14, as the oracle does with the same draws; rbits
+    past 51 - p (or below 1, or without stochastic rounding) is one clear error."""
+    ulp = 2.0**-10
+    x = np.full(1 << 20, 1.0 + 2.0**-14 * ulp)
+    assert (round_to_format(x, FP16, "stochastic", rng=3) == 1.0).all()
+    fine = round_to_format(x, FP16, "stochastic", rng=3, rbits=14)
+    assert 32 <= (fine > 1.0).sum() <= 96  # 64 expected
+    assert_same_bits(fine[:4096], oracle.round_to_format(x[:4096], FP16, "stochastic", rng=3, rbits=14)[:4096])
+    round_to_format(x[:2], FP16, "stochastic", rng=3, rbits=32)
+    for rbits, message in ((33, "rbits must be an integer from 1 to 32 for fp16; received 33"),
+                           (0, "rbits must be an integer from 1 to 32 for fp16; received 0")):
+        with pytest.raises(InvalidArgument, match=message):
+            round_to_format(x[:2], FP16, "stochastic", rng=3, rbits=rbits)
+    round_to_format(x[:2], FP32, "stochastic", rng=3, rbits=27)
+    with pytest.raises(InvalidArgument, match="from 1 to 27 for fp32; received 28"):
+        round_to_format(x[:2], FP32, "stochastic", rng=3, rbits=28)
+    with pytest.raises(InvalidArgument, match="rbits needs rounding=stochastic; received rbits=14 with rounding=nearest_even"):
+        round_to_format(x[:2], FP16, rbits=14)
 
 
 def test_toward_zero_and_flush_and_saturate_examples():
