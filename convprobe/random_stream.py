@@ -16,13 +16,15 @@ with seed `seed` has a 32-bit key, and its rounding event `event` (counted per o
 * r = lowbias32((key + event * 0x9E3779B9) mod 2**32) >> (32 - R): a Weyl sequence
   through Wellons's lowbias32 integer hash ("Prospecting for hash functions", 2018,
   https://nullprogram.com/blog/2018/07/31/);
-* R, by default the fewest `stochastic_bits(p)` over the model's stochastically rounded
-  formats: 24 - p for formats of at most 11 bits (fp16, bf16, fp8, tf32), the
-  significand bits a float32 value has below the format's, so rounding an exact value
-  stochastically with R bits is rounding its float32 truncation, as hardware that forms
-  the sum in float32 and converts it with random bits does (the fast kernels round fp16
-  sums so, in 16 float32 lanes); min(32, 51 - p) for wider formats. A model's ``rbits``
-  sets R itself, up to `max_bits(p)` (min(32, 51 - p)).
+* R, `default_bits(p)` for a format of precision p: 24 - p for formats of at most 11
+  bits (fp16, bf16, fp8, tf32), the significand bits a float32 value has below the
+  format's, so rounding an exact value stochastically with R bits is rounding its float32
+  truncation, as hardware that forms the sum in float32 and converts it with random bits
+  does (`convprobe.emulation._native_stochastic` rounds sequential fp16 sums so, in 16
+  float32 lanes); min(32, 51 - p) for wider formats. A model whose stochastically
+  rounded formats differ draws the most bits any of them takes by default, capped at
+  the fewest any allows (`max_bits`, min(32, 51 - p)): an fp32 accumulator with an fp16
+  output draws 27. A model's ``rbits`` sets R itself, within that cap.
 
 Rounding away from zero happens iff floor(f * 2**R) + r >= 2**R, f being the discarded
 fraction of an ulp (`convprobe.emulation.rounding`): unbiased for every f with at most
@@ -36,7 +38,7 @@ output rounding.
 
 from __future__ import annotations
 
-__all__ = ["STREAM_VERSION", "STREAM_HISTORY", "WEYL32", "LOWBIAS32", "stochastic_bits", "max_bits"]
+__all__ = ["STREAM_VERSION", "STREAM_HISTORY", "WEYL32", "LOWBIAS32", "default_bits", "max_bits"]
 
 STREAM_VERSION = 2
 
@@ -46,8 +48,9 @@ STREAM_HISTORY = {
        "R = min(32, 51 - p) for every format (convprobe up to commit ae2ef29).",
     2: "A 32-bit key (the high half of version 1's) and lowbias32 of a Weyl sequence per "
        "event, so that the draw runs in 32-bit lanes; R = 24 - p for formats of at most 11 "
-       "bits (fp16: 13, bf16: 16), min(32, 51 - p) for wider ones, the fewest over a "
-       "model's formats unless its rbits sets R. Every seeded stochastic result changed, "
+       "bits (fp16: 13, bf16: 16), min(32, 51 - p) for wider ones; a model with several "
+       "formats draws the most of theirs, capped at the fewest any allows, unless its "
+       "rbits sets R. Every seeded stochastic result changed, "
        "and increments below 2**-R ulp of a running sum now never round up (fp16: 2**-13 "
        "ulp, where version 1 drew 32 bits; rbits=32 restores that resolution).",
 }
@@ -67,7 +70,7 @@ def max_bits(precision: int) -> int:
     return min(32, 51 - precision)
 
 
-def stochastic_bits(precision: int) -> int:
+def default_bits(precision: int) -> int:
     """R, the default random bits per stochastic rounding to a format of this precision."""
     if precision <= _NARROW:
         return _FLOAT32_PRECISION - precision

@@ -20,7 +20,8 @@ The rounding works on float64 carriers (the 32-bit bitcasts and `bitlen32` serve
 through it, so the oracle (`convprobe.emulation.oracle`) checks one definition. The
 kernels that use it live by role: `_kernels_reference` (the general kernels, any
 model), `_kernels_fast` (specialised sequential kernels, tested against them),
-`_native_fp16` and `_native_fp32` (the CPU's own fp16 and float32 arithmetic), and
+`_native_fp16` and `_native_fp32` (the CPU's own fp16 and float32 arithmetic),
+`_native_stochastic` (stochastically rounded fp16 sums in float32 lanes), and
 `_kernels` (which one runs); the block-FMA kernels are `_block_fma*`. Kernels may read fp16
 bit patterns (float16 carriers) through `load_f64` and write them through `store_f64`.
 

@@ -55,23 +55,26 @@ def _native_chunked_ok(fp, ic) -> bool:
     return ic[IC_KIND] == CHUNKED and _fp16_direct_ok(fp, _as_sequential(ic)) and same_format(fp[TOTAL], FP32)
 
 
+def _as_nearest(ic):
+    """ic with the rounding set to nearest even (to ask the nearest-even conditions)."""
+    nearest = ic.copy()
+    nearest[IC_MODE] = NEAREST_EVEN
+    return nearest
+
+
 def _native_toward_zero_ok(fp, ic) -> bool:
     """The sequential fp16 model rounded toward zero with exact products and additions,
     overflow to inf: the fp16 FMA, or the float32 FMA and F16C's conversion, under MXCSR's
     toward zero (`_native_fp16`)."""
-    nearest = ic.copy()
-    nearest[IC_MODE] = NEAREST_EVEN
-    return (ic[IC_MODE] == TOWARD_ZERO and fp[ADDITION, F_PRECISION] == 0.0 and _fp16_direct_ok(fp, nearest))
+    return (ic[IC_MODE] == TOWARD_ZERO and fp[ADDITION, F_PRECISION] == 0.0 and _fp16_direct_ok(fp, _as_nearest(ic)))
 
 
 def _native_stochastic_ok(fp, ic) -> bool:
     """The sequential fp16 model rounded stochastically with exact products and additions,
     subnormals kept, overflow to inf, R = 13 (`_native_stochastic`)."""
-    nearest = ic.copy()
-    nearest[IC_MODE] = NEAREST_EVEN
     return (ic[IC_MODE] == STOCHASTIC and ic[IC_RBITS] == _native_stochastic.RANDOM_BITS
             and fp[ADDITION, F_PRECISION] == 0.0 and fp[ACCUMULATOR, F_KEEP_SUB] != 0.0
-            and _fp16_direct_ok(fp, nearest))
+            and _fp16_direct_ok(fp, _as_nearest(ic)))
 
 
 def float32_sums(fp, ic) -> bool:
@@ -150,11 +153,12 @@ def gemm(a, w, fp, ic, seed, out, col0, inputs_fp16=False, *, fast=True):
             raise ValueError("float16 arrays are the carrier of the models fp16_carriers names only")
         chunk = int(ic[IC_CHUNK]) if ic[IC_KIND] == CHUNKED else 0
         add32, flush = fp[ADDITION, F_PRECISION] != 0.0, fp[ACCUMULATOR, F_KEEP_SUB] == 0.0
-        if _native_stochastic_ok(fp, ic) and native_fp16(fp, ic, True):
-            _native_stochastic.stochastic_gemm(a, np.ascontiguousarray(w), out, col0, seed)
-        elif native_fp16(fp, ic, True):
-            _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0, add32=add32, flush=flush,
-                                         toward_zero=ic[IC_MODE] == TOWARD_ZERO, chunk=chunk)
+        if native_fp16(fp, ic, True):
+            if _native_stochastic_ok(fp, ic):
+                _native_stochastic.stochastic_gemm(a, np.ascontiguousarray(w), out, col0, seed)
+            else:
+                _native_fp16.sequential_gemm(a, np.ascontiguousarray(w), out, col0, add32=add32, flush=flush,
+                                             toward_zero=ic[IC_MODE] == TOWARD_ZERO, chunk=chunk)
         elif _fp16_direct_ok(fp, ic):  # fp16 storage, float64 arithmetic (subnormals flushed)
             reduce_gemm_fp16_direct(a.view(np.uint16), _convert(w, np.float64), not flush, add32, out.view(np.uint16),
                                     col0)

@@ -35,12 +35,12 @@ from convprobe.emulation._kernel_arithmetic import (f2i32, fma_fp32, i2f32, narr
 from convprobe.emulation._native_fp16 import restore_mxcsr, round_toward_zero
 from convprobe.emulation._threads import over_tasks
 from convprobe.formats import FP16
-from convprobe.random_stream import stochastic_bits
+from convprobe.random_stream import default_bits
 
 __all__ = ["RANDOM_BITS", "stochastic_gemm"]
 
 _ROWS = 4  # rows per task: independent accumulation chains
-RANDOM_BITS = stochastic_bits(FP16.precision)  # R = 13: float32's significand bits below fp16's
+RANDOM_BITS = default_bits(FP16.precision)  # R = 13: float32's significand bits below fp16's
 _LOW = np.int32((1 << RANDOM_BITS) - 1)
 _SHIFT = np.uint32(32 - RANDOM_BITS)
 _NORMAL = np.float32(2.0**FP16.emin)  # 2**-14

@@ -13,7 +13,7 @@ Every model reduces ``sum_k a_k * b_k`` in the order given. Common parameters:
   ``subnormals``, ``overflow`` - see `convprobe.emulation.rounding`.
 * ``seed`` - stochastic rounding key (counter-based: same seed, same bits).
 * ``rbits`` - random bits per stochastic rounding (default: `convprobe.random_stream`'s R,
-  13 for fp16; up to 32).
+  13 for fp16; at most min(32, 51 - p) over the stochastically rounded formats).
 * ``order`` - for convolutions, the nesting of the reduction over K, outermost
   first, as a permutation of ``"hwc"`` (kernel row, kernel column, input channel);
   the default ``"hwc"`` is HWIO filter order.
@@ -46,6 +46,7 @@ from convprobe.emulation.rounding import (
     check_rbits,
     stochastic_bits,
 )
+from convprobe.random_stream import max_bits
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import FP16, FP32, FP64, Format
 from convprobe.options import Alignment, CAddition, KLayout, Positions, Rounding, parse_option
@@ -135,10 +136,19 @@ class AccumulationModel:
         self._check_rbits()
 
     def _check_rbits(self) -> None:
-        """rbits, where set, must suit every stochastically rounded format."""
+        """rbits, where set, must suit every stochastically rounded format; the default
+        spelt out is the default (None), so equal models have equal specs."""
         if self.rbits is not None:
-            for fmt, _ in self._stochastic_formats():
-                self._set("rbits", check_rbits(self.rbits, fmt, self.rounding))
+            for fmt, argument in self._stochastic_formats():
+                self._set("rbits", check_rbits(self.rbits, fmt, self.rounding, f"the {argument} format "))
+            if self.rbits == self._default_rbits():
+                self._set("rbits", None)
+
+    def _default_rbits(self) -> int:
+        """The most random bits any stochastically rounded format takes by default, capped
+        at the fewest any allows (`convprobe.random_stream`)."""
+        formats = [fmt for fmt, _ in self._stochastic_formats()]
+        return min(max(stochastic_bits(f) for f in formats), min(max_bits(f.precision) for f in formats))
 
     # -- hooks -------------------------------------------------------------
     def _validate(self) -> None:
@@ -159,14 +169,11 @@ class AccumulationModel:
 
     @property
     def random_bits(self) -> int:
-        """R, the random bits each stochastic rounding draws: `rbits` if set, else the
-        fewest that any stochastically rounded format takes by default
-        (`rounding.stochastic_bits`); 1 without stochastic rounding."""
+        """R, the random bits each stochastic rounding draws: `rbits` if set, else
+        `_default_rbits`; 1 without stochastic rounding."""
         if self.rounding != "stochastic":
             return 1
-        if self.rbits is not None:
-            return self.rbits
-        return min(stochastic_bits(fmt) for fmt, _ in self._stochastic_formats())
+        return self._default_rbits() if self.rbits is None else self.rbits
 
     # -- public ------------------------------------------------------------
     @property

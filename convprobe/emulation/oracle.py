@@ -26,7 +26,7 @@ from convprobe.emulation.models import (
     Pairwise,
     Sequential,
 )
-from convprobe.emulation.rounding import resolve_format, stochastic_bits
+from convprobe.emulation.rounding import check_rbits, resolve_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import Format
 from convprobe.options import Alignment, CAddition, KLayout
@@ -126,11 +126,11 @@ def round_to_format(values, fmt, rounding="nearest_even", *, subnormals="keep", 
     x = np.asarray(values, dtype=np.float64)
     flat = x.reshape(-1)
     rs = np.zeros(flat.shape, dtype=np.int64)
+    rbits = check_rbits(rbits, fmt, rounding)
     if rounding != "stochastic":
         rbits = 1
     else:
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        rbits = stochastic_bits(fmt) if rbits is None else rbits
         rs = gen.integers(0, 1 << rbits, size=flat.shape, dtype=np.int64)
     out = [round_value(float(v), fmt, rounding, subnormals=subnormals, overflow=overflow,
                        r=int(r), rbits=rbits) for v, r in zip(flat, rs)]

@@ -9,8 +9,8 @@ Definitions (identical in the oracle):
 * ``toward_zero``: truncation.
 * ``stochastic``: round away from zero iff ``floor(f * 2**R) + r >= 2**R``, where
   ``f`` is the discarded fraction of an ulp and ``r`` a uniform R-bit integer,
-  ``R = stochastic_bits(fmt)`` (24 - p up to 11 bits of precision, else
-  min(32, 51 - p); `convprobe.random_stream`). The expectation of the result is the
+  ``R = stochastic_bits(fmt)`` by default (24 - p up to 11 bits of precision, else
+  min(32, 51 - p); `convprobe.random_stream`), or ``rbits``. The expectation of the result is the
   exact value whenever f has at most R bits, otherwise it falls short by less than
   ``2**-R`` ulp.
 * ``subnormals="flush"``: a nonzero result below ``2**emin`` after rounding with
@@ -42,6 +42,7 @@ __all__ = [
     "round_to_format",
     "resolve_format",
     "stochastic_bits",
+    "check_rbits",
     "check_choice",
     "MODE_CODES",
 ]
@@ -97,20 +98,21 @@ def stochastic_bits(fmt: Format) -> int:
     24 - p up to 11 bits of precision, else min(32, 51 - p). Never above 51 - p, which
     keeps the round-to-odd sum (53 bits) two bits wider than the rounding point plus R,
     so the bits stochastic rounding inspects are exact."""
-    return random_stream.stochastic_bits(fmt.precision)
+    return random_stream.default_bits(fmt.precision)
 
 
-def check_rbits(rbits: object, fmt: Format, rounding: str = Rounding.STOCHASTIC) -> int:
-    """R for stochastic rounding to `fmt`: `rbits` checked against 1 ..
-    `random_stream.max_bits`, or the default `stochastic_bits(fmt)` where it is None;
-    `rbits` without stochastic rounding is refused."""
+def check_rbits(rbits: object, fmt: Format, rounding: str = Rounding.STOCHASTIC, where: str = "") -> int:
+    """R for stochastic rounding to `fmt` (`where` names its slot in a model): `rbits`
+    checked against 1 .. `random_stream.max_bits`, or the default `stochastic_bits(fmt)`
+    where it is None; `rbits` without stochastic rounding is refused."""
+    shown = int(rbits) if isinstance(rbits, np.integer) else rbits
     if rounding != Rounding.STOCHASTIC and rbits is not None:
-        raise InvalidArgument(f"rbits needs rounding=stochastic; received rbits={rbits!r} with rounding={rounding}")
+        raise InvalidArgument(f"rbits needs rounding=stochastic; received rbits={shown!r} with rounding={rounding}")
     if rbits is None:
         return stochastic_bits(fmt)
     top = random_stream.max_bits(fmt.precision)
     if isinstance(rbits, bool) or not isinstance(rbits, (int, np.integer)) or not 1 <= rbits <= top:
-        raise InvalidArgument(f"rbits must be an integer from 1 to {top} for {fmt.name}; received {rbits!r}")
+        raise InvalidArgument(f"rbits must be an integer from 1 to {top} for {where}{fmt.name}; received {shown!r}")
     return int(rbits)
 
 

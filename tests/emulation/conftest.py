@@ -39,6 +39,14 @@ def same_bits():
     return assert_same_bits
 
 
+def random_fp16(rng, shape, lo=0x0001, hi=0x7C00):
+    """fp16 values of both signs whose magnitudes' bit patterns are uniform in [lo, hi)
+    (by default every finite nonzero magnitude)."""
+    bits = rng.integers(lo, hi, size=shape, dtype=np.uint16)
+    bits |= rng.integers(0, 2, size=shape, dtype=np.uint16) << 15
+    return bits.view(np.float16)
+
+
 def _finite_fp16(bits):
     x = bits.view(np.float16).copy()
     x[~np.isfinite(x)] = np.float16(65504)

@@ -11,8 +11,7 @@ from convprobe.emulation import oracle
 from convprobe.errors import InvalidArgument
 from convprobe.testing.strategies import fp16_arrays
 
-from .conftest import assert_same_bits, needs_f16c
-from .conftest import budget, run_cases
+from .conftest import assert_same_bits, budget, needs_f16c, run_cases
 
 INNER = ["sequential:fp16", "sequential:fp32", "sequential:fp32:output=fp16",
          "sequential:fp16:product=fp16", "pairwise:fp32", "chunked:fp16:n=5",

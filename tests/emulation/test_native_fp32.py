@@ -9,12 +9,7 @@ from convprobe.emulation import _kernels as K
 from convprobe.emulation.models import kernel_config
 from convprobe.formats import BF16, FP16, FP32
 
-from .conftest import assert_same_bits
-
-
-def _random_fp16(rng, shape, hi=0x7C00):
-    bits = rng.integers(1, hi, size=shape, dtype=np.uint16) | (rng.integers(0, 2, size=shape, dtype=np.uint16) << 15)
-    return bits.view(np.float16)
+from .conftest import assert_same_bits, random_fp16
 
 
 def test_the_float32_kernel_equals_the_general_kernel():
@@ -26,7 +21,7 @@ def test_the_float32_kernel_equals_the_general_kernel():
     assert K.native_fp32(fp, ic, True) and not K.native_fp32(fp, ic, False)
     rng = np.random.default_rng(7)
     for m, k, n in ((203, 77, 9), (64, 600, 3)):
-        a, w = _random_fp16(rng, (m, k)), _random_fp16(rng, (k, n))
+        a, w = random_fp16(rng, (m, k)), random_fp16(rng, (k, n))
         a[1] = -a[0]  # a row whose sums cancel against the row above
         got = np.empty((m, n), np.float32)
         K.gemm(a.astype(np.float32), w.astype(np.float32), fp, ic, seed, got, 0, inputs_fp16=True)

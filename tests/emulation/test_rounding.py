@@ -90,15 +90,14 @@ def test_matches_oracle_every_mode(values, fmt, mode, subnormals, overflow, seed
 
 
 def test_stochastic_is_seeded_and_unbiased():
-    """Mean of n stochastic roundings of x = 1 + f*ulp: E = x exactly for R-bit f
-    (fp16: R = 13, so 2**-13 is the finest f it sees).
+    """Mean of n stochastic roundings of x = 1 + f*ulp: E = x exactly for R-bit f.
 
     The sample mean's standard deviation is at most ulp/(2 sqrt(n)); we allow
     6 sigma (false-failure probability < 1e-8) for a fixed seed.
     """
     n = 200_000
     ulp = 2.0**-10
-    for f in (0.25, 0.5, 0.75, 2.0**-13):
+    for f in (0.25, 0.5, 0.75):
         x = np.full(n, 1.0 + f * ulp)
         a = round_to_format(x, FP16, "stochastic", rng=7)
         b = round_to_format(x, FP16, "stochastic", rng=7)
@@ -116,7 +115,8 @@ def test_fractions_below_two_to_the_minus_r_never_round_up_unless_rbits_says():
     assert (round_to_format(x, FP16, "stochastic", rng=3) == 1.0).all()
     fine = round_to_format(x, FP16, "stochastic", rng=3, rbits=14)
     assert 32 <= (fine > 1.0).sum() <= 96  # 64 expected
-    assert_same_bits(fine[:4096], oracle.round_to_format(x[:4096], FP16, "stochastic", rng=3, rbits=14)[:4096])
+    assert (fine[:8192] > 1.0).any()  # (the oracle draws the same integers: compare a slice with ups)
+    assert_same_bits(fine[:8192], oracle.round_to_format(x[:8192], FP16, "stochastic", rng=3, rbits=14))
     round_to_format(x[:2], FP16, "stochastic", rng=3, rbits=32)
     for rbits, message in ((33, "rbits must be an integer from 1 to 32 for fp16; received 33"),
                            (0, "rbits must be an integer from 1 to 32 for fp16; received 0")):
