@@ -34,7 +34,7 @@ widening of w, a truncating float32 FMA, the draw (the Weyl step's add, lowbias3
 32-bit multiplies, three shifts and three xors, then the shift to 13 bits: 10) and the
 rounding (magnitude, compare and select for the subnormal lift, two adds, an integer add
 and mask, the overflow compare and select, the sign: about 11), about 23 operations
-against one. These counts are rough: measured, it costs 12-13x, less than sequential
+against one. These counts are rough: measured, it costs 12-14x, less than sequential
 fp16's 15 operations at about 15x (its TwoSum is a dependent chain of six adds; the draw
 is independent of the running sum). Version 1's stream, SplitMix64 in 8 int64 lanes
 with the rounding in float64, cost 65-91x.
