@@ -7,9 +7,10 @@ sweep records it as an "unsupported" row instead of stopping.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 
-__all__ = ["ConvprobeError", "InvalidArgument", "UnsupportedConfiguration", "invalid_choice"]
+__all__ = ["ConvprobeError", "InvalidArgument", "UnsupportedConfiguration", "invalid_choice", "is_integer"]
 
 
 class ConvprobeError(Exception):
@@ -32,3 +33,9 @@ def invalid_choice(argument: str, value: object, choices: Iterable[object]) -> I
     """
     valid = ", ".join(str(c) for c in choices)
     return InvalidArgument(f"{argument} must be one of {valid}; received {value!r}")
+
+
+def is_integer(value: object) -> bool:
+    """Whether a user's value is an integer: a Python or NumPy one, never a bool (which
+    Python counts as one), a float or a string. The one test every integer argument uses."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -193,6 +193,9 @@ def _api_cases():
         (lambda: em.parse_model("splitk(0, a100)"), "parts must be an integer >= 1"),
         (lambda: em.Blocked("fp32", b=4, rounding="stochastic"), "rounding of a blocked model"),
         (lambda: em.Blocked("fp32", b=4, step=6), "step must be a multiple of b"),
+        (lambda: em.Sequential("fp16", rounding="stochastic", rbits=True), "rbits must be an integer from 1 to 32"),
+        (lambda: em.Sequential("fp16", rounding="stochastic", rbits=13.0), "rbits must be an integer from 1 to 32"),
+        (lambda: em.Sequential("fp16", seed=np.float64(3)), "seed must be an integer"),
         (lambda: analysis.ulp_distance(np.ones(2), np.ones(3), "fp16"), "must have broadcastable shapes"),
         (lambda: analysis.ulp_distance(np.array([0.1]), np.array([1.0]), "fp16"), "representable"),
     ]
@@ -212,3 +215,14 @@ def test_api_bad_input_raises_invalid_argument_with_the_allowed_set(index):
 def test_the_suite_has_at_least_60_distinct_cases():
     assert len(CLI_CASES) + len(API_CASES) >= 60
     assert len({tuple(a) for a, _ in CLI_CASES}) == len(CLI_CASES)
+
+
+def test_integers_are_python_or_numpy_integers_never_bools():
+    """`errors.is_integer`, the one test every integer argument uses: a NumPy integer
+    passes (a seed or rbits taken from an array), a bool, a float or a string does not."""
+    from convprobe import emulation as em
+    from convprobe.errors import is_integer
+
+    assert all(is_integer(v) for v in (0, -3, 2**70, np.int64(5), np.uint8(1)))
+    assert not any(is_integer(v) for v in (True, np.bool_(True), 1.0, np.float64(2), "1", None))
+    assert em.Sequential("fp16", rounding="stochastic", rbits=np.int64(20)).rbits == 20

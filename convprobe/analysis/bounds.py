@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.formats import Format, parse_format
 
 __all__ = [
@@ -158,7 +158,7 @@ def blocked_fma_bound(
     u_internal = 0 gives gamma_k(u), the scalar FMA chain.
     """
     ks = _check_k(k)
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
+    if not is_integer(block_size) or block_size < 1:
         raise InvalidArgument(f"block_size must be a positive integer; received {block_size!r}")
     uu = _check_u(u)
     for name, value in (("u_internal", u_internal), ("u_input", u_input)):

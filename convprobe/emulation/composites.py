@@ -48,7 +48,7 @@ from convprobe.emulation import _native_fp16, _native_fp32
 from convprobe.emulation._native_fp16 import convert
 from convprobe.emulation.models import AccumulationModel, Sequential, kernel_config, sum_terms_as_rows
 from convprobe.emulation.rounding import resolve_format, round_to_format
-from convprobe.errors import InvalidArgument
+from convprobe.errors import InvalidArgument, is_integer
 from convprobe.formats import FP32, Format
 from convprobe.options import Positions, Rounding
 
@@ -173,7 +173,7 @@ class SplitK(_Composite):
                                   f"per range); received parts={self.parts!r}, length={self.length!r}")
         for name in ("parts", "length"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+            if value is not None and (not is_integer(value)
                                       or value < 1):
                 raise InvalidArgument(f"{name} must be an integer >= 1; received {value!r}")
         object.__setattr__(self, "first", tuple(self.first))
@@ -276,7 +276,7 @@ class Lanes(_Composite):
 
     def _validate(self) -> None:
         super()._validate()
-        if isinstance(self.width, bool) or not isinstance(self.width, (int, np.integer)) or self.width < 1:
+        if not is_integer(self.width) or self.width < 1:
             raise InvalidArgument(f"width must be an integer >= 1; received {self.width!r}")
 
     def to_spec(self) -> str:

@@ -30,7 +30,7 @@ from numba import njit
 from convprobe.emulation._threads import over_tasks
 from convprobe.emulation.models import AccumulationModel, kernel_config
 from convprobe.emulation.reduction import as_float64, check_exact_products, finish
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.options import Positions
 
 __all__ = [
@@ -200,7 +200,7 @@ def _check4(arr: np.ndarray, argument: str, layout: str) -> None:
 
 
 def _groups(groups: int) -> int:
-    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+    if not is_integer(groups) or groups < 1:
         raise InvalidArgument(f"groups must be a positive integer; received {groups!r}")
     return int(groups)
 

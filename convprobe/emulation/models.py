@@ -47,7 +47,7 @@ from convprobe.emulation.rounding import (
     stochastic_bits,
 )
 from convprobe.random_stream import max_bits
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.formats import FP16, FP32, FP64, Format
 from convprobe.options import Alignment, CAddition, KLayout, Positions, Rounding, parse_option
 
@@ -114,7 +114,7 @@ class AccumulationModel:
         self._set("overflow", check_choice("overflow", self.overflow, OVERFLOWS))
         self._set("order", check_choice("order", self.order, ORDERS))
         self._set("positions", parse_option("positions", self.positions, Positions))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not (
+        if not is_integer(self.seed) or not (
             0 <= int(self.seed) < 2**64
         ):
             raise InvalidArgument(f"seed must be an integer in [0, 2**64); received {self.seed!r}")
@@ -337,7 +337,7 @@ class Blocked(AccumulationModel):
 
     def _validate(self) -> None:
         self._set("b", _int_at_least("b", self.b, 1))
-        if isinstance(self.extra_bits, bool) or not isinstance(self.extra_bits, (int, np.integer)):
+        if not is_integer(self.extra_bits):
             raise InvalidArgument(f"extra_bits must be an integer; received {self.extra_bits!r}")
         self._set("extra_bits", int(self.extra_bits))
         self._set("input", resolve_format(self.input, "input"))
@@ -464,7 +464,7 @@ def sum_terms_as_rows(model: AccumulationModel, terms: np.ndarray) -> np.ndarray
 
 
 def _int_at_least(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+    if not is_integer(value) or value < low:
         raise InvalidArgument(f"{name} must be an integer >= {low}; received {value!r}")
     return int(value)
 
@@ -484,7 +484,7 @@ class Chunked(AccumulationModel):
 
     def _validate(self) -> None:
         value = self.chunk
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        if not is_integer(value) or value < 1:
             raise InvalidArgument(f"chunk must be an integer >= 1; received {value!r}")
         self._set("chunk", int(value))
         total = resolve_format(self.total, "total")

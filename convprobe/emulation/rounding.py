@@ -30,7 +30,7 @@ import numpy as np
 
 from convprobe import random_stream
 from convprobe.emulation import _kernels as K
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.formats import Format, parse_format
 from convprobe.options import ROUNDING_ALIASES, Overflow, Rounding, Subnormals
 
@@ -111,7 +111,7 @@ def check_rbits(rbits: object, fmt: Format, rounding: str = Rounding.STOCHASTIC,
     if rbits is None:
         return stochastic_bits(fmt)
     top = random_stream.max_bits(fmt.precision)
-    if isinstance(rbits, bool) or not isinstance(rbits, (int, np.integer)) or not 1 <= rbits <= top:
+    if not is_integer(rbits) or not 1 <= rbits <= top:
         raise InvalidArgument(f"rbits must be an integer from 1 to {top} for {where}{fmt.name}; received {shown!r}")
     return int(rbits)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from convprobe.analysis.bounds import BOUND_KINDS
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.formats import Format, format_of_dtype, parse_format
 
 __all__ = [
@@ -124,7 +124,7 @@ def assert_ulp_close(actual: object, expected: object, max_ulp: int, format: str
     __tracebackhide__ = True
     from convprobe.analysis import ulp, ulp_distance
 
-    if isinstance(max_ulp, bool) or not isinstance(max_ulp, (int, np.integer)) or max_ulp < 0:
+    if not is_integer(max_ulp) or max_ulp < 0:
         raise InvalidArgument(f"max_ulp must be a non-negative integer; received {max_ulp!r}")
     a = np.asarray(actual)
     e = np.asarray(expected)
@@ -203,7 +203,7 @@ def assert_within_error_bound(
 
     if kind not in BOUND_KINDS:
         raise invalid_choice("kind", kind, BOUND_KINDS)
-    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
+    if not is_integer(K) or K < 1:
         raise InvalidArgument(f"K must be a positive integer (the reduction length); received {K!r}")
     acc = parse_format(accumulate, argument="accumulate")
     a = np.asarray(actual)
