@@ -17,11 +17,13 @@
   on fp16 inputs, one compiled kernel runs both on the CPU's float32 arithmetic
   (`_native_fp32.lanes_gemm`).
 * `Columns` - output channel j (the GEMM's column) reduced by ``models[min(j, n - 1)]``:
-  a GEMM whose micro kernels differ by column block. Eigen's fp16 input gradient
+  a GEMM whose micro kernels differ by column block; ``MODEL * N`` stands for N columns
+  in a row (``columns(sequential:fp16:product=fp16 * 16, sequential:fp16)``). Eigen's fp16 input gradient
   (col = dy x filter^T, KH*KW*C columns) rounds products and adds in fp16 in whole blocks
   of 16 columns, sums the next block of 8 in two interleaved lanes, and runs the last
   columns as an FMA chain; each dx channel then meets its taps' columns in turn
-  (`columns(splitk(length=C_out, ..., first=...), ...)`, as ``identify`` derives it).
+  (`columns(splitk(length=C_out, ..., first=...), ...)`, as ``identify`` measures it,
+  `convprobe.probes.column_patterns`).
 * `Reverse` - the terms reduced by `inner` from the last to the first, as a fold that
   adds each accumulator into the next one's sum does (Eigen's inner product combines its
   packet accumulators as ``p0 + (p1 + (p2 + p3))``).
@@ -396,7 +398,13 @@ class Columns(_Composite):
         return self.models[min(column, len(self.models) - 1)]
 
     def to_spec(self) -> str:
-        return f"columns({', '.join(m.to_spec() for m in self.models)})"
+        runs: list[list] = []  # [model, count] for each run of equal models
+        for model in self.models:
+            if runs and runs[-1][0] == model:
+                runs[-1][1] += 1
+            else:
+                runs.append([model, 1])
+        return f"columns({', '.join(m.to_spec() + (f' * {n}' if n > 1 else '') for m, n in runs)})"
 
     @property
     def name(self) -> str:
@@ -472,7 +480,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
                        "[, output=FORMAT])",
              "lanes": "lanes(WIDTH, INNER, combine=MODEL)",
              "reverse": "reverse(INNER[, output=FORMAT])",
-             "columns": "columns(MODEL, MODEL, ...)"}[kind]
+             "columns": "columns(MODEL[ * N], MODEL[ * N], ...)"}[kind]
     allowed = {"splitk": {"length", "combine", "output", "inner", "parts", "first"},
                "lanes": {"combine", "output", "inner", "width"},
                "reverse": {"output", "inner"},
@@ -490,7 +498,16 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     if kind == "columns":
         if not positional:
             raise InvalidArgument(f"columns needs at least one model: {usage}; received {spec!r}")
-        return Columns(models=tuple(parse_model(m) for m in positional), output=keywords.get("output"))
+        models = []
+        for text in positional:  # MODEL or MODEL * N: N columns in a row
+            head_text, star, count = text.rpartition("*")
+            if star and ")" not in count and ":" not in count:
+                if not count.strip().isdigit() or int(count) < 1:
+                    raise InvalidArgument(f"a columns repeat count must be a positive integer; received {text!r}")
+                models += [parse_model(head_text.strip())] * int(count)
+            else:
+                models.append(parse_model(text))
+        return Columns(models=tuple(models), output=keywords.get("output"))
     values: dict[str, Any] = {}
     size_name = "parts" if kind == "splitk" else "width"
     if kind != "reverse" and positional and positional[0].strip().lstrip("-").isdigit():

@@ -186,6 +186,8 @@ def test_lanes_deal_terms_round_robin():
     ("reverse(a100, combine=fp32)", "reverse parameter must be one of inner, output; received 'combine'"),
     ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse, columns; received 'warp'"),
     ("columns()", "columns needs at least one model"),
+    ("columns(sequential:fp16 * 0)", "a columns repeat count must be a positive integer; received 'sequential:fp16 \\* 0'"),
+    ("columns(sequential:fp16 * two)", "a columns repeat count must be a positive integer"),
     ("columns(sequential:fp16, sequential:fp32)", "columns' models must share one output format"),
     ("columns(sequential:fp16, output=fp32)", "columns' output is its models' own \\(fp16\\); set output on the models"),
     ("splitk(1, columns(sequential:fp16, sequential:fp16:product=fp16), combine=fp16)",
@@ -235,6 +237,14 @@ def test_the_first_ranges_take_their_own_models():
     assert float(em.dot(a, b, first)[0]) == 2053.0  # 2049 kept in fp32, 2, 2
     assert float(oracle.dot(a, b, first)[0]) == 2053.0
     assert first.range_model(0).to_spec() == "sequential:fp32" and first.range_model(5) == first.inner
+
+
+def test_a_columns_repeat_expands_and_runs_compress_back():
+    """MODEL * N stands for N columns in a row; to_spec writes runs back that way."""
+    model = em.parse_model("columns(sequential:fp16:product=fp16 * 3, sequential:fp16, sequential:fp16)")
+    assert [m.to_spec() for m in model.models] == ["sequential:fp16:product=fp16"] * 3 + ["sequential:fp16"] * 2
+    assert model.to_spec() == "columns(sequential:fp16:product=fp16 * 3, sequential:fp16 * 2)"
+    assert em.parse_model(model.to_spec()) == model
 
 
 def test_columns_give_each_output_channel_its_model_and_refuse_dot_products():
