@@ -8,13 +8,15 @@ For every layer and each of its three ops (`layers.LAYER_OPS`) the child process
 (the backend's own) does two things at the layer's exact shape:
 
 1. measures the reduction's structure with crafted inputs (`structure.measure`):
-   accumulator, partial-sum boundaries, interleaved lanes, product rounding;
+   accumulator, partial-sum boundaries, interleaved lanes, product rounding, one
+   row a channel, and again column by column of the op's GEMM (`column_patterns`);
 2. runs the op on seeded random fp16 inputs (`layers.op_inputs`) and returns the
    bit patterns of up to `SAMPLE` outputs, picked by seed.
 
-The parent turns the structure into emulator specs (`structure.candidate_specs`),
+The parent turns the structure into emulator specs (`structure.candidate_specs`; where
+the columns differ, first the one spec of them all, `column_patterns.column_models`),
 adds those the layer's layout suggests (`layer_patterns`: an input gradient's one-tap
-chunks and its GEMM's column blocks), a few plain models (`BASE_CANDIDATES`) and any the
+chunks), a few plain models (`BASE_CANDIDATES`) and any the
 user names, recomputes
 the same op through the emulator's conv API for each, and counts the outputs
 that match bit for bit. The best spec is the measured one when it matches; a
@@ -96,6 +98,7 @@ def _predicted(spec: str, layer: Layer, op: str, seed: int) -> np.ndarray | None
 
 
 def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dict:
+    from convprobe.probes.column_patterns import ColumnRun, column_models
     from convprobe.probes.structure import Structure, best_of, bitwise_equal, candidate_specs
 
     k = layer.k(op)
@@ -103,6 +106,10 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     measured = candidate_specs(structure, k)
     if structure.batch_innermost:  # a plain model takes the order (composites sum in the layout's)
         measured = [spec if "(" in spec else f"{spec}:positions=hwn" for spec in measured]
+    by_column = column_models(layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
+                              combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
+    if by_column:  # the columns differ: one row a channel measured a mixture of them
+        measured = [by_column, *measured]
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
     table = {}
     for spec in dict.fromkeys([*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]):
@@ -115,13 +122,15 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     return {"best": best, "fractions": {k: fraction} if best else {},
             "stops_matching_at": None if fraction == 1.0 else k, "perfect": perfect,
             "structure": structure.to_dict(), "measured_specs": measured, "table": table,
-            "outputs_compared": len(observed), "explanation": _explain(structure, measured, table, best)}
+            "outputs_compared": len(observed), "explanation": _explain(structure, measured, table, best, by_column)}
 
 
-def _explain(structure, measured: list[str], table: dict, best: str | None) -> str:
+def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: str | None) -> str:
     """One line: what was measured, and what was ruled out when nothing matched."""
     if best is not None and table[best] == 1.0:
-        if best in measured and structure.accumulator:
+        if best == by_column:
+            how = f"the structure measured column by column: {len(structure.columns)} runs of columns"
+        elif best in measured and structure.accumulator:
             how = "the measured structure"
         elif best in structure.derived:
             how = "the layer's layout" + ("" if structure.accumulator else "; not measured")

@@ -6,6 +6,9 @@ and the 180-degree rotated filter carries input channel c's row over (i, j, o),
 the order `convprobe.emulation.conv2d_backprop_input` reduces. Filter gradient: x
 is the constant and dy's channel o carries the row over the batch positions
 (n, oh, ow). Rows are read at an output whose window lies inside the image.
+
+One row a channel measures a mixture where the GEMM's columns differ, so `measure`
+also measures the structure column by column (`column_patterns`).
 """
 
 from __future__ import annotations
@@ -14,17 +17,18 @@ from dataclasses import replace
 
 import numpy as np
 
+from convprobe.probes.column_patterns import measure_columns
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, measure_rows
 
-__all__ = ["measure", "pattern_rows", "pattern_outputs", "column_blocks_spec", "column_kernel"]
+__all__ = ["measure", "pattern_rows", "pattern_outputs", "spot"]
 
 
 def _first(candidates, valid) -> int | None:
     return next((c for c in candidates if all(valid(c))), None)
 
 
-def _spot(layer: Layer, op: str) -> tuple[int, int] | None:
+def spot(layer: Layer, op: str) -> tuple[int, int] | None:
     """Where the crafted rows are read: a forward output (or, for the input gradient, an
     input position) whose window lies wholly inside the image, or for the filter gradient a
     tap that every output reads inside it. None if the layer has none."""
@@ -49,7 +53,7 @@ def pattern_rows(layer: Layer, op: str) -> tuple[int, str]:
     """(test rows one call carries, '' or why this op cannot carry crafted rows)."""
     if op == "conv2d_backprop_input" and layer.strides != (1, 1):
         return 0, "a strided input gradient reads zeros between dy values: not measured"
-    if _spot(layer, op) is None:
+    if spot(layer, op) is None:
         return 0, "no output of this layer reads only in-bounds inputs: not measured"
     return (layer.input_shape[3] if op == "conv2d_backprop_input" else layer.filter_shape[3]), ""
 
@@ -62,7 +66,7 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
     capacity, why = pattern_rows(layer, op)
     if not capacity:
         raise ValueError(why)
-    ph, pw = _spot(layer, op)
+    ph, pw = spot(layer, op)
     c, (kh, kw, _, cout) = layer.input_shape[3], layer.filter_shape
     constant = {"conv2d": layer.input_shape, "conv2d_backprop_input": layer.output_shape,
                 "conv2d_backprop_filter": layer.input_shape}[op]
@@ -81,68 +85,27 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
     return np.concatenate(read).astype(np.float64)[:len(patterns)]
 
 
-#: The micro kernels of an fp16 GEMM by column block (see `column_blocks_spec`).
-WHOLE_16 = "sequential:fp16:product=fp16"
-NEXT_8 = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
-LAST = "sequential:fp16"
-
-
-def column_kernel(column: int, columns: int) -> str:
-    """The micro kernel of column `column` of `columns`: `WHOLE_16` in whole blocks of 16,
-    `NEXT_8` in the next block of 8, `LAST` for the rest."""
-    whole16 = columns // 16 * 16
-    if column < whole16:
-        return WHOLE_16
-    return NEXT_8 if column < whole16 + (columns - whole16) // 8 * 8 else LAST
-
-
-def column_blocks_spec(layer: Layer) -> str | None:
-    """The input gradient as an fp16 GEMM col = dy x filter^T whose KH*KW*C columns, (tap,
-    channel) in filter order, run on micro kernels by block: whole blocks of 16 columns round
-    each product to fp16 and add in fp16, the next block of 8 sums in two interleaved fp16
-    lanes, the last columns are an FMA chain; col2im then adds each dx channel's taps in
-    fp16, in the rotated filter's order. Measured on Eigen's kernel (oneDNN off, fp16
-    accumulation: `scripts/input_gradient_columns.py`). None where every column is in a
-    block of 16 (then it is the one-tap chunks)."""
-    kh, kw, c_in, c_out = layer.filter_shape
-    columns = kh * kw * c_in
-    if columns % 16 == 0:
-        return None
-    channels = []
-    for c in range(c_in):  # the rotated filter meets the last tap first: blocks of later columns lead
-        taps = [column_kernel((kh * kw - 1 - r) * c_in + c, columns) for r in range(kh * kw)]
-        inner, first = taps[-1], taps[:-1]
-        while first and first[-1] == inner:
-            first.pop()
-        channels.append(f"splitk(length={c_out}, {inner}, first={' | '.join(first)}, combine=fp16)" if first
-                        else f"splitk(length={c_out}, {inner}, combine=fp16)")
-    while len(channels) > 1 and channels[-1] == channels[-2]:
-        channels.pop()  # (the last model serves every channel after it)
-    return f"columns({', '.join(channels)})" if len(channels) > 1 else channels[0]
-
-
 def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
     """An input gradient's K runs tap by tap over C_out output channels: the one-tap chunks
     that the measured stride-1 layers show (fp16 and fp32 accumulators), which a strided
-    layer (its crafted rows kept out) can only try, and the GEMM's column blocks where
-    KH*KW*C is not a multiple of 16 (`column_blocks_spec`)."""
+    layer (its crafted rows kept out) can only try."""
     if op != "conv2d_backprop_input":
         return ()
     n = layer.filter_shape[3]
-    blocks = column_blocks_spec(layer)
-    return (f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16",
-            *((blocks,) if blocks else ()))
+    return (f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16")
 
 
 def measure(backend, layer: Layer, op: str) -> Structure:
     """The structure of `op` at `layer` (see the module docstring); never raises for a
     layer it cannot measure - the Structure's note says why."""
+    runs, column_note = measure_columns(backend, layer, op)
+    columns = {"columns": [run.to_dict() for run in runs] or None, "columns_note": column_note}
     capacity, why = pattern_rows(layer, op)
     if not capacity:
-        return Structure(note=why, derived=_layout_specs(layer, op))
+        return Structure(note=why, derived=_layout_specs(layer, op), **columns)
     measured = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale), layer.k(op))
     innermost = _batch_innermost(backend, layer, measured) if op == "conv2d_backprop_filter" else None
-    return replace(measured, derived=_layout_specs(layer, op), batch_innermost=innermost)
+    return replace(measured, derived=_layout_specs(layer, op), batch_innermost=innermost, **columns)
 
 
 def _batch_innermost(backend, layer: Layer, measured: Structure) -> bool | None:

@@ -83,6 +83,11 @@ class Structure:
     #: A filter gradient that sums its batch positions (oh, ow, n), the batch innermost
     #: (None: not measured); the other fields were measured in (n, oh, ow) order.
     batch_innermost: bool | None = None
+    #: The GEMM's columns measured one by one (`column_patterns`): runs of columns, each
+    #: {"first": column, "structure": its Structure as a dict}; None: not measured.
+    columns: list[dict] | None = None
+    #: Why the columns were not measured ('' when they were).
+    columns_note: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -12,7 +12,7 @@ import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import conv2d, conv2d_backprop_filter, conv2d_backprop_input, parse_model
-from convprobe.probes import layer_patterns, structure
+from convprobe.probes import column_patterns, layer_patterns, structure
 from convprobe.probes.layers import LAYER_OPS, Layer, op_inputs, run_op
 from conftest import run_cli, run_cli_json
 
@@ -246,49 +246,80 @@ def test_keras_models_identify_cannot_take_are_one_line_refusals(tmp_path):
         assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
-def test_the_column_blocks_give_each_channel_its_taps_kernels():
-    """KH*KW*C = 27 columns: 0-15 in a block of 16, 16-23 in one of 8, 24-26 the rest. In
-    the rotated filter's order channel 0 meets tap 8 (column 24), then taps 7 and 6 (21, 18)
-    in the block of 8; channels 1 and 2 also tap 5 (16, 17). Whole blocks of 16 need no spec;
-    the spec reproduces the same arithmetic tap by tap on the emulator."""
-    spec = layer_patterns.column_blocks_spec(Layer((1, 6, 6, 3), (3, 3, 3, 16)))
-    lanes = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
-    assert spec == (f"columns(splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16 | {lanes} | "
-                    f"{lanes}, combine=fp16), splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16"
-                    f" | {lanes} | {lanes} | {lanes}, combine=fp16))")
-    assert layer_patterns.column_blocks_spec(Layer((1, 6, 6, 16), (3, 3, 16, 8))) is None
-    assert layer_patterns.column_blocks_spec(Layer((1, 6, 6, 2), (1, 1, 2, 8))) == "splitk(length=8, sequential:fp16, combine=fp16)"
-    model = parse_model(spec)
-    rng = np.random.default_rng(3)
-    dy = rng.uniform(0, 1, (1, 6, 6, 16)).astype(np.float16)
-    w = rng.uniform(0, 1, (3, 3, 3, 16)).astype(np.float16)
-    want = np.zeros((1, 6, 6, 3), np.float16)
-    for t, (i, j) in enumerate([(i, j) for i in range(3) for j in range(3)][::-1]):
-        for c in range(3):  # tap (i, j) of channel c alone, by its column's kernel
-            column = (i * 3 + j) * 3 + c
-            kernel = "sequential:fp16:product=fp16" if column < 16 else lanes if column < 24 else "sequential:fp16"
-            wt = np.zeros_like(w)
-            wt[i, j, c] = w[i, j, c]
-            part = conv2d_backprop_input(dy, wt, (1, 6, 6, 3), parse_model(kernel), padding="SAME")[..., c]
-            want[..., c] = (want[..., c] + part.astype(np.float16)).astype(np.float16)
-    got = conv2d_backprop_input(dy, w, (1, 6, 6, 3), model, padding="SAME")
-    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+LANES2 = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
+#: Columns 0-1, 2 and 3+ of the GEMM on three kernels (as Eigen's 16 / 8 / rest blocks, smaller).
+BY_COLUMN = f"columns(sequential:fp16:product=fp16 * 2, {LANES2}, sequential:fp16:addition=fp32)"
+#: The input gradient of 1x6x6x3 * 3x3x3x16: 27 columns (tap, channel) in blocks of 16, 8 and 3; in
+#: the rotated filter's order channel 0 meets tap 8 (column 24), then taps 7 and 6 (21, 18) in the
+#: block of 8; channels 1 and 2 also tap 5 (16, 17).
+BY_TAP = (f"columns(splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16 | {LANES2} | {LANES2}, "
+          f"combine=fp16), splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16 | {LANES2} | "
+          f"{LANES2} | {LANES2}, combine=fp16))")
+
+
+@pytest.mark.parametrize("op,layer,spec", [
+    ("conv2d", Layer((2, 8, 8, 4), (3, 3, 4, 5)), BY_COLUMN),
+    ("conv2d_backprop_filter", Layer((2, 6, 6, 4), (3, 3, 4, 5)), BY_COLUMN),
+    ("conv2d", Layer((1, 6, 6, 8), (1, 1, 8, 3), strides=(2, 2)), "columns(sequential:fp32:output=fp16, "
+                                                                  "sequential:fp16)"),
+    ("conv2d_backprop_input", Layer((1, 6, 6, 3), (3, 3, 3, 16)), BY_TAP),
+])
+def test_the_columns_are_measured_one_by_one(op, layer, spec):
+    """On the emulator: each column's structure is measured from rows that pass through every
+    column, and the runs give back the model, spec for spec."""
+    runs, note = column_patterns.measure_columns(EmulatedBackend(spec), layer, op)
+    assert note == "" and len(runs) >= 2, runs
+    assert column_patterns.column_models(layer, op, runs) == parse_model(spec).to_spec()
+
+
+def test_one_kernel_for_every_column_is_one_run_and_no_spec():
+    for op in LAYER_OPS:
+        layer = Layer((2, 6, 6, 3), (3, 3, 3, 8))  # K >= 8 in each column
+        runs, note = column_patterns.measure_columns(EmulatedBackend("sequential:fp16:product=fp16"), layer, op)
+        assert note == "" and [run.first for run in runs] == [0], runs
+        assert runs[0].structure.lanes == 1 and runs[0].structure.products_rounded is True
+        assert column_patterns.column_models(layer, op, runs) is None
+
+
+def test_columns_that_cannot_be_measured_say_why():
+    backend = EmulatedBackend("sequential:fp16")
+    runs, note = column_patterns.measure_columns(backend, Layer((1, 2, 2, 2), (3, 3, 2, 4), padding="SAME"), "conv2d")
+    assert runs == [] and "no output window lies wholly inside the image" in note
+    runs, note = column_patterns.measure_columns(backend, Layer((1, 8, 8, 64), (3, 3, 64, 4)), "conv2d")
+    assert runs == [] and f"over {column_patterns.MAX_CALLS}" in note  # 4 rows a call at K = 576
+
+
+def test_identify_confirms_the_measured_columns():
+    """identify on the emulator picks the spec measured column by column, and says so."""
+    doc = run_cli_json("identify", "--configs", "none", "--model", BY_COLUMN, "--input-shape", "2,8,8,4",
+                       "--filter-shape", "3,3,4,5")
+    summary = doc["matches"][f"emulated/{BY_COLUMN}"]["conv2d"]["summary"]
+    assert summary["best"] == parse_model(BY_COLUMN).to_spec() and summary["stops_matching_at"] is None
+    assert "measured column by column: 3 runs of columns" in summary["explanation"]
+    assert summary["table"]["sequential:fp16:product=fp16"] < 1.0
 
 
 @pytest.mark.tensorflow
-def test_real_input_gradients_with_few_channels_are_the_gemm_s_column_blocks():
-    """onednn-off+fp16-acc, the first ResNet layer (C = 3, 27 columns) at two seeds and a
-    C = 1 layer (9 columns): the input gradient is the column-block spec, 100%; one model
-    for every column (the one-tap chunks measured) is not."""
-    for shape, filters, seeds in (("4,32,32,3", "3,3,3,16", ("0", "1")), ("2,16,16,1", "3,3,1,8", ("0",))):
-        layer = Layer(tuple(map(int, shape.split(","))), tuple(map(int, filters.split(","))))
+def test_real_gemm_columns_differ_by_block_and_are_measured():
+    """onednn-off+fp16-acc: the first ResNet layer's input gradient (27 columns) at two seeds,
+    a C = 1 layer (9 columns: its one channel's spec needs no columns(...)) and forward and
+    filter gradients with 29 output channels are measured column by column, 100%; one model
+    for every column is not."""
+    cases = (("4,32,32,3", "3,3,3,16", ("0", "1"), ("conv2d_backprop_input",)),
+             ("2,16,16,1", "3,3,1,8", ("0",), ("conv2d_backprop_input",)),
+             ("2,8,8,16", "3,3,16,29", ("0",), ("conv2d", "conv2d_backprop_filter")))
+    for shape, filters, seeds, ops in cases:
         for seed in seeds:
             doc = run_cli_json("identify", "--configs", "onednn-off+fp16-acc", "--seed", seed,
                                "--input-shape", shape, "--filter-shape", filters)
-            summary = doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"]["conv2d_backprop_input"]["summary"]
-            assert summary["best"] == layer_patterns.column_blocks_spec(layer), summary["explanation"]
-            assert summary["stops_matching_at"] is None and "the layer's layout" in summary["explanation"]
-            assert summary["table"][f"chunked:fp16:n={layer.filter_shape[3]}:product=fp16:total=fp16"] < 0.99
+            for op in ops:
+                summary = doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"][op]["summary"]
+                assert summary["stops_matching_at"] is None, summary
+                assert len(summary["structure"]["columns"]) >= 2, summary["structure"]  # kernels differ by block
+                assert "measured column by column" in summary["explanation"]
+                plain = (f"chunked:fp16:n={filters.split(',')[3]}:product=fp16:total=fp16"
+                         if op == "conv2d_backprop_input" else "sequential:fp16:product=fp16")
+                assert summary["table"][plain] < 0.99
 
 
 @pytest.mark.parametrize("spec,innermost", [("sequential:fp16:product=fp16:positions=hwn", True),

@@ -1,0 +1,238 @@
+"""Crafted rows through every column of a conv op's GEMM: the structure column by column.
+
+A CPU conv op is a GEMM: forward im2col(x) x filter, the input gradient dy x
+filter^T scattered into dx (col2im), the filter gradient im2col(x)^T x dy. The
+micro kernel can change with the output column: on oneDNN-off fp16 accumulation,
+whole blocks of 16 columns round products to fp16, the next block of 8 sums in two
+lanes and the last few columns are a chain whose additions go through fp32
+(measured by this module; README, "shape-true identification"). `layer_patterns`
+puts row r in column r, so where columns differ it measures a mixture. Here every
+row goes through every column: the rows lie in the operand that indexes the
+GEMM's rows, the other operand is the constant, and every column's output is read.
+
+- **forward**: row r fills the input window of one output position (windows
+  disjoint, inside the image); columns are the output channels.
+- **input gradient**: row r is dy at one position, every other dy zero; tap t of
+  that position lands on its own dx pixel, where channel c reads GEMM column (t, c)
+  alone (col2im adds only zeros to it); columns are (tap, channel) in filter order.
+  Strides and dilation only move the pixels.
+- **filter gradient**: row r is input channel r at the pixels one tap reads at
+  every position (a tap whose reads all lie inside the image), dy constant;
+  columns are the output channels.
+
+`measure_columns` runs `structure.measure_rows` for each column on one cache of
+calls: a column whose outputs equal a measured column's on every call that
+measurement made would take the same path, so it gets the same structure with no
+call of its own. `column_models` turns the runs of columns into one spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from convprobe.probes.layers import Layer
+from convprobe.probes.structure import Structure, blocks, candidate_specs, measure_rows
+
+__all__ = ["ColumnRun", "column_count", "column_k", "column_capacity", "column_outputs", "measure_columns", "column_models",
+           "MAX_CALLS"]
+
+#: Most op calls one column measurement may make (about 3 K + 1000 rows, `capacity` a call).
+MAX_CALLS = 512
+
+
+@dataclass(frozen=True)
+class ColumnRun:
+    """Columns `first` up to the next run's first (or the last column) share `structure`."""
+
+    first: int
+    structure: Structure
+
+    def to_dict(self) -> dict:
+        return {"first": self.first, "structure": self.structure.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ColumnRun:
+        return cls(int(data["first"]), Structure(**data["structure"]))
+
+
+def column_count(layer: Layer, op: str) -> int:
+    """The GEMM's output columns: output channels, or (tap, channel) for the input gradient."""
+    kh, kw, c, cout = layer.filter_shape
+    return kh * kw * c if op == "conv2d_backprop_input" else cout
+
+
+def column_k(layer: Layer, op: str) -> int:
+    """The length of one column's reduction: C_out for the input gradient (one tap), else K."""
+    return layer.filter_shape[3] if op == "conv2d_backprop_input" else layer.k(op)
+
+
+def _pixels(layer: Layer, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
+    """The input rows and columns (KH, KW) that output position (oh, ow) reads."""
+    from convprobe.emulation.conv import resolve_padding
+
+    _, h, w, _ = layer.input_shape
+    kh, kw, _, _ = layer.filter_shape
+    (top, _), (left, _) = resolve_padding(layer.padding, (h, w), (kh, kw), layer.strides, layer.dilation)
+    rows = oh * layer.strides[0] - top + np.arange(kh) * layer.dilation[0]
+    cols = ow * layer.strides[1] - left + np.arange(kw) * layer.dilation[1]
+    return np.broadcast_to(rows[:, None], (kh, kw)), np.broadcast_to(cols[None, :], (kh, kw))
+
+
+def _windows(layer: Layer) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """(n, oh, ow, rows, cols) of output positions whose windows lie inside the image and share no
+    pixel with an earlier one's, picked greedily in order."""
+    n_images, h, w, _ = layer.input_shape
+    _, oh, ow, _ = layer.output_shape
+    used = np.zeros((h, w), dtype=bool)
+    picked = []
+    for i in range(oh):
+        for j in range(ow):
+            rows, cols = _pixels(layer, i, j)
+            if rows.min() < 0 or cols.min() < 0 or rows.max() >= h or cols.max() >= w or used[rows, cols].any():
+                continue
+            used[rows, cols] = True
+            picked.append((i, j, rows, cols))
+    return [(n, i, j, rows, cols) for n in range(n_images) for i, j, rows, cols in picked]
+
+
+def column_capacity(layer: Layer, op: str) -> tuple[int, str]:
+    """(rows one call carries, '' or why the columns cannot be measured)."""
+    from convprobe.probes.layer_patterns import spot
+
+    if op == "conv2d_backprop_filter":
+        if spot(layer, op) is None:
+            return 0, "no tap is read inside the image at every position: columns not measured"
+        return layer.input_shape[3], ""
+    capacity = len(_windows(layer))
+    if not capacity:
+        return 0, "no output window lies wholly inside the image: columns not measured"
+    return capacity, ""
+
+
+def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: float) -> np.ndarray:
+    """(rows, columns): sum_k patterns[r, k] as column j of `op`'s GEMM computes it, for every
+    row r and column j (see the module docstring)."""
+    from convprobe.probes.layer_patterns import spot
+    from convprobe.probes.layers import run_ops
+
+    capacity, why = column_capacity(layer, op)
+    if not capacity:
+        raise ValueError(why)
+    kh, kw, c, cout = layer.filter_shape
+    operands, reads = [], []
+    if op == "conv2d_backprop_filter":
+        th, tw = spot(layer, op)
+        n, oh, ow, _ = layer.output_shape
+        image = np.repeat(np.arange(n), oh * ow)
+        rows = np.array([_pixels(layer, i, j)[0][th, tw] for i in range(oh) for j in range(ow)] * n)
+        cols = np.array([_pixels(layer, i, j)[1][th, tw] for i in range(oh) for j in range(ow)] * n)
+        constant = np.full(layer.output_shape, scale, np.float16)
+        for values in blocks(patterns, capacity, scale):  # values (C, N*OH*OW)
+            x = np.zeros(layer.input_shape, np.float16)
+            x[image, rows, cols, :] = values.T
+            operands.append((x, constant))
+        outputs = run_ops(backend, layer, op, operands)
+        return np.concatenate([y[th, tw] for y in outputs]).astype(np.float64)[:len(patterns)]
+    windows = _windows(layer)
+    image = np.array([wd[0] for wd in windows])
+    if op == "conv2d":
+        rows = np.stack([wd[3] for wd in windows])
+        cols = np.stack([wd[4] for wd in windows])
+        constant = np.full(layer.filter_shape, scale, np.float16)
+        for values in blocks(patterns, capacity, scale):  # taps (i, j, c) in order
+            x = np.zeros(layer.input_shape, np.float16)
+            x[image[:, None, None], rows, cols, :] = values.reshape(-1, kh, kw, c)
+            operands.append((x, constant))
+        outputs = run_ops(backend, layer, op, operands)
+        positions = (image, np.array([wd[1] for wd in windows]), np.array([wd[2] for wd in windows]))
+        return np.concatenate([y[positions] for y in outputs]).astype(np.float64)[:len(patterns)]
+    # input gradient: dy at the window's output position; tap (i, j) lands on pixel rows[i, j], cols[i, j]
+    rows = np.stack([wd[3] for wd in windows])
+    cols = np.stack([wd[4] for wd in windows])
+    constant = np.full(layer.filter_shape, scale, np.float16)
+    for values in blocks(patterns, capacity, scale):
+        dy = np.zeros(layer.output_shape, np.float16)
+        dy[image, [wd[1] for wd in windows], [wd[2] for wd in windows], :] = values
+        operands.append((dy, constant))
+    outputs = run_ops(backend, layer, op, operands)
+    return np.concatenate([dx[image[:, None, None], rows, cols, :].reshape(capacity, -1)
+                           for dx in outputs]).astype(np.float64)[:len(patterns)]
+
+
+def measure_columns(backend, layer: Layer, op: str) -> tuple[list[ColumnRun], str]:
+    """(runs of columns with one structure, '' or why the columns were not measured)."""
+    capacity, why = column_capacity(layer, op)
+    if not capacity:
+        return [], why
+    k = column_k(layer, op)
+    calls = -(-(3 * k + 1000) // capacity)
+    if calls > MAX_CALLS:
+        return [], f"{capacity} rows fit one call: about {calls} calls, over {MAX_CALLS}; columns not measured"
+    cache: dict[tuple, np.ndarray] = {}
+    measured: list[tuple[int, list[tuple], Structure]] = []  # (column, calls it made, structure)
+
+    def runner(column: int, keys: list):
+        def run(patterns: np.ndarray, scale: float) -> np.ndarray:
+            key = (patterns.shape, float(scale), np.ascontiguousarray(patterns).tobytes())
+            if key not in cache:
+                cache[key] = column_outputs(backend, layer, op, patterns, scale).astype(np.float16).view(np.uint16)
+            keys.append(key)
+            return cache[key][:, column].view(np.float16).astype(np.float64)
+        return run
+
+    per_column = []
+    for column in range(column_count(layer, op)):
+        same = next((s for col, keys, s in measured
+                     if all(np.array_equal(cache[key][:, column], cache[key][:, col]) for key in keys)), None)
+        if same is None:
+            keys: list[tuple] = []
+            same = measure_rows(runner(column, keys), k)
+            measured.append((column, keys, same))
+        per_column.append(same)
+    return [ColumnRun(j, s) for j, s in enumerate(per_column) if j == 0 or s != per_column[j - 1]], ""
+
+
+def _column_spec(structure: Structure, k: int) -> str | None:
+    """The measured spec of one column: the first the structure gives."""
+    specs = candidate_specs(structure, k)
+    return specs[0] if specs else None
+
+
+def column_models(layer: Layer, op: str, runs: list[ColumnRun], combine: str = "fp16") -> str | None:
+    """One spec from the runs of columns, where they differ (None where one model serves every
+    column, or a column's structure gives no spec). Forward and filter gradient:
+    ``columns(M_0 * n_0, M_1 * n_1, ...)`` by output channel. Input gradient: each dx channel c adds its
+    taps' columns (tap, c) in `combine`, in the rotated filter's order (the last tap first),
+    as ``splitk(length=C_out, M, first=M_a | M_b ..., combine=...)``; then ``columns`` by channel."""
+    if len(runs) < 2:
+        return None
+    k = column_k(layer, op)
+    specs = [_column_spec(r.structure, k) for r in runs]
+    if None in specs or len(set(specs)) < 2:
+        return None
+    firsts = [r.first for r in runs]
+
+    def spec_of(column: int) -> str:
+        return specs[int(np.searchsorted(firsts, column, side="right")) - 1]
+
+    kh, kw, c_in, c_out = layer.filter_shape
+    if op == "conv2d_backprop_input":
+        channels = []
+        for c in range(c_in):  # range r of channel c is tap kh*kw-1-r (filter order)
+            taps = [spec_of((kh * kw - 1 - r) * c_in + c) for r in range(kh * kw)]
+            inner, first = taps[-1], taps[:-1]
+            while first and first[-1] == inner:
+                first.pop()
+            lead = f", first={' | '.join(first)}" if first else ""
+            channels.append(f"splitk(length={c_out}, {inner}{lead}, combine={combine})")
+    else:
+        channels = [spec_of(j) for j in range(c_out)]
+    while len(channels) > 1 and channels[-1] == channels[-2]:
+        channels.pop()  # the last model serves every channel after it
+    if len(channels) == 1:
+        return channels[0]
+    from convprobe.emulation import parse_model
+
+    return parse_model(f"columns({', '.join(channels)})").to_spec()  # runs written MODEL * N
