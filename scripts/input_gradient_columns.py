@@ -8,6 +8,8 @@ whole blocks of 16 round each product to fp16 and add in fp16; a following block
 sums in two interleaved fp16 lanes; the last columns (fewer than 8) are an fp16 FMA-like
 chain. Each tap's partial sums come from the emulator with the filter zeroed elsewhere,
 are combined in fp16 in the emulator's tap order, and are compared with real TensorFlow.
+Last it measures the columns on TensorFlow itself (`convprobe.probes.column_patterns`)
+and runs the one spec they give through the emulator's input gradient.
 
 Run: python scripts/input_gradient_columns.py [N,H,W,C] [KH,KW,C,COUT] [seed]
 """
@@ -22,11 +24,22 @@ os.environ.update({"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE"
 import numpy as np  # noqa: E402
 
 from convprobe import emulation as em  # noqa: E402
-from convprobe.probes.layer_patterns import LAST, column_blocks_spec, column_kernel  # noqa: E402
+from convprobe.probes.column_patterns import column_models, measure_columns  # noqa: E402
 from convprobe.probes.layers import Layer, op_inputs  # noqa: E402
 
-#: The last columns' kernel, and the one these K cannot tell from it.
-REST = {"exact products": LAST, "addition=fp32": "sequential:fp16:addition=fp32"}
+#: The hypothesis: the micro kernel of an fp16 GEMM column by block (whole blocks of 16,
+#: the next block of 8, the rest), and the two kernels for the rest it compares.
+WHOLE_16 = "sequential:fp16:product=fp16"
+NEXT_8 = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
+REST = {"exact products": "sequential:fp16", "addition=fp32": "sequential:fp16:addition=fp32"}
+
+
+def column_kernel(column: int, columns: int, rest: str) -> str:
+    """The hypothesis's kernel of GEMM column `column` of `columns`."""
+    whole16 = columns // 16 * 16
+    if column < whole16:
+        return WHOLE_16
+    return NEXT_8 if column < whole16 + (columns - whole16) // 8 * 8 else rest
 
 
 def main() -> None:
@@ -49,20 +62,30 @@ def main() -> None:
         total = np.zeros(shape, np.float16)
         for i, j in taps:
             for c in range(c_in):
-                spec = column_kernel((i * kw + j) * c_in + c, kh * kw * c_in)
-                spec = rest if spec == LAST else spec
+                spec = column_kernel((i * kw + j) * c_in + c, kh * kw * c_in, rest)
                 wt = np.zeros_like(w)
                 wt[i, j, c] = w[i, j, c]
                 part = em.conv2d_backprop_input(dy, wt, shape, em.parse_model(spec), padding="SAME")[..., c]
                 total[..., c] = (total[..., c] + part.astype(np.float16)).astype(np.float16)
         match = np.mean(total.view(np.uint16) == real.view(np.uint16))
         print(f"  columns by block (16: products rounded; 8: two lanes; rest: {rest_name}): {match:.4f} match")
-    spec = column_blocks_spec(layer)
-    if spec is not None:  # the one spec identify derives, through the emulator's own input gradient
+    from convprobe.backends.tensorflow import TensorFlowBackend
+
+    runs, note = measure_columns(TensorFlowBackend(), layer, "conv2d_backprop_input")
+    print(f"  measured column by column: {[(run.first, candidate) for run, candidate in zip(runs, column_specs(runs, fshape[3]))]}"
+          f"{note}")
+    spec = column_models(layer, "conv2d_backprop_input", runs)
+    if spec is not None:  # identify's measured spec, through the emulator's own input gradient
         ours = em.conv2d_backprop_input(dy, w, shape, em.parse_model(spec), padding="SAME")
-        print(f"  identify's spec (layer_patterns.column_blocks_spec): "
+        print(f"  the measured spec (column_patterns.column_models): "
               f"{np.mean(ours.view(np.uint16) == real.view(np.uint16)):.4f} match")
 
+
+def column_specs(runs, k: int) -> list[str]:
+    """Each run's first measured spec (a column reduces K = C_out terms)."""
+    from convprobe.probes.structure import candidate_specs
+
+    return [(candidate_specs(run.structure, k) or ["no spec"])[0] for run in runs]
 
 if __name__ == "__main__":
     main()
