@@ -15,7 +15,9 @@
   lane order, by the model `combine` (as products with 1): what a SIMD reduction over
   the contracted axis does. With the sequential fp32 model inside and a float32 combine,
   on fp16 inputs, one compiled kernel runs both on the CPU's float32 arithmetic
-  (`_native_fp32.lanes_gemm`).
+  (`_native_fp32.lanes_gemm`). ``tail=N`` keeps the last N terms out of the lanes: they
+  are added after the combine by `inner` (a plain model), the combined sum its first term,
+  as a depth loop unrolled into lanes finishes its remainder on one accumulator.
 * `Columns` - output channel j (the GEMM's column) reduced by ``models[min(j, n - 1)]``:
   a GEMM whose micro kernels differ by column block; ``MODEL * N`` stands for N columns
   in a row (``columns(sequential:fp16:product=fp16 * 16, sequential:fp16)``). Eigen's fp16 input gradient
@@ -33,7 +35,8 @@ not stochastically rounded ones (their random streams are keyed per output of on
 reduction), nor `Columns` (it picks by output channel, so it is the outermost), nor
 models that set ``positions`` (the order of the whole sum: plain models only). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
 ``splitk(length=1024, sequential:fp16, combine=fp32)``,
-``lanes(8, sequential:fp32, combine=pairwise:fp32)``, ``reverse(sequential:fp16)``,
+``lanes(8, sequential:fp32, combine=pairwise:fp32)``,
+``lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, tail=1)``, ``reverse(sequential:fp16)``,
 ``splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16 | pairwise:fp16, combine=fp16)``,
 ``columns(sequential:fp16, sequential:fp32:output=fp16)``.
 """
@@ -48,7 +51,8 @@ import numpy as np
 from convprobe.emulation import _kernels as K
 from convprobe.emulation import _native_fp16, _native_fp32
 from convprobe.emulation._native_fp16 import convert
-from convprobe.emulation.models import AccumulationModel, Sequential, kernel_config, sum_terms_as_rows
+from convprobe.emulation.models import (AccumulationModel, Chunked, Exact, Pairwise, Sequential, kernel_config,
+                                       sum_terms_as_rows)
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument, is_integer
 from convprobe.formats import FP32, Format
@@ -260,10 +264,16 @@ class SplitK(_Composite):
 
 @dataclass(frozen=True)
 class Lanes(_Composite):
-    """Terms k mod `width` reduced by `inner` per lane; the lanes reduced by `combine`."""
+    """Terms k mod `width` reduced by `inner` per lane; the lanes reduced by `combine`.
+
+    `tail`: the last `tail` terms stay out of the lanes and are added after the combine,
+    by `inner` with the combined sum as its first term: a kernel that unrolls its depth
+    loop into lanes and finishes the remainder on the one accumulator (Eigen's GEMM micro
+    kernel peels the depth by 8 and adds K mod 8 terms after folding its two lanes)."""
 
     width: int = 4
     combine: AccumulationModel | None = field(default=None, kw_only=True)
+    tail: int = field(default=0, kw_only=True)
 
     kind: ClassVar[str] = "lanes"
 
@@ -273,17 +283,23 @@ class Lanes(_Composite):
         _check_inner(self.combine, "combine")
         object.__setattr__(self, "accumulator", self.combine.accumulator)
         if self.output is None:
-            object.__setattr__(self, "output", self.combine.output)
+            object.__setattr__(self, "output", self._produced())
         super().__post_init__()
 
     def _validate(self) -> None:
         super()._validate()
         if not is_integer(self.width) or self.width < 1:
             raise InvalidArgument(f"width must be an integer >= 1; received {self.width!r}")
+        if not is_integer(self.tail) or self.tail < 0:
+            raise InvalidArgument(f"tail must be an integer >= 0; received {self.tail!r}")
+        if self.tail and not isinstance(self.inner, (Sequential, Pairwise, Chunked, Exact)):
+            raise InvalidArgument(f"a lanes tail continues the combined sum in a plain inner model (sequential, "
+                                  f"pairwise, chunked or exact); received inner={self.inner.to_spec()}")
 
     def to_spec(self) -> str:
-        extra = "" if self.output == self.combine.output else f", output={self.output.name}"
-        return f"lanes({self.width}, {self.inner.to_spec()}, combine={self.combine.to_spec()}{extra})"
+        extra = "" if self.output == self._produced() else f", output={self.output.name}"
+        tail = f", tail={self.tail}" if self.tail else ""
+        return f"lanes({self.width}, {self.inner.to_spec()}, combine={self.combine.to_spec()}{tail}{extra})"
 
     @property
     def name(self) -> str:
@@ -292,21 +308,37 @@ class Lanes(_Composite):
     def _describe_kind(self) -> str:
         return (f"{self.width} interleaved lanes (term k to lane k mod {self.width}), each "
                 f"reduced as [{self.inner.describe()}], then the lanes as "
-                f"[{self.combine.describe()}]")
+                f"[{self.combine.describe()}]"
+                + (f"; the last {self.tail} terms then added by the inner model" if self.tail else ""))
 
     def _produced(self) -> Format:
-        return self.combine.output
+        return self.inner.output if self.tail else self.combine.output
 
     def _combined(self, sums: list[np.ndarray]) -> np.ndarray:
         return _reduced_by(self.combine, sums)
 
+    def _head(self, k: int) -> int:
+        """How many leading terms go into the lanes."""
+        return max(k - self.tail, 0)
+
+    def _with_tail(self, combined: np.ndarray, a_tail: np.ndarray, b_tail: np.ndarray) -> np.ndarray:
+        """The tail's rows reduced by `inner`, the combined sum (one per row) their first term."""
+        if a_tail.shape[1] == 0:
+            return combined
+        ones = np.ones((len(combined), 1))
+        return self.inner.reduce_rows(np.hstack([combined.reshape(-1, 1), a_tail]),
+                                      np.hstack([ones, b_tail]), None)
+
     def reduce_rows(self, a, b, c):
         if c is not None:
             raise InvalidArgument("c (an accumulator input) is not defined for lanes models")
-        sums = [self.inner.reduce_rows(np.ascontiguousarray(a[:, lane::self.width]),
-                                       np.ascontiguousarray(b[:, lane::self.width]), None)
+        head = self._head(a.shape[1])
+        sums = [self.inner.reduce_rows(np.ascontiguousarray(a[:, lane:head:self.width]),
+                                       np.ascontiguousarray(b[:, lane:head:self.width]), None)
                 for lane in range(self.width)]
-        return self._finish(self._combined(sums))
+        combined = self._combined(sums)
+        return self._finish(self._with_tail(combined, np.asarray(a[:, head:], np.float64),
+                                            np.asarray(b[:, head:], np.float64)))
 
     def _float32_lanes(self, inputs_fp16: bool) -> bool:
         """Whether the CPU's float32 arithmetic computes the lanes and their combination
@@ -317,18 +349,28 @@ class Lanes(_Composite):
 
     def gemm_into(self, a, w, out, col0, inputs_fp16):
         m, n = a.shape[0], w.shape[1]
-        if a.dtype == np.float32 and self._float32_lanes(inputs_fp16):
+        head = self._head(a.shape[1])
+        a_head, w_head = a[:, :head], w[:head]
+        if head == 0:
+            combined = np.zeros(m * n)
+        elif a.dtype == np.float32 and self._float32_lanes(inputs_fp16):
             sums = np.empty((m, n), np.float32)
             pairwise = kernel_config(self.combine)[1][K.IC_KIND] == K.PAIRWISE
-            _native_fp32.lanes_gemm(a, np.ascontiguousarray(w), self.width, pairwise, sums, 0)
+            _native_fp32.lanes_gemm(np.ascontiguousarray(a_head), np.ascontiguousarray(w_head), self.width, pairwise,
+                                    sums, 0)
             combined = sums if self.combine.output == FP32 else round_to_format(
                 sums, self.combine.output, Rounding.NEAREST_EVEN, subnormals=self.combine.subnormals,
                 overflow=self.combine.overflow)
-            out[:, col0:col0 + n] = self._finish(np.asarray(combined, np.float64))
-            return
-        sums = [_inner_gemm(self.inner, a[:, lane::self.width], w[lane::self.width], inputs_fp16)
-                for lane in range(self.width)]
-        out[:, col0:col0 + n] = self._finish(self._combined(sums)).reshape(m, n)
+            combined = np.asarray(combined, np.float64).reshape(-1)
+        else:
+            sums = [_inner_gemm(self.inner, a_head[:, lane::self.width], w_head[lane::self.width], inputs_fp16)
+                    for lane in range(self.width)]
+            combined = self._combined(sums)
+        if head < a.shape[1]:  # row (i, j) of the tail: a[i, head:] against w[head:, j]
+            a_tail = np.repeat(np.asarray(a[:, head:], np.float64), n, axis=0)
+            w_tail = np.tile(np.asarray(w[head:], np.float64).T, (m, 1))
+            combined = self._with_tail(combined, a_tail, w_tail)
+        out[:, col0:col0 + n] = self._finish(combined).reshape(m, n)
 
 
 @dataclass(frozen=True)
@@ -478,11 +520,11 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
             positional.append(a)
     usage = {"splitk": "splitk(PARTS | length=N, INNER[, first=MODEL | MODEL ...], combine=FORMAT | MODEL"
                        "[, output=FORMAT])",
-             "lanes": "lanes(WIDTH, INNER, combine=MODEL)",
+             "lanes": "lanes(WIDTH, INNER, combine=MODEL[, tail=N][, output=FORMAT])",
              "reverse": "reverse(INNER[, output=FORMAT])",
              "columns": "columns(MODEL[ * N], MODEL[ * N], ...)"}[kind]
     allowed = {"splitk": {"length", "combine", "output", "inner", "parts", "first"},
-               "lanes": {"combine", "output", "inner", "width"},
+               "lanes": {"combine", "output", "inner", "width", "tail"},
                "reverse": {"output", "inner"},
                "columns": {"output"}}[kind]
     unknown = sorted(set(keywords) - allowed)
@@ -516,7 +558,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         values["inner"] = positional.pop(0)
     if positional:
         raise InvalidArgument(f"{kind} takes {usage}; received {spec!r}")
-    for key in ("parts", "width", "length"):
+    for key in ("parts", "width", "length", "tail"):
         if key in keywords:
             values[key] = integer(key, keywords.pop(key))
     values.update(keywords)
@@ -541,7 +583,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     if "combine" not in values:
         raise InvalidArgument(f"lanes needs combine=MODEL: {usage}; received {spec!r}")
     combine = parse_model(values.pop("combine"))
-    return Lanes(width=values.pop("width", 4), inner=inner, combine=combine,
+    return Lanes(width=values.pop("width", 4), inner=inner, combine=combine, tail=values.pop("tail", 0),
                  output=values.pop("output", None))
 
 

@@ -277,10 +277,13 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
     if isinstance(model, Reverse):
         return st.rnd(reduce(a[::-1], b[::-1], model.inner), model.output, "nearest_even")
     if isinstance(model, Lanes):
-        sums = [reduce(a[lane::model.width], b[lane::model.width], model.inner)
+        head = max(len(a) - model.tail, 0)
+        sums = [reduce(a[lane:head:model.width], b[lane:head:model.width], model.inner)
                 for lane in range(model.width)]
-        return st.rnd(reduce(sums, [1.0] * model.width, model.combine), model.output,
-                      "nearest_even")
+        combined = reduce(sums, [1.0] * model.width, model.combine)
+        if head < len(a):  # the tail after the combine, the combined sum its first term
+            combined = reduce([combined, *a[head:]], [1.0, *b[head:]], model.inner)
+        return st.rnd(combined, model.output, "nearest_even")
     if isinstance(model, Blocked):
         s = _blocked([float(v) for v in a], [float(v) for v in b], 0.0 if c is None else float(c),
                      model, st)

@@ -35,7 +35,9 @@ def composites(draw, depth=0):
     combine = draw(st.sampled_from(["sequential:fp32", "pairwise:fp16", "sequential:fp32:output=fp16",
                                     "exact:fp32", "reverse(sequential:fp16)"]))
     output = draw(st.sampled_from(["", ", output=fp16"]))
-    return f"lanes({draw(st.integers(1, 9))}, {inner}, combine={combine}{output})"
+    plain = inner in INNER and inner.split(":")[0] in ("sequential", "pairwise", "chunked", "exact")
+    tail = draw(st.sampled_from(["", ", tail=1", ", tail=3", ", tail=60"])) if plain else ""
+    return f"lanes({draw(st.integers(1, 9))}, {inner}, combine={combine}{tail}{output})"
 
 
 @budget(300, 2000)
@@ -60,7 +62,9 @@ def test_composites_match_the_oracle(cases_budget):
                                   "splitk(length=4, sequential:fp16, combine=fp32, output=fp16)",
                                   "lanes(4, h100, combine=pairwise:fp32)",
                                   "splitk(2, lanes(3, v100, combine=sequential:fp32), combine=fp32)",
-                                  "reverse(chunked:fp16:n=5)", "lanes(8, sequential:fp32, combine=pairwise:fp32)"])
+                                  "reverse(chunked:fp16:n=5)", "lanes(8, sequential:fp32, combine=pairwise:fp32)",
+                                  "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, tail=5)",
+                                  "lanes(4, sequential:fp32, combine=pairwise:fp32, tail=3, output=fp16)"])
 def test_composite_convolutions_and_gradients_match_the_oracle(spec):
     """On fp16 inputs, through the composite's float32 carrier (its output fits) and each
     inner model's own."""
@@ -185,6 +189,9 @@ def test_lanes_deal_terms_round_robin():
     ("reverse(4, a100)", "reverse takes reverse\\(INNER\\[, output=FORMAT\\]\\)"),
     ("reverse(a100, combine=fp32)", "reverse parameter must be one of inner, output; received 'combine'"),
     ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse, columns; received 'warp'"),
+    ("lanes(2, sequential:fp16, combine=sequential:fp16, tail=-1)", "tail must be an integer >= 0; received -1"),
+    ("lanes(2, sequential:fp16, combine=sequential:fp16, tail=x)", "tail must be an integer; received 'x'"),
+    ("lanes(2, a100, combine=sequential:fp32, tail=1)", "a lanes tail continues the combined sum in a plain inner model"),
     ("columns()", "columns needs at least one model"),
     ("columns(sequential:fp16 * 0)", "a columns repeat count must be a positive integer; received 'sequential:fp16 \\* 0'"),
     ("columns(sequential:fp16 * two)", "a columns repeat count must be a positive integer"),
@@ -237,6 +244,16 @@ def test_the_first_ranges_take_their_own_models():
     assert float(em.dot(a, b, first)[0]) == 2053.0  # 2049 kept in fp32, 2, 2
     assert float(oracle.dot(a, b, first)[0]) == 2053.0
     assert first.range_model(0).to_spec() == "sequential:fp32" and first.range_model(5) == first.inner
+
+
+def test_a_lanes_tail_is_added_after_the_combine():
+    """Two fp16 lanes over 2048, 1 then -2048, 1: in its lane -2048 cancels 2048 (output 2);
+    as the tail it meets 2048 + 1 already tied back to 2048 (output 1)."""
+    a = np.array([[2048.0, 1.0, -2048.0, 1.0]], np.float16)
+    b = np.ones_like(a)
+    for tail, want in ((0, 2.0), (1, 2.0), (2, 1.0)):
+        model = em.parse_model(f"lanes(2, sequential:fp16, combine=sequential:fp16, tail={tail})")
+        assert float(em.dot(a, b, model)[0]) == float(oracle.dot(a, b, model)[0]) == want, tail
 
 
 def test_a_columns_repeat_expands_and_runs_compress_back():
