@@ -21,6 +21,11 @@ a pure function of observed outputs:
   only when B comes first, and its mirror -B, u, B only when B comes last. A kernel
   that sums from K-1 down (an input gradient that runs over a reversed dy) is measured
   on mirrored rows and its specs wrapped in ``reverse(...)``.
+- **lanes tail** (`_lanes_tail`): with W lanes and no partial sums, for each of the last
+  positions t: B at t mod W (t's lane), -B at t and a unit in the next lane. In its lane -B
+  cancels B exactly and the unit survives; added after the lanes' combine, -B finds the
+  unit already tied away into B, and leaves 0. The trailing run of such t is the tail (a
+  depth loop unrolled into lanes that finishes its remainder on one accumulator).
 - **narrow lanes, wide combine** (`_narrow_lanes`): B at 0 and one unit at j. Where
   fp16 lanes are summed in a wider format at the end (a SIMD dot product whose
   horizontal sum runs in fp32), the unit is lost exactly when W | j: only there does
@@ -88,6 +93,8 @@ class Structure:
     columns: list[dict] | None = None
     #: Why the columns were not measured ('' when they were).
     columns_note: str = ""
+    #: Lanes: how many terms at the end are added after the lanes' combine (None: not measured).
+    lanes_tail: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -181,6 +188,28 @@ def _lanes(run, k: int, test: Probe, last: int | None = None) -> int | None:
     expected = ds % width == 0
     stop = next((i for i, (want, got) in enumerate(zip(expected, kept)) if want and not got), len(ds))
     return width if np.array_equal(kept[:stop], expected[:stop]) and not kept[stop:].any() else None
+
+
+#: The longest lanes tail looked for (the last positions each get a row).
+MAX_TAIL = 64
+
+
+def _lanes_tail(run, k: int, test: Probe, lanes: int) -> int | None:
+    """How many terms at the end are added after the lanes are combined (see the module
+    docstring); None where the rows fit no trailing run, or every row fell in it."""
+    ts = np.arange(max(lanes, k - MAX_TAIL), k)
+    if lanes < 2 or len(ts) == 0:
+        return None
+    rows = np.zeros((len(ts), k))
+    for r, t in enumerate(ts):
+        rows[r, t % lanes] += test.big
+        rows[r, t] -= test.big
+        rows[r, (t + 1) % lanes] += test.unit
+    got = run(rows)
+    after, inside = got == 0.0, got == test.unit
+    tail = len(ts) - int(np.flatnonzero(~after)[-1]) - 1 if not after.all() else len(ts)
+    clean = (after | inside).all() and not after[:len(ts) - tail].any()
+    return tail if clean and tail < len(ts) else None
 
 
 def _narrow_lanes(run, k: int) -> int | None:
@@ -316,7 +345,8 @@ def _measure_forward(sums, quiet, k: int) -> Structure:
         return Structure("fp32", note="the lane sweep fits no interleaving k mod W")
     boundaries = totals or _boundaries(sums, k, FP32_PROBE, lanes)
     return Structure("fp32", boundaries, lanes, _products_rounded(quiet, k, lanes),
-                     total="fp16" if totals else "fp32")
+                     total="fp16" if totals else "fp32",
+                     lanes_tail=None if boundaries else _lanes_tail(sums, k, FP32_PROBE, lanes))
 
 
 def _fp16_structure(sums, quiet, k: int) -> Structure:
@@ -334,7 +364,8 @@ def _fp16_structure(sums, quiet, k: int) -> Structure:
         boundaries = list(range(n, k, n))
     rounded = _products_rounded(quiet, k, lanes)
     return Structure("fp16", boundaries, lanes, rounded, note=note, total=total,
-                     additions_in_fp32=_additions_in_fp32(quiet, k, lanes) if rounded is False else None)
+                     additions_in_fp32=_additions_in_fp32(quiet, k, lanes) if rounded is False else None,
+                     lanes_tail=None if boundaries else _lanes_tail(sums, k, FP16_PROBE, lanes))
 
 
 def _lane_structure(quiet, k: int, width: int) -> Structure:
@@ -407,8 +438,9 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
     specs, trees = [], []
     for step in steps:
         inner = f"sequential:{acc}{step}"
+        tail = f", tail={structure.lanes_tail}" if structure.lanes_tail else ""
         bodies = [inner] if structure.lanes == 1 else [
-            f"lanes({structure.lanes}, {inner}, combine={order}:{acc})" for order in ("sequential", "pairwise")]
+            f"lanes({structure.lanes}, {inner}, combine={order}:{acc}{tail})" for order in ("sequential", "pairwise")]
         for body in bodies:
             if n is not None and outer is None and structure.lanes == 1:
                 model = f"chunked:{acc}:n={n}{step}:total={total}"

@@ -61,6 +61,9 @@ def test_the_probe_measures_the_emulated_models_structure(spec):
     ("reverse(chunked:fp32:n=96:total=fp32:output=fp16)", Layer((1, 6, 6, 128), (1, 1, 128, 4))),
     # two terms a lane, products rounded: Eigen's K = 16 half dot product
     (f"lanes(8, sequential:fp16:product=fp16, combine={structure.halving(8)})", Layer((1, 6, 6, 16), (1, 1, 16, 4))),
+    # the last terms after the lanes' combine: Eigen's depth remainder (K = 9 = 8 + 1)
+    ("lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, tail=1)", Layer((2, 8, 8, 1), (3, 3, 1, 8))),
+    ("lanes(4, sequential:fp32, combine=pairwise:fp32, tail=5, output=fp16)", Layer((1, 6, 6, 21), (1, 1, 21, 4))),
 ])
 def test_hard_structures_are_measured_and_reproduced(spec, layer):
     backend = EmulatedBackend(spec)
@@ -70,6 +73,14 @@ def test_hard_structures_are_measured_and_reproduced(spec, layer):
     truth = run_op(backend, layer, "conv2d", x, w)
     assert any(np.array_equal(run_op(EmulatedBackend(s), layer, "conv2d", x, w).view(np.uint16), truth.view(np.uint16))
                for s in specs), (measured, specs)
+
+
+@pytest.mark.parametrize("tail", [0, 1, 3, 7])
+def test_the_lanes_tail_is_measured_term_by_term(tail):
+    """K = 23 in two fp16 lanes: the last `tail` terms added after the combine, and no others."""
+    spec = f"lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, tail={tail})"
+    measured = layer_patterns.measure(EmulatedBackend(spec), Layer((1, 6, 6, 23), (1, 1, 23, 4)), "conv2d")
+    assert (measured.lanes, measured.lanes_tail) == (2, tail), measured
 
 
 def test_lanes_folded_last_to_first_are_not_taken_for_a_backward_sum():
@@ -302,7 +313,8 @@ def test_identify_confirms_the_measured_columns():
 @pytest.mark.tensorflow
 def test_real_gemm_columns_differ_by_block_and_are_measured():
     """onednn-off+fp16-acc: the first ResNet layer's input gradient (27 columns) at two seeds,
-    a C = 1 layer (9 columns: its one channel's spec needs no columns(...)) and forward and
+    a C = 1 layer (9 columns: its one channel's spec needs no columns(...); its forward's
+    K = 9 ends in a lanes tail) and forward and
     filter gradients with 29 output channels are measured column by column, 100%; one model
     for every column is not."""
     cases = (("4,32,32,3", "3,3,3,16", ("0", "1"), ("conv2d_backprop_input",)),
@@ -317,6 +329,9 @@ def test_real_gemm_columns_differ_by_block_and_are_measured():
                 assert summary["stops_matching_at"] is None, summary
                 assert len(summary["structure"]["columns"]) >= 2, summary["structure"]  # kernels differ by block
                 assert "measured column by column" in summary["explanation"]
+                if filters == "3,3,1,8":  # K = 9: two lanes over 8 terms, the ninth after their combine
+                    forward = doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"]["conv2d"]["summary"]
+                    assert forward["best"].endswith("tail=1)") and forward["stops_matching_at"] is None, forward
                 plain = (f"chunked:fp16:n={filters.split(',')[3]}:product=fp16:total=fp16"
                          if op == "conv2d_backprop_input" else "sequential:fp16:product=fp16")
                 assert summary["table"][plain] < 0.99
