@@ -121,7 +121,7 @@ def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: 
     if not capacity:
         raise ValueError(why)
     kh, kw, c, cout = layer.filter_shape
-    operands, reads = [], []
+    operands = []
     if op == "conv2d_backprop_filter":
         th, tw = spot(layer, op)
         n, oh, ow, _ = layer.output_shape
@@ -137,9 +137,9 @@ def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: 
         return np.concatenate([y[th, tw] for y in outputs]).astype(np.float64)[:len(patterns)]
     windows = _windows(layer)
     image = np.array([wd[0] for wd in windows])
+    rows = np.stack([wd[3] for wd in windows])  # (window, KH, KW): the pixels each tap reads
+    cols = np.stack([wd[4] for wd in windows])
     if op == "conv2d":
-        rows = np.stack([wd[3] for wd in windows])
-        cols = np.stack([wd[4] for wd in windows])
         constant = np.full(layer.filter_shape, scale, np.float16)
         for values in blocks(patterns, capacity, scale):  # taps (i, j, c) in order
             x = np.zeros(layer.input_shape, np.float16)
@@ -149,8 +149,6 @@ def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: 
         positions = (image, np.array([wd[1] for wd in windows]), np.array([wd[2] for wd in windows]))
         return np.concatenate([y[positions] for y in outputs]).astype(np.float64)[:len(patterns)]
     # input gradient: dy at the window's output position; tap (i, j) lands on pixel rows[i, j], cols[i, j]
-    rows = np.stack([wd[3] for wd in windows])
-    cols = np.stack([wd[4] for wd in windows])
     constant = np.full(layer.filter_shape, scale, np.float16)
     for values in blocks(patterns, capacity, scale):
         dy = np.zeros(layer.output_shape, np.float16)
