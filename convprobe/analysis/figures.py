@@ -335,6 +335,20 @@ def match_fraction_figure(matches: dict, op: str) -> Figure:
     return fig
 
 
+#: A cell's spec wraps at this many characters, over at most this many lines.
+_CELL_WIDTH, _CELL_LINES = 72, 3
+
+
+def _cell_spec(spec: str) -> str:
+    """A spec wrapped to fit its cell; a longer one ends in a pointer to the JSON, which holds it whole."""
+    import textwrap
+
+    lines = textwrap.wrap(spec, _CELL_WIDTH, break_on_hyphens=False)
+    if len(lines) > _CELL_LINES:
+        lines = [*lines[:_CELL_LINES - 1], "... (the whole spec: the JSON's best)"]
+    return "\n".join(lines)
+
+
 def layer_map_figure(matches: dict) -> Figure:
     """Per-layer map of `identify --resnet-size/--keras-model/--input-shape`: one row per
     (configuration, layer), one column per op; each cell the best model and its match.
@@ -352,7 +366,7 @@ def layer_map_figure(matches: dict) -> Figure:
             cells[(row, op)] = entry
             ops = list(dict.fromkeys([*ops, op]))
     rows = list(dict.fromkeys(r for r, _ in cells))
-    fig = Figure(figsize=(6.0 + 4.2 * len(ops), 1.2 + 0.42 * len(rows)), layout="constrained")
+    fig = Figure(figsize=(6.0 + 4.2 * len(ops), 1.2 + 0.6 * len(rows)), layout="constrained")
     ax = fig.add_subplot()
     values = np.full((len(rows), len(ops)), np.nan)
     cmap = LinearSegmentedColormap.from_list("match", ["#d62728", "#ffdd57", "#2ca02c"])
@@ -362,10 +376,10 @@ def layer_map_figure(matches: dict) -> Figure:
         fraction = next(iter(summary.get("fractions", {}).values()), None)
         if entry.get("status") == "ok" and fraction is not None:
             values[i, j] = 100 * float(fraction)
-            text = f"{summary['best']}\n{100 * float(fraction):.1f}%"
+            text = f"{_cell_spec(summary['best'])}\n{100 * float(fraction):.1f}%"
         else:
             text = str(entry.get("error") or entry.get("status"))
-        ax.text(j, i, text, ha="center", va="center", fontsize=6.5, wrap=True)
+        ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
     ax.imshow(values, cmap=cmap, vmin=90, vmax=100, aspect="auto", alpha=0.55)  # anything short of 100% shows
     ax.set_xticks(range(len(ops)), ops, fontsize=9)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)

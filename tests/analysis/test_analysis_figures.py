@@ -128,3 +128,20 @@ def test_table_figure_renders_and_colours_cells():
         figures.table_figure(table, max_rows=2)
     with pytest.raises(InvalidArgument, match="df must be a pandas DataFrame; received list"):
         figures.table_figure([1, 2])
+
+
+def test_a_layer_map_cell_wraps_a_long_spec_and_points_to_the_json():
+    """A columns spec of several hundred characters fits its cell in at most three lines, the
+    last saying where the whole spec is; a short spec stays on one line, whole."""
+    lanes = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
+    long_spec = f"columns(splitk(length=16, sequential:fp16:product=fp16, first={lanes} | {lanes}, combine=fp16) * 3)"
+    matches = {"tensorflow/cpu/x": {"conv1 / conv2d": {"status": "ok", "op": "conv2d",
+                                                       "summary": {"best": long_spec, "fractions": {"9": 1.0}}},
+                                    "conv2 / conv2d": {"status": "ok", "op": "conv2d",
+                                                       "summary": {"best": "sequential:fp16", "fractions": {"9": 0.5}}}}}
+    fig = figures.layer_map_figure(matches)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    long_cell = next(t for t in texts if t.startswith("columns("))
+    assert len(long_cell.split("\n")) == 4 and "the whole spec: the JSON's best" in long_cell  # 3 lines + the match
+    assert all(len(line) <= 72 for line in long_cell.split("\n"))
+    assert "sequential:fp16\n50.0%" in texts
