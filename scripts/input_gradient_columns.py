@@ -24,7 +24,7 @@ os.environ.update({"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE"
 import numpy as np  # noqa: E402
 
 from convprobe import emulation as em  # noqa: E402
-from convprobe.probes.column_patterns import column_models, measure_columns  # noqa: E402
+from convprobe.probes.column_patterns import column_models, column_spec, measure_columns  # noqa: E402
 from convprobe.probes.layers import Layer, op_inputs  # noqa: E402
 
 #: The hypothesis: the micro kernel of an fp16 GEMM column by block (whole blocks of 16,
@@ -82,10 +82,9 @@ def main() -> None:
 
 
 def column_specs(runs, k: int) -> list[str]:
-    """Each run's first measured spec (a column reduces K = C_out terms)."""
-    from convprobe.probes.structure import candidate_specs
+    """Each run's measured spec (a column reduces K = C_out terms)."""
+    return [column_spec(run.structure, k) or "no spec" for run in runs]
 
-    return [(candidate_specs(run.structure, k) or ["no spec"])[0] for run in runs]
 
 if __name__ == "__main__":
     main()

@@ -22,8 +22,8 @@
   a GEMM whose micro kernels differ by column block; ``MODEL * N`` stands for N columns
   in a row (``columns(sequential:fp16:product=fp16 * 16, sequential:fp16)``). Eigen's fp16 input gradient
   (col = dy x filter^T, KH*KW*C columns) rounds products and adds in fp16 in whole blocks
-  of 16 columns, sums the next block of 8 in two interleaved lanes, and runs the last
-  columns as an FMA chain; each dx channel then meets its taps' columns in turn
+  of 16 columns, sums the next block of 8 in two interleaved lanes, and adds the last
+  columns' exact products in fp16; each dx channel then meets its taps' columns in turn
   (`columns(splitk(length=C_out, ..., first=...), ...)`, as ``identify`` measures it,
   `convprobe.probes.column_patterns`).
 * `Reverse` - the terms reduced by `inner` from the last to the first, as a fold that
@@ -293,8 +293,13 @@ class Lanes(_Composite):
         if not is_integer(self.tail) or self.tail < 0:
             raise InvalidArgument(f"tail must be an integer >= 0; received {self.tail!r}")
         if self.tail and not isinstance(self.inner, (Sequential, Pairwise, Chunked, Exact)):
-            raise InvalidArgument(f"a lanes tail continues the combined sum in a plain inner model (sequential, "
-                                  f"pairwise, chunked or exact); received inner={self.inner.to_spec()}")
+            raise InvalidArgument(f"inner must be a plain model (sequential, pairwise, chunked or exact) when "
+                                  f"tail is set; received inner={self.inner.to_spec()}")
+        if self.tail and self.inner.product != "exact" and not self.inner.product.holds(self.combine.output):
+            # the combined sum enters the tail as a product with 1: a narrower product format would round it
+            raise InvalidArgument(f"the inner model's product format must hold the combine's output "
+                                  f"({self.combine.output.name}) when tail is set; received "
+                                  f"product={self.inner.product.name}")
 
     def to_spec(self) -> str:
         extra = "" if self.output == self._produced() else f", output={self.output.name}"
@@ -439,23 +444,33 @@ class Columns(_Composite):
         """The model of output channel `column`."""
         return self.models[min(column, len(self.models) - 1)]
 
-    def to_spec(self) -> str:
-        runs: list[list] = []  # [model, count] for each run of equal models
-        for model in self.models:
-            if runs and runs[-1][0] == model:
-                runs[-1][1] += 1
+    def runs(self) -> list[tuple[int, AccumulationModel, int]]:
+        """(first channel, model, channels) for each run of neighbouring channels with one model."""
+        runs: list[tuple[int, AccumulationModel, int]] = []
+        for j, model in enumerate(self.models):
+            if runs and runs[-1][1] == model:
+                runs[-1] = (runs[-1][0], model, runs[-1][2] + 1)
             else:
-                runs.append([model, 1])
-        return f"columns({', '.join(m.to_spec() + (f' * {n}' if n > 1 else '') for m, n in runs)})"
+                runs.append((j, model, 1))
+        return runs
+
+    def to_spec(self) -> str:
+        return f"columns({', '.join(m.to_spec() + (f' * {n}' if n > 1 else '') for _, m, n in self.runs())})"
 
     @property
     def name(self) -> str:
         return self.to_spec()
 
     def _describe_kind(self) -> str:
-        return "by output channel: " + "; ".join(
-            f"{'channel ' + str(j) if j < len(self.models) - 1 else f'channels {j}+'} as [{m.describe()}]"
-            for j, m in enumerate(self.models))
+        runs = self.runs()
+
+        def channels(i: int, first: int, count: int) -> str:
+            if i == len(runs) - 1:
+                return f"channels {first}+"
+            return f"channel {first}" if count == 1 else f"channels {first}-{first + count - 1}"
+
+        return "by output channel: " + "; ".join(f"{channels(i, j, n)} as [{m.describe()}]"
+                                                 for i, (j, m, n) in enumerate(runs))
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         for model in self.models:
@@ -544,7 +559,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         for text in positional:  # MODEL or MODEL * N: N columns in a row
             head_text, star, count = text.rpartition("*")
             if star and ")" not in count and ":" not in count:
-                if not count.strip().isdigit() or int(count) < 1:
+                if not count.strip().isdecimal() or not count.strip().isascii() or int(count) < 1:
                     raise InvalidArgument(f"a columns repeat count must be a positive integer; received {text!r}")
                 models += [parse_model(head_text.strip())] * int(count)
             else:

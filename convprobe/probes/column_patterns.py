@@ -4,8 +4,8 @@ A CPU conv op is a GEMM: forward im2col(x) x filter, the input gradient dy x
 filter^T scattered into dx (col2im), the filter gradient im2col(x)^T x dy. The
 micro kernel can change with the output column: on oneDNN-off fp16 accumulation,
 whole blocks of 16 columns round products to fp16, the next block of 8 sums in two
-lanes and the last few columns are a chain whose additions go through fp32
-(measured by this module; README, "shape-true identification"). `layer_patterns`
+lanes and the last few columns add exact products in fp16 (measured by this module;
+README, "shape-true identification"; `addition=fp32` matches as well at the K seen). `layer_patterns`
 puts row r in column r, so where columns differ it measures a mixture. Here every
 row goes through every column: the rows lie in the operand that indexes the
 GEMM's rows, the other operand is the constant, and every column's output is read.
@@ -27,6 +27,8 @@ call of its own. `column_models` turns the runs of columns into one spec.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from dataclasses import dataclass
 
@@ -80,7 +82,7 @@ def _pixels(layer: Layer, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
     return np.broadcast_to(rows[:, None], (kh, kw)), np.broadcast_to(cols[None, :], (kh, kw))
 
 
-def _windows(layer: Layer) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def _windows(layer: Layer) -> list[tuple[int, int, int, np.ndarray, np.ndarray]]:
     """(n, oh, ow, rows, cols) of output positions whose windows lie inside the image and share no
     pixel with an earlier one's, picked greedily in order."""
     n_images, h, w, _ = layer.input_shape
@@ -173,7 +175,7 @@ def measure_columns(backend, layer: Layer, op: str) -> tuple[list[ColumnRun], st
 
     def runner(column: int, keys: list):
         def run(patterns: np.ndarray, scale: float) -> np.ndarray:
-            key = (patterns.shape, float(scale), np.ascontiguousarray(patterns).tobytes())
+            key = (patterns.shape, float(scale), hashlib.sha256(np.ascontiguousarray(patterns).tobytes()).digest())
             if key not in cache:
                 cache[key] = column_outputs(backend, layer, op, patterns, scale).astype(np.float16).view(np.uint16)
             keys.append(key)
@@ -192,7 +194,7 @@ def measure_columns(backend, layer: Layer, op: str) -> tuple[list[ColumnRun], st
     return [ColumnRun(j, s) for j, s in enumerate(per_column) if j == 0 or s != per_column[j - 1]], ""
 
 
-def _column_spec(structure: Structure, k: int) -> str | None:
+def column_spec(structure: Structure, k: int) -> str | None:
     """The measured spec of one column: the first the structure gives."""
     specs = candidate_specs(structure, k)
     return specs[0] if specs else None
@@ -207,7 +209,7 @@ def column_models(layer: Layer, op: str, runs: list[ColumnRun], combine: str = "
     if len(runs) < 2:
         return None
     k = column_k(layer, op)
-    specs = [_column_spec(r.structure, k) for r in runs]
+    specs = [column_spec(r.structure, k) for r in runs]
     if None in specs or len(set(specs)) < 2:
         return None
     firsts = [r.first for r in runs]

@@ -106,8 +106,9 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     measured = candidate_specs(structure, k)
     if structure.batch_innermost:  # a plain model takes the order (composites sum in the layout's)
         measured = [spec if "(" in spec else f"{spec}:positions=hwn" for spec in measured]
-    by_column = column_models(layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
-                              combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
+    by_column = None if structure.batch_innermost else column_models(  # columns sum in (n, oh, ow) order
+        layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
+        combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
     if by_column:  # the columns differ: one row a channel measured a mixture of them
         measured = [by_column, *measured]
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)

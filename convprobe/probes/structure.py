@@ -190,7 +190,8 @@ def _lanes(run, k: int, test: Probe, last: int | None = None) -> int | None:
     return width if np.array_equal(kept[:stop], expected[:stop]) and not kept[stop:].any() else None
 
 
-#: The longest lanes tail looked for (the last positions each get a row).
+#: The last positions looked at for a lanes tail (each gets a row); a tail is found when at
+#: least one of them lies inside the lanes, so the longest is MAX_TAIL - 1.
 MAX_TAIL = 64
 
 
@@ -438,7 +439,9 @@ def candidate_specs(structure: Structure, k: int) -> list[str]:
     specs, trees = [], []
     for step in steps:
         inner = f"sequential:{acc}{step}"
-        tail = f", tail={structure.lanes_tail}" if structure.lanes_tail else ""
+        # the combined sum enters the tail as a product: only where the product format holds it
+        tail = (f", tail={structure.lanes_tail}" if structure.lanes_tail and (acc == "fp16" or not step.startswith(
+            ":product")) else "")
         bodies = [inner] if structure.lanes == 1 else [
             f"lanes({structure.lanes}, {inner}, combine={order}:{acc}{tail})" for order in ("sequential", "pairwise")]
         for body in bodies:

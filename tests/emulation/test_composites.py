@@ -36,7 +36,9 @@ def composites(draw, depth=0):
                                     "exact:fp32", "reverse(sequential:fp16)"]))
     output = draw(st.sampled_from(["", ", output=fp16"]))
     plain = inner in INNER and inner.split(":")[0] in ("sequential", "pairwise", "chunked", "exact")
-    tail = draw(st.sampled_from(["", ", tail=1", ", tail=3", ", tail=60"])) if plain else ""
+    holds = "product=fp16" not in inner or combine in ("pairwise:fp16", "sequential:fp32:output=fp16",
+                                                       "reverse(sequential:fp16)")  # the tail's first product
+    tail = draw(st.sampled_from(["", ", tail=1", ", tail=3", ", tail=60"])) if plain and holds else ""
     return f"lanes({draw(st.integers(1, 9))}, {inner}, combine={combine}{tail}{output})"
 
 
@@ -191,7 +193,11 @@ def test_lanes_deal_terms_round_robin():
     ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse, columns; received 'warp'"),
     ("lanes(2, sequential:fp16, combine=sequential:fp16, tail=-1)", "tail must be an integer >= 0; received -1"),
     ("lanes(2, sequential:fp16, combine=sequential:fp16, tail=x)", "tail must be an integer; received 'x'"),
-    ("lanes(2, a100, combine=sequential:fp32, tail=1)", "a lanes tail continues the combined sum in a plain inner model"),
+    ("lanes(2, a100, combine=sequential:fp32, tail=1)", "inner must be a plain model \\(sequential, pairwise, chunked or "
+     "exact\\) when tail is set; received inner=a100"),
+    ("lanes(2, sequential:fp32:product=fp16, combine=sequential:fp32, tail=1)",
+     "the inner model's product format must hold the combine's output \\(fp32\\) when tail is set; received product=fp16"),
+    ("columns(sequential:fp16 * \u00b2)", "a columns repeat count must be a positive integer"),
     ("columns()", "columns needs at least one model"),
     ("columns(sequential:fp16 * 0)", "a columns repeat count must be a positive integer; received 'sequential:fp16 \\* 0'"),
     ("columns(sequential:fp16 * two)", "a columns repeat count must be a positive integer"),
