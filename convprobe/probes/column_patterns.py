@@ -28,8 +28,8 @@ call of its own. `column_models` turns the runs of columns into one spec.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,9 +82,10 @@ def _pixels(layer: Layer, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
     return np.broadcast_to(rows[:, None], (kh, kw)), np.broadcast_to(cols[None, :], (kh, kw))
 
 
-def _windows(layer: Layer) -> list[tuple[int, int, int, np.ndarray, np.ndarray]]:
+@functools.lru_cache(maxsize=16)
+def _windows(layer: Layer) -> tuple[tuple[int, int, int, np.ndarray, np.ndarray], ...]:
     """(n, oh, ow, rows, cols) of output positions whose windows lie inside the image and share no
-    pixel with an earlier one's, picked greedily in order."""
+    pixel with an earlier one's, picked greedily in order (once per layer: every call reads it)."""
     n_images, h, w, _ = layer.input_shape
     _, oh, ow, _ = layer.output_shape
     used = np.zeros((h, w), dtype=bool)
@@ -96,7 +97,18 @@ def _windows(layer: Layer) -> list[tuple[int, int, int, np.ndarray, np.ndarray]]
                 continue
             used[rows, cols] = True
             picked.append((i, j, rows, cols))
-    return [(n, i, j, rows, cols) for n in range(n_images) for i, j, rows, cols in picked]
+    return tuple((n, i, j, rows, cols) for n in range(n_images) for i, j, rows, cols in picked)
+
+
+@functools.lru_cache(maxsize=16)
+def _tap_reads(layer: Layer, th: int, tw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(image, row, column) of the pixel tap (th, tw) reads at every output position, in
+    (n, oh, ow) order (once per layer)."""
+    n, oh, ow, _ = layer.output_shape
+    pixels = [_pixels(layer, i, j) for i in range(oh) for j in range(ow)]
+    rows = np.array([r[th, tw] for r, _ in pixels] * n)
+    cols = np.array([c[th, tw] for _, c in pixels] * n)
+    return np.repeat(np.arange(n), oh * ow), rows, cols
 
 
 def column_capacity(layer: Layer, op: str) -> tuple[int, str]:
@@ -126,10 +138,7 @@ def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: 
     operands = []
     if op == "conv2d_backprop_filter":
         th, tw = spot(layer, op)
-        n, oh, ow, _ = layer.output_shape
-        image = np.repeat(np.arange(n), oh * ow)
-        rows = np.array([_pixels(layer, i, j)[0][th, tw] for i in range(oh) for j in range(ow)] * n)
-        cols = np.array([_pixels(layer, i, j)[1][th, tw] for i in range(oh) for j in range(ow)] * n)
+        image, rows, cols = _tap_reads(layer, th, tw)
         constant = np.full(layer.output_shape, scale, np.float16)
         for values in blocks(patterns, capacity, scale):  # values (C, N*OH*OW)
             x = np.zeros(layer.input_shape, np.float16)

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from convprobe.probes.column_patterns import measure_columns
+from convprobe.probes.column_patterns import column_k, measure_columns
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, measure_rows
 
@@ -103,7 +103,11 @@ def measure(backend, layer: Layer, op: str) -> Structure:
     capacity, why = pattern_rows(layer, op)
     if not capacity:
         return Structure(note=why, derived=_layout_specs(layer, op), **columns)
-    measured = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale), layer.k(op))
+    if len(runs) == 1 and column_k(layer, op) == layer.k(op):  # one kernel, measured on the whole K already
+        measured = runs[0].structure
+    else:
+        measured = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale),
+                                layer.k(op))
     innermost = _batch_innermost(backend, layer, measured) if op == "conv2d_backprop_filter" else None
     return replace(measured, derived=_layout_specs(layer, op), batch_innermost=innermost, **columns)
 

@@ -208,9 +208,10 @@ def _lanes_tail(run, k: int, test: Probe, lanes: int) -> int | None:
         rows[r, (t + 1) % lanes] += test.unit
     got = run(rows)
     after, inside = got == 0.0, got == test.unit
-    tail = len(ts) - int(np.flatnonzero(~after)[-1]) - 1 if not after.all() else len(ts)
-    clean = (after | inside).all() and not after[:len(ts) - tail].any()
-    return tail if clean and tail < len(ts) else None
+    if after.all() or not (after | inside).all():
+        return None
+    start = int(np.flatnonzero(~after)[-1]) + 1  # where the trailing run of "after" begins
+    return None if after[:start].any() else len(ts) - start
 
 
 def _narrow_lanes(run, k: int) -> int | None:
