@@ -15,7 +15,7 @@ which one runs),
 """
 
 from convprobe.emulation import gpus, oracle
-from convprobe.emulation.composites import Columns, Lanes, Reverse, SplitK
+from convprobe.emulation.composites import Columns, Lanes, Reverse, Rows, SplitK
 from convprobe.emulation.conv import conv2d, conv2d_backprop_filter, conv2d_backprop_input
 from convprobe.emulation.models import (
     AccumulationModel,
@@ -38,6 +38,7 @@ __all__ = [
     "Exact",
     "SplitK",
     "Columns",
+    "Rows",
     "Lanes",
     "Reverse",
     "parse_model",

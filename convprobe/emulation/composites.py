@@ -26,19 +26,27 @@
   columns' exact products in fp16; each dx channel then meets its taps' columns in turn
   (`columns(splitk(length=C_out, ..., first=...), ...)`, as ``identify`` measures it,
   `convprobe.probes.column_patterns`).
+* `Rows` - GEMM row r reduced by ``models[min(r, n - 1)]``, each a plain model or a
+  `Columns`: a kernel picked by (row block, column block). The rows are the outputs'
+  positions (forward: (n, oh, ow); filter gradient: the tap (i, j, c)). Eigen's fp16
+  GEMM finishes the rows beyond its last whole block of 4 one at a time on another micro
+  kernel (``rows(lanes(...) * 48, sequential:fp16:product=fp16)`` at 49 output pixels,
+  as ``identify`` measures it, `convprobe.probes.row_patterns`).
 * `Reverse` - the terms reduced by `inner` from the last to the first, as a fold that
   adds each accumulator into the next one's sum does (Eigen's inner product combines its
   packet accumulators as ``p0 + (p1 + (p2 + p3))``).
 
 Inner models may be any model, tensor-core presets and other composites included, but
 not stochastically rounded ones (their random streams are keyed per output of one
-reduction), nor `Columns` (it picks by output channel, so it is the outermost), nor
+reduction), nor `Columns` or `Rows` (they pick by output index, so they are the outermost:
+rows around columns), nor
 models that set ``positions`` (the order of the whole sum: plain models only). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
 ``splitk(length=1024, sequential:fp16, combine=fp32)``,
 ``lanes(8, sequential:fp32, combine=pairwise:fp32)``,
 ``lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, tail=1)``, ``reverse(sequential:fp16)``,
 ``splitk(length=16, sequential:fp16:product=fp16, first=sequential:fp16 | pairwise:fp16, combine=fp16)``,
-``columns(sequential:fp16, sequential:fp32:output=fp16)``.
+``columns(sequential:fp16, sequential:fp32:output=fp16)``,
+``rows(columns(sequential:fp16:product=fp16 * 16, sequential:fp16) * 48, sequential:fp16)``.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from convprobe.errors import InvalidArgument, is_integer
 from convprobe.formats import FP32, Format
 from convprobe.options import Positions, Rounding
 
-__all__ = ["SplitK", "Lanes", "Reverse", "Columns", "COMPOSITE_KINDS", "ranges", "split_arguments",
+__all__ = ["SplitK", "Lanes", "Reverse", "Columns", "Rows", "COMPOSITE_KINDS", "ranges", "split_arguments",
            "parse_composite"]
 
 
@@ -86,9 +94,10 @@ def _check_inner(model: AccumulationModel, argument: str) -> None:
     if model.positions != Positions.NHW:
         raise InvalidArgument(f"{argument} of a composite cannot set positions (the order of the whole "
                               f"sum, the outermost model's); received {model.to_spec()}")
-    if isinstance(model, Columns):
-        raise InvalidArgument(f"{argument} of a composite cannot be a columns model (it picks a model by "
-                              f"output channel, so it is the outermost); received {model.to_spec()}")
+    if isinstance(model, _ByIndex):
+        raise InvalidArgument(f"{argument} of a composite cannot be a {model.kind} model (it picks a model by "
+                              f"{model.axis}, so it is the outermost, rows around columns); received "
+                              f"{model.to_spec()}")
 
 
 @dataclass(frozen=True)
@@ -100,7 +109,7 @@ class _Composite(AccumulationModel):
     def _validate(self) -> None:
         if self.inner is None:
             raise InvalidArgument(f"{self.kind} needs an inner model")
-        _check_inner(self.inner, "inner")
+        self._check_model(self.inner)
         if self.product != "exact" or self.addition != "exact":
             raise InvalidArgument(f"{self.kind}: set product and addition on the inner model")
         if self.rounding != Rounding.NEAREST_EVEN:
@@ -109,6 +118,9 @@ class _Composite(AccumulationModel):
         if self.positions != Positions.NHW:
             raise InvalidArgument(f"positions (a filter gradient's order) is set on plain models, not on "
                                   f"{self.kind}; received positions={self.positions}")
+
+    def _check_model(self, model: AccumulationModel) -> None:
+        _check_inner(model, "inner")
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         self.inner.check_inputs(x, fp16_dtype, argument)
@@ -416,36 +428,41 @@ class Reverse(_Composite):
 
 
 @dataclass(frozen=True)
-class Columns(_Composite):
-    """Output channel j reduced by ``models[min(j, n - 1)]`` (all with one output format)."""
+class _ByIndex(_Composite):
+    """Index i of one GEMM axis reduced by ``models[min(i, n - 1)]`` (all with one output
+    format): a kernel whose micro kernels differ by block of that axis."""
 
     models: tuple[AccumulationModel, ...] = field(default=(), kw_only=True)
 
-    kind: ClassVar[str] = "columns"
+    #: What the index counts, for messages and descriptions.
+    axis: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
         if not self.models:
-            raise InvalidArgument("columns needs at least one model")
+            raise InvalidArgument(f"{self.kind} needs at least one model")
         for model in self.models:
-            _check_inner(model, "a columns model")
+            self._check_model(model)
         outputs = {m.output.name for m in self.models}
         if len(outputs) > 1:
-            raise InvalidArgument(f"columns' models must share one output format; received {sorted(outputs)}")
+            raise InvalidArgument(f"{self.kind}' models must share one output format; received {sorted(outputs)}")
         if self.output is not None and resolve_format(self.output, "output") != self.models[0].output:
-            raise InvalidArgument(f"columns' output is its models' own ({self.models[0].output.name}); set output "
-                                  f"on the models; received output={self.output!r}")
+            raise InvalidArgument(f"{self.kind}' output is its models' own ({self.models[0].output.name}); set "
+                                  f"output on the models; received output={self.output!r}")
         object.__setattr__(self, "inner", self.models[0])
         object.__setattr__(self, "accumulator", self.models[0].output)
         object.__setattr__(self, "output", self.models[0].output)
         super().__post_init__()
 
-    def column_model(self, column: int) -> AccumulationModel:
-        """The model of output channel `column`."""
-        return self.models[min(column, len(self.models) - 1)]
+    def _check_model(self, model: AccumulationModel) -> None:
+        _check_inner(model, f"a {self.kind} model")
+
+    def model_at(self, index: int) -> AccumulationModel:
+        """The model of index `index` on this axis."""
+        return self.models[min(index, len(self.models) - 1)]
 
     def runs(self) -> list[tuple[int, AccumulationModel, int]]:
-        """(first channel, model, channels) for each run of neighbouring channels with one model."""
+        """(first index, model, count) for each run of neighbouring indices with one model."""
         runs: list[tuple[int, AccumulationModel, int]] = []
         for j, model in enumerate(self.models):
             if runs and runs[-1][1] == model:
@@ -455,7 +472,7 @@ class Columns(_Composite):
         return runs
 
     def to_spec(self) -> str:
-        return f"columns({', '.join(m.to_spec() + (f' * {n}' if n > 1 else '') for _, m, n in self.runs())})"
+        return f"{self.kind}({', '.join(m.to_spec() + (f' * {n}' if n > 1 else '') for _, m, n in self.runs())})"
 
     @property
     def name(self) -> str:
@@ -464,21 +481,32 @@ class Columns(_Composite):
     def _describe_kind(self) -> str:
         runs = self.runs()
 
-        def channels(i: int, first: int, count: int) -> str:
+        def indices(i: int, first: int, count: int) -> str:
             if i == len(runs) - 1:
-                return f"channels {first}+"
-            return f"channel {first}" if count == 1 else f"channels {first}-{first + count - 1}"
+                return f"{self.axis}s {first}+"
+            return f"{self.axis} {first}" if count == 1 else f"{self.axis}s {first}-{first + count - 1}"
 
-        return "by output channel: " + "; ".join(f"{channels(i, j, n)} as [{m.describe()}]"
-                                                 for i, (j, m, n) in enumerate(runs))
+        return f"by {self.axis}: " + "; ".join(f"{indices(i, j, n)} as [{m.describe()}]"
+                                               for i, (j, m, n) in enumerate(runs))
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         for model in self.models:
             model.check_inputs(x, fp16_dtype, argument)
 
     def reduce_rows(self, a, b, c):
-        raise InvalidArgument(f"{self.to_spec()} differs by output channel: it computes conv2d and its "
+        raise InvalidArgument(f"{self.to_spec()} differs by {self.axis}: it computes conv2d and its "
                               f"gradients, not dot products")
+
+
+class Columns(_ByIndex):
+    """Output channel j (the GEMM's column) reduced by ``models[min(j, n - 1)]``."""
+
+    kind: ClassVar[str] = "columns"
+    axis: ClassVar[str] = "output channel"
+
+    def column_model(self, column: int) -> AccumulationModel:
+        """The model of output channel `column`."""
+        return self.model_at(column)
 
     def gemm_into(self, a, w, out, col0, inputs_fp16):
         n, j0 = w.shape[1], 0
@@ -491,8 +519,35 @@ class Columns(_Composite):
             j0 = j1
 
 
+class Rows(_ByIndex):
+    """GEMM row r reduced by ``models[min(r, n - 1)]``, each a plain model or a `Columns`: a
+    GEMM whose micro kernel is picked by (row block, column block). The rows are the
+    outputs' positions: forward (n, oh, ow), input gradient dx's (n, h, w), filter gradient
+    the tap (i, j, c)."""
+
+    kind: ClassVar[str] = "rows"
+    axis: ClassVar[str] = "GEMM row"
+
+    def _check_model(self, model: AccumulationModel) -> None:
+        if isinstance(model, Rows):
+            raise InvalidArgument(f"a rows model cannot be a rows model; received {model.to_spec()}")
+        for inner in model.models if isinstance(model, Columns) else (model,):
+            _check_inner(inner, "a rows model")
+
+    def gemm_into(self, a, w, out, col0, inputs_fp16):
+        m, n, runs = a.shape[0], w.shape[1], self.runs()
+        for i, (r0, model, count) in enumerate(runs):
+            r1 = m if i == len(runs) - 1 else min(r0 + count, m)
+            if r0 >= m:
+                break
+            dtype = model.carrier(inputs_fp16)
+            part = np.empty((r1 - r0, col0 + n), dtype)  # full width: a columns model picks by channel
+            model.gemm_into(convert(a[r0:r1], dtype), convert(w, dtype), part, col0, inputs_fp16)
+            out[r0:r1, col0:col0 + n] = convert(part[:, col0:], out.dtype)
+
+
 COMPOSITE_KINDS: dict[str, type[_Composite]] = {"splitk": SplitK, "lanes": Lanes, "reverse": Reverse,
-                                                "columns": Columns}
+                                                "columns": Columns, "rows": Rows}
 
 
 def split_arguments(text: str, separator: str = ",", keep_empty: bool = False) -> list[str]:
@@ -516,7 +571,7 @@ def split_arguments(text: str, separator: str = ",", keep_empty: bool = False) -
 
 
 def parse_composite(spec: str, parse_model) -> AccumulationModel:
-    """``KIND(POSITIONAL, ..., KEY=VALUE, ...)`` for KIND in splitk, lanes, reverse, columns."""
+    """``KIND(POSITIONAL, ..., KEY=VALUE, ...)`` for KIND in splitk, lanes, reverse, columns, rows."""
     from convprobe.errors import invalid_choice
 
     head, _, rest = spec.partition("(")
@@ -537,11 +592,12 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
                        "[, output=FORMAT])",
              "lanes": "lanes(WIDTH, INNER, combine=MODEL[, tail=N][, output=FORMAT])",
              "reverse": "reverse(INNER[, output=FORMAT])",
-             "columns": "columns(MODEL[ * N], MODEL[ * N], ...)"}[kind]
+             "columns": "columns(MODEL[ * N], MODEL[ * N], ...)",
+             "rows": "rows(MODEL[ * N], MODEL[ * N], ...)"}[kind]
     allowed = {"splitk": {"length", "combine", "output", "inner", "parts", "first"},
                "lanes": {"combine", "output", "inner", "width", "tail"},
                "reverse": {"output", "inner"},
-               "columns": {"output"}}[kind]
+               "columns": {"output"}, "rows": {"output"}}[kind]
     unknown = sorted(set(keywords) - allowed)
     if unknown:
         raise invalid_choice(f"{kind} parameter", unknown[0], sorted(allowed))
@@ -552,19 +608,19 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         except ValueError:
             raise InvalidArgument(f"{name} must be an integer; received {text!r}") from None
 
-    if kind == "columns":
+    if kind in ("columns", "rows"):
         if not positional:
-            raise InvalidArgument(f"columns needs at least one model: {usage}; received {spec!r}")
+            raise InvalidArgument(f"{kind} needs at least one model: {usage}; received {spec!r}")
         models = []
-        for text in positional:  # MODEL or MODEL * N: N columns in a row
+        for text in positional:  # MODEL or MODEL * N: N in a row
             head_text, star, count = text.rpartition("*")
             if star and ")" not in count and ":" not in count:
                 if not count.strip().isdecimal() or not count.strip().isascii() or int(count) < 1:
-                    raise InvalidArgument(f"a columns repeat count must be a positive integer; received {text!r}")
+                    raise InvalidArgument(f"a {kind} repeat count must be a positive integer; received {text!r}")
                 models += [parse_model(head_text.strip())] * int(count)
             else:
                 models.append(parse_model(text))
-        return Columns(models=tuple(models), output=keywords.get("output"))
+        return COMPOSITE_KINDS[kind](models=tuple(models), output=keywords.get("output"))
     values: dict[str, Any] = {}
     size_name = "parts" if kind == "splitk" else "width"
     if kind != "reverse" and positional and positional[0].strip().lstrip("-").isdigit():

@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from convprobe.emulation.composites import Columns, Lanes, Reverse, SplitK
+from convprobe.emulation.composites import Columns, Lanes, Reverse, Rows, SplitK
 from convprobe.emulation.conv import conv_output_shape, pair, resolve_padding
 from convprobe.emulation.models import (
     AccumulationModel,
@@ -259,8 +259,8 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
            c: float | None = None) -> float:
     """One modelled reduction of c + sum a[k] * b[k] (k in list order); `index` keys the SR
     stream; `c` (block-FMA models only) is the accumulator input."""
-    if isinstance(model, Columns):
-        raise InvalidArgument(f"{model.to_spec()} differs by output channel: it computes conv2d and its "
+    if isinstance(model, (Columns, Rows)):
+        raise InvalidArgument(f"{model.to_spec()} differs by {model.axis}: it computes conv2d and its "
                               f"gradients, not dot products")
     st = _Stepper(model, index)
     if isinstance(model, SplitK):
@@ -323,11 +323,14 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
     return st.rnd(s, model.output)
 
 
-def _for_column(model: AccumulationModel, column: int) -> AccumulationModel:
-    """The model of output channel `column` (`Columns` differ by channel)."""
-    if not isinstance(model, Columns):
-        return model
-    return model.models[min(column, len(model.models) - 1)]
+def _for_output(model: AccumulationModel, row: int, column: int) -> AccumulationModel:
+    """The model of GEMM row `row` and output channel `column` (`Rows` differ by row,
+    `Columns` by channel)."""
+    if isinstance(model, Rows):
+        model = model.models[min(row, len(model.models) - 1)]
+    if isinstance(model, Columns):
+        model = model.models[min(column, len(model.models) - 1)]
+    return model
 
 
 def dot(a, b, model: AccumulationModel, c=None) -> np.ndarray:
@@ -379,7 +382,7 @@ def conv2d(x, w, model: AccumulationModel, *, strides=1, padding="VALID", dilati
             a_terms.append(x[b_, ih, iw, g * cg + ci] if inside else 0.0)
             b_terms.append(w[i, j, ci, co])
         flat = ((b_ * oh + y) * ow + z) * cout + co
-        out[idx] = reduce(a_terms, b_terms, _for_column(model, idx[-1]), flat)
+        out[idx] = reduce(a_terms, b_terms, _for_output(model, (b_ * oh + y) * ow + z, co), flat)
     return out.astype(model.output_dtype)
 
 
@@ -407,7 +410,7 @@ def conv2d_backprop_input(dy, w, input_shape, model: AccumulationModel, *, strid
             a_terms.append(dy[b_, t // sh, u // sw, g * og + co_l] if on_grid else 0.0)
             b_terms.append(w[kh - 1 - i, kw - 1 - j, ci_l, g * og + co_l])
         flat = ((b_ * h + y) * wd + z) * c + ci
-        out[idx] = reduce(a_terms, b_terms, _for_column(model, idx[-1]), flat)
+        out[idx] = reduce(a_terms, b_terms, _for_output(model, (b_ * h + y) * wd + z, ci), flat)
     return out.astype(model.output_dtype)
 
 
@@ -436,5 +439,5 @@ def conv2d_backprop_filter(x, dy, filter_shape, model: AccumulationModel, *, str
             a_terms.append(x[b_, ih, iw, g * cg + ci_l] if inside else 0.0)
             b_terms.append(dy[b_, y, z, co])
         flat = ((i * kw + j) * cg + ci_l) * cout + co
-        out[idx] = reduce(a_terms, b_terms, _for_column(model, idx[-1]), flat)
+        out[idx] = reduce(a_terms, b_terms, _for_output(model, (i * kw + j) * cg + ci_l, co), flat)
     return out.astype(model.output_dtype)

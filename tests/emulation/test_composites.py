@@ -66,7 +66,11 @@ def test_composites_match_the_oracle(cases_budget):
                                   "splitk(2, lanes(3, v100, combine=sequential:fp32), combine=fp32)",
                                   "reverse(chunked:fp16:n=5)", "lanes(8, sequential:fp32, combine=pairwise:fp32)",
                                   "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, tail=5)",
-                                  "lanes(4, sequential:fp32, combine=pairwise:fp32, tail=3, output=fp16)"])
+                                  "lanes(4, sequential:fp32, combine=pairwise:fp32, tail=3, output=fp16)",
+                                  "rows(lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16) * 5, "
+                                  "sequential:fp16:product=fp16)",
+                                  "rows(columns(sequential:fp16:product=fp16 * 2, pairwise:fp16) * 3, "
+                                  "columns(sequential:fp16, chunked:fp16:n=4), sequential:fp32:output=fp16)"])
 def test_composite_convolutions_and_gradients_match_the_oracle(spec):
     """On fp16 inputs, through the composite's float32 carrier (its output fits) and each
     inner model's own."""
@@ -190,7 +194,7 @@ def test_lanes_deal_terms_round_robin():
     ("lanes(4, sequential:fp16:rounding=sr, combine=sequential:fp32)", "cannot round stochastically"),
     ("reverse(4, a100)", "reverse takes reverse\\(INNER\\[, output=FORMAT\\]\\)"),
     ("reverse(a100, combine=fp32)", "reverse parameter must be one of inner, output; received 'combine'"),
-    ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse, columns; received 'warp'"),
+    ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse, columns, rows; received 'warp'"),
     ("lanes(2, sequential:fp16, combine=sequential:fp16, tail=-1)", "tail must be an integer >= 0; received -1"),
     ("lanes(2, sequential:fp16, combine=sequential:fp16, tail=x)", "tail must be an integer; received 'x'"),
     ("lanes(2, a100, combine=sequential:fp32, tail=1)", "inner must be a plain model \\(sequential, pairwise, chunked or "
@@ -206,6 +210,14 @@ def test_lanes_deal_terms_round_robin():
     ("splitk(1, columns(sequential:fp16, sequential:fp16:product=fp16), combine=fp16)",
      "inner of a composite cannot be a columns model"),
     ("lanes(2, sequential:fp16, combine=columns(sequential:fp16))", "combine of a composite cannot be a columns model"),
+    ("rows(sequential:fp16 * 0)", "a rows repeat count must be a positive integer; received 'sequential:fp16 \\* 0'"),
+    ("rows()", "rows needs at least one model"),
+    ("rows(rows(sequential:fp16))", "a rows model cannot be a rows model; received rows\\(sequential:fp16\\)"),
+    ("columns(rows(sequential:fp16))", "a columns model of a composite cannot be a rows model"),
+    ("splitk(2, rows(sequential:fp16, pairwise:fp16), combine=fp16)", "inner of a composite cannot be a rows model"),
+    ("rows(columns(sequential:fp16, lanes(2, sequential:fp16:rounding=sr, combine=sequential:fp16)))",
+     "inner of a composite cannot round stochastically"),
+    ("rows(sequential:fp16, sequential:fp32)", "rows' models must share one output format"),
     ("splitk(length=4, sequential:fp16, first=, combine=fp16)", "splitk's first must be models separated by \\|"),
     ("splitk(length=4, sequential:fp16, first=sequential:fp16 || pairwise:fp16, combine=fp16)",
      "splitk's first must be models separated by \\|"),
@@ -296,3 +308,33 @@ def test_nested_first_models_round_trip_and_first_models_check_their_inputs():
         em.conv2d(x, np.ones((1, 1, 4, 1), np.float16), fp8)
     with pytest.raises(InvalidArgument, match="positions .* is set on plain models"):
         em.SplitK(inner=em.parse_model("sequential:fp16"), parts=2, positions="hwn")
+
+
+def test_rows_give_each_gemm_row_its_model_and_refuse_dot_products():
+    """Forward: output pixel 0 sums 2048 + 1 + 1 in fp16 (2048), pixel 1 in fp32 rounded to
+    fp16 (2050); filter gradient: tap 0 (row 0) in fp16, tap 1 in fp32; nested columns pick by
+    channel within a row; a dot product has no row."""
+    model = em.parse_model("rows(sequential:fp16, sequential:fp32:output=fp16)")
+    x = np.zeros((1, 1, 2, 3), np.float16)
+    x[0, 0, :] = [2048.0, 1.0, 1.0]
+    w = np.ones((1, 1, 3, 1), np.float16)
+    for conv in (em.conv2d, oracle.conv2d):
+        assert conv(x, w, model).ravel().tolist() == [2048.0, 2050.0]
+    x2 = np.array([1.0, 2048.0, 1.0, 1.0], np.float16).reshape(1, 1, 4, 1)  # tap 0 reads 1, 2048, 1; tap 1 2048, 1, 1
+    dy = np.ones((1, 1, 3, 1), np.float16)
+    for grad in (em.conv2d_backprop_filter, oracle.conv2d_backprop_filter):
+        assert grad(x2, dy, (1, 2, 1, 1), model).ravel().tolist() == [2048.0, 2050.0]
+    nested = em.parse_model("rows(columns(sequential:fp16, sequential:fp32:output=fp16), sequential:fp32:output=fp16)")
+    w2 = np.ones((1, 1, 3, 2), np.float16)
+    for conv in (em.conv2d, oracle.conv2d):
+        assert conv(x, w2, nested).ravel().tolist() == [2048.0, 2050.0, 2050.0, 2050.0]
+    for dot in (em.dot, oracle.dot):
+        with pytest.raises(InvalidArgument, match="differs by GEMM row"):
+            dot(np.ones((1, 3), np.float16), np.ones((1, 3), np.float16), model)
+
+
+def test_a_rows_repeat_expands_and_runs_compress_back():
+    model = em.parse_model("rows(sequential:fp16 * 2, sequential:fp16, columns(pairwise:fp16 * 2, sequential:fp16))")
+    assert len(model.models) == 4 and model.model_at(99) == model.models[3]
+    assert model.to_spec() == "rows(sequential:fp16 * 3, columns(pairwise:fp16 * 2, sequential:fp16))"
+    assert em.parse_model(model.to_spec()) == model
