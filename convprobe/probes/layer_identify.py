@@ -111,6 +111,8 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
     if by_column:  # the columns differ: one row a channel measured a mixture of them
         measured = [by_column, *measured]
+    by_row = _row_specs(layer, op, structure, [by_column] if by_column else measured[:2])
+    measured = [*by_row, *measured]
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
     table = {}
     for spec in dict.fromkeys([*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]):
@@ -123,13 +125,28 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     return {"best": best, "fractions": {k: fraction} if best else {},
             "stops_matching_at": None if fraction == 1.0 else k, "perfect": perfect,
             "structure": structure.to_dict(), "measured_specs": measured, "table": table,
-            "outputs_compared": len(observed), "explanation": _explain(structure, measured, table, best, by_column)}
+            "outputs_compared": len(observed),
+            "explanation": _explain(structure, measured, table, best, by_column, by_row)}
 
 
-def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: str | None) -> str:
+def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[str]:
+    """Where the GEMM's rows differ (`row_patterns`), a ``rows(...)`` spec for each reference
+    spec of the rows the layer's structure was measured at."""
+    from convprobe.probes.row_patterns import RowRun, row_models
+
+    runs = [RowRun.from_dict(run) for run in structure.rows or ()]
+    combine = structure.total if structure.total in ("fp16", "fp32") else "fp16"
+    specs = (row_models(layer, op, runs, reference, combine) for reference in references) if runs else ()
+    return list(dict.fromkeys(spec for spec in specs if spec))
+
+
+def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: str | None,
+             by_row: list[str] = ()) -> str:
     """One line: what was measured, and what was ruled out when nothing matched."""
     if best is not None and table[best] == 1.0:
-        if best == by_column:
+        if best in by_row:
+            how = f"the structure measured row by row: {len(structure.rows)} runs of rows"
+        elif best == by_column:
             how = f"the structure measured column by column: {len(structure.columns)} runs of columns"
         elif best in measured and structure.accumulator:
             how = "the measured structure"

@@ -109,7 +109,22 @@ def measure(backend, layer: Layer, op: str) -> Structure:
         measured = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale),
                                 layer.k(op))
     innermost = _batch_innermost(backend, layer, measured) if op == "conv2d_backprop_filter" else None
-    return replace(measured, derived=_layout_specs(layer, op), batch_innermost=innermost, **columns)
+    rows = {} if innermost else _row_runs(backend, layer, op, runs, measured)
+    return replace(measured, derived=_layout_specs(layer, op), batch_innermost=innermost, **columns, **rows)
+
+
+def _row_runs(backend, layer: Layer, op: str, runs, measured: Structure) -> dict:
+    """The `rows` and `rows_note` fields: the GEMM's rows grouped by kernel (`row_patterns`)."""
+    from convprobe.probes.column_patterns import ColumnRun
+    from convprobe.probes.row_patterns import ROW_OPS, measure_row_runs, reference_row
+
+    if op not in ROW_OPS:
+        return {}
+    reference = reference_row(layer, op, bool(runs))
+    if reference is None:
+        return {"rows_note": "no row was measured to compare the others with: rows not measured"}
+    row_runs, note = measure_row_runs(backend, layer, op, reference, runs or [ColumnRun(0, measured)])
+    return {"rows": [run.to_dict() for run in row_runs] or None, "rows_note": note}
 
 
 def _batch_innermost(backend, layer: Layer, measured: Structure) -> bool | None:

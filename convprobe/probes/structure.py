@@ -95,6 +95,12 @@ class Structure:
     columns_note: str = ""
     #: Lanes: how many terms at the end are added after the lanes' combine (None: not measured).
     lanes_tail: int | None = None
+    #: The GEMM's rows grouped by kernel (`row_patterns`): runs of rows, each {"first": row,
+    #: "columns": runs of columns as in `columns`, or None for the measured structure's own};
+    #: None: every row is one kernel, or not measured.
+    rows: list[dict] | None = None
+    #: Why the rows were not measured ('' when they were or need not be).
+    rows_note: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
