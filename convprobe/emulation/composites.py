@@ -31,7 +31,7 @@
   positions (forward: (n, oh, ow); filter gradient: the tap (i, j, c)). Eigen's fp16
   GEMM finishes the rows beyond its last whole block of 4 one at a time on another micro
   kernel (``rows(lanes(...) * 48, sequential:fp16:product=fp16)`` at 49 output pixels,
-  as ``identify`` measures it, `convprobe.probes.row_patterns`).
+  as ``identify`` measures it, `convprobe.probes.tile_patterns`).
 * `Reverse` - the terms reduced by `inner` from the last to the first, as a fold that
   adds each accumulator into the next one's sum does (Eigen's inner product combines its
   packet accumulators as ``p0 + (p1 + (p2 + p3))``).

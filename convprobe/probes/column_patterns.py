@@ -37,8 +37,8 @@ import numpy as np
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import Structure, blocks, candidate_specs, measure_rows
 
-__all__ = ["ColumnRun", "column_count", "column_k", "column_capacity", "column_outputs", "measure_columns", "column_models",
-           "MAX_CALLS"]
+__all__ = ["ColumnRun", "column_count", "column_k", "column_capacity", "column_calls", "column_outputs", "measure_columns",
+           "column_models", "column_spec", "window_row", "windows_in", "spot_rows", "MAX_CALLS"]
 
 #: Most op calls one column measurement may make (about 3 K + 1000 rows, `capacity` a call).
 MAX_CALLS = 512
@@ -111,27 +111,55 @@ def _tap_reads(layer: Layer, th: int, tw: int) -> tuple[np.ndarray, np.ndarray, 
     return np.repeat(np.arange(n), oh * ow), rows, cols
 
 
-def column_capacity(layer: Layer, op: str) -> tuple[int, str]:
-    """(rows one call carries, '' or why the columns cannot be measured)."""
+def window_row(layer: Layer, window: tuple) -> int:
+    """The GEMM row of a window's output position (n, oh, ow)."""
+    _, oh, ow, _ = layer.output_shape
+    return (window[0] * oh + window[1]) * ow + window[2]
+
+
+def windows_in(layer: Layer, gemm_rows=None) -> tuple:
+    """The disjoint windows (`_windows`) whose GEMM rows are in `gemm_rows` (all where None)."""
+    return tuple(w for w in _windows(layer) if gemm_rows is None or window_row(layer, w) in gemm_rows)
+
+
+def spot_rows(layer: Layer) -> range:
+    """The filter gradient's GEMM rows its crafted rows pass through: the spot tap's channels."""
+    from convprobe.probes.layer_patterns import spot
+
+    th, tw = spot(layer, "conv2d_backprop_filter")
+    kw, c = layer.filter_shape[1], layer.filter_shape[2]
+    return range((th * kw + tw) * c, (th * kw + tw + 1) * c)
+
+
+def column_capacity(layer: Layer, op: str, gemm_rows=None) -> tuple[int, str]:
+    """(rows one call carries, '' or why the columns cannot be measured), the crafted rows kept
+    to the GEMM rows in `gemm_rows` (all where None)."""
     from convprobe.probes.layer_patterns import spot
 
     if op == "conv2d_backprop_filter":
         if spot(layer, op) is None:
             return 0, "no tap is read inside the image at every position: columns not measured"
+        if gemm_rows is not None and not set(spot_rows(layer)) <= set(gemm_rows):
+            return 0, "the tap's channels lie in two classes of rows: columns not measured"
         return layer.input_shape[3], ""
-    capacity = len(_windows(layer))
+    capacity = len(windows_in(layer, gemm_rows))
     if not capacity:
         return 0, "no output window lies wholly inside the image: columns not measured"
     return capacity, ""
 
 
-def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: float) -> np.ndarray:
+def column_calls(layer: Layer, op: str, capacity: int) -> int:
+    """About how many op calls measuring the columns takes (about 3 K + 1000 rows)."""
+    return -(-(3 * column_k(layer, op) + 1000) // capacity)
+
+
+def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: float, gemm_rows=None) -> np.ndarray:
     """(rows, columns): sum_k patterns[r, k] as column j of `op`'s GEMM computes it, for every
-    row r and column j (see the module docstring)."""
+    pattern r and column j (see the module docstring), at GEMM rows in `gemm_rows` (all where None)."""
     from convprobe.probes.layer_patterns import spot
     from convprobe.probes.layers import run_ops
 
-    capacity, why = column_capacity(layer, op)
+    capacity, why = column_capacity(layer, op, gemm_rows)
     if not capacity:
         raise ValueError(why)
     kh, kw, c, cout = layer.filter_shape
@@ -146,7 +174,7 @@ def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: 
             operands.append((x, constant))
         outputs = run_ops(backend, layer, op, operands)
         return np.concatenate([y[th, tw] for y in outputs]).astype(np.float64)[:len(patterns)]
-    windows = _windows(layer)
+    windows = windows_in(layer, gemm_rows)
     image = np.array([wd[0] for wd in windows])
     rows = np.stack([wd[3] for wd in windows])  # (window, KH, KW): the pixels each tap reads
     cols = np.stack([wd[4] for wd in windows])
@@ -170,13 +198,14 @@ def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: 
                            for dx in outputs]).astype(np.float64)[:len(patterns)]
 
 
-def measure_columns(backend, layer: Layer, op: str) -> tuple[list[ColumnRun], str]:
-    """(runs of columns with one structure, '' or why the columns were not measured)."""
-    capacity, why = column_capacity(layer, op)
+def measure_columns(backend, layer: Layer, op: str, gemm_rows=None) -> tuple[list[ColumnRun], str]:
+    """(runs of columns with one structure, '' or why the columns were not measured), the
+    crafted rows kept to the GEMM rows in `gemm_rows` (a set; all where None: one class of rows)."""
+    capacity, why = column_capacity(layer, op, gemm_rows)
     if not capacity:
         return [], why
     k = column_k(layer, op)
-    calls = -(-(3 * k + 1000) // capacity)
+    calls = column_calls(layer, op, capacity)
     if calls > MAX_CALLS:
         return [], f"{capacity} rows fit one call: about {calls} calls, over {MAX_CALLS}; columns not measured"
     cache: dict[tuple, np.ndarray] = {}
@@ -186,7 +215,7 @@ def measure_columns(backend, layer: Layer, op: str) -> tuple[list[ColumnRun], st
         def run(patterns: np.ndarray, scale: float) -> np.ndarray:
             key = (patterns.shape, float(scale), hashlib.sha256(np.ascontiguousarray(patterns).tobytes()).digest())
             if key not in cache:
-                cache[key] = column_outputs(backend, layer, op, patterns, scale).astype(np.float16).view(np.uint16)
+                cache[key] = column_outputs(backend, layer, op, patterns, scale, gemm_rows).astype(np.float16).view(np.uint16)
             keys.append(key)
             return cache[key][:, column].view(np.float16).astype(np.float64)
         return run

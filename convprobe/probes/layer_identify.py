@@ -130,11 +130,12 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
 
 
 def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[str]:
-    """Where the GEMM's rows differ (`row_patterns`), a ``rows(...)`` spec for each reference
-    spec of the rows the layer's structure was measured at."""
-    from convprobe.probes.row_patterns import RowRun, row_models
+    """Where the GEMM's rows differ (`tile_patterns`), a ``rows(...)`` spec for each reference
+    spec of the rows the layer's structure was measured at (none for a batch-innermost
+    filter gradient: the rows were measured in (n, oh, ow) order)."""
+    from convprobe.probes.tile_patterns import RowRun, row_models
 
-    runs = [RowRun.from_dict(run) for run in structure.rows or ()]
+    runs = [RowRun.from_dict(run) for run in structure.rows or ()] if not structure.batch_innermost else []
     combine = structure.total if structure.total in ("fp16", "fp32") else "fp16"
     specs = (row_models(layer, op, runs, reference, combine) for reference in references) if runs else ()
     return list(dict.fromkeys(spec for spec in specs if spec))

@@ -7,8 +7,9 @@ the order `convprobe.emulation.conv2d_backprop_input` reduces. Filter gradient: 
 is the constant and dy's channel o carries the row over the batch positions
 (n, oh, ow). Rows are read at an output whose window lies inside the image.
 
-One row a channel measures a mixture where the GEMM's columns differ, so `measure`
-also measures the structure column by column (`column_patterns`).
+One row a channel measures a mixture where the GEMM's tiles differ, so `measure`
+also groups the GEMM's rows and columns by kernel and measures each
+(`tile_patterns`, `column_patterns`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from convprobe.probes.column_patterns import column_k, measure_columns
+from convprobe.probes.column_patterns import column_k
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, measure_rows
+from convprobe.probes.tile_patterns import measure_tiles
 
 __all__ = ["measure", "pattern_rows", "pattern_outputs", "spot"]
 
@@ -98,33 +100,31 @@ def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
 def measure(backend, layer: Layer, op: str) -> Structure:
     """The structure of `op` at `layer` (see the module docstring); never raises for a
     layer it cannot measure - the Structure's note says why."""
-    runs, column_note = measure_columns(backend, layer, op)
-    columns = {"columns": [run.to_dict() for run in runs] or None, "columns_note": column_note}
+    tiling = measure_tiles(backend, layer, op, _spot_row(layer, op))
+    tiles = {"columns": [run.to_dict() for run in tiling.columns] or None, "columns_note": tiling.columns_note,
+             "rows": [run.to_dict() for run in tiling.rows] or None, "rows_note": tiling.rows_note}
     capacity, why = pattern_rows(layer, op)
     if not capacity:
-        return Structure(note=why, derived=_layout_specs(layer, op), **columns)
+        return Structure(note=why, derived=_layout_specs(layer, op), **tiles)
+    runs = tiling.columns
     if len(runs) == 1 and column_k(layer, op) == layer.k(op):  # one kernel, measured on the whole K already
         measured = runs[0].structure
     else:
         measured = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale),
                                 layer.k(op))
     innermost = _batch_innermost(backend, layer, measured) if op == "conv2d_backprop_filter" else None
-    rows = {} if innermost else _row_runs(backend, layer, op, runs, measured)
-    return replace(measured, derived=_layout_specs(layer, op), batch_innermost=innermost, **columns, **rows)
+    return replace(measured, derived=_layout_specs(layer, op), batch_innermost=innermost, **tiles)
 
 
-def _row_runs(backend, layer: Layer, op: str, runs, measured: Structure) -> dict:
-    """The `rows` and `rows_note` fields: the GEMM's rows grouped by kernel (`row_patterns`)."""
-    from convprobe.probes.column_patterns import ColumnRun
-    from convprobe.probes.row_patterns import ROW_OPS, measure_row_runs, reference_row
-
-    if op not in ROW_OPS:
-        return {}
-    reference = reference_row(layer, op, bool(runs))
-    if reference is None:
-        return {"rows_note": "no row was measured to compare the others with: rows not measured"}
-    row_runs, note = measure_row_runs(backend, layer, op, reference, runs or [ColumnRun(0, measured)])
-    return {"rows": [run.to_dict() for run in row_runs] or None, "rows_note": note}
+def _spot_row(layer: Layer, op: str) -> int | None:
+    """The GEMM row `pattern_outputs` reads (image 0; the filter gradient's spot tap, channel
+    0); None for the input gradient (its dx pixel sums many rows) or where there is no spot."""
+    where = spot(layer, op)
+    if where is None or op == "conv2d_backprop_input":
+        return None
+    if op == "conv2d":
+        return where[0] * layer.output_shape[2] + where[1]
+    return (where[0] * layer.filter_shape[1] + where[1]) * layer.filter_shape[2]
 
 
 def _batch_innermost(backend, layer: Layer, measured: Structure) -> bool | None:

@@ -95,7 +95,7 @@ class Structure:
     columns_note: str = ""
     #: Lanes: how many terms at the end are added after the lanes' combine (None: not measured).
     lanes_tail: int | None = None
-    #: The GEMM's rows grouped by kernel (`row_patterns`): runs of rows, each {"first": row,
+    #: The GEMM's rows grouped by kernel (`tile_patterns`): runs of rows, each {"first": row,
     #: "columns": runs of columns as in `columns`, or None for the measured structure's own};
     #: None: every row is one kernel, or not measured.
     rows: list[dict] | None = None

@@ -1,0 +1,291 @@
+"""The GEMM's output tiles: which rows and columns share a micro kernel, and what each computes.
+
+A GEMM kernel picks its micro kernel by output tile, (row block, column block). On
+oneDNN-off fp16 accumulation the column blocks of 16, 8 and the rest differ
+(`column_patterns`), and so do the rows past the last whole block of 4: at
+1,7,7,16 * 3,3,16,8 (49 output pixels) conv2d rows 0-47 sum in two lanes and row 48
+adds rounded products in one chain (README, "shape-true identification").
+
+The *column layout* here is `column_patterns`' row layout turned around: the operand
+that indexes the GEMM's columns carries the patterns and the other is a constant, so
+every row sums the same patterns:
+- forward: filter column o over the taps (i, j, c), x constant; every output pixel read;
+- filter gradient: dy channel o over the positions (n, oh, ow), x constant; every tap read;
+- input gradient: the filter's (i, j, c, :) over C_out for column (tap, c), dy a constant
+  at the isolated positions of `column_patterns` (GEMM row p, column (t, c) lands alone
+  on the dx pixel tap t of p reads); those rows read.
+
+A row reads the whole pattern only where its window lies inside the image, so all of
+it runs on the layer's *proxy*: the same GEMM (N, OH, OW, filter, strides, dilation)
+with VALID padding and an input just large enough. `identify` confirms every spec at
+the user's own layer.
+
+`measure_tiles`:
+1. `tile_classes`: `SIGNATURE_CALLS` calls of one seeded random pattern in every column,
+   x a constant that rounds products, group the rows read by their outputs over all
+   columns and the columns by theirs over all rows.
+2. The *main* class of rows (the one the layer's own crafted rows are read at) has its
+   columns measured by `column_patterns.measure_columns` (kept to that class's rows) where
+   that takes at most its `MAX_CALLS`, else run of columns by run in the column layout
+   (one pattern a column a call).
+3. Forward and filter gradient: each other class of rows has each run of columns
+   measured in the column layout at its first row (`rows(...)` in the emulator). The
+   input gradient's rows are added into dx together by col2im, so only its main class
+   is modelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from convprobe.errors import InvalidArgument
+from convprobe.probes.column_patterns import (MAX_CALLS as WINDOW_CALLS, ColumnRun, column_calls, column_capacity,
+                                              column_count, column_k, column_models, column_spec, measure_columns,
+                                              window_row, windows_in)
+from convprobe.probes.layers import Layer
+from convprobe.probes.structure import Structure, blocks, measure_rows
+
+__all__ = ["RowRun", "Tiles", "Tiling", "ROW_OPS", "SIGNATURE_CALLS", "MAX_CALLS", "proxy", "rows_read",
+           "column_layout_outputs", "tile_classes", "measure_tiles", "row_models"]
+
+#: The ops whose GEMM rows are outputs: forward (pixels) and filter gradient (taps).
+ROW_OPS = ("conv2d", "conv2d_backprop_filter")
+#: Calls of random patterns that group the rows and columns.
+SIGNATURE_CALLS = 16
+#: Most op calls the column layout's measurements of one op may make (about 3 K + 1000
+#: patterns a class and run of columns, one pattern a column a call; a call took 0.14-1.0 ms
+#: on TensorFlow, 2-core Zen 4, `python scripts/tile_call_cost.py`)...
+MAX_CALLS = 8192
+#: ... and most multiply-adds in all (calls x the GEMM's M N K): 2**33, about 3 s at the
+#: 2.8 GMAC/s of the largest layer measured there.
+MAX_WORK = 2**33
+#: The constant operand of the random calls: 1 + 2**-10, so a product rounded to fp16 shows.
+_ROUNDING_CONSTANT = 1.0 + 2.0**-10
+
+
+@dataclass(frozen=True)
+class RowRun:
+    """GEMM rows `first` up to the next run's first (or the last row) share a kernel: the
+    main class's (`columns` None: the layer's own measured structure) or these runs of columns."""
+
+    first: int
+    columns: tuple[ColumnRun, ...] | None = None
+
+    def to_dict(self) -> dict:
+        return {"first": self.first,
+                "columns": None if self.columns is None else [run.to_dict() for run in self.columns]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RowRun:
+        columns = data.get("columns")
+        return cls(int(data["first"]), None if columns is None else tuple(ColumnRun.from_dict(c) for c in columns))
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The GEMM rows read, a class for each of them and one for each column."""
+
+    rows: np.ndarray
+    row_class: np.ndarray
+    column_class: np.ndarray
+
+    def class_of(self, row: int | None) -> int:
+        """The class of GEMM row `row`, or the largest class where that row is not read."""
+        found = np.flatnonzero(self.rows == row) if row is not None else ()
+        if len(found):
+            return int(self.row_class[found[0]])
+        return int(np.bincount(self.row_class).argmax())
+
+    def rows_in(self, row_class: int) -> frozenset[int]:
+        return frozenset(self.rows[self.row_class == row_class].tolist())
+
+    def spans(self, firsts=()) -> list[range]:
+        """Runs of neighbouring columns in one class, also cut at `firsts`."""
+        cuts = sorted({0, *firsts, *(j for j in range(1, len(self.column_class))
+                                     if self.column_class[j] != self.column_class[j - 1])})
+        return [range(a, b) for a, b in zip(cuts, [*cuts[1:], len(self.column_class)])]
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """What `measure_tiles` found: the main class's runs of columns and the runs of rows."""
+
+    columns: list[ColumnRun]
+    columns_note: str
+    rows: list[RowRun]
+    rows_note: str
+
+
+def proxy(layer: Layer) -> Layer:
+    """The VALID layer with the same GEMM as `layer` (same N, OH, OW, filter, strides and
+    dilation): every output window lies inside its image."""
+    n, oh, ow, _ = layer.output_shape
+    kh, kw, c, _ = layer.filter_shape
+    h = (oh - 1) * layer.strides[0] + (kh - 1) * layer.dilation[0] + 1
+    w = (ow - 1) * layer.strides[1] + (kw - 1) * layer.dilation[1] + 1
+    return Layer((n, h, w, c), layer.filter_shape, layer.strides, "VALID", layer.dilation, layer.name)
+
+
+def rows_read(layer: Layer, op: str) -> np.ndarray:
+    """The GEMM rows the column layout reads: every output pixel (forward), every tap
+    (filter gradient), the isolated positions (input gradient)."""
+    kh, kw, c, _ = layer.filter_shape
+    if op == "conv2d_backprop_filter":
+        return np.arange(kh * kw * c)
+    if op == "conv2d":
+        return np.arange(int(np.prod(layer.output_shape[:3])))
+    return np.array([window_row(layer, w) for w in windows_in(layer)], dtype=np.int64)
+
+
+def column_layout_outputs(backend, layer: Layer, op: str, operand: np.ndarray, constant: float) -> np.ndarray:
+    """(calls, rows read, columns): for each call's fp16 column operand (columns, K), what
+    every GEMM row read computes in every column, the other operand `constant`."""
+    from convprobe.probes.layers import run_ops
+
+    kh, kw, c, cout = layer.filter_shape
+    x = np.full(layer.input_shape, constant, np.float16)
+    if op == "conv2d":  # taps (i, j, c) in order
+        outputs = run_ops(backend, layer, op, [(x, np.ascontiguousarray(o.T).reshape(layer.filter_shape))
+                                               for o in operand])
+        return np.stack([y.reshape(-1, cout) for y in outputs]).astype(np.float64)
+    if op == "conv2d_backprop_filter":  # positions (n, oh, ow) in order
+        outputs = run_ops(backend, layer, op, [(x, np.ascontiguousarray(o.T).reshape(layer.output_shape))
+                                               for o in operand])
+        return np.stack([y.reshape(kh * kw * c, cout) for y in outputs]).astype(np.float64)
+    windows = windows_in(layer)  # input gradient: column (t, c) is the filter's (i, j, c, :)
+    image = np.array([wd[0] for wd in windows])
+    dy = np.zeros(layer.output_shape, np.float16)
+    dy[image, [wd[1] for wd in windows], [wd[2] for wd in windows], :] = constant
+    outputs = run_ops(backend, layer, op, [(dy, o.reshape(layer.filter_shape)) for o in operand])
+    pixel_rows = np.stack([wd[3] for wd in windows])
+    pixel_cols = np.stack([wd[4] for wd in windows])
+    return np.stack([dx[image[:, None, None], pixel_rows, pixel_cols, :].reshape(len(windows), -1)
+                     for dx in outputs]).astype(np.float64)
+
+
+def tile_classes(backend, layer: Layer, op: str, seed: int = 0) -> Tiles:
+    """Rows read and columns grouped by their outputs on `SIGNATURE_CALLS` seeded random
+    patterns, each in every column; classes numbered in order of their first member."""
+    k, n = column_k(layer, op), column_count(layer, op)
+    patterns = np.random.default_rng([seed, k, n]).standard_normal((SIGNATURE_CALLS, 1, k)) / np.sqrt(k)
+    operand = np.broadcast_to(patterns.astype(np.float16), (SIGNATURE_CALLS, n, k))  # sums near 1
+    with np.errstate(over="ignore", invalid="ignore"):
+        grid = column_layout_outputs(backend, layer, op, operand, _ROUNDING_CONSTANT).astype(np.float16)
+    bits = grid.view(np.uint16)  # (calls, rows, columns)
+    return Tiles(rows_read(layer, op), _classes(bits.transpose(1, 0, 2).reshape(bits.shape[1], -1)),
+                 _classes(bits.transpose(2, 0, 1).reshape(bits.shape[2], -1)))
+
+
+def _classes(signatures: np.ndarray) -> np.ndarray:
+    """A class for each row of `signatures`, equal rows one class, numbered by first row."""
+    _, first_of, classes = np.unique(signatures, axis=0, return_index=True, return_inverse=True)
+    return np.argsort(np.argsort(first_of))[classes.reshape(-1)]
+
+
+def _span_calls(k: int, spans: list[range]) -> int:
+    return sum(-(-(3 * k + 1000) // len(span)) for span in spans)
+
+
+def _over_budget(layer: Layer, op: str, calls: int) -> str:
+    """'' if `calls` op calls fit `MAX_CALLS` and `MAX_WORK`, else why not."""
+    kh, kw, c, _ = layer.filter_shape
+    m = kh * kw * c if op == "conv2d_backprop_filter" else int(np.prod(layer.output_shape[:3]))
+    work = calls * m * column_count(layer, op) * column_k(layer, op)
+    if calls > MAX_CALLS:
+        return f"about {calls} calls, over {MAX_CALLS}"
+    return f"about {work:.2g} multiply-adds, over {MAX_WORK:.2g}" if work > MAX_WORK else ""
+
+
+class _SpanMeasure:
+    """`structure.measure_rows` at one GEMM row read, the patterns spread one a column over a
+    run of columns, on one cache of calls (other rows read and other runs reuse them)."""
+
+    def __init__(self, backend, layer: Layer, op: str):
+        self.backend, self.layer, self.op = backend, layer, op
+        self.cache: dict[tuple, np.ndarray] = {}
+
+    def __call__(self, position: int, span: range) -> Structure:
+        return measure_rows(lambda patterns, scale: self._outputs(patterns, scale, span)[:, position],
+                            column_k(self.layer, self.op))
+
+    def _outputs(self, patterns: np.ndarray, scale: float, span: range) -> np.ndarray:
+        key = (span.start, span.stop, patterns.shape, float(scale),
+               hashlib.sha256(np.ascontiguousarray(patterns).tobytes()).digest())
+        if key not in self.cache:
+            values = blocks(patterns, len(span), scale)  # (calls, len(span), K)
+            operand = np.zeros((len(values), column_count(self.layer, self.op), values.shape[2]), np.float16)
+            operand[:, span.start:span.stop] = values
+            grid = column_layout_outputs(self.backend, self.layer, self.op, operand, scale)  # (calls, rows, columns)
+            per_pattern = grid[:, :, span.start:span.stop].transpose(0, 2, 1).reshape(-1, grid.shape[1])
+            self.cache[key] = per_pattern[:len(patterns)]
+        return self.cache[key]
+
+    def runs(self, position: int, spans: list[range]) -> tuple[ColumnRun, ...]:
+        """Runs of columns (neighbouring spans with one structure merged) at one row read."""
+        measured = [self(position, span) for span in spans]
+        return tuple(ColumnRun(span.start, s) for i, (span, s) in enumerate(zip(spans, measured))
+                     if i == 0 or s != measured[i - 1])
+
+
+def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: int = 0) -> Tiling:
+    """The main class's runs of columns and the runs of rows of `op` at `layer`'s proxy (see
+    the module docstring). `main_row`: the GEMM row the layer's own crafted rows are read at
+    (None: the largest class is the main one)."""
+    try:
+        at = proxy(layer)
+    except InvalidArgument as exc:
+        runs, note = measure_columns(backend, layer, op)
+        return Tiling(runs, note, [], f"no proxy layer ({exc}): rows not measured")
+    if not len(rows_read(at, op)):
+        runs, note = measure_columns(backend, at, op)
+        return Tiling(runs, note, [], "no isolated position: rows not measured")
+    tiles = tile_classes(backend, at, op, seed)
+    main = tiles.class_of(main_row)
+    span_measure, k = _SpanMeasure(backend, at, op), column_k(at, op)
+    capacity, why = column_capacity(at, op, tiles.rows_in(main))
+    if capacity and column_calls(at, op, capacity) <= WINDOW_CALLS:
+        columns, columns_note = measure_columns(backend, at, op, tiles.rows_in(main))
+    elif len(tiles.spans()) < 2:
+        columns, columns_note = [], why or "one kernel for every column: the crafted rows' own structure"
+    elif not _over_budget(at, op, _span_calls(k, tiles.spans())):
+        position = int(np.flatnonzero(tiles.row_class == main)[0])
+        columns, columns_note = list(span_measure.runs(position, tiles.spans())), ""
+    else:
+        over = _over_budget(at, op, _span_calls(k, tiles.spans()))
+        columns, columns_note = [], f"{len(tiles.spans())} runs of columns: {over}; columns not measured"
+    others = sorted(set(tiles.row_class.tolist()) - {main})
+    if op not in ROW_OPS or not others:
+        note = "" if not others else "the input gradient's GEMM rows are added together by col2im: rows not modelled"
+        return Tiling(columns, columns_note, [], note)
+    spans = tiles.spans([run.first for run in columns])
+    over = _over_budget(at, op, len(others) * _span_calls(k, spans))
+    if over:
+        return Tiling(columns, columns_note, [], f"{len(others) + 1} classes of rows: {over}; rows not measured")
+    structure_of = {c: span_measure.runs(int(np.flatnonzero(tiles.row_class == c)[0]), spans) for c in others}
+    classes = tiles.row_class  # forward and filter gradient read every row, in order
+    runs = [RowRun(r, None if c == main else structure_of[c])
+            for r, c in enumerate(classes.tolist()) if r == 0 or c != classes[r - 1]]
+    return Tiling(columns, columns_note, runs, "")
+
+
+def _class_spec(layer: Layer, op: str, runs: tuple[ColumnRun, ...], combine: str) -> str | None:
+    """The spec of one class of rows: its columns' (None where a structure gives no spec)."""
+    by_column = column_models(layer, op, list(runs), combine)
+    return by_column or column_spec(runs[0].structure, layer.k(op))
+
+
+def row_models(layer: Layer, op: str, runs: list[RowRun], main_spec: str, combine: str = "fp16") -> str | None:
+    """``rows(S_0 * n_0, S_1 * n_1, ...)`` from the runs of rows, the main class taking
+    `main_spec` (None where one model serves every row, or a class gives no spec)."""
+    if len(runs) < 2:
+        return None
+    specs = [main_spec if run.columns is None else _class_spec(layer, op, run.columns, combine) for run in runs]
+    if None in specs or len(set(specs)) < 2:
+        return None
+    counts = [nxt.first - run.first for run, nxt in zip(runs, runs[1:])] + [1]
+    from convprobe.emulation import parse_model
+
+    return parse_model(f"rows({', '.join(f'{s} * {n}' for s, n in zip(specs, counts))})").to_spec()

@@ -1,0 +1,120 @@
+"""The GEMM's tiles grouped by kernel and measured: on the emulator (the truth the probe
+must recover) and on real TensorFlow (whose last rows beyond a block of 4 take another
+micro kernel, and whose small images leave the window probe too few windows)."""
+
+import pytest
+
+from convprobe.backends.emulated import EmulatedBackend
+from convprobe.emulation import parse_model
+from convprobe.probes import column_patterns, tile_patterns
+from convprobe.probes.layers import Layer
+from conftest import run_cli_json
+
+LANES2 = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16)"
+ROUNDED = "sequential:fp16:product=fp16"
+#: Input gradient 3x3x3x16: 27 GEMM columns (tap, channel) in blocks of 16, 8 and 3, each dx
+#: channel meeting its taps' columns in the rotated filter's order (as in test_layer_identify).
+BY_TAP = (f"columns(splitk(length=16, {ROUNDED}, first=sequential:fp16 | {LANES2} | {LANES2}, combine=fp16), "
+          f"splitk(length=16, {ROUNDED}, first=sequential:fp16 | {LANES2} | {LANES2} | {LANES2}, combine=fp16))")
+
+
+def _measured(spec: str, layer: Layer, op: str, main_row: int | None = 0):
+    tiling = tile_patterns.measure_tiles(EmulatedBackend(spec), layer, op, main_row)
+    main_spec = tiling.columns and (column_patterns.column_models(layer, op, tiling.columns)
+                                    or column_patterns.column_spec(tiling.columns[0].structure, layer.k(op)))
+    return tiling, main_spec  # (no columns: the layer's crafted rows measure the main class)
+
+
+@pytest.mark.parametrize("op,layer,spec", [
+    # 49 output pixels: the 49th on a kernel of its own (TensorFlow's 1x7x7x16 * 3x3x16x8)
+    ("conv2d", Layer((1, 7, 7, 16), (3, 3, 16, 8)), f"rows({LANES2} * 48, {ROUNDED})"),
+    # 27 taps, each class of rows with two runs of columns of its own
+    ("conv2d_backprop_filter", Layer((2, 4, 4, 3), (3, 3, 3, 8)),
+     f"rows(columns({ROUNDED} * 4, {LANES2}) * 24, columns({ROUNDED} * 4, sequential:fp16))"),
+    # a class in the middle: rows 5-9 differ, the rest are the main class
+    ("conv2d", Layer((1, 6, 6, 2), (3, 3, 2, 8), padding="VALID"), f"rows({ROUNDED} * 5, {LANES2} * 5, {ROUNDED})"),
+])
+def test_the_rows_are_grouped_and_each_class_measured(op, layer, spec):
+    """The runs of rows and their columns give back the model, spec for spec."""
+    tiling, main_spec = _measured(spec, layer, op)
+    assert tiling.rows_note == "" and len(tiling.rows) >= 2, tiling
+    assert tiling.rows[0].columns is None  # row 0's class is the main one: the layer's measured structure
+    assert tile_patterns.row_models(layer, op, tiling.rows, main_spec) == parse_model(spec).to_spec()
+
+
+def test_the_main_class_is_the_row_the_crafted_rows_are_read_at():
+    """Main row 48: its one window is too few for the window probe (the layer's own crafted rows
+    measure it), and the 48 others are the class measured in the column layout."""
+    spec, layer = f"rows({LANES2} * 48, {ROUNDED})", Layer((1, 7, 7, 16), (3, 3, 16, 8))
+    tiling, _ = _measured(spec, layer, "conv2d", main_row=48)
+    assert tiling.columns == [] and "one kernel for every column" in tiling.columns_note
+    assert [run.first for run in tiling.rows] == [0, 48] and tiling.rows[1].columns is None
+    assert tile_patterns.row_models(layer, "conv2d", tiling.rows, ROUNDED) == parse_model(spec).to_spec()
+
+
+def test_columns_the_window_probe_cannot_afford_are_measured_in_the_column_layout():
+    """One window fits a 3x3 image's proxy (forward: about 2728 calls at K = 576); one
+    channel (filter gradient: 1432 calls): the columns are measured one pattern a column
+    instead, and give back the model; the input gradient's (tap, channel) columns too."""
+    by_column = f"columns({ROUNDED} * 16, {LANES2})"
+    for op, layer in (("conv2d", Layer((1, 3, 3, 64), (3, 3, 64, 24))),
+                      ("conv2d_backprop_filter", Layer((1, 12, 12, 1), (3, 3, 1, 24)))):
+        assert column_patterns.measure_columns(EmulatedBackend(by_column), tile_patterns.proxy(layer), op)[0] == []
+        tiling, _ = _measured(by_column, layer, op, None)
+        assert tiling.columns_note == "" and [run.first for run in tiling.columns] == [0, 16], tiling.columns_note
+        assert column_patterns.column_models(layer, op, tiling.columns) == parse_model(by_column).to_spec()
+    layer = Layer((1, 3, 3, 3), (3, 3, 3, 16))  # 27 columns (tap, channel): 16, 8 and 3 (test_layer_identify)
+    tiling, _ = _measured(BY_TAP, layer, "conv2d_backprop_input", None)
+    assert tiling.columns_note == "" and [run.first for run in tiling.columns] == [0, 16, 24], tiling.columns_note
+    assert column_patterns.column_models(layer, "conv2d_backprop_input", tiling.columns) == parse_model(BY_TAP).to_spec()
+
+
+def test_one_kernel_for_every_tile_gives_no_runs_and_no_spec():
+    for op in tile_patterns.ROW_OPS:
+        tiling, main_spec = _measured(LANES2, Layer((1, 7, 7, 16), (3, 3, 16, 8)), op)
+        assert tiling.rows == [] and tiling.rows_note == "" and len(tiling.columns) == 1
+        assert tile_patterns.row_models(Layer((1, 7, 7, 16), (3, 3, 16, 8)), op, tiling.rows, main_spec) is None
+
+
+def test_tiles_that_are_not_measured_say_why():
+    layer = Layer((1, 7, 7, 16), (3, 3, 16, 8))
+    tiling, _ = _measured(f"rows({LANES2} * 48, {ROUNDED})", layer, "conv2d_backprop_input", None)
+    assert tiling.rows == [] and "added together by col2im" in tiling.rows_note
+    one_each = "columns(" + ", ".join(f"chunked:fp16:n={n}" for n in range(8, 16)) + ")"  # 8 kernels, 8 columns
+    tiling, _ = _measured(f"rows({one_each} * 48, {ROUNDED})", layer, "conv2d")
+    assert tiling.rows == [] and f"over {tile_patterns.MAX_CALLS}; rows not measured" in tiling.rows_note
+
+
+def test_the_proxy_has_the_layers_gemm_with_every_window_inside():
+    layer = Layer((2, 7, 9, 3), (3, 2, 3, 5), strides=(2, 3), padding="SAME")
+    at = tile_patterns.proxy(layer)
+    assert at.padding == "VALID" and at.output_shape == layer.output_shape
+    assert at.k("conv2d") == layer.k("conv2d") and at.k("conv2d_backprop_filter") == layer.k("conv2d_backprop_filter")
+    assert tile_patterns.proxy(at) == at
+
+
+def test_identify_confirms_the_measured_rows():
+    """identify on the emulator picks the spec measured row by row, and says so."""
+    spec = f"rows({LANES2} * 48, {ROUNDED})"
+    doc = run_cli_json("identify", "--configs", "none", "--model", spec, "--input-shape", "1,7,7,16",
+                       "--filter-shape", "3,3,16,8")
+    summary = doc["matches"][f"emulated/{spec}"]["conv2d"]["summary"]
+    assert summary["best"] == parse_model(spec).to_spec() and summary["stops_matching_at"] is None
+    assert "measured row by row: 2 runs of rows" in summary["explanation"]
+    assert summary["table"][LANES2] < 1.0
+
+
+@pytest.mark.tensorflow
+def test_real_gemm_rows_beyond_a_block_of_four_are_measured():
+    """onednn-off+fp16-acc: 49 output pixels (the forward) and 9 taps (the filter gradient):
+    the last row takes another kernel; measured row by row, 100% at two seeds; the model of
+    the other rows alone is not."""
+    for shape, filters, op in (("1,7,7,16", "3,3,16,8", "conv2d"), ("2,16,16,1", "3,3,1,8", "conv2d_backprop_filter")):
+        for seed in ("0", "1"):
+            doc = run_cli_json("identify", "--configs", "onednn-off+fp16-acc", "--seed", seed,
+                               "--input-shape", shape, "--filter-shape", filters)
+            summary = doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"][op]["summary"]
+            assert summary["stops_matching_at"] is None and summary["best"].startswith("rows("), summary
+            assert [run["first"] for run in summary["structure"]["rows"]] == [0, 48 if op == "conv2d" else 8]
+            assert "measured row by row" in summary["explanation"]
+            assert summary["table"][LANES2] < 1.0
