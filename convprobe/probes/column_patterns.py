@@ -38,7 +38,7 @@ from convprobe.probes.layers import Layer
 from convprobe.probes.structure import Structure, blocks, candidate_specs, measure_rows
 
 __all__ = ["ColumnRun", "column_count", "column_k", "column_capacity", "column_calls", "column_outputs", "measure_columns",
-           "column_models", "column_spec", "window_row", "windows_in", "spot_rows", "MAX_CALLS"]
+           "column_models", "column_spec", "spec_by_column", "window_sets", "window_row", "windows_in", "spot_rows", "MAX_CALLS"]
 
 #: Most op calls one column measurement may make (about 3 K + 1000 rows, `capacity` a call).
 MAX_CALLS = 512
@@ -98,6 +98,32 @@ def _windows(layer: Layer) -> tuple[tuple[int, int, int, np.ndarray, np.ndarray]
             used[rows, cols] = True
             picked.append((i, j, rows, cols))
     return tuple((n, i, j, rows, cols) for n in range(n_images) for i, j, rows, cols in picked)
+
+
+@functools.lru_cache(maxsize=16)
+def window_sets(layer: Layer) -> tuple[tuple, ...]:
+    """Sets of disjoint in-image windows (as `_windows`) that together hold every output
+    position with an in-image window, each set picked greedily from the positions left."""
+    n_images, h, w, _ = layer.input_shape
+    _, oh, ow, _ = layer.output_shape
+    left = [(i, j) for i in range(oh) for j in range(ow)]
+    sets = []
+    while left:
+        used, picked, rest = np.zeros((h, w), dtype=bool), [], []
+        for i, j in left:
+            rows, cols = _pixels(layer, i, j)
+            if rows.min() < 0 or cols.min() < 0 or rows.max() >= h or cols.max() >= w:
+                continue  # never inside: in no set
+            if used[rows, cols].any():
+                rest.append((i, j))
+                continue
+            used[rows, cols] = True
+            picked.append((i, j, rows, cols))
+        if not picked:
+            break
+        sets.append(tuple((n, i, j, rows, cols) for n in range(n_images) for i, j, rows, cols in picked))
+        left = rest
+    return tuple(sets)
 
 
 @functools.lru_cache(maxsize=16)
@@ -251,10 +277,12 @@ def column_models(layer: Layer, op: str, runs: list[ColumnRun], combine: str = "
     if None in specs or len(set(specs)) < 2:
         return None
     firsts = [r.first for r in runs]
+    return spec_by_column(layer, op, lambda column: specs[int(np.searchsorted(firsts, column, side="right")) - 1],
+                          combine)
 
-    def spec_of(column: int) -> str:
-        return specs[int(np.searchsorted(firsts, column, side="right")) - 1]
 
+def spec_by_column(layer: Layer, op: str, spec_of, combine: str = "fp16") -> str:
+    """One spec from `spec_of(column)`, the model of each GEMM column (see `column_models`)."""
     kh, kw, c_in, c_out = layer.filter_shape
     if op == "conv2d_backprop_input":
         channels = []

@@ -44,15 +44,13 @@ import numpy as np
 from convprobe.errors import InvalidArgument
 from convprobe.probes.column_patterns import (MAX_CALLS as WINDOW_CALLS, ColumnRun, column_calls, column_capacity,
                                               column_count, column_k, column_models, column_spec, measure_columns,
-                                              window_row, windows_in)
+                                              spec_by_column, window_row, window_sets)
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import Structure, blocks, measure_rows
 
-__all__ = ["RowRun", "Tiles", "Tiling", "ROW_OPS", "SIGNATURE_CALLS", "MAX_CALLS", "proxy", "rows_read",
+__all__ = ["RowRun", "Tiles", "Tiling", "SIGNATURE_CALLS", "MAX_CALLS", "proxy", "rows_read",
            "column_layout_outputs", "tile_classes", "measure_tiles", "row_models"]
 
-#: The ops whose GEMM rows are outputs: forward (pixels) and filter gradient (taps).
-ROW_OPS = ("conv2d", "conv2d_backprop_filter")
 #: Calls of random patterns that group the rows and columns.
 SIGNATURE_CALLS = 16
 #: Most op calls the column layout's measurements of one op may make (about 3 K + 1000
@@ -102,6 +100,16 @@ class Tiles:
     def rows_in(self, row_class: int) -> frozenset[int]:
         return frozenset(self.rows[self.row_class == row_class].tolist())
 
+    def first_row(self, row_class: int) -> int:
+        """The lowest GEMM row of a class."""
+        return int(self.rows[self.row_class == row_class].min())
+
+    def by_row(self) -> np.ndarray:
+        """The class of every GEMM row 0, 1, ... (every row is read at a proxy)."""
+        classes = np.empty(len(self.rows), dtype=np.int64)
+        classes[self.rows] = self.row_class
+        return classes
+
     def spans(self, firsts=()) -> list[range]:
         """Runs of neighbouring columns in one class, also cut at `firsts`."""
         cuts = sorted({0, *firsts, *(j for j in range(1, len(self.column_class))
@@ -131,18 +139,20 @@ def proxy(layer: Layer) -> Layer:
 
 def rows_read(layer: Layer, op: str) -> np.ndarray:
     """The GEMM rows the column layout reads: every output pixel (forward), every tap
-    (filter gradient), the isolated positions (input gradient)."""
+    (filter gradient), every position of `window_sets` (input gradient), in that order."""
     kh, kw, c, _ = layer.filter_shape
     if op == "conv2d_backprop_filter":
         return np.arange(kh * kw * c)
     if op == "conv2d":
         return np.arange(int(np.prod(layer.output_shape[:3])))
-    return np.array([window_row(layer, w) for w in windows_in(layer)], dtype=np.int64)
+    return np.array([window_row(layer, w) for windows in window_sets(layer) for w in windows], dtype=np.int64)
 
 
-def column_layout_outputs(backend, layer: Layer, op: str, operand: np.ndarray, constant: float) -> np.ndarray:
+def column_layout_outputs(backend, layer: Layer, op: str, operand: np.ndarray, constant: float,
+                          windows: tuple | None = None) -> np.ndarray:
     """(calls, rows read, columns): for each call's fp16 column operand (columns, K), what
-    every GEMM row read computes in every column, the other operand `constant`."""
+    every GEMM row read computes in every column, the other operand `constant`; the input
+    gradient reads the positions of `windows` (one of `window_sets`; default the first)."""
     from convprobe.probes.layers import run_ops
 
     kh, kw, c, cout = layer.filter_shape
@@ -155,7 +165,7 @@ def column_layout_outputs(backend, layer: Layer, op: str, operand: np.ndarray, c
         outputs = run_ops(backend, layer, op, [(x, np.ascontiguousarray(o.T).reshape(layer.output_shape))
                                                for o in operand])
         return np.stack([y.reshape(kh * kw * c, cout) for y in outputs]).astype(np.float64)
-    windows = windows_in(layer)  # input gradient: column (t, c) is the filter's (i, j, c, :)
+    windows = windows or window_sets(layer)[0]  # input gradient: column (t, c) is the filter's (i, j, c, :)
     image = np.array([wd[0] for wd in windows])
     dy = np.zeros(layer.output_shape, np.float16)
     dy[image, [wd[1] for wd in windows], [wd[2] for wd in windows], :] = constant
@@ -173,7 +183,11 @@ def tile_classes(backend, layer: Layer, op: str, seed: int = 0) -> Tiles:
     patterns = np.random.default_rng([seed, k, n]).standard_normal((SIGNATURE_CALLS, 1, k)) / np.sqrt(k)
     operand = np.broadcast_to(patterns.astype(np.float16), (SIGNATURE_CALLS, n, k))  # sums near 1
     with np.errstate(over="ignore", invalid="ignore"):
-        grid = column_layout_outputs(backend, layer, op, operand, _ROUNDING_CONSTANT).astype(np.float16)
+        if op == "conv2d_backprop_input":  # every set of isolated positions in turn, as rows_read orders them
+            grid = np.concatenate([column_layout_outputs(backend, layer, op, operand, _ROUNDING_CONSTANT, windows)
+                                   for windows in window_sets(layer)], axis=1).astype(np.float16)
+        else:
+            grid = column_layout_outputs(backend, layer, op, operand, _ROUNDING_CONSTANT).astype(np.float16)
     bits = grid.view(np.uint16)  # (calls, rows, columns)
     return Tiles(rows_read(layer, op), _classes(bits.transpose(1, 0, 2).reshape(bits.shape[1], -1)),
                  _classes(bits.transpose(2, 0, 1).reshape(bits.shape[2], -1)))
@@ -200,32 +214,43 @@ def _over_budget(layer: Layer, op: str, calls: int) -> str:
 
 
 class _SpanMeasure:
-    """`structure.measure_rows` at one GEMM row read, the patterns spread one a column over a
-    run of columns, on one cache of calls (other rows read and other runs reuse them)."""
+    """`structure.measure_rows` at one GEMM row, the patterns spread one a column over a run
+    of columns, on one cache of calls (other rows and other runs reuse them)."""
 
     def __init__(self, backend, layer: Layer, op: str):
         self.backend, self.layer, self.op = backend, layer, op
         self.cache: dict[tuple, np.ndarray] = {}
 
-    def __call__(self, position: int, span: range) -> Structure:
-        return measure_rows(lambda patterns, scale: self._outputs(patterns, scale, span)[:, position],
+    def _where(self, row: int) -> tuple[tuple | None, int]:
+        """(the window set that reads `row`, or None: every row is read; its place there)."""
+        if self.op != "conv2d_backprop_input":
+            return None, row
+        for windows in window_sets(self.layer):
+            rows = [window_row(self.layer, w) for w in windows]
+            if row in rows:
+                return windows, rows.index(row)
+        raise ValueError(f"GEMM row {row} has no window inside the image")
+
+    def __call__(self, row: int, span: range) -> Structure:
+        windows, position = self._where(row)
+        return measure_rows(lambda patterns, scale: self._outputs(patterns, scale, span, windows)[:, position],
                             column_k(self.layer, self.op))
 
-    def _outputs(self, patterns: np.ndarray, scale: float, span: range) -> np.ndarray:
-        key = (span.start, span.stop, patterns.shape, float(scale),
-               hashlib.sha256(np.ascontiguousarray(patterns).tobytes()).digest())
+    def _outputs(self, patterns: np.ndarray, scale: float, span: range, windows) -> np.ndarray:
+        key = (span.start, span.stop, None if windows is None else window_row(self.layer, windows[0]),
+               patterns.shape, float(scale), hashlib.sha256(np.ascontiguousarray(patterns).tobytes()).digest())
         if key not in self.cache:
             values = blocks(patterns, len(span), scale)  # (calls, len(span), K)
             operand = np.zeros((len(values), column_count(self.layer, self.op), values.shape[2]), np.float16)
             operand[:, span.start:span.stop] = values
-            grid = column_layout_outputs(self.backend, self.layer, self.op, operand, scale)  # (calls, rows, columns)
+            grid = column_layout_outputs(self.backend, self.layer, self.op, operand, scale, windows)
             per_pattern = grid[:, :, span.start:span.stop].transpose(0, 2, 1).reshape(-1, grid.shape[1])
             self.cache[key] = per_pattern[:len(patterns)]
         return self.cache[key]
 
-    def runs(self, position: int, spans: list[range]) -> tuple[ColumnRun, ...]:
-        """Runs of columns (neighbouring spans with one structure merged) at one row read."""
-        measured = [self(position, span) for span in spans]
+    def runs(self, row: int, spans: list[range]) -> tuple[ColumnRun, ...]:
+        """Runs of columns (neighbouring spans with one structure merged) at one GEMM row."""
+        measured = [self(row, span) for span in spans]
         return tuple(ColumnRun(span.start, s) for i, (span, s) in enumerate(zip(spans, measured))
                      if i == 0 or s != measured[i - 1])
 
@@ -239,9 +264,6 @@ def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: in
     except InvalidArgument as exc:
         runs, note = measure_columns(backend, layer, op)
         return Tiling(runs, note, [], f"no proxy layer ({exc}): rows not measured")
-    if not len(rows_read(at, op)):
-        runs, note = measure_columns(backend, at, op)
-        return Tiling(runs, note, [], "no isolated position: rows not measured")
     tiles = tile_classes(backend, at, op, seed)
     main = tiles.class_of(main_row)
     span_measure, k = _SpanMeasure(backend, at, op), column_k(at, op)
@@ -251,21 +273,22 @@ def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: in
     elif len(tiles.spans()) < 2:
         columns, columns_note = [], why or "one kernel for every column: the crafted rows' own structure"
     elif not _over_budget(at, op, _span_calls(k, tiles.spans())):
-        position = int(np.flatnonzero(tiles.row_class == main)[0])
-        columns, columns_note = list(span_measure.runs(position, tiles.spans())), ""
+        columns, columns_note = list(span_measure.runs(tiles.first_row(main), tiles.spans())), ""
     else:
         over = _over_budget(at, op, _span_calls(k, tiles.spans()))
         columns, columns_note = [], f"{len(tiles.spans())} runs of columns: {over}; columns not measured"
     others = sorted(set(tiles.row_class.tolist()) - {main})
-    if op not in ROW_OPS or not others:
-        note = "" if not others else "the input gradient's GEMM rows are added together by col2im: rows not modelled"
-        return Tiling(columns, columns_note, [], note)
+    if not others:
+        return Tiling(columns, columns_note, [], "")
     spans = tiles.spans([run.first for run in columns])
-    over = _over_budget(at, op, len(others) * _span_calls(k, spans))
+    main_calls = _span_calls(k, spans) if op == "conv2d_backprop_input" and not columns else 0
+    over = _over_budget(at, op, len(others) * _span_calls(k, spans) + main_calls)
     if over:
         return Tiling(columns, columns_note, [], f"{len(others) + 1} classes of rows: {over}; rows not measured")
-    structure_of = {c: span_measure.runs(int(np.flatnonzero(tiles.row_class == c)[0]), spans) for c in others}
-    classes = tiles.row_class  # forward and filter gradient read every row, in order
+    if main_calls:  # the input gradient's rows are modelled column by column: the main class's too
+        columns, columns_note = list(span_measure.runs(tiles.first_row(main), spans)), ""
+    structure_of = {c: span_measure.runs(tiles.first_row(c), spans) for c in others}
+    classes = tiles.by_row()
     runs = [RowRun(r, None if c == main else structure_of[c])
             for r, c in enumerate(classes.tolist()) if r == 0 or c != classes[r - 1]]
     return Tiling(columns, columns_note, runs, "")
@@ -277,15 +300,82 @@ def _class_spec(layer: Layer, op: str, runs: tuple[ColumnRun, ...], combine: str
     return by_column or column_spec(runs[0].structure, layer.k(op))
 
 
-def row_models(layer: Layer, op: str, runs: list[RowRun], main_spec: str, combine: str = "fp16") -> str | None:
+def row_models(layer: Layer, op: str, runs: list[RowRun], main_spec: str, combine: str = "fp16",
+               main_columns: list[ColumnRun] = ()) -> str | None:
     """``rows(S_0 * n_0, S_1 * n_1, ...)`` from the runs of rows, the main class taking
-    `main_spec` (None where one model serves every row, or a class gives no spec)."""
+    `main_spec` (None where one model serves every row, or a class gives no spec). The input
+    gradient's rows are dx pixels: each takes, for each tap, the kernel of the dy position
+    that tap reads (its GEMM row), from `main_columns` or its class's columns."""
     if len(runs) < 2:
         return None
-    specs = [main_spec if run.columns is None else _class_spec(layer, op, run.columns, combine) for run in runs]
+    if op == "conv2d_backprop_input":
+        specs, counts = _dx_pixel_runs(layer, runs, list(main_columns), combine)
+    else:
+        specs = [main_spec if run.columns is None else _class_spec(layer, op, run.columns, combine) for run in runs]
+        counts = [nxt.first - run.first for run, nxt in zip(runs, runs[1:])] + [1]
     if None in specs or len(set(specs)) < 2:
         return None
-    counts = [nxt.first - run.first for run, nxt in zip(runs, runs[1:])] + [1]
     from convprobe.emulation import parse_model
 
     return parse_model(f"rows({', '.join(f'{s} * {n}' for s, n in zip(specs, counts))})").to_spec()
+
+
+def _column_spec_of(runs, k: int):
+    """column -> the spec of its run; None where a run's structure gives no spec."""
+    firsts, specs = [r.first for r in runs], [column_spec(r.structure, k) for r in runs]
+    if None in specs:
+        return None
+    return lambda column: specs[int(np.searchsorted(firsts, column, side="right")) - 1]
+
+
+def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRun], combine: str):
+    """(specs, counts): runs of dx pixels (n, h, w) with one spec. A pixel's column (tap t,
+    channel c) takes the kernel of GEMM row p, the dy position tap t of p reads the pixel
+    at; taps that read no dy position (padding, stride) sum zeros: the main kernel."""
+    from convprobe.emulation.conv import resolve_padding
+
+    op, k = "conv2d_backprop_input", layer.filter_shape[3]
+    if not main_columns:
+        return [None], [1]
+    spec_of = [_column_spec_of(main_columns if run.columns is None else run.columns, k) for run in runs]
+    if None in spec_of:
+        return [None], [1]
+    firsts = [run.first for run in runs]
+    main = spec_of[next(i for i, run in enumerate(runs) if run.columns is None)]
+    n, h, w, _ = layer.input_shape
+    kh, kw, c_in, _ = layer.filter_shape
+    _, oh, ow, _ = layer.output_shape
+    (top, _), (left, _) = resolve_padding(layer.padding, (h, w), (kh, kw), layer.strides, layer.dilation)
+    (sh, sw), (dh, dw) = layer.strides, layer.dilation
+    main_spec = spec_by_column(layer, op, main, combine)
+    pixel_specs = {}  # the pixels a non-main row reaches, each with its spec
+    for run_index, (run, nxt) in enumerate(zip(runs, [*firsts[1:], n * oh * ow])):
+        if run.columns is None:
+            continue
+        for row in range(run.first, nxt):
+            b, rest = divmod(row, oh * ow)
+            for i in range(kh):
+                for j in range(kw):
+                    pixel = (b, (rest // ow) * sh - top + i * dh, (rest % ow) * sw - left + j * dw)
+                    if 0 <= pixel[1] < h and 0 <= pixel[2] < w:
+                        pixel_specs[pixel] = None
+
+    def tap_row(pixel, column: int) -> int | None:
+        (b, y, x), (t, _) = pixel, divmod(column, c_in)
+        (a, off_a), (e, off_e) = divmod(y + top - (t // kw) * dh, sh), divmod(x + left - (t % kw) * dw, sw)
+        return (b * oh + a) * ow + e if not off_a and not off_e and 0 <= a < oh and 0 <= e < ow else None
+
+    for pixel in pixel_specs:
+        def of(column: int, pixel=pixel) -> str | None:
+            row = tap_row(pixel, column)
+            return main(column) if row is None else spec_of[int(np.searchsorted(firsts, row, side="right")) - 1](column)
+        pixel_specs[pixel] = spec_by_column(layer, op, of, combine)
+    specs, counts = [], []
+    for pixel in np.ndindex(n, h, w):
+        spec = pixel_specs.get(pixel, main_spec)
+        if specs and specs[-1] == spec:
+            counts[-1] += 1
+        else:
+            specs.append(spec)
+            counts.append(1)
+    return specs, counts

@@ -70,16 +70,31 @@ def test_columns_the_window_probe_cannot_afford_are_measured_in_the_column_layou
 
 
 def test_one_kernel_for_every_tile_gives_no_runs_and_no_spec():
-    for op in tile_patterns.ROW_OPS:
+    for op in ("conv2d", "conv2d_backprop_filter"):
         tiling, main_spec = _measured(LANES2, Layer((1, 7, 7, 16), (3, 3, 16, 8)), op)
         assert tiling.rows == [] and tiling.rows_note == "" and len(tiling.columns) == 1
         assert tile_patterns.row_models(Layer((1, 7, 7, 16), (3, 3, 16, 8)), op, tiling.rows, main_spec) is None
 
 
+#: TensorFlow's 1x6x6x18 * 2x2x18x21 VALID input gradient (as identify measured it): GEMM row 24,
+#: the last dy position, rounds products in the block of 8 columns (64-71: tap 3, channels
+#: 10-17) too; only dx pixel 35 reads it, through tap 3, so only its spec differs.
+DX_ROWS = (f"rows(columns(splitk(length=21, {ROUNDED}, combine=fp16) * 10, splitk(length=21, {ROUNDED}, "
+           f"first=lanes(2, {ROUNDED}, combine=sequential:fp16, tail=5), combine=fp16)) * 35, "
+           f"splitk(length=21, {ROUNDED}, combine=fp16))")
+
+
+def test_an_input_gradients_rows_are_dy_positions_mapped_to_dx_pixels():
+    """The tiles of DX_ROWS's GEMM (rows: dy positions) are measured and give its dx pixels' spec back."""
+    layer = Layer((1, 6, 6, 18), (2, 2, 18, 21), padding="VALID")
+    tiling = tile_patterns.measure_tiles(EmulatedBackend(DX_ROWS), layer, "conv2d_backprop_input", None)
+    assert [run.first for run in tiling.rows] == [0, 24] and [run.first for run in tiling.columns] == [0, 64]
+    spec = tile_patterns.row_models(layer, "conv2d_backprop_input", tiling.rows, "", main_columns=tiling.columns)
+    assert spec == parse_model(DX_ROWS).to_spec()
+
+
 def test_tiles_that_are_not_measured_say_why():
     layer = Layer((1, 7, 7, 16), (3, 3, 16, 8))
-    tiling, _ = _measured(f"rows({LANES2} * 48, {ROUNDED})", layer, "conv2d_backprop_input", None)
-    assert tiling.rows == [] and "added together by col2im" in tiling.rows_note
     one_each = "columns(" + ", ".join(f"chunked:fp16:n={n}" for n in range(8, 16)) + ")"  # 8 kernels, 8 columns
     tiling, _ = _measured(f"rows({one_each} * 48, {ROUNDED})", layer, "conv2d")
     assert tiling.rows == [] and f"over {tile_patterns.MAX_CALLS}; rows not measured" in tiling.rows_note
@@ -104,17 +119,36 @@ def test_identify_confirms_the_measured_rows():
     assert summary["table"][LANES2] < 1.0
 
 
+def _real(shape: str, filters: str, *extra: str, seed: str = "0") -> dict:
+    doc = run_cli_json("identify", "--configs", "onednn-off+fp16-acc", "--seed", seed, "--input-shape", shape,
+                       "--filter-shape", filters, *extra)
+    return doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"]
+
+
 @pytest.mark.tensorflow
 def test_real_gemm_rows_beyond_a_block_of_four_are_measured():
-    """onednn-off+fp16-acc: 49 output pixels (the forward) and 9 taps (the filter gradient):
-    the last row takes another kernel; measured row by row, 100% at two seeds; the model of
-    the other rows alone is not."""
-    for shape, filters, op in (("1,7,7,16", "3,3,16,8", "conv2d"), ("2,16,16,1", "3,3,1,8", "conv2d_backprop_filter")):
+    """onednn-off+fp16-acc: 49 output pixels (forward), 9 taps (filter gradient) and 25 dy
+    positions (input gradient): the last GEMM row takes another kernel; measured row by
+    row, 100%; the model of the other rows alone is not."""
+    cases = (("1,7,7,16", "3,3,16,8", (), "conv2d", 48), ("2,16,16,1", "3,3,1,8", (), "conv2d_backprop_filter", 8),
+             ("1,6,6,18", "2,2,18,21", ("--padding", "VALID"), "conv2d_backprop_input", 24))
+    for shape, filters, extra, op, last in cases:
+        summary = _real(shape, filters, *extra)[op]["summary"]
+        assert summary["stops_matching_at"] is None and summary["best"].startswith("rows("), summary
+        assert [run["first"] for run in summary["structure"]["rows"]] == [0, last]
+        assert "measured row by row" in summary["explanation"]
+        assert max(f for spec, f in summary["table"].items() if not spec.startswith("rows(")) < 1.0
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_real_tiles_at_more_shapes_and_seeds():
+    """Small images (the window probe too dear: columns in the column layout), row remainders
+    of 1 to 3, strides, 5x5 and 1x1 filters: every op 100% at two seeds."""
+    cases = (("1,4,4,128", "3,3,128,24", ()), ("1,15,15,2", "3,3,2,11", ()), ("1,11,11,4", "5,5,4,9", ()),
+             ("1,5,5,8", "3,3,8,24", ()), ("2,5,5,3", "3,3,3,24", ()), ("1,3,3,64", "1,1,64,8", ()),
+             ("1,9,9,32", "3,3,32,40", ("--strides", "2")), ("2,7,5,6", "3,3,6,30", ("--padding", "VALID")))
+    for shape, filters, extra in cases:
         for seed in ("0", "1"):
-            doc = run_cli_json("identify", "--configs", "onednn-off+fp16-acc", "--seed", seed,
-                               "--input-shape", shape, "--filter-shape", filters)
-            summary = doc["matches"]["tensorflow/cpu/onednn-off+fp16-acc"][op]["summary"]
-            assert summary["stops_matching_at"] is None and summary["best"].startswith("rows("), summary
-            assert [run["first"] for run in summary["structure"]["rows"]] == [0, 48 if op == "conv2d" else 8]
-            assert "measured row by row" in summary["explanation"]
-            assert summary["table"][LANES2] < 1.0
+            for op, result in _real(shape, filters, *extra, seed=seed).items():
+                assert result["summary"]["stops_matching_at"] is None, (shape, filters, op, result["summary"])
