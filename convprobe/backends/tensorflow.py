@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import numpy as np
 
@@ -29,6 +30,19 @@ def _padding_arg(padding):
         return padding.upper()
     (top, bottom), (left, right) = padding
     return [[0, 0], [int(top), int(bottom)], [int(left), int(right)], [0, 0]]
+
+
+#: What TensorFlow says when a kernel lacks a case (CPU convolutions with dilation > 1).
+_NOT_IMPLEMENTED = re.compile(r"do(?:es)? not (?:yet )?support|not (?:yet )?(?:implemented|supported)", re.IGNORECASE)
+
+
+def _unsupported(exc: Exception) -> Exception:
+    """A TensorFlow refusal (a kernel lacks this case) as an UnsupportedConfiguration that says
+    TensorFlow's own words; any other error unchanged."""
+    message = re.sub(r"\{\{[^}]*\}\}\s*", "", getattr(exc, "message", str(exc))).strip().splitlines()[0]
+    if not _NOT_IMPLEMENTED.search(message):
+        return exc
+    return UnsupportedConfiguration(f"TensorFlow: {message}")
 
 
 def _array(value):
@@ -79,7 +93,10 @@ class TensorFlowBackend(AbstractBackend):
         if self.jit_compile:
             fn = tf.function(fn, jit_compile=True)
         with tf.device("/GPU:0" if self.device == "gpu" else "/CPU:0"):
-            result = fn(*(tf.constant(a) if isinstance(a, np.ndarray) else a for a in args))
+            try:
+                result = fn(*(tf.constant(a) if isinstance(a, np.ndarray) else a for a in args))
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
+                raise _unsupported(exc) from exc
         return np.asarray(result.numpy())
 
     def conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):

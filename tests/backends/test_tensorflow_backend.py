@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from convprobe.backends import EmulatedBackend, TensorFlowBackend
+from convprobe.errors import UnsupportedConfiguration
 
 
 @pytest.mark.tensorflow
@@ -23,14 +24,24 @@ def test_conv2d_and_both_gradients_match_exact_emulation(padding, strides, dilat
     kwargs = {"strides": strides, "padding": padding, "dilation": dilation}
     y = tf_backend.conv2d(x, w, **kwargs)
     np.testing.assert_array_equal(y, exact.conv2d(x.astype(np.float64), w.astype(np.float64), **kwargs))
-    if dilation > 1:
-        return  # TensorFlow's CPU gradient kernels do not implement dilation > 1
     dy = rng.integers(-3, 4, y.shape).astype(np.float32)
-    np.testing.assert_array_equal(
-        tf_backend.conv2d_backprop_input(dy, w, x.shape, **kwargs),
-        exact.conv2d_backprop_input(dy.astype(np.float64), w.astype(np.float64), x.shape, **kwargs),
-    )
-    np.testing.assert_array_equal(
-        tf_backend.conv2d_backprop_filter(x, dy, w.shape, **kwargs),
-        exact.conv2d_backprop_filter(x.astype(np.float64), dy.astype(np.float64), w.shape, **kwargs),
-    )
+    for got, want in (
+        (lambda: tf_backend.conv2d_backprop_input(dy, w, x.shape, **kwargs),
+         exact.conv2d_backprop_input(dy.astype(np.float64), w.astype(np.float64), x.shape, **kwargs)),
+        (lambda: tf_backend.conv2d_backprop_filter(x, dy, w.shape, **kwargs),
+         exact.conv2d_backprop_filter(x.astype(np.float64), dy.astype(np.float64), w.shape, **kwargs)),
+    ):
+        try:
+            np.testing.assert_array_equal(got(), want)
+        except UnsupportedConfiguration as exc:  # CPU kernels without dilation (explicit padding): its words
+            assert dilation > 1 and str(exc).startswith("TensorFlow: Current CPU implementations do not yet "
+                                                        "support dilation rates larger than 1"), exc
+
+
+@pytest.mark.tensorflow
+def test_other_tensorflow_errors_are_not_taken_for_a_refusal():
+    """A bad shape is TensorFlow's error, not an unsupported configuration."""
+    import tensorflow as tf
+
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        TensorFlowBackend("cpu").conv2d(np.ones((1, 4, 4, 3), np.float32), np.ones((3, 3, 2, 1), np.float32))
