@@ -297,6 +297,11 @@ def _additions_in_fp32(run, k: int, lanes: int) -> bool | None:
     return {16400.0: False, 16416.0: True}.get(got)
 
 
+#: Shortest reduction measured (accumulator and products only below `MIN_SWEPT_K`).
+MIN_MEASURED_K = 3
+#: Shortest reduction whose lanes and partial sums are swept: below it there is no room
+#: for them (at K = 7 four lanes read as partial sums), so one chain is assumed.
+MIN_SWEPT_K = 8
 #: Longest reduction measured: a sweep runs K rows of K terms.
 MAX_MEASURED_K = 16384
 
@@ -306,7 +311,7 @@ def measure_rows(run, k: int, mirrored: bool = False) -> Structure:
     sum_k patterns[r, k] for every row r, as the kernel computes it, from operands
     patterns / scale and a constant scale. `mirrored`: the rows are already mirrored
     (the direction is not tested again)."""
-    if k < 8:
+    if k < MIN_MEASURED_K:
         return Structure(note=f"K = {k} is too short to measure")
     if k > MAX_MEASURED_K:
         return Structure(note=f"K = {k} is above {MAX_MEASURED_K}: not measured (a sweep costs K**2 terms)")
@@ -333,8 +338,22 @@ def measure_rows(run, k: int, mirrored: bool = False) -> Structure:
     return _measure_forward(sums, quiet, k)
 
 
+def _short_structure(sums, quiet, k: int) -> Structure:
+    """A reduction too short to sweep: its accumulator, products and double rounding, as one chain."""
+    note = f"K = {k} < {MIN_SWEPT_K}: lanes and partial sums not looked for (one chain assumed)"
+    if not _kept_anywhere_end(sums, k, FP16_PROBE, [(1, 2)])[0]:
+        rounded = _products_rounded(quiet, k, 1)
+        return Structure("fp16", [], 1, rounded, note=note, total="fp16",
+                         additions_in_fp32=_additions_in_fp32(quiet, k, 1) if rounded is False else None)
+    if _kept_anywhere_end(sums, k, FP32_PROBE, [(1, 2)])[0]:
+        return Structure("wider than fp32", note="B + 2**-11 survived at B = 2**13: wider than fp32")
+    return Structure("fp32", [], 1, _products_rounded(quiet, k, 1), note=note, total="fp32")
+
+
 def _measure_forward(sums, quiet, k: int) -> Structure:
     """`measure_rows` for a kernel that sums from position 0 up."""
+    if k < MIN_SWEPT_K:
+        return _short_structure(sums, quiet, k)
     if not _kept_anywhere_end(sums, k, FP16_PROBE, [(1, 2)])[0]:  # B + 1 tied back to B: fp16
         return _fp16_structure(sums, quiet, k)
     width = _narrow_lanes(sums, k)
