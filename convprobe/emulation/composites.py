@@ -530,7 +530,8 @@ class Rows(_ByIndex):
 
     def _check_model(self, model: AccumulationModel) -> None:
         if isinstance(model, Rows):
-            raise InvalidArgument(f"a rows model cannot be a rows model; received {model.to_spec()}")
+            raise InvalidArgument(f"a rows model must be a plain or a columns model, not a rows model; received "
+                                  f"{model.to_spec()}")
         for inner in model.models if isinstance(model, Columns) else (model,):
             _check_inner(inner, "a rows model")
 

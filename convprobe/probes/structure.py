@@ -298,7 +298,7 @@ def _additions_in_fp32(run, k: int, lanes: int) -> bool | None:
 
 
 #: Shortest reduction measured (accumulator and products only below `MIN_SWEPT_K`).
-MIN_MEASURED_K = 3
+MIN_MEASURED_K = 4
 #: Shortest reduction whose lanes and partial sums are swept: below it there is no room
 #: for them (at K = 7 four lanes read as partial sums), so one chain is assumed.
 MIN_SWEPT_K = 8
@@ -341,11 +341,12 @@ def measure_rows(run, k: int, mirrored: bool = False) -> Structure:
 def _short_structure(sums, quiet, k: int) -> Structure:
     """A reduction too short to sweep: its accumulator, products and double rounding, as one chain."""
     note = f"K = {k} < {MIN_SWEPT_K}: lanes and partial sums not looked for (one chain assumed)"
-    if not _kept_anywhere_end(sums, k, FP16_PROBE, [(1, 2)])[0]:
+    # B, two units, -B at the very end: one chain, and no room to move -B off the units
+    if not _kept(sums, k, FP16_PROBE, 0, [(1, 2)], k - 1)[0]:
         rounded = _products_rounded(quiet, k, 1)
         return Structure("fp16", [], 1, rounded, note=note, total="fp16",
                          additions_in_fp32=_additions_in_fp32(quiet, k, 1) if rounded is False else None)
-    if _kept_anywhere_end(sums, k, FP32_PROBE, [(1, 2)])[0]:
+    if _kept(sums, k, FP32_PROBE, 0, [(1, 2)], k - 1)[0]:
         return Structure("wider than fp32", note="B + 2**-11 survived at B = 2**13: wider than fp32")
     return Structure("fp32", [], 1, _products_rounded(quiet, k, 1), note=note, total="fp32")
 

@@ -28,10 +28,10 @@ the user's own layer.
    columns measured by `column_patterns.measure_columns` (kept to that class's rows) where
    that takes at most its `MAX_CALLS`, else run of columns by run in the column layout
    (one pattern a column a call).
-3. Forward and filter gradient: each other class of rows has each run of columns
-   measured in the column layout at its first row (`rows(...)` in the emulator). The
-   input gradient's rows are added into dx together by col2im, so only its main class
-   is modelled.
+3. Each other class of rows has each run of columns measured in the column layout at
+   its first row (`rows(...)` in the emulator). The input gradient's rows are dy
+   positions that col2im adds into dx: each dx pixel's tap takes the kernel of the dy
+   position it reads (`_dx_pixel_runs`).
 """
 
 from __future__ import annotations
@@ -296,8 +296,9 @@ def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: in
 
 def _class_spec(layer: Layer, op: str, runs: tuple[ColumnRun, ...], combine: str) -> str | None:
     """The spec of one class of rows: its columns' (None where a structure gives no spec)."""
-    by_column = column_models(layer, op, list(runs), combine)
-    return by_column or column_spec(runs[0].structure, layer.k(op))
+    if any(column_spec(run.structure, column_k(layer, op)) is None for run in runs):
+        return None
+    return column_models(layer, op, list(runs), combine) or column_spec(runs[0].structure, column_k(layer, op))
 
 
 def row_models(layer: Layer, op: str, runs: list[RowRun], main_spec: str, combine: str = "fp16",

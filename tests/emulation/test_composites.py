@@ -212,7 +212,7 @@ def test_lanes_deal_terms_round_robin():
     ("lanes(2, sequential:fp16, combine=columns(sequential:fp16))", "combine of a composite cannot be a columns model"),
     ("rows(sequential:fp16 * 0)", "a rows repeat count must be a positive integer; received 'sequential:fp16 \\* 0'"),
     ("rows()", "rows needs at least one model"),
-    ("rows(rows(sequential:fp16))", "a rows model cannot be a rows model; received rows\\(sequential:fp16\\)"),
+    ("rows(rows(sequential:fp16))", "a rows model must be a plain or a columns model, not a rows model; received rows\\(sequential:fp16\\)"),
     ("columns(rows(sequential:fp16))", "a columns model of a composite cannot be a rows model"),
     ("splitk(2, rows(sequential:fp16, pairwise:fp16), combine=fp16)", "inner of a composite cannot be a rows model"),
     ("rows(columns(sequential:fp16, lanes(2, sequential:fp16:rounding=sr, combine=sequential:fp16)))",

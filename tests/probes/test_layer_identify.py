@@ -99,7 +99,7 @@ def test_lanes_folded_last_to_first_are_not_taken_for_a_backward_sum():
                    for s in specs), (measured, specs)
 
 
-@pytest.mark.parametrize("k", [3, 5, 7])
+@pytest.mark.parametrize("k", [4, 5, 7])
 @pytest.mark.parametrize("spec", ["sequential:fp16", "sequential:fp16:product=fp16", "sequential:fp16:addition=fp32",
                                   "sequential:fp32:output=fp16", "reverse(sequential:fp16:product=fp16)"])
 def test_a_short_reduction_has_its_accumulator_and_products_measured(spec, k):
@@ -108,6 +108,12 @@ def test_a_short_reduction_has_its_accumulator_and_products_measured(spec, k):
     measured = layer_patterns.measure(EmulatedBackend(spec), Layer((1, 4, 4, k), (1, 1, k, 4)), "conv2d")
     assert "one chain assumed" in measured.note and measured.lanes == 1, measured
     assert parse_model(spec).to_spec() in [parse_model(s).to_spec() for s in structure.candidate_specs(measured, k)]
+
+
+@pytest.mark.parametrize("k", [4, 5, 7])
+def test_a_short_reductions_wider_accumulator_is_named(k):
+    measured = layer_patterns.measure(EmulatedBackend("exact:fp64"), Layer((1, 4, 4, k), (1, 1, k, 4)), "conv2d")
+    assert measured.accumulator == "wider than fp32", measured
 
 
 def test_a_wider_accumulator_is_named_not_forced():

@@ -7,6 +7,8 @@ import pytest
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import parse_model
 from convprobe.probes import column_patterns, tile_patterns
+from convprobe.probes.column_patterns import ColumnRun
+from convprobe.probes.structure import Structure
 from convprobe.probes.layers import Layer
 from conftest import run_cli_json
 
@@ -91,6 +93,17 @@ def test_an_input_gradients_rows_are_dy_positions_mapped_to_dx_pixels():
     assert [run.first for run in tiling.rows] == [0, 24] and [run.first for run in tiling.columns] == [0, 64]
     spec = tile_patterns.row_models(layer, "conv2d_backprop_input", tiling.rows, "", main_columns=tiling.columns)
     assert spec == parse_model(DX_ROWS).to_spec()
+
+
+def test_a_class_with_an_unmeasured_run_of_columns_gives_no_spec():
+    """Columns 4-7 of row 48's class have no structure: no spec, not run 0's for them all."""
+    layer = Layer((1, 7, 7, 16), (3, 3, 16, 8))
+    runs = [tile_patterns.RowRun(0), tile_patterns.RowRun(48, (
+        ColumnRun(0, Structure("fp16", [], 1, True, total="fp16")), ColumnRun(4, Structure(note="not measured"))))]
+    assert tile_patterns.row_models(layer, "conv2d", runs, "sequential:fp16") is None
+    runs[1] = tile_patterns.RowRun(48, (ColumnRun(0, Structure("fp16", [], 1, True, total="fp16")),))
+    assert tile_patterns.row_models(layer, "conv2d", runs, "sequential:fp16") == \
+        "rows(sequential:fp16 * 48, sequential:fp16:product=fp16)"
 
 
 def test_tiles_that_are_not_measured_say_why():
