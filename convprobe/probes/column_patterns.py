@@ -83,24 +83,6 @@ def _pixels(layer: Layer, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=16)
-def _windows(layer: Layer) -> tuple[tuple[int, int, int, np.ndarray, np.ndarray], ...]:
-    """(n, oh, ow, rows, cols) of output positions whose windows lie inside the image and share no
-    pixel with an earlier one's, picked greedily in order (once per layer: every call reads it)."""
-    n_images, h, w, _ = layer.input_shape
-    _, oh, ow, _ = layer.output_shape
-    used = np.zeros((h, w), dtype=bool)
-    picked = []
-    for i in range(oh):
-        for j in range(ow):
-            rows, cols = _pixels(layer, i, j)
-            if rows.min() < 0 or cols.min() < 0 or rows.max() >= h or cols.max() >= w or used[rows, cols].any():
-                continue
-            used[rows, cols] = True
-            picked.append((i, j, rows, cols))
-    return tuple((n, i, j, rows, cols) for n in range(n_images) for i, j, rows, cols in picked)
-
-
-@functools.lru_cache(maxsize=16)
 def window_sets(layer: Layer) -> tuple[tuple, ...]:
     """Sets of disjoint in-image windows (as `_windows`) that together hold every output
     position with an in-image window, each set picked greedily from the positions left."""
@@ -124,6 +106,13 @@ def window_sets(layer: Layer) -> tuple[tuple, ...]:
         sets.append(tuple((n, i, j, rows, cols) for n in range(n_images) for i, j, rows, cols in picked))
         left = rest
     return tuple(sets)
+
+
+def _windows(layer: Layer) -> tuple[tuple[int, int, int, np.ndarray, np.ndarray], ...]:
+    """(n, oh, ow, rows, cols) of output positions whose windows lie inside the image and share no
+    pixel with an earlier one's, picked greedily in order: the first of `window_sets`."""
+    sets = window_sets(layer)
+    return sets[0] if sets else ()
 
 
 @functools.lru_cache(maxsize=16)
