@@ -8,6 +8,7 @@ layer starts a fresh process with them already in its environment.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -39,7 +40,8 @@ _NOT_IMPLEMENTED = re.compile(r"do(?:es)? not (?:yet )?support|not (?:yet )?(?:i
 def _unsupported(exc: Exception) -> Exception:
     """A TensorFlow refusal (a kernel lacks this case) as an UnsupportedConfiguration that says
     TensorFlow's own words; any other error unchanged."""
-    message = re.sub(r"\{\{[^}]*\}\}\s*", "", getattr(exc, "message", str(exc))).strip().splitlines()[0]
+    lines = re.sub(r"\{\{[^}]*\}\}\s*", "", getattr(exc, "message", str(exc))).strip().splitlines()
+    message = lines[0] if lines else ""
     if not _NOT_IMPLEMENTED.search(message):
         return exc
     return UnsupportedConfiguration(f"TensorFlow: {message}")
@@ -83,6 +85,16 @@ class TensorFlowBackend(AbstractBackend):
             raise UnsupportedConfiguration("TensorFlow sees no GPU in this process")
         return tf
 
+    @contextlib.contextmanager
+    def _on_device(self):
+        """Ops placed on this backend's device; a kernel's refusal raised as `_unsupported`."""
+        tf = self.tf
+        with tf.device("/GPU:0" if self.device == "gpu" else "/CPU:0"):
+            try:
+                yield
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
+                raise _unsupported(exc) from exc
+
     #: True while `run_together` traces its one function: ops return symbolic tensors.
     _symbolic = False
 
@@ -92,11 +104,8 @@ class TensorFlowBackend(AbstractBackend):
         tf = self.tf
         if self.jit_compile:
             fn = tf.function(fn, jit_compile=True)
-        with tf.device("/GPU:0" if self.device == "gpu" else "/CPU:0"):
-            try:
-                result = fn(*(tf.constant(a) if isinstance(a, np.ndarray) else a for a in args))
-            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
-                raise _unsupported(exc) from exc
+        with self._on_device():
+            result = fn(*(tf.constant(a) if isinstance(a, np.ndarray) else a for a in args))
         return np.asarray(result.numpy())
 
     def conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):
@@ -199,7 +208,7 @@ class TensorFlowBackend(AbstractBackend):
             finally:
                 self._symbolic = False
 
-        with tf.device("/GPU:0" if self.device == "gpu" else "/CPU:0"):
+        with self._on_device():
             outputs = tf.function(body, jit_compile=True)(*(tf.constant(a) for a in arrays))
         return [np.asarray(o.numpy()) for o in outputs]
 

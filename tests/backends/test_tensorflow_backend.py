@@ -45,3 +45,16 @@ def test_other_tensorflow_errors_are_not_taken_for_a_refusal():
 
     with pytest.raises(tf.errors.InvalidArgumentError):
         TensorFlowBackend("cpu").conv2d(np.ones((1, 4, 4, 3), np.float32), np.ones((3, 3, 2, 1), np.float32))
+
+
+@pytest.mark.tensorflow
+def test_an_error_without_a_message_is_not_taken_for_a_refusal():
+    """An empty TensorFlow message is left as TensorFlow's error (no IndexError on its first line)."""
+    import tensorflow as tf
+
+    from convprobe.backends.tensorflow import _unsupported
+
+    empty = tf.errors.UnimplementedError(None, None, "")
+    assert _unsupported(empty) is empty
+    refusal = tf.errors.UnimplementedError(None, None, "{{node Conv2D}} Kernels do not yet support this\nmore")
+    assert str(_unsupported(refusal)) == "TensorFlow: Kernels do not yet support this"
