@@ -349,8 +349,8 @@ def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRu
     (top, _), (left, _) = resolve_padding(layer.padding, (h, w), (kh, kw), layer.strides, layer.dilation)
     (sh, sw), (dh, dw) = layer.strides, layer.dilation
     main_spec = spec_by_column(layer, op, main, combine)
-    pixel_specs = {}  # the pixels a non-main row reaches, each with its spec
-    for run_index, (run, nxt) in enumerate(zip(runs, [*firsts[1:], n * oh * ow])):
+    reached = set()  # the pixels a non-main row reaches
+    for run, nxt in zip(runs, [*firsts[1:], n * oh * ow]):
         if run.columns is None:
             continue
         for row in range(run.first, nxt):
@@ -359,18 +359,28 @@ def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRu
                 for j in range(kw):
                     pixel = (b, (rest // ow) * sh - top + i * dh, (rest % ow) * sw - left + j * dw)
                     if 0 <= pixel[1] < h and 0 <= pixel[2] < w:
-                        pixel_specs[pixel] = None
+                        reached.add(pixel)
 
-    def tap_row(pixel, column: int) -> int | None:
-        (b, y, x), (t, _) = pixel, divmod(column, c_in)
-        (a, off_a), (e, off_e) = divmod(y + top - (t // kw) * dh, sh), divmod(x + left - (t % kw) * dw, sw)
-        return (b * oh + a) * ow + e if not off_a and not off_e and 0 <= a < oh and 0 <= e < ow else None
+    def tap_runs(pixel) -> tuple[int, ...]:
+        """For each tap t, the run of the GEMM row it reads the pixel at (-1: none)."""
+        b, y, x = pixel
+        out = []
+        for t in range(kh * kw):
+            (a, off_a), (e, off_e) = divmod(y + top - (t // kw) * dh, sh), divmod(x + left - (t % kw) * dw, sw)
+            inside = not off_a and not off_e and 0 <= a < oh and 0 <= e < ow
+            out.append(int(np.searchsorted(firsts, (b * oh + a) * ow + e, side="right")) - 1 if inside else -1)
+        return tuple(out)
 
-    for pixel in pixel_specs:
-        def of(column: int, pixel=pixel) -> str | None:
-            row = tap_row(pixel, column)
-            return main(column) if row is None else spec_of[int(np.searchsorted(firsts, row, side="right")) - 1](column)
-        pixel_specs[pixel] = spec_by_column(layer, op, of, combine)
+    spec_of_taps = {}  # one spec for each distinct (run of every tap): pixels share them
+    pixel_specs = {}
+    for pixel in reached:
+        taps = tap_runs(pixel)
+        if taps not in spec_of_taps:
+            def of(column: int, taps=taps) -> str | None:
+                run_index = taps[column // c_in]
+                return main(column) if run_index < 0 else spec_of[run_index](column)
+            spec_of_taps[taps] = spec_by_column(layer, op, of, combine)
+        pixel_specs[pixel] = spec_of_taps[taps]
     specs, counts = [], []
     for pixel in np.ndindex(n, h, w):
         spec = pixel_specs.get(pixel, main_spec)
