@@ -97,10 +97,11 @@ def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
     return (f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16")
 
 
-def measure(backend, layer: Layer, op: str) -> Structure:
+def measure(backend, layer: Layer, op: str, seed: int = 0) -> Structure:
     """The structure of `op` at `layer` (see the module docstring); never raises for a
-    layer it cannot measure - the Structure's note says why."""
-    tiling = measure_tiles(backend, layer, op, _spot_row(layer, op))
+    layer it cannot measure - the Structure's note says why. `seed` picks the tiles'
+    random patterns."""
+    tiling = measure_tiles(backend, layer, op, _spot_row(layer, op), seed)
     tiles = {"columns": [run.to_dict() for run in tiling.columns] or None, "columns_note": tiling.columns_note,
              "rows": [run.to_dict() for run in tiling.rows] or None, "rows_note": tiling.rows_note}
     capacity, why = pattern_rows(layer, op)
