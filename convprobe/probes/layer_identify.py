@@ -134,14 +134,17 @@ def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[
     spec of the rows the layer's structure was measured at (none for a batch-innermost
     filter gradient: the rows were measured in (n, oh, ow) order)."""
     from convprobe.probes.column_patterns import ColumnRun
-    from convprobe.probes.tile_patterns import RowRun, row_models
+    from convprobe.probes.tile_patterns import RowRun, dx_row_models, row_models
 
     runs = [RowRun.from_dict(run) for run in structure.rows or ()] if not structure.batch_innermost else []
     combine = structure.total if structure.total in ("fp16", "fp32") else "fp16"
     columns = [ColumnRun.from_dict(run) for run in structure.columns or ()]
+    if not runs:
+        return []
     if op == "conv2d_backprop_input":  # its dx pixels' specs come from the columns alone
-        references = [""]
-    specs = (row_models(layer, op, runs, reference, combine, columns) for reference in references) if runs else ()
+        specs = [dx_row_models(layer, runs, columns, combine)]
+    else:
+        specs = [row_models(layer, op, runs, reference, combine) for reference in references]
     return list(dict.fromkeys(spec for spec in specs if spec))
 
 

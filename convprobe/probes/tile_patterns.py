@@ -49,7 +49,8 @@ from convprobe.probes.layers import Layer
 from convprobe.probes.structure import Structure, blocks, measure_rows
 
 __all__ = ["RowRun", "Tiles", "Tiling", "SIGNATURE_CALLS", "MAX_CALLS", "proxy", "rows_read",
-           "column_layout_outputs", "tile_classes", "measure_tiles", "row_models"]
+           "column_layout_outputs", "tile_classes", "measure_tiles", "row_models",
+           "dx_row_models"]
 
 #: Calls of random patterns that group the rows and columns.
 SIGNATURE_CALLS = 16
@@ -301,19 +302,26 @@ def _class_spec(layer: Layer, op: str, runs: tuple[ColumnRun, ...], combine: str
     return column_models(layer, op, list(runs), combine) or column_spec(runs[0].structure, column_k(layer, op))
 
 
-def row_models(layer: Layer, op: str, runs: list[RowRun], main_spec: str, combine: str = "fp16",
-               main_columns: list[ColumnRun] = ()) -> str | None:
-    """``rows(S_0 * n_0, S_1 * n_1, ...)`` from the runs of rows, the main class taking
-    `main_spec` (None where one model serves every row, or a class gives no spec). The input
-    gradient's rows are dx pixels: each takes, for each tap, the kernel of the dy position
-    that tap reads (its GEMM row), from `main_columns` or its class's columns."""
+def row_models(layer: Layer, op: str, runs: list[RowRun], main_spec: str, combine: str = "fp16") -> str | None:
+    """``rows(S_0 * n_0, S_1 * n_1, ...)`` from the forward's or filter gradient's runs of rows,
+    the main class taking `main_spec` (None where one model serves every row, or a class
+    gives no spec). The input gradient's rows are dx pixels: `dx_row_models`."""
     if len(runs) < 2:
         return None
-    if op == "conv2d_backprop_input":
-        specs, counts = _dx_pixel_runs(layer, runs, list(main_columns), combine)
-    else:
-        specs = [main_spec if run.columns is None else _class_spec(layer, op, run.columns, combine) for run in runs]
-        counts = [nxt.first - run.first for run, nxt in zip(runs, runs[1:])] + [1]
+    specs = [main_spec if run.columns is None else _class_spec(layer, op, run.columns, combine) for run in runs]
+    return _rows_spec(specs, [nxt.first - run.first for run, nxt in zip(runs, runs[1:])] + [1])
+
+
+def dx_row_models(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRun], combine: str = "fp16") -> str | None:
+    """``rows(...)`` over the input gradient's dx pixels: each takes, for each tap, the kernel
+    of the dy position that tap reads (its GEMM row), from `main_columns` (the main class's)
+    or its class's columns (None where one model serves every pixel, or a run gives no spec)."""
+    if len(runs) < 2:
+        return None
+    return _rows_spec(*_dx_pixel_runs(layer, runs, list(main_columns), combine))
+
+
+def _rows_spec(specs: list[str | None], counts: list[int]) -> str | None:
     if None in specs or len(set(specs)) < 2:
         return None
     from convprobe.emulation import parse_model

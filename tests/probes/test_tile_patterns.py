@@ -71,11 +71,10 @@ def test_columns_the_window_probe_cannot_afford_are_measured_in_the_column_layou
     assert column_patterns.column_models(layer, "conv2d_backprop_input", tiling.columns) == parse_model(BY_TAP).to_spec()
 
 
-def test_one_kernel_for_every_tile_gives_no_runs_and_no_spec():
+def test_one_kernel_for_every_tile_gives_no_runs_of_rows():
     for op in ("conv2d", "conv2d_backprop_filter"):
-        tiling, main_spec = _measured(LANES2, Layer((1, 7, 7, 16), (3, 3, 16, 8)), op)
+        tiling, _ = _measured(LANES2, Layer((1, 7, 7, 16), (3, 3, 16, 8)), op)
         assert tiling.rows == [] and tiling.rows_note == "" and len(tiling.columns) == 1
-        assert tile_patterns.row_models(Layer((1, 7, 7, 16), (3, 3, 16, 8)), op, tiling.rows, main_spec) is None
 
 
 #: TensorFlow's 1x6x6x18 * 2x2x18x21 VALID input gradient (as identify measured it): GEMM row 24,
@@ -91,8 +90,9 @@ def test_an_input_gradients_rows_are_dy_positions_mapped_to_dx_pixels():
     layer = Layer((1, 6, 6, 18), (2, 2, 18, 21), padding="VALID")
     tiling = tile_patterns.measure_tiles(EmulatedBackend(DX_ROWS), layer, "conv2d_backprop_input", None)
     assert [run.first for run in tiling.rows] == [0, 24] and [run.first for run in tiling.columns] == [0, 64]
-    spec = tile_patterns.row_models(layer, "conv2d_backprop_input", tiling.rows, "", main_columns=tiling.columns)
-    assert spec == parse_model(DX_ROWS).to_spec()
+    assert tile_patterns.dx_row_models(layer, tiling.rows, tiling.columns) == parse_model(DX_ROWS).to_spec()
+    same = [tile_patterns.RowRun(0), tile_patterns.RowRun(24, tuple(tiling.columns))]  # row 24 as the main rows
+    assert tile_patterns.dx_row_models(layer, same, tiling.columns) is None
 
 
 def test_a_class_with_an_unmeasured_run_of_columns_gives_no_spec():
