@@ -40,7 +40,8 @@ Inner models may be any model, tensor-core presets and other composites included
 not stochastically rounded ones (their random streams are keyed per output of one
 reduction), nor `Columns` or `Rows` (they pick by output index, so they are the outermost:
 rows around columns), nor
-models that set ``positions`` (the order of the whole sum: plain models only). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
+models that set ``positions``: a filter gradient's order over (n, oh, ow) is the whole
+sum's, so the outermost model sets it (``lanes(2, ..., positions=hwn)``). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
 ``splitk(length=1024, sequential:fp16, combine=fp32)``,
 ``lanes(8, sequential:fp32, combine=pairwise:fp32)``,
 ``lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, tail=1)``, ``reverse(sequential:fp16)``,
@@ -115,12 +116,13 @@ class _Composite(AccumulationModel):
         if self.rounding != Rounding.NEAREST_EVEN:
             raise InvalidArgument(f"{self.kind} combines with nearest-even rounding; set rounding "
                                   f"on the inner model")
-        if self.positions != Positions.NHW:
-            raise InvalidArgument(f"positions (a filter gradient's order) is set on plain models, not on "
-                                  f"{self.kind}; received positions={self.positions}")
 
     def _check_model(self, model: AccumulationModel) -> None:
         _check_inner(model, "inner")
+
+    def _order(self) -> str:
+        """The spec's ``, positions=hwn`` where the whole sum takes the batch innermost."""
+        return "" if self.positions == Positions.NHW else f", positions={self.positions}"
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         self.inner.check_inputs(x, fp16_dtype, argument)
@@ -215,9 +217,9 @@ class SplitK(_Composite):
             size += f", {self.inner.to_spec()}"
         if self.combine is not None:
             extra = "" if self.output == self.combine.output else f", output={self.output.name}"
-            return f"splitk({size}, combine={self.combine.to_spec()}{extra})"
+            return f"splitk({size}, combine={self.combine.to_spec()}{extra}{self._order()})"
         extra = "" if self.output == self.accumulator else f", output={self.output.name}"
-        return f"splitk({size}, combine={self.accumulator.name}{extra})"
+        return f"splitk({size}, combine={self.accumulator.name}{extra}{self._order()})"
 
     @property
     def name(self) -> str:
@@ -316,7 +318,7 @@ class Lanes(_Composite):
     def to_spec(self) -> str:
         extra = "" if self.output == self._produced() else f", output={self.output.name}"
         tail = f", tail={self.tail}" if self.tail else ""
-        return f"lanes({self.width}, {self.inner.to_spec()}, combine={self.combine.to_spec()}{tail}{extra})"
+        return f"lanes({self.width}, {self.inner.to_spec()}, combine={self.combine.to_spec()}{tail}{extra}{self._order()})"
 
     @property
     def name(self) -> str:
@@ -405,7 +407,7 @@ class Reverse(_Composite):
 
     def to_spec(self) -> str:
         extra = "" if self.output == self.inner.output else f", output={self.output.name}"
-        return f"reverse({self.inner.to_spec()}{extra})"
+        return f"reverse({self.inner.to_spec()}{extra}{self._order()})"
 
     @property
     def name(self) -> str:
@@ -472,7 +474,8 @@ class _ByIndex(_Composite):
         return runs
 
     def to_spec(self) -> str:
-        return f"{self.kind}({', '.join(m.to_spec() + (f' * {n}' if n > 1 else '') for _, m, n in self.runs())})"
+        runs = ', '.join(m.to_spec() + (f' * {n}' if n > 1 else '') for _, m, n in self.runs())
+        return f"{self.kind}({runs}{self._order()})"
 
     @property
     def name(self) -> str:
@@ -590,15 +593,15 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         else:
             positional.append(a)
     usage = {"splitk": "splitk(PARTS | length=N, INNER[, first=MODEL | MODEL ...], combine=FORMAT | MODEL"
-                       "[, output=FORMAT])",
-             "lanes": "lanes(WIDTH, INNER, combine=MODEL[, tail=N][, output=FORMAT])",
-             "reverse": "reverse(INNER[, output=FORMAT])",
-             "columns": "columns(MODEL[ * N], MODEL[ * N], ...)",
-             "rows": "rows(MODEL[ * N], MODEL[ * N], ...)"}[kind]
+                       "[, output=FORMAT][, positions=nhw|hwn])",
+             "lanes": "lanes(WIDTH, INNER, combine=MODEL[, tail=N][, output=FORMAT][, positions=nhw|hwn])",
+             "reverse": "reverse(INNER[, output=FORMAT][, positions=nhw|hwn])",
+             "columns": "columns(MODEL[ * N], MODEL[ * N], ...[, positions=nhw|hwn])",
+             "rows": "rows(MODEL[ * N], MODEL[ * N], ...[, positions=nhw|hwn])"}[kind]
     allowed = {"splitk": {"length", "combine", "output", "inner", "parts", "first"},
                "lanes": {"combine", "output", "inner", "width", "tail"},
                "reverse": {"output", "inner"},
-               "columns": {"output"}, "rows": {"output"}}[kind]
+               "columns": {"output"}, "rows": {"output"}}[kind] | {"positions"}
     unknown = sorted(set(keywords) - allowed)
     if unknown:
         raise invalid_choice(f"{kind} parameter", unknown[0], sorted(allowed))
@@ -621,7 +624,8 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
                 models += [parse_model(head_text.strip())] * int(count)
             else:
                 models.append(parse_model(text))
-        return COMPOSITE_KINDS[kind](models=tuple(models), output=keywords.get("output"))
+        return COMPOSITE_KINDS[kind](models=tuple(models), output=keywords.get("output"),
+                                     positions=keywords.get("positions", Positions.NHW))
     values: dict[str, Any] = {}
     size_name = "parts" if kind == "splitk" else "width"
     if kind != "reverse" and positional and positional[0].strip().lstrip("-").isdigit():
@@ -638,7 +642,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         raise InvalidArgument(f"{kind} needs an inner model: {usage}; received {spec!r}")
     inner = parse_model(values.pop("inner"))
     if kind == "reverse":
-        return Reverse(inner=inner, output=values.pop("output", None))
+        return Reverse(inner=inner, output=values.pop("output", None), positions=values.pop("positions", Positions.NHW))
     if kind == "splitk":
         if "first" in values:
             text = values.pop("first")
@@ -656,7 +660,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         raise InvalidArgument(f"lanes needs combine=MODEL: {usage}; received {spec!r}")
     combine = parse_model(values.pop("combine"))
     return Lanes(width=values.pop("width", 4), inner=inner, combine=combine, tail=values.pop("tail", 0),
-                 output=values.pop("output", None))
+                 output=values.pop("output", None), positions=values.pop("positions", Positions.NHW))
 
 
 def lanes_shorthand(spec: str, parse_model) -> Lanes:

@@ -129,7 +129,14 @@ def test_inf_and_nan_propagate_like_the_oracle(model):
 
 
 @pytest.mark.parametrize("spec", ["sequential:fp16:product=fp16:positions=hwn", "chunked:fp16:n=5:positions=hwn",
-                                  "pairwise:fp32:output=fp16:positions=hwn", "v100:positions=hwn"])
+                                  "pairwise:fp32:output=fp16:positions=hwn", "v100:positions=hwn",
+                                  "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, positions=hwn)",
+                                  "splitk(length=7, sequential:fp16, combine=fp32, output=fp16, positions=hwn)",
+                                  "reverse(sequential:fp16, positions=hwn)",
+                                  "columns(sequential:fp16, lanes(2, sequential:fp16, combine=sequential:fp16) * 2, "
+                                  "positions=hwn)",
+                                  "rows(sequential:fp16 * 2, splitk(length=3, sequential:fp16, combine=fp16), "
+                                  "positions=hwn)"])
 def test_filter_gradients_with_the_batch_innermost_match_the_oracle(spec):
     """positions=hwn sums a filter gradient over (oh, ow, n): the emulator and the oracle
     agree, and the order shows: B at (n=0, oh=0, ow=0), then 1 at (n=1, 0, 0) and -B at
@@ -154,5 +161,10 @@ def test_filter_gradients_with_the_batch_innermost_match_the_oracle(spec):
 
 
 def test_positions_belong_to_the_outermost_model():
+    """The whole sum's order is the outermost model's, composites included; not an inner one's."""
     with pytest.raises(InvalidArgument, match="cannot set positions"):
         em.parse_model("splitk(2, sequential:fp16:positions=hwn, combine=fp32)")
+    with pytest.raises(InvalidArgument, match="cannot set positions"):
+        em.parse_model("rows(lanes(2, sequential:fp16, combine=sequential:fp16, positions=hwn))")
+    lanes = em.parse_model("lanes(2, sequential:fp16, combine=sequential:fp16, positions=hwn)")
+    assert lanes.positions == "hwn" and em.parse_model(lanes.to_spec()) == lanes

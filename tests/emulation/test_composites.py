@@ -192,8 +192,8 @@ def test_lanes_deal_terms_round_robin():
     ("splitk(2, lanes(2, a100, combine=exact:fp32)), combine=fp32)", "unbalanced parentheses"),
     ("lanes(4, sequential:fp16)", "lanes needs combine=MODEL"),
     ("lanes(4, sequential:fp16:rounding=sr, combine=sequential:fp32)", "cannot round stochastically"),
-    ("reverse(4, a100)", "reverse takes reverse\\(INNER\\[, output=FORMAT\\]\\)"),
-    ("reverse(a100, combine=fp32)", "reverse parameter must be one of inner, output; received 'combine'"),
+    ("reverse(4, a100)", "reverse takes reverse\\(INNER\\[, output=FORMAT\\]\\[, positions=nhw\\|hwn\\]\\)"),
+    ("reverse(a100, combine=fp32)", "reverse parameter must be one of inner, output, positions; received 'combine'"),
     ("warp(4, a100)", "composite model must be one of splitk, lanes, reverse, columns, rows; received 'warp'"),
     ("lanes(2, sequential:fp16, combine=sequential:fp16, tail=-1)", "tail must be an integer >= 0; received -1"),
     ("lanes(2, sequential:fp16, combine=sequential:fp16, tail=x)", "tail must be an integer; received 'x'"),
@@ -306,8 +306,8 @@ def test_nested_first_models_round_trip_and_first_models_check_their_inputs():
     x = np.full((1, 1, 1, 4), 1.0 + 2.0**-9, np.float16)
     with pytest.raises(InvalidArgument, match="not fp8_e4m3 numbers"):
         em.conv2d(x, np.ones((1, 1, 4, 1), np.float16), fp8)
-    with pytest.raises(InvalidArgument, match="positions .* is set on plain models"):
-        em.SplitK(inner=em.parse_model("sequential:fp16"), parts=2, positions="hwn")
+    with pytest.raises(InvalidArgument, match="positions must be one of nhw, hwn; received 'nwh'"):
+        em.SplitK(inner=em.parse_model("sequential:fp16"), parts=2, positions="nwh")
 
 
 def test_rows_give_each_gemm_row_its_model_and_refuse_dot_products():
