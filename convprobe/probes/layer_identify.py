@@ -98,21 +98,18 @@ def _predicted(spec: str, layer: Layer, op: str, seed: int) -> np.ndarray | None
 
 
 def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dict:
-    from convprobe.probes.column_patterns import ColumnRun, column_models
-    from convprobe.probes.structure import Structure, best_of, bitwise_equal, candidate_specs
+    from convprobe.probes.structure import Structure, best_of, bitwise_equal
 
     k = layer.k(op)
     structure = Structure(**result["structure"])
-    measured = candidate_specs(structure, k)
-    if structure.batch_innermost:  # a plain model takes the order (composites sum in the layout's)
-        measured = [spec if "(" in spec else f"{spec}:positions=hwn" for spec in measured]
-    by_column = None if structure.batch_innermost else column_models(  # columns sum in (n, oh, ow) order
-        layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
-        combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
-    if by_column:  # the columns differ: one row a channel measured a mixture of them
-        measured = [by_column, *measured]
-    by_row = _row_specs(layer, op, structure, [by_column] if by_column else measured[:2])
-    measured = [*by_row, *measured]
+    measured, by_column, by_row = _measured_specs(layer, op, structure)
+    innermost = []
+    if structure.innermost:  # measured in (oh, ow, n) order too: confirmation decides
+        specs, column_spec, row_specs = _measured_specs(layer, op, Structure(**structure.innermost))
+        innermost = [_batch_innermost(spec) for spec in specs]
+        measured = [*measured, *innermost]
+        by_column = [*by_column, *(_batch_innermost(spec) for spec in column_spec)]
+        by_row = [*by_row, *(_batch_innermost(spec) for spec in row_specs)]
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
     table = {}
     for spec in dict.fromkeys([*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]):
@@ -126,17 +123,39 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
             "stops_matching_at": None if fraction == 1.0 else k, "perfect": perfect,
             "structure": structure.to_dict(), "measured_specs": measured, "table": table,
             "outputs_compared": len(observed),
-            "explanation": _explain(structure, measured, table, best, by_column, by_row)}
+            "explanation": _explain(structure, measured, table, best, by_column, by_row, innermost)}
+
+
+def _measured_specs(layer: Layer, op: str, structure) -> tuple[list[str], list[str], list[str]]:
+    """(every spec the structure gives, the columns' spec if any, the rows' specs): rows
+    first, then columns (one row a channel measured a mixture where they differ)."""
+    from convprobe.probes.column_patterns import ColumnRun, column_models
+    from convprobe.probes.structure import candidate_specs
+
+    measured = candidate_specs(structure, layer.k(op))
+    by_column = column_models(layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
+                              combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
+    by_column = [by_column] if by_column else []
+    by_row = _row_specs(layer, op, structure, by_column or measured[:2])
+    return [*by_row, *by_column, *measured], by_column, by_row
+
+
+def _batch_innermost(spec: str) -> str:
+    """`spec` summing a filter gradient's positions (oh, ow, n), the batch innermost."""
+    from dataclasses import replace
+
+    from convprobe.emulation import parse_model
+
+    return replace(parse_model(spec), positions="hwn").to_spec()
 
 
 def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[str]:
     """Where the GEMM's rows differ (`tile_patterns`), a ``rows(...)`` spec for each reference
-    spec of the rows the layer's structure was measured at (none for a batch-innermost
-    filter gradient: the rows were measured in (n, oh, ow) order)."""
+    spec of the rows the layer's structure was measured at."""
     from convprobe.probes.column_patterns import ColumnRun
     from convprobe.probes.tile_patterns import RowRun, dx_row_models, row_models
 
-    runs = [RowRun.from_dict(run) for run in structure.rows or ()] if not structure.batch_innermost else []
+    runs = [RowRun.from_dict(run) for run in structure.rows or ()]
     combine = structure.total if structure.total in ("fp16", "fp32") else "fp16"
     columns = [ColumnRun.from_dict(run) for run in structure.columns or ()]
     if not runs:
@@ -148,13 +167,17 @@ def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[
     return list(dict.fromkeys(spec for spec in specs if spec))
 
 
-def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: str | None,
-             by_row: list[str] = ()) -> str:
-    """One line: what was measured, and what was ruled out when nothing matched."""
+def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: list[str] = (),
+             by_row: list[str] = (), innermost: list[str] = ()) -> str:
+    """One line: what was measured, and what was ruled out when nothing matched
+    (`innermost`: the specs from the measurement in (oh, ow, n) order)."""
     if best is not None and table[best] == 1.0:
+        order = ""
+        if best in innermost:
+            structure, order = type(structure)(**structure.innermost), "; rows laid out batch innermost"
         if best in by_row:
             how = f"the structure measured row by row: {len(structure.rows)} runs of rows"
-        elif best == by_column:
+        elif best in by_column:
             how = f"the structure measured column by column: {len(structure.columns)} runs of columns"
         elif best in measured and structure.accumulator:
             how = "the measured structure"
@@ -162,7 +185,7 @@ def _explain(structure, measured: list[str], table: dict, best: str | None, by_c
             how = "the layer's layout" + ("" if structure.accumulator else "; not measured")
         else:
             how = "a plain model"
-        return f"{best} matches every compared output ({how})"
+        return f"{best} matches every compared output ({how}{order})"
     found = (f"measured: {structure.accumulator} accumulator, lanes={structure.lanes}"
              + (f" summed in {structure.combine}" if structure.combine else "")
              + f", products {'rounded' if structure.products_rounded else 'exact'}, partial sums start at "

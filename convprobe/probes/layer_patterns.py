@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from convprobe.probes.batch_order import BatchInnermost
 from convprobe.probes.column_patterns import column_k
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, measure_rows
@@ -100,8 +101,20 @@ def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
 def measure(backend, layer: Layer, op: str, seed: int = 0) -> Structure:
     """The structure of `op` at `layer` (see the module docstring); never raises for a
     layer it cannot measure - the Structure's note says why. `seed` picks the tiles'
-    random patterns."""
-    tiling = measure_tiles(backend, layer, op, _spot_row(layer, op), seed)
+    random patterns. A filter gradient over several images and positions is measured in
+    both orders of its positions (`batch_order`)."""
+    measured = _measure_in_order(backend, layer, op, seed)
+    n, oh, ow, _ = layer.output_shape
+    if op != "conv2d_backprop_filter" or n < 2 or oh * ow < 2:
+        return measured
+    innermost = _measure_in_order(BatchInnermost(backend), layer, op, seed, window_probe=False)
+    return replace(measured, batch_innermost=_batch_innermost(backend, layer, measured),
+                   innermost=innermost.to_dict())
+
+
+def _measure_in_order(backend, layer: Layer, op: str, seed: int, window_probe: bool = True) -> Structure:
+    """Tiles and crafted rows of `op` at `layer`, in the order `backend` lays rows out."""
+    tiling = measure_tiles(backend, layer, op, _spot_row(layer, op), seed, window_probe)
     tiles = {"columns": [run.to_dict() for run in tiling.columns] or None, "columns_note": tiling.columns_note,
              "rows": [run.to_dict() for run in tiling.rows] or None, "rows_note": tiling.rows_note}
     capacity, why = pattern_rows(layer, op)
@@ -113,8 +126,7 @@ def measure(backend, layer: Layer, op: str, seed: int = 0) -> Structure:
     else:
         measured = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale),
                                 layer.k(op))
-    innermost = _batch_innermost(backend, layer, measured) if op == "conv2d_backprop_filter" else None
-    return replace(measured, derived=_layout_specs(layer, op), batch_innermost=innermost, **tiles)
+    return replace(measured, derived=_layout_specs(layer, op), **tiles)
 
 
 def _spot_row(layer: Layer, op: str) -> int | None:

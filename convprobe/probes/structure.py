@@ -85,9 +85,13 @@ class Structure:
     combine: str | None = None
     #: The kernel sums from K-1 down: the other fields describe the mirrored rows.
     backwards: bool = False
-    #: A filter gradient that sums its batch positions (oh, ow, n), the batch innermost
-    #: (None: not measured); the other fields were measured in (n, oh, ow) order.
+    #: A filter gradient that sums its batch positions (oh, ow, n), the batch innermost, by
+    #: a probe of the fields here (None: not measured); they are in (n, oh, ow) order.
     batch_innermost: bool | None = None
+    #: A filter gradient over N > 1 images: the whole measurement again with the rows laid
+    #: out (oh, ow, n) (`batch_order`), as a Structure dict. Lanes over that order hide it
+    #: from the `batch_innermost` probe, so both orders give candidates.
+    innermost: dict | None = None
     #: The GEMM's columns measured one by one (`column_patterns`): runs of columns, each
     #: {"first": column, "structure": its Structure as a dict}; None: not measured.
     columns: list[dict] | None = None

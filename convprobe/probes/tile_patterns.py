@@ -256,10 +256,12 @@ class _SpanMeasure:
                      if i == 0 or s != measured[i - 1])
 
 
-def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: int = 0) -> Tiling:
+def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: int = 0,
+                  window_probe: bool = True) -> Tiling:
     """The main class's runs of columns and the runs of rows of `op` at `layer`'s proxy (see
     the module docstring). `main_row`: the GEMM row the layer's own crafted rows are read at
-    (None: the largest class is the main one)."""
+    (None: the largest class is the main one). `window_probe` False: the column layout only
+    (its other operand a constant, as `batch_order.BatchInnermost` needs)."""
     try:
         at = proxy(layer)
     except InvalidArgument as exc:
@@ -269,7 +271,7 @@ def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: in
     main = tiles.class_of(main_row)
     span_measure, k = _SpanMeasure(backend, at, op), column_k(at, op)
     capacity, why = column_capacity(at, op, tiles.rows_in(main))
-    if capacity and column_calls(at, op, capacity) <= WINDOW_CALLS:
+    if window_probe and capacity and column_calls(at, op, capacity) <= WINDOW_CALLS:
         columns, columns_note = measure_columns(backend, at, op, tiles.rows_in(main))
     elif len(tiles.spans()) < 2:
         columns, columns_note = [], why or "one kernel for every column: the crafted rows' own structure"
