@@ -33,10 +33,10 @@ class BatchInnermost:
 
     def __init__(self, backend):
         self.backend = backend
+        if hasattr(backend, "run_together"):  # only where the backend has it (`layers.run_ops` asks)
+            self.run_together = self._run_together
 
     def __getattr__(self, name):
-        if name == "run_together" and not hasattr(self.backend, "run_together"):
-            raise AttributeError(name)
         return getattr(self.backend, name)
 
     @staticmethod
@@ -52,5 +52,5 @@ class BatchInnermost:
     def conv2d_backprop_filter(self, *args, **kwargs):
         return self.backend.conv2d_backprop_filter(*self._laid_out(_OP, args), **kwargs)
 
-    def run_together(self, calls):
+    def _run_together(self, calls):
         return self.backend.run_together([(name, self._laid_out(name, args), kwargs) for name, args, kwargs in calls])

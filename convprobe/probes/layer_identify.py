@@ -107,7 +107,8 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     if structure.innermost:  # measured in (oh, ow, n) order too: confirmation decides
         specs, column_spec, row_specs = _measured_specs(layer, op, Structure(**structure.innermost))
         innermost = [_batch_innermost(spec) for spec in specs]
-        measured = [*measured, *innermost]
+        # earliest wins a tie: the order the B / unit / -B probe saw comes first
+        measured = [*innermost, *measured] if structure.batch_innermost else [*measured, *innermost]
         by_column = [*by_column, *(_batch_innermost(spec) for spec in column_spec)]
         by_row = [*by_row, *(_batch_innermost(spec) for spec in row_specs)]
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)

@@ -381,10 +381,31 @@ def test_lanes_leave_the_position_order_unmeasured():
 
 @pytest.mark.tensorflow
 def test_strict_xla_filter_gradients_sum_the_batch_innermost():
-    """jit+strict at 2,8,8,64 * 3,3,64,64: XLA's filter gradient is an fp16 chain of fp16
-    products over (oh, ow, n), 100%; in (n, oh, ow) order the same chain is not."""
-    doc = run_cli_json("identify", "--configs", "jit+strict", "--input-shape", "2,8,8,64", "--filter-shape", "3,3,64,64")
+    """jit+strict at 2,16,16,8 * 3,3,8,8: XLA's filter gradient sums (oh, ow, n) in two lanes
+    split at 320 terms. Lanes hide the order from the B / unit / -B probe (it reads image by
+    image); measured laid out batch innermost it is 100%, and no spec of (n, oh, ow) is."""
+    doc = run_cli_json("identify", "--configs", "jit+strict", "--input-shape", "2,16,16,8", "--filter-shape", "3,3,8,8")
     summary = doc["matches"]["tensorflow/cpu/jit+strict"]["conv2d_backprop_filter"]["summary"]
-    assert summary["best"] == "sequential:fp16:product=fp16:positions=hwn", summary["explanation"]
-    assert summary["stops_matching_at"] is None and summary["structure"]["batch_innermost"] is True
-    assert summary["table"]["sequential:fp16:product=fp16"] < 0.5
+    assert summary["best"].endswith("positions=hwn)") and summary["stops_matching_at"] is None, summary["explanation"]
+    assert "lanes(2," in summary["best"] and "rows laid out batch innermost" in summary["explanation"]
+    assert summary["structure"]["batch_innermost"] is False and summary["structure"]["innermost"]["lanes"] == 2
+    assert max(f for spec, f in summary["table"].items() if "positions=hwn" not in spec) < 0.5
+
+
+def test_lanes_over_the_batch_innermost_order_are_measured_in_that_order():
+    """On the emulator: lanes over (oh, ow, n) read as image by image to the order probe; the
+    measurement laid out batch innermost finds the lanes, and identify confirms the spec."""
+    spec = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, positions=hwn)"  # 3 images: not per image
+    layer = Layer((3, 6, 6, 8), (3, 3, 8, 4))
+    measured = layer_patterns.measure(EmulatedBackend(spec), layer, "conv2d_backprop_filter")
+    assert measured.batch_innermost is not True and measured.innermost["lanes"] == 2, measured
+    doc = run_cli_json("identify", "--configs", "none", "--model", spec, "--input-shape", "3,6,6,8",
+                       "--filter-shape", "3,3,8,4")
+    summary = doc["matches"][f"emulated/{spec}"]["conv2d_backprop_filter"]["summary"]
+    assert summary["best"] == spec and summary["stops_matching_at"] is None, summary["explanation"]
+
+
+def test_one_image_is_measured_in_one_order():
+    measured = layer_patterns.measure(EmulatedBackend("sequential:fp16"), Layer((1, 6, 6, 8), (3, 3, 8, 4)),
+                                      "conv2d_backprop_filter")
+    assert measured.innermost is None and measured.batch_innermost is None
