@@ -535,6 +535,9 @@ class Rows(_ByIndex):
         if isinstance(model, Rows):
             raise InvalidArgument(f"a rows model must be a plain or a columns model, not a rows model; received "
                                   f"{model.to_spec()}")
+        if isinstance(model, Columns) and model.positions != Positions.NHW:
+            raise InvalidArgument(f"a rows model's columns cannot set positions (the order of the whole sum, "
+                                  f"the outermost model's); received {model.to_spec()}")
         for inner in model.models if isinstance(model, Columns) else (model,):
             _check_inner(inner, "a rows model")
 

@@ -28,8 +28,8 @@ def batch_innermost_layout(dy: np.ndarray) -> np.ndarray:
 
 class BatchInnermost:
     """`backend` whose filter gradient takes its dy rows in (oh, ow, n) order. Valid only
-    where x is one constant (every window reads the same values), as in the column layout
-    and the crafted rows; other ops pass through."""
+    where x is one constant and only taps that read inside the image are read (the column
+    layout on the VALID proxy, the crafted rows at their spot tap); other ops pass through."""
 
     def __init__(self, backend):
         self.backend = backend

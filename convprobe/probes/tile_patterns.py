@@ -265,7 +265,7 @@ def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: in
     try:
         at = proxy(layer)
     except InvalidArgument as exc:
-        runs, note = measure_columns(backend, layer, op)
+        runs, note = measure_columns(backend, layer, op) if window_probe else ([], "no proxy layer: columns not measured")
         return Tiling(runs, note, [], f"no proxy layer ({exc}): rows not measured")
     tiles = tile_classes(backend, at, op, seed)
     main = tiles.class_of(main_row)

@@ -398,7 +398,7 @@ def test_lanes_over_the_batch_innermost_order_are_measured_in_that_order():
     spec = "lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, positions=hwn)"  # 3 images: not per image
     layer = Layer((3, 6, 6, 8), (3, 3, 8, 4))
     measured = layer_patterns.measure(EmulatedBackend(spec), layer, "conv2d_backprop_filter")
-    assert measured.batch_innermost is not True and measured.innermost["lanes"] == 2, measured
+    assert measured.batch_innermost is None and measured.innermost["lanes"] == 2, measured  # lanes: probe not run
     doc = run_cli_json("identify", "--configs", "none", "--model", spec, "--input-shape", "3,6,6,8",
                        "--filter-shape", "3,3,8,4")
     summary = doc["matches"][f"emulated/{spec}"]["conv2d_backprop_filter"]["summary"]
