@@ -103,7 +103,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     k = layer.k(op)
     structure = Structure(**result["structure"])
     measured, by_column, by_row = _measured_specs(layer, op, structure)
-    innermost = []
+    others = []  # (specs, structure, how): the same op measured in another layout
     if structure.innermost:  # measured in (oh, ow, n) order too: confirmation decides
         specs, column_spec, row_specs = _measured_specs(layer, op, Structure(**structure.innermost))
         innermost = [_batch_innermost(spec) for spec in specs]
@@ -111,6 +111,14 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         measured = [*innermost, *measured] if structure.batch_innermost else [*measured, *innermost]
         by_column = [*by_column, *(_batch_innermost(spec) for spec in column_spec)]
         by_row = [*by_row, *(_batch_innermost(spec) for spec in row_specs)]
+        others.append((innermost, Structure(**structure.innermost), "rows laid out batch innermost"))
+    if structure.as_forward:  # as the forward conv of dy with the rotated filter (XLA's GEMM)
+        from convprobe.probes.input_gradient_layout import forward_layer
+
+        as_forward = Structure(**structure.as_forward)
+        specs, column_spec, row_specs = _measured_specs(forward_layer(layer), "conv2d", as_forward)
+        measured, by_column, by_row = [*measured, *specs], [*by_column, *column_spec], [*by_row, *row_specs]
+        others.append((specs, as_forward, "measured as the forward conv of dy with the rotated filter"))
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
     table = {}
     for spec in dict.fromkeys([*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]):
@@ -124,7 +132,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
             "stops_matching_at": None if fraction == 1.0 else k, "perfect": perfect,
             "structure": structure.to_dict(), "measured_specs": measured, "table": table,
             "outputs_compared": len(observed),
-            "explanation": _explain(structure, measured, table, best, by_column, by_row, innermost)}
+            "explanation": _explain(structure, measured, table, best, by_column, by_row, others)}
 
 
 def _measured_specs(layer: Layer, op: str, structure) -> tuple[list[str], list[str], list[str]]:
@@ -169,13 +177,15 @@ def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[
 
 
 def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: list[str] = (),
-             by_row: list[str] = (), innermost: list[str] = ()) -> str:
-    """One line: what was measured, and what was ruled out when nothing matched
-    (`innermost`: the specs from the measurement in (oh, ow, n) order)."""
+             by_row: list[str] = (), others: list = ()) -> str:
+    """One line: what was measured, and what was ruled out when nothing matched (`others`:
+    (specs, structure, how) of the op measured in another layout)."""
     if best is not None and table[best] == 1.0:
-        order = ""
-        if best in innermost:
-            structure, order = type(structure)(**structure.innermost), "; rows laid out batch innermost"
+        layout = ""
+        for specs, other, how in others:
+            if best in specs:
+                structure, layout = other, f"; {how}"
+                break
         if best in by_row:
             how = f"the structure measured row by row: {len(structure.rows)} runs of rows"
         elif best in by_column:
@@ -186,7 +196,7 @@ def _explain(structure, measured: list[str], table: dict, best: str | None, by_c
             how = "the layer's layout" + ("" if structure.accumulator else "; not measured")
         else:
             how = "a plain model"
-        return f"{best} matches every compared output ({how}{order})"
+        return f"{best} matches every compared output ({how}{layout})"
     found = (f"measured: {structure.accumulator} accumulator, lanes={structure.lanes}"
              + (f" summed in {structure.combine}" if structure.combine else "")
              + f", products {'rounded' if structure.products_rounded else 'exact'}, partial sums start at "

@@ -20,6 +20,7 @@ import numpy as np
 
 from convprobe.probes.batch_order import BatchInnermost
 from convprobe.probes.column_patterns import column_k
+from convprobe.probes.input_gradient_layout import AsForward, forward_layer
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, measure_rows
 from convprobe.probes.tile_patterns import measure_tiles
@@ -102,8 +103,15 @@ def measure(backend, layer: Layer, op: str, seed: int = 0) -> Structure:
     """The structure of `op` at `layer` (see the module docstring); never raises for a
     layer it cannot measure - the Structure's note says why. `seed` picks the tiles'
     random patterns. A filter gradient over several images and positions is measured in
-    both orders of its positions (`batch_order`)."""
+    both orders of its positions (`batch_order`), a stride-1 input gradient as col2im and
+    as the forward conv of dy with the rotated filter (`input_gradient_layout`)."""
     measured = _measure_in_order(backend, layer, op, seed)
+    if op == "conv2d_backprop_input":
+        forward = forward_layer(layer)
+        if forward is None:
+            return measured
+        as_forward = _measure_in_order(AsForward(backend, layer), forward, "conv2d", seed)
+        return replace(measured, as_forward=as_forward.to_dict())
     n, oh, ow, _ = layer.output_shape
     if op != "conv2d_backprop_filter" or n < 2 or oh * ow < 2:
         return measured

@@ -92,6 +92,10 @@ class Structure:
     #: out (oh, ow, n) (`batch_order`), as a Structure dict. Lanes over that order hide it
     #: from the `batch_innermost` probe, so both orders give candidates.
     innermost: dict | None = None
+    #: A stride-1 input gradient: the whole measurement again as the forward conv of dy
+    #: with the rotated filter (`input_gradient_layout`: XLA's GEMM), as a Structure dict
+    #: of that conv2d; both layouts give candidates.
+    as_forward: dict | None = None
     #: The GEMM's columns measured one by one (`column_patterns`): runs of columns, each
     #: {"first": column, "structure": its Structure as a dict}; None: not measured.
     columns: list[dict] | None = None
