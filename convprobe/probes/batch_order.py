@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["BatchInnermost"]
+from convprobe.probes.rewritten_calls import RewrittenCalls
 
-_OP = "conv2d_backprop_filter"
+__all__ = ["BatchInnermost", "batch_innermost_layout"]
 
 
 def batch_innermost_layout(dy: np.ndarray) -> np.ndarray:
@@ -26,31 +26,16 @@ def batch_innermost_layout(dy: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(dy.reshape(oh * ow, n, c).transpose(1, 0, 2).reshape(dy.shape))
 
 
-class BatchInnermost:
+class BatchInnermost(RewrittenCalls):
     """`backend` whose filter gradient takes its dy rows in (oh, ow, n) order. Valid only
     where x is one constant and only taps that read inside the image are read (the column
     layout on the VALID proxy, the crafted rows at their spot tap); other ops pass through."""
 
-    def __init__(self, backend):
-        self.backend = backend
-        if hasattr(backend, "run_together"):  # only where the backend has it (`layers.run_ops` asks)
-            self.run_together = self._run_together
+    rewritten_ops = frozenset({"conv2d_backprop_filter"})
 
-    def __getattr__(self, name):
-        return getattr(self.backend, name)
-
-    @staticmethod
-    def _laid_out(name: str, args: tuple) -> tuple:
-        if name != _OP:
-            return args
+    def rewrite(self, name: str, args: tuple, kwargs: dict) -> tuple[str, tuple, dict]:
         x, dy, *rest = args
         x = np.asarray(x)
         if x.size and not np.all(x == x.flat[0]):
             raise ValueError("BatchInnermost lays out dy only: x must be one constant")
-        return (x, batch_innermost_layout(np.asarray(dy)), *rest)
-
-    def conv2d_backprop_filter(self, *args, **kwargs):
-        return self.backend.conv2d_backprop_filter(*self._laid_out(_OP, args), **kwargs)
-
-    def _run_together(self, calls):
-        return self.backend.run_together([(name, self._laid_out(name, args), kwargs) for name, args, kwargs in calls])
+        return name, (x, batch_innermost_layout(np.asarray(dy)), *rest), kwargs

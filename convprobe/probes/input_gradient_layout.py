@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from convprobe.probes.layers import Layer
+from convprobe.probes.rewritten_calls import RewrittenCalls
 
 __all__ = ["AsForward", "forward_layer"]
 
@@ -37,18 +38,22 @@ def forward_layer(layer: Layer) -> Layer | None:
                  layer.dilation, layer.name)
 
 
-class AsForward:
+class AsForward(RewrittenCalls):
     """`backend` with `conv2d` on `forward_layer(layer)` run as `layer`'s input gradient
-    (the forward filter w'[i, j, o, c] is the layer's w[KH-1-i, KW-1-j, c, o])."""
+    (the forward filter w'[i, j, o, c] is the layer's w[KH-1-i, KW-1-j, c, o]); no other op."""
+
+    rewritten_ops = frozenset({"conv2d"})
 
     def __init__(self, backend, layer: Layer):
-        self.backend, self.layer = backend, layer
-        if hasattr(backend, "run_together"):  # only where the backend has it (`layers.run_ops` asks)
-            self.run_together = self._run_together
+        super().__init__(backend)
+        self.layer = layer
 
-    def _call(self, name: str, args: tuple, kwargs: dict) -> tuple[str, tuple, dict]:
-        if name != "conv2d":
-            raise ValueError(f"AsForward runs conv2d only; received {name}")
+    def __getattr__(self, name):
+        if name in ("conv2d_backprop_input", "conv2d_backprop_filter"):
+            raise AttributeError(f"AsForward runs conv2d only; received {name}")
+        return super().__getattr__(name)
+
+    def rewrite(self, name: str, args: tuple, kwargs: dict) -> tuple[str, tuple, dict]:
         dy, w = args[0], np.asarray(args[1])
         kh, kw = self.layer.filter_shape[:2]
         (dh, dw) = self.layer.dilation
@@ -56,10 +61,3 @@ class AsForward:
         padding = (((kh - 1) * dh, (kh - 1) * dh), ((kw - 1) * dw, (kw - 1) * dw))
         return ("conv2d_backprop_input", (dy, filter_, self.layer.input_shape),
                 {"strides": 1, "padding": padding, "dilation": self.layer.dilation})
-
-    def conv2d(self, *args, **kwargs):
-        name, args, kwargs = self._call("conv2d", args, kwargs)
-        return getattr(self.backend, name)(*args, **kwargs)
-
-    def _run_together(self, calls):
-        return self.backend.run_together([self._call(name, args, kwargs) for name, args, kwargs in calls])
