@@ -535,8 +535,8 @@ class Rows(_ByIndex):
         if isinstance(model, Rows):
             raise InvalidArgument(f"a rows model must be a plain or a columns model, not a rows model; received "
                                   f"{model.to_spec()}")
-        if isinstance(model, Columns) and model.positions != Positions.NHW:
-            raise InvalidArgument(f"a rows model's columns cannot set positions (the order of the whole sum, "
+        if model.positions != Positions.NHW:
+            raise InvalidArgument(f"a rows model's models and columns cannot set positions (the order of the whole sum, "
                                   f"the outermost model's); received {model.to_spec()}")
         for inner in model.models if isinstance(model, Columns) else (model,):
             _check_inner(inner, "a rows model")
@@ -596,11 +596,11 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         else:
             positional.append(a)
     usage = {"splitk": "splitk(PARTS | length=N, INNER[, first=MODEL | MODEL ...], combine=FORMAT | MODEL"
-                       "[, output=FORMAT][, positions=nhw|hwn])",
-             "lanes": "lanes(WIDTH, INNER, combine=MODEL[, tail=N][, output=FORMAT][, positions=nhw|hwn])",
-             "reverse": "reverse(INNER[, output=FORMAT][, positions=nhw|hwn])",
-             "columns": "columns(MODEL[ * N], MODEL[ * N], ...[, positions=nhw|hwn])",
-             "rows": "rows(MODEL[ * N], MODEL[ * N], ...[, positions=nhw|hwn])"}[kind]
+                       "[, output=FORMAT]",
+             "lanes": "lanes(WIDTH, INNER, combine=MODEL[, tail=N][, output=FORMAT]",
+             "reverse": "reverse(INNER[, output=FORMAT]",
+             "columns": "columns(MODEL[ * N], MODEL[ * N], ...",
+             "rows": "rows(MODEL[ * N], MODEL[ * N], ..."}[kind] + "[, positions=nhw|hwn])"
     allowed = {"splitk": {"length", "combine", "output", "inner", "parts", "first"},
                "lanes": {"combine", "output", "inner", "width", "tail"},
                "reverse": {"output", "inner"},

@@ -84,8 +84,9 @@ def _pixels(layer: Layer, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=16)
 def window_sets(layer: Layer) -> tuple[tuple, ...]:
-    """Sets of disjoint in-image windows (as `_windows`) that together hold every output
-    position with an in-image window, each set picked greedily from the positions left."""
+    """Sets of disjoint in-image windows, each (n, oh, ow, rows, cols) of an output position
+    whose window lies inside the image and shares no pixel with an earlier one's, that
+    together hold every such position, each set picked greedily from the positions left."""
     n_images, h, w, _ = layer.input_shape
     _, oh, ow, _ = layer.output_shape
     left = [(i, j) for i in range(oh) for j in range(ow)]
@@ -108,13 +109,6 @@ def window_sets(layer: Layer) -> tuple[tuple, ...]:
     return tuple(sets)
 
 
-def _windows(layer: Layer) -> tuple[tuple[int, int, int, np.ndarray, np.ndarray], ...]:
-    """(n, oh, ow, rows, cols) of output positions whose windows lie inside the image and share no
-    pixel with an earlier one's, picked greedily in order: the first of `window_sets`."""
-    sets = window_sets(layer)
-    return sets[0] if sets else ()
-
-
 @functools.lru_cache(maxsize=16)
 def _tap_reads(layer: Layer, th: int, tw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(image, row, column) of the pixel tap (th, tw) reads at every output position, in
@@ -133,8 +127,9 @@ def window_row(layer: Layer, window: tuple) -> int:
 
 
 def windows_in(layer: Layer, gemm_rows=None) -> tuple:
-    """The disjoint windows (`_windows`) whose GEMM rows are in `gemm_rows` (all where None)."""
-    return tuple(w for w in _windows(layer) if gemm_rows is None or window_row(layer, w) in gemm_rows)
+    """The first set of `window_sets` whose GEMM rows are in `gemm_rows` (all where None)."""
+    windows = window_sets(layer)[0] if window_sets(layer) else ()
+    return tuple(w for w in windows if gemm_rows is None or window_row(layer, w) in gemm_rows)
 
 
 def spot_rows(layer: Layer) -> range:

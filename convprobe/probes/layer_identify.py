@@ -104,21 +104,13 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     structure = Structure(**result["structure"])
     measured, by_column, by_row = _measured_specs(layer, op, structure)
     others = []  # (specs, structure, how): the same op measured in another layout
-    if structure.innermost:  # measured in (oh, ow, n) order too: confirmation decides
-        specs, column_spec, row_specs = _measured_specs(layer, op, Structure(**structure.innermost))
-        innermost = [_batch_innermost(spec) for spec in specs]
-        # earliest wins a tie: the order the B / unit / -B probe saw comes first
-        measured = [*innermost, *measured] if structure.batch_innermost else [*measured, *innermost]
-        by_column = [*by_column, *(_batch_innermost(spec) for spec in column_spec)]
-        by_row = [*by_row, *(_batch_innermost(spec) for spec in row_specs)]
-        others.append((innermost, Structure(**structure.innermost), "rows laid out batch innermost"))
-    if structure.as_forward:  # as the forward conv of dy with the rotated filter (XLA's GEMM)
-        from convprobe.probes.input_gradient_layout import forward_layer
-
-        as_forward = Structure(**structure.as_forward)
-        specs, column_spec, row_specs = _measured_specs(forward_layer(layer), "conv2d", as_forward)
-        measured, by_column, by_row = [*measured, *specs], [*by_column, *column_spec], [*by_row, *row_specs]
-        others.append((specs, as_forward, "measured as the forward conv of dy with the rotated filter"))
+    for other, at, as_op, convert, how, first in _other_layouts(layer, structure):
+        found, column_spec, row_specs = _measured_specs(at, as_op, other)
+        converted = {spec: convert(spec) for spec in found}  # the column and row specs are among them
+        specs, column_spec, row_specs = ([converted[spec] for spec in part] for part in (found, column_spec, row_specs))
+        measured = [*specs, *measured] if first else [*measured, *specs]  # the earliest wins a tie
+        by_column, by_row = [*by_column, *column_spec], [*by_row, *row_specs]
+        others.append((specs, other, how))
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
     table = {}
     for spec in dict.fromkeys([*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]):
@@ -133,6 +125,23 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
             "structure": structure.to_dict(), "measured_specs": measured, "table": table,
             "outputs_compared": len(observed),
             "explanation": _explain(structure, measured, table, best, by_column, by_row, others)}
+
+
+def _other_layouts(layer: Layer, structure) -> list[tuple]:
+    """(structure, layer, op, spec for this op, how, first on a tie) of each other layout the
+    op was measured in: a filter gradient batch innermost (first where the B / unit / -B
+    probe saw that order), an input gradient as the forward conv of dy (XLA's GEMM)."""
+    from convprobe.probes.input_gradient_layout import forward_layer
+    from convprobe.probes.structure import Structure
+
+    out = []
+    if structure.innermost:
+        out.append((Structure(**structure.innermost), layer, "conv2d_backprop_filter", _batch_innermost,
+                    "rows laid out batch innermost", bool(structure.batch_innermost)))
+    if structure.as_forward:
+        out.append((Structure(**structure.as_forward), forward_layer(layer), "conv2d", str,
+                    "measured as the forward conv of dy with the rotated filter", False))
+    return out
 
 
 def _measured_specs(layer: Layer, op: str, structure) -> tuple[list[str], list[str], list[str]]:

@@ -32,7 +32,7 @@ class RewrittenCalls:
         return self.rewrite(name, tuple(args), dict(kwargs)) if name in self.rewritten_ops else (name, args, kwargs)
 
     def _run(self, name: str, args: tuple, kwargs: dict):
-        name, args, kwargs = self._call(name, args, kwargs)
+        name, args, kwargs = self.rewrite(name, args, kwargs)
         return getattr(self.backend, name)(*args, **kwargs)
 
     def _run_together(self, calls):

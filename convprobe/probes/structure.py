@@ -88,9 +88,9 @@ class Structure:
     #: A filter gradient that sums its batch positions (oh, ow, n), the batch innermost, by
     #: a probe of the fields here (None: not measured); they are in (n, oh, ow) order.
     batch_innermost: bool | None = None
-    #: A filter gradient over N > 1 images and OH * OW > 1 positions: the whole measurement again with the rows laid
-    #: out (oh, ow, n) (`batch_order`), as a Structure dict. Lanes over that order hide it
-    #: from the `batch_innermost` probe, so both orders give candidates.
+    #: A filter gradient over N > 1 images and OH * OW > 1 positions: the whole measurement
+    #: again with the rows laid out (oh, ow, n) (`batch_order`), as a Structure dict. Lanes
+    #: over that order hide it from the `batch_innermost` probe, so both orders give candidates.
     innermost: dict | None = None
     #: A stride-1 input gradient: the whole measurement again as the forward conv of dy
     #: with the rotated filter (`input_gradient_layout`: XLA's GEMM), as a Structure dict

@@ -43,7 +43,7 @@ import numpy as np
 
 from convprobe.errors import InvalidArgument
 from convprobe.probes.column_patterns import (MAX_CALLS as WINDOW_CALLS, ColumnRun, column_calls, column_capacity,
-                                              column_count, column_k, column_models, column_spec, measure_columns,
+                                              column_count, column_k, column_spec, measure_columns,
                                               spec_by_column, window_row, window_sets)
 from convprobe.probes.layers import Layer
 from convprobe.probes.structure import Structure, blocks, measure_rows
@@ -299,9 +299,8 @@ def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: in
 
 def _class_spec(layer: Layer, op: str, runs: tuple[ColumnRun, ...], combine: str) -> str | None:
     """The spec of one class of rows: its columns' (None where a structure gives no spec)."""
-    if any(column_spec(run.structure, column_k(layer, op)) is None for run in runs):
-        return None
-    return column_models(layer, op, list(runs), combine) or column_spec(runs[0].structure, column_k(layer, op))
+    spec_of = _column_spec_of(runs, column_k(layer, op))
+    return spec_of and spec_by_column(layer, op, spec_of, combine)
 
 
 def row_models(layer: Layer, op: str, runs: list[RowRun], main_spec: str, combine: str = "fp16") -> str | None:

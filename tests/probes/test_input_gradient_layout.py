@@ -21,7 +21,7 @@ def test_the_forward_conv_is_the_layers_input_gradient(layer):
     """conv2d on forward_layer through AsForward equals the emulator's own conv2d there, bit
     for bit, on a model that picks by column (so a wrong filter transpose would show)."""
     forward = forward_layer(layer)
-    assert forward.output_shape == (*layer.input_shape[:3], layer.input_shape[3])
+    assert forward.output_shape == layer.input_shape
     rng = np.random.default_rng(7)
     x = rng.standard_normal(forward.input_shape).astype(np.float16)
     w = rng.standard_normal(forward.filter_shape).astype(np.float16)
@@ -52,9 +52,9 @@ def test_columns_over_input_channels_are_found_as_the_forward_conv():
 @pytest.mark.tensorflow
 def test_strict_xla_computes_the_input_gradient_as_a_forward_conv():
     """jit+strict at 1,6,6,18 * 2,2,18,21 VALID: 100% as columns over the input channels;
-    the best col2im-measured spec matched 96.5% before this layout was measured."""
+    no col2im-measured spec matches (the best matched 96.5% before this layout was measured)."""
     doc = run_cli_json("identify", "--configs", "jit+strict", "--input-shape", "1,6,6,18", "--filter-shape", "2,2,18,21",
                        "--padding", "VALID")
     summary = doc["matches"]["tensorflow/cpu/jit+strict"]["conv2d_backprop_input"]["summary"]
     assert summary["best"] == BY_CHANNEL and summary["stops_matching_at"] is None, summary["explanation"]
-    assert summary["table"]["sequential:fp16:product=fp16"] < 0.97
+    assert summary["table"]["sequential:fp16:product=fp16"] < 1.0  # col2im's best: one chain for every column
