@@ -11,7 +11,9 @@ For every layer and each of its three ops (`layers.LAYER_OPS`) the child process
    accumulator, partial-sum boundaries, interleaved lanes, product rounding, one
    row a channel, and again column by column of the op's GEMM (`column_patterns`);
 2. runs the op on seeded random fp16 inputs (`layers.op_inputs`) and returns the
-   bit patterns of up to `SAMPLE` outputs, picked by seed.
+   bit patterns of up to `SAMPLE` outputs, picked by seed;
+3. tests that the op is a direct sum of products at all (`direct_sum`): a Winograd or
+   FFT convolution is said to be one, not fitted with a dot-product model.
 
 The parent turns the structure into emulator specs (`structure.candidate_specs`; where
 the columns differ, first the one spec of them all, `column_patterns.column_models`),
@@ -52,6 +54,7 @@ def sample_indices(size: int, seed: int) -> np.ndarray:
 def run(backend, *, layers, seed: int = 0, **_params) -> dict:
     """Child side: per layer and op, the measured structure and sampled output bits."""
     from convprobe.errors import UnsupportedConfiguration
+    from convprobe.probes import direct_sum
     from convprobe.probes.encoding import encode_bits
     from convprobe.probes.layer_patterns import measure
 
@@ -65,6 +68,7 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
                 with np.errstate(over="ignore", invalid="ignore"):
                     y = run_op(backend, layer, op, first, second).reshape(-1)
                 ops[op] = {"status": "ok", "bits": encode_bits(y[sample_indices(y.size, seed)]),
+                           "direct": direct_sum.probe(backend, layer, op, seed).to_dict(),
                            "structure": measure(backend, layer, op, seed).to_dict()}
             except UnsupportedConfiguration as exc:
                 ops[op] = {"status": "unsupported", "error": str(exc)}
@@ -98,6 +102,7 @@ def _predicted(spec: str, layer: Layer, op: str, seed: int) -> np.ndarray | None
 
 
 def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dict:
+    from convprobe.probes.direct_sum import DirectSum
     from convprobe.probes.structure import Structure, best_of, bitwise_equal
 
     k = layer.k(op)
@@ -117,14 +122,19 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         predicted = _predicted(spec, layer, op, seed)
         if predicted is not None:
             table[spec] = float(np.mean(bitwise_equal(predicted, observed)))
-    best = best_of(table) if table else None
-    fraction = table.get(best, 0.0)
+    direct = DirectSum.from_dict(result["direct"]) if result.get("direct") else None  # older documents lack it
     perfect = [s for s, f in table.items() if f == 1.0]
+    if direct is not None and direct.direct is False:  # say so rather than fit a dot-product model
+        best, explanation = None, f"{direct.reason}; no dot-product model applies; closest tried: {_closest(table)}"
+    else:
+        best = best_of(table) if table else None
+        explanation = _explain(structure, measured, table, best, by_column, by_row, others)
+    fraction = table.get(best, 0.0)
     return {"best": best, "fractions": {k: fraction} if best else {},
-            "stops_matching_at": None if fraction == 1.0 else k, "perfect": perfect,
+            "stops_matching_at": None if best and fraction == 1.0 else k, "perfect": perfect,
+            "direct": direct.to_dict() if direct else None,
             "structure": structure.to_dict(), "measured_specs": measured, "table": table,
-            "outputs_compared": len(observed),
-            "explanation": _explain(structure, measured, table, best, by_column, by_row, others)}
+            "outputs_compared": len(observed), "explanation": explanation}
 
 
 def _other_layouts(layer: Layer, structure) -> list[tuple]:
@@ -211,8 +221,12 @@ def _explain(structure, measured: list[str], table: dict, best: str | None, by_c
              + f", products {'rounded' if structure.products_rounded else 'exact'}, partial sums start at "
              f"{structure.boundaries}" + (" (summed from K-1 down; positions mirrored)" if structure.backwards else "")
              ) if structure.accumulator else f"not measured ({structure.note})"
-    tried = ", ".join(f"{s} {f:.1%}" for s, f in sorted(table.items(), key=lambda i: -i[1])[:3])
-    return f"no model matches every output; {found}; best tried: {tried}"
+    return f"no model matches every output; {found}; best tried: {_closest(table)}"
+
+
+def _closest(table: dict) -> str:
+    """The three specs that matched most, with their fractions."""
+    return ", ".join(f"{s} {f:.1%}" for s, f in sorted(table.items(), key=lambda i: -i[1])[:3])
 
 
 def key(layer: Layer, op: str, single: bool) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from convprobe.errors import InvalidArgument, invalid_choice
 
-__all__ = ["LAYER_OPS", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_inputs", "op_call", "run_op",
+__all__ = ["LAYER_OPS", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_inputs", "op_call", "run_op",
            "run_ops",
            "keras_layers"]
 
@@ -116,6 +116,13 @@ class Layer:
                    data["padding"], tuple(data["dilation"]), data.get("name", ""))
 
 
+def op_shapes(layer: Layer, op: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of `op`'s two operands at this layer: (x, w), (dy, w) or (x, dy)."""
+    return {"conv2d": (layer.input_shape, layer.filter_shape),
+            "conv2d_backprop_input": (layer.output_shape, layer.filter_shape),
+            "conv2d_backprop_filter": (layer.input_shape, layer.output_shape)}[op]
+
+
 def op_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Seeded fp16 operands of `op` at this layer: (x, w), (dy, w) or (x, dy).
 
@@ -124,9 +131,7 @@ def op_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]
     the sums of long reductions near 2**10, far from fp16's overflow.
     """
     rng = np.random.default_rng([seed, LAYER_OPS.index(op), *layer.input_shape, *layer.filter_shape])
-    shapes = {"conv2d": (layer.input_shape, layer.filter_shape),
-              "conv2d_backprop_input": (layer.output_shape, layer.filter_shape),
-              "conv2d_backprop_filter": (layer.input_shape, layer.output_shape)}[op]
+    shapes = op_shapes(layer, op)
     scale = 2.0 ** -max(0, int(np.ceil(np.log2(layer.k(op) / 4096))))
     first = rng.uniform(0.0, 1.0, shapes[0]).astype(np.float16)
     second = (rng.uniform(0.0, 1.0, shapes[1]) * scale).astype(np.float16)

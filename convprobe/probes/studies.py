@@ -224,8 +224,9 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
                 records.append({**base, "property": "status", "value": None, "evidence": None})
                 continue
             fraction = summary["fractions"].get(layer.k(op), 0.0)
-            row.update({"best model": summary["best"], "match": f"{fraction:.1%}",
-                        "measured": _structure_text(summary["structure"])})
+            not_direct = (summary.get("direct") or {}).get("direct") is False
+            row.update({"best model": "none: not a direct sum of products" if not_direct else summary["best"],
+                        "match": f"{fraction:.1%}", "measured": _structure_text(summary["structure"])})
             evidence = f"{layer.label}: {summary['outputs_compared']} outputs; {summary['explanation']}"
             records.append({**base, "property": "best_model", "value": summary["best"], "evidence": evidence})
             records.append({**base, "property": f"match_fraction_k{layer.k(op)}", "value": f"{fraction:.6g}",

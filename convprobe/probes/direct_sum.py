@@ -1,0 +1,189 @@
+"""Whether an op is a direct sum of products, the premise of every model identify fits.
+
+A direct convolution (im2col + GEMM, implicit GEMM, a loop nest), whatever it does
+with K (splits, lanes, chunks, accumulators, rounded products), computes each output
+from the products of its own window and nothing else. Two consequences can be tested
+bit for bit, at the layer's shape, through any backend:
+
+* **products only**: scale each input of one output's window by a power of two and
+  its partner in the other operand by the inverse. Every product of that output keeps
+  its value, so the output keeps every bit.
+* **window only**: replace every input outside the output's window by large values.
+  The output keeps every bit.
+
+Winograd and FFT convolutions are not sums of the x * w products. They transform tiles
+of the input (or all of it) and the filter, multiply the transforms, and transform
+back, rounding along the way (Lavin and Gray, "Fast Algorithms for Convolutional
+Neural Networks", CVPR 2016). Rescaled factors change what the transforms round, so
+the first test fails where that rounding shows in the fp16 outputs (an fp16 Winograd;
+an fp32 FFT rounds too finely). F(m x m, 3 x 3) with m >= 3 reads its whole (m+2)^2
+tile for every output, and an FFT the whole image, so large outside values leak into
+the output through rounding: the second test fails. F(2 x 2, 3 x 3) is local (each
+output's transformed terms come from its own window), so only the first test sees it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from convprobe.probes.layers import LAYER_OPS, Layer, op_shapes, run_ops
+
+__all__ = ["DirectSum", "probe", "TRIALS"]
+
+#: Outputs tested per op, at most (forward, input gradient: positions; filter gradient: taps).
+TRIALS = 3
+#: The magnitude of the inputs placed outside a window (the window's inputs are 0.5 to 1).
+OUTSIDE = 512.0
+
+
+@dataclass(frozen=True)
+class DirectSum:
+    """The evidence: `direct` is True when no tested output changed, False when one did,
+    None when nothing could be tested (`note` says why)."""
+
+    direct: bool | None
+    outputs: int = 0
+    changed_by_rescaling: int = 0
+    changed_by_outside: int = 0
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DirectSum:
+        return cls(**data)
+
+    @property
+    def reason(self) -> str:
+        """One clause for an explanation."""
+        if self.direct is not False:
+            return self.note or f"a direct sum of products ({self.outputs} outputs unchanged by both tests)"
+        return (f"not a direct sum of products: of {self.outputs} outputs, {self.changed_by_rescaling} changed when "
+                f"their products were kept and their factors rescaled, {self.changed_by_outside} when only inputs "
+                f"outside their windows changed (a Winograd- or FFT-style transform)")
+
+
+def _geometry(layer: Layer):
+    """Per spatial dimension: (size, taps, outputs, stride, dilation, top padding)."""
+    from convprobe.emulation.conv import resolve_padding
+
+    _, h, w, _ = layer.input_shape
+    kh, kw, _, _ = layer.filter_shape
+    _, oh, ow, _ = layer.output_shape
+    pads = resolve_padding(layer.padding, (h, w), (kh, kw), layer.strides, layer.dilation)
+    return [(size, k, out, s, d, top) for size, k, out, s, d, (top, _) in
+            zip((h, w), (kh, kw), (oh, ow), layer.strides, layer.dilation, pads)]
+
+
+def _triples(size, k, out, s, d, top):
+    """Every (tap, output position, input position) of one dimension with the input in bounds."""
+    return [(t, o, o * s - top + t * d) for o in range(out) for t in range(k) if 0 <= o * s - top + t * d < size]
+
+
+def _choices(op: str, layer: Layer) -> list[tuple[int, int]]:
+    """The tested outputs: up to `TRIALS` (h, w) output positions (forward), input
+    positions (input gradient) or taps (filter gradient), spread over their range."""
+    spans = [{"conv2d": out, "conv2d_backprop_input": size, "conv2d_backprop_filter": k}[op]
+             for size, k, out, *_ in _geometry(layer)]
+    picks = [np.linspace(0, span - 1, TRIALS).round().astype(int).tolist() for span in spans]
+    return list(dict.fromkeys(zip(*picks)))
+
+
+def _pairs(op: str, layer: Layer, chosen: tuple[int, int]) -> list[list[tuple[int, int]]] | None:
+    """Per dimension, the (first operand position, second operand position) pairs of the
+    chosen output's products; None where it has none in bounds."""
+    pairs = []
+    for dim, at in zip(_geometry(layer), chosen):
+        triples = _triples(*dim)
+        if op == "conv2d":  # x at the input position, w at the tap
+            found = [(q, t) for t, o, q in triples if o == at]
+        elif op == "conv2d_backprop_input":  # dy at the output position, w at the tap
+            found = [(o, t) for t, o, q in triples if q == at]
+        else:  # x at the input position, dy at the output position
+            found = [(q, o) for t, o, q in triples if t == at]
+        if not found:
+            return None
+        pairs.append(found)
+    return pairs
+
+
+def _operands(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded operands of magnitude 0.5 to 1 with random signs: every power-of-two
+    rescaling by up to 4 stays exact in fp16."""
+    rng = np.random.default_rng([seed, 7, LAYER_OPS.index(op)])
+    out = []
+    for shape in op_shapes(layer, op):
+        magnitude = rng.uniform(0.5, 1.0, shape)
+        out.append((magnitude * rng.choice([-1.0, 1.0], shape)).astype(np.float16))
+    return out[0], out[1]
+
+
+def _rescaled(op, first, second, pairs, rng):
+    """Copies with each product of the output kept and its two factors scaled by 2**e, 2**-e."""
+    first, second = first.copy(), second.copy()
+    for (a_h, b_h) in pairs[0]:
+        for (a_w, b_w) in pairs[1]:
+            if op == "conv2d":  # per input channel: x[0, q, c] and w[t, c, :]
+                e = rng.choice([-2, -1, 1, 2], first.shape[3])
+                first[0, a_h, a_w, :] *= np.exp2(e).astype(np.float16)
+                second[b_h, b_w, :, :] *= np.exp2(-e).astype(np.float16)[:, None]
+            elif op == "conv2d_backprop_input":  # per output channel: dy[0, o, :] and w[t, :, o]
+                e = rng.choice([-2, -1, 1, 2], first.shape[3])
+                first[0, a_h, a_w, :] *= np.exp2(e).astype(np.float16)
+                second[b_h, b_w, :, :] *= np.exp2(-e).astype(np.float16)[None, :]
+            else:  # per image: x[n, q, :] and dy[n, o, :]
+                e = rng.choice([-2, -1, 1, 2], (first.shape[0], 1))
+                first[:, a_h, a_w, :] *= np.exp2(e).astype(np.float16)
+                second[:, b_h, b_w, :] *= np.exp2(-e).astype(np.float16)
+    return first, second
+
+
+def _outside(op, first, pairs, rng):
+    """A copy of the first operand with every value its output does not read replaced by
+    +-OUTSIDE-scale values (the forward and input gradient outputs sit in image 0)."""
+    inside = np.zeros(first.shape[:3], bool)
+    rows, cols = np.ix_([a for a, _ in pairs[0]], [a for a, _ in pairs[1]])
+    inside[slice(None) if op == "conv2d_backprop_filter" else 0, rows, cols] = True
+    if inside.all():
+        return None
+    replaced = (rng.uniform(0.5, 1.0, first.shape) * OUTSIDE * rng.choice([-1.0, 1.0], first.shape))
+    return np.where(inside[..., None], first, replaced.astype(np.float16))
+
+
+def _read(op: str, y: np.ndarray, chosen: list[int]) -> np.ndarray:
+    """The tested outputs' bits: all channels at the chosen position (image 0) or tap."""
+    h, w = chosen
+    part = y[h, w] if op == "conv2d_backprop_filter" else y[0, h, w]
+    return np.ascontiguousarray(part, np.float16).view(np.uint16).reshape(-1)
+
+
+def probe(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
+    """Both tests (module docstring) at `TRIALS` outputs of `op` at `layer`, one call each."""
+    first, second = _operands(layer, op, seed)
+    rng = np.random.default_rng([seed, 11, LAYER_OPS.index(op)])
+    calls, tests = [(first, second)], []
+    for chosen in _choices(op, layer):
+        pairs = _pairs(op, layer, chosen)
+        if pairs is None:
+            continue
+        calls.append(_rescaled(op, first, second, pairs, rng))
+        outside = _outside(op, first, pairs, rng)
+        if outside is not None:
+            calls.append((outside, second))
+        tests.append((chosen, outside is not None))
+    if not tests:
+        return DirectSum(None, note="no output of this layer has in-bounds products: not tested")
+    with np.errstate(over="ignore", invalid="ignore"):
+        outputs = run_ops(backend, layer, op, calls)
+    base, rest = outputs[0], iter(outputs[1:])
+    counted, by_rescaling, by_outside = 0, 0, 0
+    for chosen, has_outside in tests:
+        expected = _read(op, base, chosen)
+        counted += expected.size
+        by_rescaling += int(np.count_nonzero(_read(op, next(rest), chosen) != expected))
+        if has_outside:
+            by_outside += int(np.count_nonzero(_read(op, next(rest), chosen) != expected))
+    return DirectSum(by_rescaling == 0 and by_outside == 0, counted, by_rescaling, by_outside)
