@@ -89,14 +89,27 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
     return np.concatenate(read).astype(np.float64)[:len(patterns)]
 
 
-def _layout_specs(layer: Layer, op: str) -> tuple[str, ...]:
+def _layout_specs(layer: Layer, op: str, columns=()) -> tuple[str, ...]:
     """An input gradient's K runs tap by tap over C_out output channels: the one-tap chunks
     that the measured stride-1 layers show (fp16 and fp32 accumulators), which a strided
-    layer (its crafted rows kept out) can only try."""
+    layer (its crafted rows kept out) can only try. Where every (tap, channel) column of a
+    strided layer shares one kernel (`columns`: one run), that kernel's model is tried over
+    the whole K, zeros included (XLA's conv of the dilated dy), and tap by tap, the taps
+    added in its accumulator (col2im)."""
+    from convprobe.probes.column_patterns import column_spec
+    from convprobe.probes.structure import candidate_specs
+
     if op != "conv2d_backprop_input":
         return ()
     n = layer.filter_shape[3]
-    return (f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16")
+    specs = [f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16"]
+    if len(columns) == 1:
+        kernel = columns[0].structure
+        specs += candidate_specs(kernel, layer.k(op))
+        tap = column_spec(kernel, n)
+        if tap and kernel.accumulator in ("fp16", "fp32"):
+            specs.append(f"splitk(length={n}, {tap}, combine={kernel.accumulator})")
+    return tuple(dict.fromkeys(specs))
 
 
 def measure(backend, layer: Layer, op: str, seed: int = 0) -> Structure:
@@ -127,7 +140,7 @@ def _measure_in_order(backend, layer: Layer, op: str, seed: int, window_probe: b
              "rows": [run.to_dict() for run in tiling.rows] or None, "rows_note": tiling.rows_note}
     capacity, why = pattern_rows(layer, op)
     if not capacity:
-        return Structure(note=why, derived=_layout_specs(layer, op), **tiles)
+        return Structure(note=why, derived=_layout_specs(layer, op, tiling.columns), **tiles)
     runs = tiling.columns
     if len(runs) == 1 and column_k(layer, op) == layer.k(op):  # one kernel, measured on the whole K already
         measured = runs[0].structure

@@ -58,3 +58,26 @@ def test_strict_xla_computes_the_input_gradient_as_a_forward_conv():
     summary = doc["matches"]["tensorflow/cpu/jit+strict"]["conv2d_backprop_input"]["summary"]
     assert summary["best"] == BY_CHANNEL and summary["stops_matching_at"] is None, summary["explanation"]
     assert summary["table"]["sequential:fp16:product=fp16"] < 1.0  # col2im's best: one chain for every column
+
+
+def test_a_strided_input_gradient_tries_its_one_kernel_over_the_whole_k():
+    """A strided input gradient carries no crafted rows; where its (tap, channel) columns
+    share one kernel, that kernel's model over the whole K (zeros included) is tried."""
+    spec = "sequential:fp32:product=fp16:output=fp16"
+    doc = run_cli_json("identify", "--configs", "none", "--model", spec, "--input-shape", "1,12,12,4",
+                       "--filter-shape", "4,4,4,9", "--strides", "4")
+    summary = doc["matches"][f"emulated/{spec}"]["conv2d_backprop_input"]["summary"]
+    assert summary["best"] == spec and summary["stops_matching_at"] is None, summary["explanation"]
+    assert spec in summary["structure"]["derived"]
+
+
+@pytest.mark.tensorflow
+def test_strict_xla_rounds_products_and_sums_in_fp32_where_stride_equals_the_kernel():
+    """jit+strict at 1,12,12,4 * 4,4,4,33 stride 4: XLA's conv of the dilated dy rounds each
+    product to fp16 and sums in fp32 (the one-tap chunks matched 94.4% before)."""
+    doc = run_cli_json("identify", "--configs", "jit+strict", "--input-shape", "1,12,12,4", "--filter-shape",
+                       "4,4,4,33", "--strides", "4")
+    summary = doc["matches"]["tensorflow/cpu/jit+strict"]["conv2d_backprop_input"]["summary"]
+    assert summary["best"] == "sequential:fp32:product=fp16:output=fp16", summary["explanation"]
+    assert summary["stops_matching_at"] is None
+    assert summary["table"]["chunked:fp32:n=33:total=fp32:output=fp16"] < 1.0
