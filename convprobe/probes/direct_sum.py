@@ -126,18 +126,16 @@ def _rescaled(op, first, second, pairs, rng):
     first, second = first.copy(), second.copy()
     for (a_h, b_h) in pairs[0]:
         for (a_w, b_w) in pairs[1]:
-            if op == "conv2d":  # per input channel: x[0, q, c] and w[t, c, :]
-                e = rng.choice([-2, -1, 1, 2], first.shape[3])
-                first[0, a_h, a_w, :] *= np.exp2(e).astype(np.float16)
-                second[b_h, b_w, :, :] *= np.exp2(-e).astype(np.float16)[:, None]
-            elif op == "conv2d_backprop_input":  # per output channel: dy[0, o, :] and w[t, :, o]
-                e = rng.choice([-2, -1, 1, 2], first.shape[3])
-                first[0, a_h, a_w, :] *= np.exp2(e).astype(np.float16)
-                second[b_h, b_w, :, :] *= np.exp2(-e).astype(np.float16)[None, :]
-            else:  # per image: x[n, q, :] and dy[n, o, :]
-                e = rng.choice([-2, -1, 1, 2], (first.shape[0], 1))
-                first[:, a_h, a_w, :] *= np.exp2(e).astype(np.float16)
-                second[:, b_h, b_w, :] *= np.exp2(-e).astype(np.float16)
+            if op == "conv2d_backprop_filter":  # per image: x[n, q, :] and dy[n, o, :]
+                scale = np.exp2(rng.choice([-2, -1, 1, 2], (first.shape[0], 1)))
+                first[:, a_h, a_w, :] *= scale.astype(np.float16)
+                second[:, b_h, b_w, :] *= (1 / scale).astype(np.float16)
+                continue
+            # per channel of the first operand: x[0, q, c] with w[t, c, :], dy[0, o, c] with w[t, :, c]
+            scale = np.exp2(rng.choice([-2, -1, 1, 2], first.shape[3]))
+            first[0, a_h, a_w, :] *= scale.astype(np.float16)
+            inverse = (1 / scale).astype(np.float16)
+            second[b_h, b_w] *= inverse[:, None] if op == "conv2d" else inverse[None, :]
     return first, second
 
 
@@ -161,7 +159,8 @@ def _read(op: str, y: np.ndarray, chosen: list[int]) -> np.ndarray:
 
 
 def probe(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
-    """Both tests (module docstring) at `TRIALS` outputs of `op` at `layer`, one call each."""
+    """Both tests (module docstring) at up to `TRIALS` outputs of `op` at `layer`: the calls
+    run together (one XLA compilation)."""
     first, second = _operands(layer, op, seed)
     rng = np.random.default_rng([seed, 11, LAYER_OPS.index(op)])
     calls, tests = [(first, second)], []
