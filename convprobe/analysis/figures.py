@@ -374,7 +374,9 @@ def layer_map_figure(matches: dict) -> Figure:
         i, j = rows.index(row), ops.index(op)
         summary = entry.get("summary") or {}
         fraction = next(iter(summary.get("fractions", {}).values()), None)
-        if entry.get("status") == "ok" and fraction is not None:
+        if (summary.get("direct") or {}).get("direct") is False:
+            text = "not a direct sum\nof products"
+        elif entry.get("status") == "ok" and fraction is not None:
             values[i, j] = 100 * float(fraction)
             text = f"{_cell_spec(summary['best'])}\n{100 * float(fraction):.1f}%"
         else:

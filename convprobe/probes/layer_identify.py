@@ -68,7 +68,7 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
                 with np.errstate(over="ignore", invalid="ignore"):
                     y = run_op(backend, layer, op, first, second).reshape(-1)
                 ops[op] = {"status": "ok", "bits": encode_bits(y[sample_indices(y.size, seed)]),
-                           "direct": direct_sum.probe(backend, layer, op, seed).to_dict(),
+                           "direct": direct_sum.probe_safely(backend, layer, op, seed).to_dict(),
                            "structure": measure(backend, layer, op, seed).to_dict()}
             except UnsupportedConfiguration as exc:
                 ops[op] = {"status": "unsupported", "error": str(exc)}
@@ -253,7 +253,8 @@ def identify_observed(observed: dict, extra_specs=None) -> list[tuple[Layer, str
 def interpret(observed: dict) -> dict:
     """The verdict row: accumulation from the measured accumulators, best specs per op."""
     accumulators = {r["structure"].get("accumulator") for e in observed.get("layers", [])
-                    for r in e["ops"].values() if r.get("status") == "ok"} - {None}  # unmeasured ops say nothing
+                    for r in e["ops"].values() if r.get("status") == "ok"
+                    and (r.get("direct") or {}).get("direct") is not False} - {None}  # unmeasured ops say nothing
     accumulation = (next(iter(accumulators)) if len(accumulators) == 1 and None not in accumulators
                     else "mixed" if accumulators and None not in accumulators else "unknown")
     if accumulation == "wider than fp32":

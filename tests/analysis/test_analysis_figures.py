@@ -145,3 +145,10 @@ def test_a_layer_map_cell_wraps_a_long_spec_and_points_to_the_json():
     assert len(long_cell.split("\n")) == 4 and "the whole spec: the JSON's best" in long_cell  # 3 lines + the match
     assert all(len(line) <= 72 for line in long_cell.split("\n"))
     assert "sequential:fp16\n50.0%" in texts
+
+
+def test_a_layer_map_cell_says_an_op_is_not_a_direct_sum():
+    matches = {"gpu/x": {"conv1 / conv2d": {"status": "ok", "op": "conv2d", "summary": {
+        "best": None, "fractions": {}, "direct": {"direct": False}}}}}
+    texts = [t.get_text() for t in figures.layer_map_figure(matches).axes[0].texts]
+    assert texts == ["not a direct sum\nof products"]
