@@ -72,11 +72,8 @@ def column_k(layer: Layer, op: str) -> int:
 
 def _pixels(layer: Layer, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
     """The input rows and columns (KH, KW) that output position (oh, ow) reads."""
-    from convprobe.emulation.conv import resolve_padding
-
-    _, h, w, _ = layer.input_shape
     kh, kw, _, _ = layer.filter_shape
-    (top, _), (left, _) = resolve_padding(layer.padding, (h, w), (kh, kw), layer.strides, layer.dilation)
+    (top, _), (left, _) = layer.pads
     rows = oh * layer.strides[0] - top + np.arange(kh) * layer.dilation[0]
     cols = ow * layer.strides[1] - left + np.arange(kw) * layer.dilation[1]
     return np.broadcast_to(rows[:, None], (kh, kw)), np.broadcast_to(cols[None, :], (kh, kw))

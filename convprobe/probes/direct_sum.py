@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from convprobe.probes.layers import LAYER_OPS, Layer, op_shapes, run_ops
+from convprobe.probes.structure import bitwise_equal
 
-__all__ = ["DirectSum", "probe", "probe_safely", "TRIALS"]
+__all__ = ["DirectSum", "not_direct", "probe", "probe_safely", "TRIALS"]
 
 #: Outputs tested per op, at most (forward, input gradient: positions; filter gradient: taps).
 TRIALS = 3
@@ -73,18 +74,6 @@ class DirectSum:
                 f"transform)")
 
 
-def _geometry(layer: Layer):
-    """Per spatial dimension: (size, taps, outputs, stride, dilation, top padding)."""
-    from convprobe.emulation.conv import resolve_padding
-
-    _, h, w, _ = layer.input_shape
-    kh, kw, _, _ = layer.filter_shape
-    _, oh, ow, _ = layer.output_shape
-    pads = resolve_padding(layer.padding, (h, w), (kh, kw), layer.strides, layer.dilation)
-    return [(size, k, out, s, d, top) for size, k, out, s, d, (top, _) in
-            zip((h, w), (kh, kw), (oh, ow), layer.strides, layer.dilation, pads)]
-
-
 def _triples(size, k, out, s, d, top):
     """Every (tap, output position, input position) of one dimension with the input in bounds."""
     return [(t, o, o * s - top + t * d) for o in range(out) for t in range(k) if 0 <= o * s - top + t * d < size]
@@ -94,7 +83,7 @@ def _choices(op: str, layer: Layer) -> list[tuple[int, int]]:
     """The tested outputs: up to `TRIALS` (h, w) output positions (forward), input
     positions (input gradient) or taps (filter gradient), spread over their range."""
     spans = [{"conv2d": out, "conv2d_backprop_input": size, "conv2d_backprop_filter": k}[op]
-             for size, k, out, *_ in _geometry(layer)]
+             for size, k, out, *_ in layer.dimensions]
     picks = [np.linspace(0, span - 1, TRIALS).round().astype(int).tolist() for span in spans]
     return list(dict.fromkeys(zip(*picks)))
 
@@ -103,7 +92,7 @@ def _pairs(op: str, layer: Layer, chosen: tuple[int, int]) -> list[list[tuple[in
     """Per dimension, the (first operand position, second operand position) pairs of the
     chosen output's products; None where it has none in bounds."""
     pairs = []
-    for dim, at in zip(_geometry(layer), chosen):
+    for dim, at in zip(layer.dimensions, chosen):
         triples = _triples(*dim)
         if op == "conv2d":  # x at the input position, w at the tap
             found = [(q, t) for t, o, q in triples if o == at]
@@ -161,8 +150,11 @@ def _outside(op, first, pairs, rng):
 def _read(op: str, y: np.ndarray, chosen: list[int]) -> np.ndarray:
     """The tested outputs' bits: all channels at the chosen position (image 0) or tap."""
     h, w = chosen
-    part = y[h, w] if op == "conv2d_backprop_filter" else y[0, h, w]
-    return np.ascontiguousarray(part, np.float16).view(np.uint16).reshape(-1)
+    return _bits(y[h, w] if op == "conv2d_backprop_filter" else y[0, h, w])
+
+
+def _bits(y: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(y, np.float16).view(np.uint16).reshape(-1)
 
 
 def probe(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
@@ -185,17 +177,23 @@ def probe(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
     with np.errstate(over="ignore", invalid="ignore"):
         outputs = run_ops(backend, layer, op, calls)
     base, rest = outputs[0], iter(outputs[2:])
-    if not np.array_equal(np.asarray(base, np.float16).view(np.uint16), np.asarray(outputs[1], np.float16).view(np.uint16)):
+    if not bitwise_equal(_bits(base), _bits(outputs[1])).all():
         return DirectSum(None, note="the op gave other bits on the same inputs (nondeterministic): not tested")
     counted, by_rescaling, reached, by_outside = 0, 0, 0, 0
     for chosen, has_outside in tests:
         expected = _read(op, base, chosen)
         counted += expected.size
-        by_rescaling += int(np.count_nonzero(_read(op, next(rest), chosen) != expected))
+        by_rescaling += int(np.count_nonzero(~bitwise_equal(_read(op, next(rest), chosen), expected)))
         if has_outside:
             reached += expected.size
-            by_outside += int(np.count_nonzero(_read(op, next(rest), chosen) != expected))
+            by_outside += int(np.count_nonzero(~bitwise_equal(_read(op, next(rest), chosen), expected)))
     return DirectSum(by_rescaling == 0 and by_outside == 0, counted, by_rescaling, reached, by_outside)
+
+
+def not_direct(record: dict) -> bool:
+    """Whether an op's record (a child result or a summary) holds the evidence that it is
+    not a direct sum; False where the probe did not run (older documents) or was undecided."""
+    return (record.get("direct") or {}).get("direct") is False
 
 
 def probe_safely(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:

@@ -252,9 +252,11 @@ def identify_observed(observed: dict, extra_specs=None) -> list[tuple[Layer, str
 
 def interpret(observed: dict) -> dict:
     """The verdict row: accumulation from the measured accumulators, best specs per op."""
+    from convprobe.probes.direct_sum import not_direct
+
+    # unmeasured ops, and ops that are not direct sums, say nothing
     accumulators = {r["structure"].get("accumulator") for e in observed.get("layers", [])
-                    for r in e["ops"].values() if r.get("status") == "ok"
-                    and (r.get("direct") or {}).get("direct") is not False} - {None}  # unmeasured ops say nothing
+                    for r in e["ops"].values() if r.get("status") == "ok" and not not_direct(r)} - {None}
     accumulation = (next(iter(accumulators)) if len(accumulators) == 1 and None not in accumulators
                     else "mixed" if accumulators and None not in accumulators else "unknown")
     if accumulation == "wider than fp32":

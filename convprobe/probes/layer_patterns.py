@@ -36,14 +36,8 @@ def spot(layer: Layer, op: str) -> tuple[int, int] | None:
     """Where the crafted rows are read: a forward output (or, for the input gradient, an
     input position) whose window lies wholly inside the image, or for the filter gradient a
     tap that every output reads inside it. None if the layer has none."""
-    from convprobe.emulation.conv import resolve_padding
-
-    _, h, w, _ = layer.input_shape
-    kh, kw, _, _ = layer.filter_shape
-    _, oh, ow, _ = layer.output_shape
-    pads = resolve_padding(layer.padding, (h, w), (kh, kw), layer.strides, layer.dilation)
     spots = []
-    for size, k, out, s, d, (top, _) in zip((h, w), (kh, kw), (oh, ow), layer.strides, layer.dilation, pads):
+    for size, k, out, s, d, top in layer.dimensions:
         if op == "conv2d":
             spots.append(_first(range(out), lambda o: (0 <= o * s - top + t * d < size for t in range(k))))
         elif op == "conv2d_backprop_input":  # stride 1: dx[i] reads dy[i + top - t*d]

@@ -86,6 +86,21 @@ class Layer:
         return (n, _out(h, kh, self.strides[0], self.dilation[0], self.padding),
                 _out(w, kw, self.strides[1], self.dilation[1], self.padding), cout)
 
+    @property
+    def pads(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The resolved padding: ((top, bottom), (left, right))."""
+        from convprobe.emulation.conv import resolve_padding
+
+        return resolve_padding(self.padding, self.input_shape[1:3], self.filter_shape[:2], self.strides,
+                               self.dilation)
+
+    @property
+    def dimensions(self) -> tuple[tuple[int, int, int, int, int, int], ...]:
+        """Per spatial dimension (height, width): (input size, taps, outputs, stride, dilation,
+        padding before)."""
+        return tuple(zip(self.input_shape[1:3], self.filter_shape[:2], self.output_shape[1:3], self.strides,
+                         self.dilation, (top for top, _ in self.pads)))
+
     def k(self, op: str) -> int:
         """Length of the reduction behind each output of `op`."""
         kh, kw, cin, cout = self.filter_shape

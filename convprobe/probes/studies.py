@@ -200,6 +200,7 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
     """Each layer's three ops at its own shape: measured structure, confirmed bit for bit."""
     from convprobe.analysis.tables import frame_from_records
     from convprobe.probes import layer_identify
+    from convprobe.probes.direct_sum import not_direct
     from convprobe.probes.runner import run_probe
 
     params = {"layers": [layer.to_dict() for layer in layers], "seed": seed}
@@ -224,8 +225,7 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
                 records.append({**base, "property": "status", "value": None, "evidence": None})
                 continue
             fraction = summary["fractions"].get(layer.k(op), 0.0)
-            not_direct = (summary.get("direct") or {}).get("direct") is False
-            row.update({"best model": "none: not a direct sum of products" if not_direct else summary["best"],
+            row.update({"best model": "none: not a direct sum of products" if not_direct(summary) else summary["best"],
                         "match": f"{fraction:.1%}", "measured": _structure_text(summary["structure"])})
             evidence = f"{layer.label}: {summary['outputs_compared']} outputs; {summary['explanation']}"
             records.append({**base, "property": "best_model", "value": summary["best"], "evidence": evidence})

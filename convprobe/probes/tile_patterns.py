@@ -342,8 +342,6 @@ def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRu
     """(specs, counts): runs of dx pixels (n, h, w) with one spec. A pixel's column (tap t,
     channel c) takes the kernel of GEMM row p, the dy position tap t of p reads the pixel
     at; taps that read no dy position (padding, stride) sum zeros: the main kernel."""
-    from convprobe.emulation.conv import resolve_padding
-
     op, k = "conv2d_backprop_input", layer.filter_shape[3]
     if not main_columns:
         return [None], [1]
@@ -355,7 +353,7 @@ def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRu
     n, h, w, _ = layer.input_shape
     kh, kw, c_in, _ = layer.filter_shape
     _, oh, ow, _ = layer.output_shape
-    (top, _), (left, _) = resolve_padding(layer.padding, (h, w), (kh, kw), layer.strides, layer.dilation)
+    (top, _), (left, _) = layer.pads
     (sh, sw), (dh, dw) = layer.strides, layer.dilation
     main_spec = spec_by_column(layer, op, main, combine)
     reached = set()  # the pixels a non-main row reaches
