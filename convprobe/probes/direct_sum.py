@@ -17,12 +17,13 @@ The unchanged inputs run twice first: a kernel that gives other bits on the same
 Winograd and FFT convolutions are not sums of the x * w products. They transform tiles
 of the input (or all of it) and the filter, multiply the transforms, and transform
 back, rounding along the way (Lavin and Gray, "Fast Algorithms for Convolutional
-Neural Networks", CVPR 2016). Rescaled factors change what the transforms round, so
-the first test fails where that rounding shows in the fp16 outputs (an fp16 Winograd;
-an fp32 FFT rounds too finely). F(m x m, 3 x 3) with m >= 3 reads its whole (m+2)^2
-tile for every output, and an FFT the whole image, so large outside values leak into
-the output through rounding: the second test fails. F(2 x 2, 3 x 3) is local (each
-output's transformed terms come from its own window), so only the first test sees it.
+Neural Networks", CVPR 2016). Rescaled factors change what the transforms round, and
+with factors of 2**13 and 2**-13 that rounding shows in fp16 outputs even where the
+transforms run in fp32 (TensorFlow asks cuDNN for fp32 compute on fp16 convolutions
+unless TF_FP16_CONV_USE_FP32_COMPUTE=0): the first test fails. F(m x m, 3 x 3) with m >= 3 reads its whole (m+2)^2 tile for every output, and
+an FFT the whole image, so large outside values leak into the output through rounding:
+the second test fails too. F(2 x 2, 3 x 3) is local (each output's transformed terms
+come from its own window), so only the first test sees it.
 """
 
 from __future__ import annotations
@@ -38,8 +39,16 @@ __all__ = ["DirectSum", "not_direct", "probe", "probe_safely", "TRIALS"]
 
 #: Outputs tested per op, at most (forward, input gradient: positions; filter gradient: taps).
 TRIALS = 3
-#: The magnitude of the inputs placed outside a window (the window's inputs are 0.5 to 1).
-OUTSIDE = 512.0
+_FP16 = np.finfo(np.float16)
+#: The operands' magnitudes are [0.5, 1). Rescaling a factor pair by 2**e and 2**-e stays
+#: exact while 0.5 * 2**-e is a normal fp16: e up to 13. The largest e is used because a
+#: transform's rounding grows with it: its transformed tiles mix factors of 2**e and
+#: 2**-e, whose cross terms only cancel in exact arithmetic. Small e (2) left an fp32
+#: Winograd unseen, its errors below what fp16 outputs show.
+EXPONENT = int(-np.log2(float(_FP16.smallest_normal))) - 1
+#: The inputs placed outside a window are [0.5, 1) * 2**16, fp16's largest binade (up to
+#: 65504): an FFT's rounding of the whole image grows with them.
+OUTSIDE = float(2 ** _FP16.maxexp)
 
 
 @dataclass(frozen=True)
@@ -106,15 +115,19 @@ def _pairs(op: str, layer: Layer, chosen: tuple[int, int]) -> list[list[tuple[in
     return pairs
 
 
+def _binade(rng, shape) -> np.ndarray:
+    """Random fp16 values of magnitude [0.5, 1), every code point equally likely, random
+    signs: drawn as code points, so no value rounds up to 1 on its way to fp16."""
+    magnitude = (1024 + rng.integers(0, 1024, shape)) / 2048
+    return magnitude * rng.choice([-1.0, 1.0], shape)
+
+
 def _operands(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded operands of magnitude 0.5 to 1 with random signs: every power-of-two
-    rescaling by up to 4 stays exact in fp16."""
+    """Seeded operands of magnitude [0.5, 1): every power-of-two rescaling by up to
+    2**EXPONENT stays exact in fp16."""
     rng = np.random.default_rng([seed, 7, LAYER_OPS.index(op)])
-    out = []
-    for shape in op_shapes(layer, op):
-        magnitude = rng.uniform(0.5, 1.0, shape)
-        out.append((magnitude * rng.choice([-1.0, 1.0], shape)).astype(np.float16))
-    return out[0], out[1]
+    first, second = (_binade(rng, shape).astype(np.float16) for shape in op_shapes(layer, op))
+    return first, second
 
 
 def _rescaled(op, first, second, pairs, rng):
@@ -123,12 +136,12 @@ def _rescaled(op, first, second, pairs, rng):
     for (a_h, b_h) in pairs[0]:
         for (a_w, b_w) in pairs[1]:
             if op == "conv2d_backprop_filter":  # per image: x[n, q, :] and dy[n, o, :]
-                scale = np.exp2(rng.choice([-2, -1, 1, 2], (first.shape[0], 1)))
+                scale = np.exp2(rng.choice([-EXPONENT, EXPONENT], (first.shape[0], 1)))
                 first[:, a_h, a_w, :] *= scale.astype(np.float16)
                 second[:, b_h, b_w, :] *= (1 / scale).astype(np.float16)
                 continue
             # per channel of the first operand: x[0, q, c] with w[t, c, :], dy[0, o, c] with w[t, :, c]
-            scale = np.exp2(rng.choice([-2, -1, 1, 2], first.shape[3]))
+            scale = np.exp2(rng.choice([-EXPONENT, EXPONENT], first.shape[3]))
             first[0, a_h, a_w, :] *= scale.astype(np.float16)
             inverse = (1 / scale).astype(np.float16)
             second[b_h, b_w] *= inverse[:, None] if op == "conv2d" else inverse[None, :]
@@ -143,8 +156,7 @@ def _outside(op, first, pairs, rng):
     inside[slice(None) if op == "conv2d_backprop_filter" else 0, rows, cols] = True
     if inside.all():
         return None
-    replaced = (rng.uniform(0.5, 1.0, first.shape) * OUTSIDE * rng.choice([-1.0, 1.0], first.shape))
-    return np.where(inside[..., None], first, replaced.astype(np.float16))
+    return np.where(inside[..., None], first, (_binade(rng, first.shape) * OUTSIDE).astype(np.float16))
 
 
 def _read(op: str, y: np.ndarray, chosen: list[int]) -> np.ndarray:
