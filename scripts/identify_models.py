@@ -23,6 +23,9 @@ def _ranges(per_k: dict) -> list[str]:
     for group in out:
         ks = group[0][0] if len(group) == 1 else f"{group[0][0]}–{group[-1][0]}"
         best, fraction = group[0][1]["best"], group[0][1]["fraction"]
+        if best is None:  # identify found no direct sum of products there
+            parts.append(f"K {ks}: not a direct sum of products")
+            continue
         parts.append(f"K {ks}: `{best}`" + ("" if fraction == 1.0 else f" ({fraction:.1%})"))
     return parts
 

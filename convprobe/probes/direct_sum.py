@@ -13,6 +13,9 @@ bit for bit, at the layer's shape, through any backend:
 
 The unchanged inputs run twice first: a kernel that gives other bits on the same inputs
 (atomic split-K on a GPU) is said to be nondeterministic, and neither test is judged.
+`probe` runs both at a layer; `probe_rows` runs the first on the battery's rows
+(`fingerprint_ops`), where each output reads all of its row, so the second has nothing
+to change.
 
 Winograd and FFT convolutions are not sums of the x * w products. They transform tiles
 of the input (or all of it) and the filter, multiply the transforms, and transform
@@ -32,10 +35,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from convprobe.probes.fingerprint_ops import OPS, reduce_many
 from convprobe.probes.layers import LAYER_OPS, Layer, op_shapes, run_ops
 from convprobe.probes.structure import bitwise_equal
 
-__all__ = ["DirectSum", "not_direct", "probe", "probe_safely", "TRIALS"]
+__all__ = ["DirectSum", "not_direct", "probe", "probe_rows", "safely", "TRIALS"]
 
 #: Outputs tested per op, at most (forward, input gradient: positions; filter gradient: taps).
 TRIALS = 3
@@ -77,10 +81,13 @@ class DirectSum:
         if self.direct is not False:
             return self.note or (f"a direct sum of products ({self.outputs} outputs unchanged by rescaled factors, "
                                  f"{self.outside_outputs} by other inputs outside their windows)")
+        outside = (f", {self.changed_by_outside} of {self.outside_outputs} when only inputs outside their windows "
+                   f"changed" if self.outside_outputs else "")
         return (f"not a direct sum of products: of {self.outputs} outputs, {self.changed_by_rescaling} changed when "
-                f"their products were kept and their factors rescaled, {self.changed_by_outside} of "
-                f"{self.outside_outputs} when only inputs outside their windows changed (a Winograd- or FFT-style "
-                f"transform)")
+                f"their products were kept and their factors rescaled{outside} (a Winograd- or FFT-style transform)")
+
+
+_NONDETERMINISTIC = DirectSum(None, note="the op gave other bits on the same inputs (nondeterministic): not tested")
 
 
 def _triples(size, k, out, s, d, top):
@@ -190,7 +197,7 @@ def probe(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
         outputs = run_ops(backend, layer, op, calls)
     base, rest = outputs[0], iter(outputs[2:])
     if not bitwise_equal(_bits(base), _bits(outputs[1])).all():
-        return DirectSum(None, note="the op gave other bits on the same inputs (nondeterministic): not tested")
+        return _NONDETERMINISTIC
     counted, by_rescaling, reached, by_outside = 0, 0, 0, 0
     for chosen, has_outside in tests:
         expected = _read(op, base, chosen)
@@ -208,10 +215,28 @@ def not_direct(record: dict) -> bool:
     return (record.get("direct") or {}).get("direct") is False
 
 
-def probe_safely(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
-    """`probe`, where a failure of the probe itself is its note, not the op's failure (the op
-    already ran): identify still measures and confirms it."""
+def probe_rows(backend, op: str, k: int, channel: np.ndarray, seed: int = 0) -> DirectSum:
+    """The products-only test on the battery's embedding of `op` (`fingerprint_ops.op_call`):
+    len(channel) rows of K terms, row m reading filter channel[m]. Column j of the rows and
+    of every filter is rescaled by 2**e_j and 2**-e_j, so every row keeps its products."""
+    rng = np.random.default_rng([seed, 13, OPS.index(op), k])
+    a = _binade(rng, (len(channel), k))
+    b = _binade(rng, (int(np.max(channel)) + 1, k))
+    scale = np.exp2(rng.choice([-EXPONENT, EXPONENT], k))
+    first, second = a.astype(np.float16), b.astype(np.float16)
+    requests = [(first, second, channel), (first, second, channel),
+                ((a * scale).astype(np.float16), (b / scale).astype(np.float16), channel)]
+    base, again, rescaled = (_bits(np.asarray(y, np.float16)) for y in reduce_many(backend, op, requests))
+    if not bitwise_equal(base, again).all():
+        return _NONDETERMINISTIC
+    changed = int(np.count_nonzero(~bitwise_equal(rescaled, base)))
+    return DirectSum(changed == 0, base.size, changed)
+
+
+def safely(test, *args) -> DirectSum:
+    """`test(*args)` (`probe` or `probe_rows`), where a failure of the test itself is its note,
+    not the op's failure (the op already ran): identify still measures and confirms it."""
     try:
-        return probe(backend, layer, op, seed)
+        return test(*args)
     except Exception as exc:  # noqa: BLE001 - the op's own record must survive the probe
         return DirectSum(None, note=f"not tested: {type(exc).__name__}: {exc}")

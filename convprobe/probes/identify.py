@@ -149,19 +149,21 @@ def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed:
 
         return layer_identify.run(backend, layers=layers, seed=seed)
 
+    from convprobe.probes import direct_sum
     from convprobe.probes.structure import measure_rows
 
     results = {}
     for op in check_ops(ops):
         try:
-            per_k, structures = {}, {}
+            per_k, structures, directs = {}, {}, {}
             for k in _ks_for(op, ks):
                 a, b = inputs(seed, k, rows)
                 y = np.asarray(reduce_rows(backend, op, a, b, channels(rows))).astype(np.float16)
                 per_k[str(k)] = encode_bits(y)
+                directs[str(k)] = direct_sum.safely(direct_sum.probe_rows, backend, op, k, channels(rows), seed).to_dict()
                 if measure:
                     structures[str(k)] = measure_rows(_crafted_rows(backend, op, k, rows), k).to_dict()
-            results[op] = {"status": "ok", "bits": per_k, "structures": structures}
+            results[op] = {"status": "ok", "bits": per_k, "structures": structures, "direct": directs}
         except UnsupportedConfiguration as exc:
             results[op] = {"status": "unsupported", "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
@@ -234,7 +236,10 @@ def summarize_matches(table: dict[str, dict[int, float]]) -> dict:
 
 
 def identify_observed(observed: dict, specs=None) -> dict[str, dict]:
-    """{op: {"status", "error", "table", "summary"}} from `run`'s observations."""
+    """{op: {"status", "error", "table", "summary"}} from `run`'s observations. A K at which
+    the op is not a direct sum of products (`direct_sum.probe_rows`) keeps its table column
+    (the closest models) but gets no model: the summary's best is chosen over the other Ks,
+    and `not_direct_at` lists it."""
     cands = candidates(specs)
     per_op = {}
     for op, result in observed.get("ops", {}).items():
@@ -242,8 +247,16 @@ def identify_observed(observed: dict, specs=None) -> dict[str, dict]:
             per_op[op] = {"status": result.get("status", "failed"), "error": result.get("error"), "table": {}, "summary": {}}
             continue
         table = match_fractions(result["bits"], cands, rows=observed["rows"], seed=observed["seed"])
-        summary = summarize_matches(table)
+        direct = result.get("direct") or {}  # older documents lack it
+        not_direct = sorted(int(k) for k, d in direct.items() if d["direct"] is False)
+        summary = summarize_matches({name: {k: f for k, f in fr.items() if k not in not_direct}
+                                     for name, fr in table.items()})
+        summary["direct"] = {int(k): d for k, d in direct.items()}
+        summary["not_direct_at"] = not_direct
         summary["per_k"] = best_per_k(result, table, rows=observed["rows"], seed=observed["seed"])
+        for k in not_direct:  # say so rather than force a model
+            if k in summary["per_k"]:
+                summary["per_k"][k] = {**summary["per_k"][k], "best": None, "closest": summary["per_k"][k]["best"]}
         per_op[op] = {"status": "ok", "error": None, "table": table, "summary": summary}
     return per_op
 
@@ -283,12 +296,14 @@ def best_per_k(result: dict, table: dict[str, dict[int, float]], *, rows: int, s
 
 
 def _describe(summary: dict) -> str:
+    not_direct = summary.get("not_direct_at") or []
+    transform = (f"not a direct sum of products at K={', '.join(map(str, not_direct))}" if not_direct else "")
     if not summary.get("best"):
-        return "no candidate could be evaluated"
+        return transform or "no candidate could be evaluated"
     fr = ", ".join(f"K={k}: {f:.0%}" for k, f in summary["fractions"].items())
     stop = summary["stops_matching_at"]
     tail = "matches at every K" if stop is None else f"stops matching at K={stop}"
-    return f"{summary['best']} ({tail}; {fr})"
+    return f"{summary['best']} ({tail}{' of the others' if not_direct else ''}; {fr})" + (f"; {transform}" if transform else "")
 
 
 def interpret(observed: dict) -> dict:

@@ -68,7 +68,7 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
                 with np.errstate(over="ignore", invalid="ignore"):
                     y = run_op(backend, layer, op, first, second).reshape(-1)
                 ops[op] = {"status": "ok", "bits": encode_bits(y[sample_indices(y.size, seed)]),
-                           "direct": direct_sum.probe_safely(backend, layer, op, seed).to_dict(),
+                           "direct": direct_sum.safely(direct_sum.probe, backend, layer, op, seed).to_dict(),
                            "structure": measure(backend, layer, op, seed).to_dict()}
             except UnsupportedConfiguration as exc:
                 ops[op] = {"status": "unsupported", "error": str(exc)}

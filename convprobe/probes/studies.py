@@ -160,30 +160,7 @@ def run_identify(configs, ops, *, specs, ks, rows: int, seed: int, device: str, 
                 records.append({**base, "property": "status", "value": None, "status": entry["status"],
                                 "detail": entry.get("error"), "evidence": None})
                 continue
-            summary = entry["summary"]
-            stop = summary["stops_matching_at"]
-            row["best model"] = summary["best"]
-            row["stops at K"] = "-" if stop is None else stop
-            per_k = summary.get("per_k") or {}
-            for k, fraction in summary["fractions"].items():
-                row[f"K={k}"] = f"{fraction:.0%}"
-                if k in per_k and per_k[k]["fraction"] > fraction:  # a K-specific model does better
-                    row[f"K={k}"] += f" ({per_k[k]['fraction']:.0%})"
-            row["ties"] = len(summary["perfect"]) if summary["perfect"] else 0
-            row["every K (own model)"] = ("100%" if per_k and all(e["fraction"] == 1.0 for e in per_k.values())
-                                          else f"{sum(e['fraction'] == 1.0 for e in per_k.values())}/{len(per_k)} K")
-            ok = {"status": Status.OK.value, "detail": None}
-            records.append({**base, **ok, "property": "best_model", "value": summary["best"],
-                            "evidence": f"most bitwise matches over K = {', '.join(map(str, summary['fractions']))}"})
-            records.append({**base, **ok, "property": "stops_matching_at", "value": "-" if stop is None else str(stop),
-                            "evidence": "first K with a match fraction below 1"})
-            for k, fraction in summary["fractions"].items():
-                records.append({**base, **ok, "property": f"match_fraction_k{k}", "value": f"{fraction:.6g}",
-                                "evidence": f"{summary['best']} vs observed, {rows} outputs"})
-            for k, entry in (summary.get("per_k") or {}).items():
-                records.append({**base, **ok, "property": f"model_k{k}", "value": entry["best"],
-                                "evidence": f"{entry['fraction']:.6g} of {rows} outputs; measured: "
-                                            f"{', '.join(entry['measured']) or 'no structure'}"})
+            records.extend(_battery_summary(row, base, entry["summary"], rows))
     frame = frame_from_records(records, "probe")
     columns = ["configuration", "op", "status", "best model", "stops at K", *(f"K={k}" for k in ks), "ties",
                "every K (own model)"]
@@ -193,6 +170,42 @@ def run_identify(configs, ops, *, specs, ks, rows: int, seed: int, device: str, 
              "model)' = Ks where the model measured at that K matches 100%: see per_k in the JSON)",
              *(n for n in _failure_notes(probe_results) if ": note: " in n)]
     return Outcome(document, table_rows, columns, notes, frame, "probe", probe_results=probe_results)
+
+
+def _battery_summary(row: dict, base: dict, summary: dict, rows: int) -> list[dict]:
+    """One (configuration, op) of the battery: fills its table row, returns its records. A K
+    where the op is not a direct sum reads "not direct", its record says why."""
+    from convprobe.probes.direct_sum import DirectSum
+
+    records = []
+    stop = summary["stops_matching_at"]
+    not_direct = summary.get("not_direct_at") or []
+    row["best model"] = summary["best"] or ("none: not a direct sum of products" if not_direct else None)
+    row["stops at K"] = "-" if stop is None else stop
+    per_k = summary.get("per_k") or {}
+    for k, fraction in summary["fractions"].items():
+        row[f"K={k}"] = f"{fraction:.0%}"
+        if k in per_k and per_k[k]["fraction"] > fraction:  # a K-specific model does better
+            row[f"K={k}"] += f" ({per_k[k]['fraction']:.0%})"
+    for k in not_direct:
+        row[f"K={k}"] = "not direct"
+    row["ties"] = len(summary["perfect"]) if summary["perfect"] else 0
+    exact = sum(bool(e["best"]) and e["fraction"] == 1.0 for e in per_k.values())
+    row["every K (own model)"] = "100%" if per_k and exact == len(per_k) else f"{exact}/{len(per_k)} K"
+    ok = {"status": Status.OK.value, "detail": None}
+    records.append({**base, **ok, "property": "best_model", "value": summary["best"],
+                    "evidence": f"most bitwise matches over K = {', '.join(map(str, summary['fractions']))}"})
+    records.append({**base, **ok, "property": "stops_matching_at", "value": "-" if stop is None else str(stop),
+                    "evidence": "first K with a match fraction below 1"})
+    for k, fraction in summary["fractions"].items():
+        records.append({**base, **ok, "property": f"match_fraction_k{k}", "value": f"{fraction:.6g}",
+                        "evidence": f"{summary['best']} vs observed, {rows} outputs"})
+    for k, entry in per_k.items():
+        evidence = (DirectSum.from_dict(summary["direct"][k]).reason if k in not_direct else
+                    f"{entry['fraction']:.6g} of {rows} outputs; measured: "
+                    f"{', '.join(entry['measured']) or 'no structure'}")
+        records.append({**base, **ok, "property": f"model_k{k}", "value": entry["best"], "evidence": evidence})
+    return records
 
 
 def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeout: float,

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
-from convprobe.probes import direct_sum, layer_identify
+from convprobe.probes import direct_sum, identify, layer_identify, studies
+from convprobe.probes.fingerprint_ops import OPS
 from convprobe.probes.layers import LAYER_OPS, Layer, run_op
 from conftest import run_cli_json
 from transform_convs import FFTBackend, WinogradBackend
@@ -212,3 +213,89 @@ def test_the_winograd_fixture_rounds_in_fp16():
     w = rng.uniform(-1, 1, (3, 3, 16, 8)).astype(np.float16)
     exact = run_op(EmulatedBackend("exact:fp64:output=fp16"), TRANSFORM_LAYER, "conv2d", x, w)
     assert np.any(WinogradBackend(4).conv2d(x, w) != exact)
+
+
+# -- the battery's rows (`direct_sum.probe_rows`) ------------------------------------------
+
+
+@pytest.mark.parametrize("spec", DIRECT_MODELS)
+def test_every_battery_op_of_the_emulator_is_a_direct_sum(spec):
+    backend = EmulatedBackend(spec)
+    for op in OPS:
+        for k in (16, 100, 600):
+            found = direct_sum.probe_rows(backend, op, k, identify.channels(64))
+            assert found.direct is True and found.outputs == 64, (op, k, found)
+
+
+class SwitchingBackend(EmulatedBackend):
+    """A direct fp32 sum below K = 64 and an fp32 FFT from there: an algorithm picked per
+    shape, as cuDNN does."""
+
+    def conv2d(self, x, w, **kwargs):
+        if w.shape[1] >= 64:
+            return FFTBackend().conv2d(x, w, **kwargs)
+        return super().conv2d(x, w, **kwargs)
+
+
+def test_a_battery_k_that_is_a_transform_gets_no_model_and_says_so():
+    ks = [16, 32, 64, 128]
+    entry = identify.identify_backend(SwitchingBackend("sequential:fp32:output=fp16"), "conv2d_spatial", ks=ks)
+    summary = entry["summary"]
+    assert summary["not_direct_at"] == [64, 128]
+    assert set(summary["fractions"]) == {16, 32} and summary["stops_matching_at"] is None, summary
+    assert all(summary["per_k"][k]["best"] is None and summary["per_k"][k]["closest"] for k in (64, 128))
+    assert summary["per_k"][16]["best"] and summary["per_k"][16]["fraction"] == 1.0
+    assert set(entry["table"][summary["best"]]) == set(ks), "the table keeps every K's closest models"
+    assert identify._describe(summary).endswith("; not a direct sum of products at K=64, 128")
+    row = {}
+    records = studies._battery_summary(row, {"op": "conv2d_spatial"}, summary, 64)
+    assert row["K=64"] == row["K=128"] == "not direct" and row["K=16"] == "100%"
+    assert row["every K (own model)"] == "2/4 K"
+    (k64,) = [r for r in records if r["property"] == "model_k64"]
+    assert k64["value"] is None and k64["evidence"].startswith("not a direct sum of products: of 64 outputs, 64")
+
+
+def test_a_battery_op_that_is_a_transform_at_every_k_has_no_best_model():
+    entry = identify.identify_backend(FFTBackend(), "conv2d_spatial", ks=[16, 100])
+    summary = entry["summary"]
+    assert summary["best"] is None and summary["fractions"] == {} and summary["not_direct_at"] == [16, 100]
+    row = {}
+    studies._battery_summary(row, {}, summary, 64)
+    assert row["best model"] == "none: not a direct sum of products"
+    observed = identify.run(FFTBackend(), ops=["conv2d_spatial"], ks=(16,))
+    assert identify.interpret(observed)["accumulation"] == "unknown"
+
+
+class FailingRescaleBackend(EmulatedBackend):
+    """A direct sum that refuses inputs of 2**12 or more (the rescaled ones) with an error."""
+
+    def conv2d(self, x, w, **kwargs):
+        if np.max(np.abs(x.astype(np.float32))) >= 2 ** 12:
+            raise RuntimeError("refused")
+        return super().conv2d(x, w, **kwargs)
+
+
+def test_a_failing_test_is_its_note():
+    found = direct_sum.safely(direct_sum.probe, FailingRescaleBackend("sequential:fp16"), LAYERS[0], "conv2d")
+    assert found.direct is None and found.note == "not tested: RuntimeError: refused"
+
+
+def test_the_battery_still_identifies_an_op_whose_test_failed(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(direct_sum, "probe_rows", broken)  # a fault in the test, not in the op
+    summary = identify.identify_backend(EmulatedBackend("sequential:fp16"), "conv2d", ks=[16, 32])["summary"]
+    assert summary["best"] == "sequential:fp16" and summary["not_direct_at"] == []
+    assert summary["direct"][16] == direct_sum.DirectSum(None, note="not tested: RuntimeError: broken").to_dict()
+
+
+@pytest.mark.tensorflow
+def test_every_tensorflow_cpu_battery_op_is_a_direct_sum():
+    from convprobe.backends.tensorflow import TensorFlowBackend
+
+    backend = TensorFlowBackend("cpu")
+    for op in OPS:
+        for k in (16, 300):
+            found = direct_sum.probe_rows(backend, op, k, identify.channels(64))
+            assert found.direct is True, (op, k, found)
