@@ -9,11 +9,16 @@ import json
 import sys
 
 
+def _key(entry: dict) -> tuple:
+    """What a K range shares: its model and match, or that it is no direct sum (no model)."""
+    return (None,) if entry["best"] is None else (entry["best"], entry["fraction"])
+
+
 def _ranges(per_k: dict) -> list[str]:
     """Consecutive Ks with the same model, as 'K1-K2: `model` (match)'."""
     out, run = [], []
     for k, entry in sorted(per_k.items(), key=lambda item: int(item[0])):
-        if run and (entry["best"], entry["fraction"]) != (run[-1][1]["best"], run[-1][1]["fraction"]):
+        if run and _key(entry) != _key(run[-1][1]):
             out.append(run)
             run = []
         run.append((k, entry))

@@ -239,7 +239,7 @@ def identify_observed(observed: dict, specs=None) -> dict[str, dict]:
     """{op: {"status", "error", "table", "summary"}} from `run`'s observations. A K at which
     the op is not a direct sum of products (`direct_sum.probe_rows`) keeps its table column
     (the closest models) but gets no model: the summary's best is chosen over the other Ks,
-    and `not_direct_at` lists it."""
+    `not_direct_at` lists it and `direct_per_k` holds each K's evidence."""
     cands = candidates(specs)
     per_op = {}
     for op, result in observed.get("ops", {}).items():
@@ -251,7 +251,7 @@ def identify_observed(observed: dict, specs=None) -> dict[str, dict]:
         not_direct = sorted(int(k) for k, d in direct.items() if d["direct"] is False)
         summary = summarize_matches({name: {k: f for k, f in fr.items() if k not in not_direct}
                                      for name, fr in table.items()})
-        summary["direct"] = {int(k): d for k, d in direct.items()}
+        summary["direct_per_k"] = {int(k): d for k, d in direct.items()}
         summary["not_direct_at"] = not_direct
         summary["per_k"] = best_per_k(result, table, rows=observed["rows"], seed=observed["seed"])
         for k in not_direct:  # say so rather than force a model

@@ -167,41 +167,48 @@ def run_identify(configs, ops, *, specs, ks, rows: int, seed: int, device: str, 
     document = _envelope("identify", params, probe_results, seed=seed, device=device, matches=matches)
     notes = ["(match = share of outputs bitwise equal to the best single model's, in brackets the K's own "
              "measured model where it does better; 'ties' = models matching at every K; 'every K (own "
-             "model)' = Ks where the model measured at that K matches 100%: see per_k in the JSON)",
+             "model)' = Ks where the model measured at that K matches 100%: see per_k in the JSON; "
+             "'not direct' = a K where the op is no direct sum of products: it gets no model, and the best "
+             "model, its stop and its ties are over the other Ks)",
              *(n for n in _failure_notes(probe_results) if ": note: " in n)]
     return Outcome(document, table_rows, columns, notes, frame, "probe", probe_results=probe_results)
 
 
 def _battery_summary(row: dict, base: dict, summary: dict, rows: int) -> list[dict]:
     """One (configuration, op) of the battery: fills its table row, returns its records. A K
-    where the op is not a direct sum reads "not direct", its record says why."""
+    where the op is not a direct sum reads "not direct", its record says why. Keys may be
+    strings (a summary read back from JSON)."""
     from convprobe.probes.direct_sum import DirectSum
 
     records = []
     stop = summary["stops_matching_at"]
-    not_direct = summary.get("not_direct_at") or []
+    not_direct = [int(k) for k in summary.get("not_direct_at") or []]
+    evidence_at = {int(k): d for k, d in (summary.get("direct_per_k") or {}).items()}
+    fractions = {int(k): f for k, f in summary["fractions"].items()}
+    per_k = {int(k): e for k, e in (summary.get("per_k") or {}).items()}
     row["best model"] = summary["best"] or ("none: not a direct sum of products" if not_direct else None)
     row["stops at K"] = "-" if stop is None else stop
-    per_k = summary.get("per_k") or {}
-    for k, fraction in summary["fractions"].items():
+    for k, fraction in fractions.items():
         row[f"K={k}"] = f"{fraction:.0%}"
         if k in per_k and per_k[k]["fraction"] > fraction:  # a K-specific model does better
             row[f"K={k}"] += f" ({per_k[k]['fraction']:.0%})"
     for k in not_direct:
         row[f"K={k}"] = "not direct"
     row["ties"] = len(summary["perfect"]) if summary["perfect"] else 0
-    exact = sum(bool(e["best"]) and e["fraction"] == 1.0 for e in per_k.values())
-    row["every K (own model)"] = "100%" if per_k and exact == len(per_k) else f"{exact}/{len(per_k)} K"
+    direct = [e for k, e in per_k.items() if k not in not_direct]
+    exact = sum(e["fraction"] == 1.0 for e in direct)
+    row["every K (own model)"] = (("100%" if direct and exact == len(direct) else f"{exact}/{len(direct)} K")
+                                  + (f" ({len(not_direct)} not direct)" if not_direct else ""))
     ok = {"status": Status.OK.value, "detail": None}
     records.append({**base, **ok, "property": "best_model", "value": summary["best"],
-                    "evidence": f"most bitwise matches over K = {', '.join(map(str, summary['fractions']))}"})
+                    "evidence": f"most bitwise matches over K = {', '.join(map(str, fractions))}"})
     records.append({**base, **ok, "property": "stops_matching_at", "value": "-" if stop is None else str(stop),
                     "evidence": "first K with a match fraction below 1"})
-    for k, fraction in summary["fractions"].items():
+    for k, fraction in fractions.items():
         records.append({**base, **ok, "property": f"match_fraction_k{k}", "value": f"{fraction:.6g}",
                         "evidence": f"{summary['best']} vs observed, {rows} outputs"})
     for k, entry in per_k.items():
-        evidence = (DirectSum.from_dict(summary["direct"][k]).reason if k in not_direct else
+        evidence = (DirectSum.from_dict(evidence_at[k]).reason if k in not_direct else
                     f"{entry['fraction']:.6g} of {rows} outputs; measured: "
                     f"{', '.join(entry['measured']) or 'no structure'}")
         records.append({**base, **ok, "property": f"model_k{k}", "value": entry["best"], "evidence": evidence})
