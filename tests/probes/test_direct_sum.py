@@ -6,6 +6,8 @@ NumPy's pocketfft for the FFT), and checked here to compute the convolution. The
 for what cuDNN's WINOGRAD and FFT algorithms do on a GPU.
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -116,6 +118,52 @@ class NoisyBackend(EmulatedBackend):
 def test_a_nondeterministic_op_is_not_judged():
     found = direct_sum.probe(NoisyBackend("sequential:fp16"), LAYERS[0], "conv2d")
     assert found.direct is None and "nondeterministic" in found.note, found
+
+
+class NoisyWhenLargeBackend(NoisyBackend):
+    """Noise only on inputs of 2**12 or more: the base runs agree, the rescaled ones do not
+    (an atomic kernel can repeat itself by chance on one input and not on another)."""
+
+    def conv2d(self, x, w, **kwargs):
+        if np.max(np.abs(x.astype(np.float32))) >= 2 ** 12:
+            return super().conv2d(x, w, **kwargs)
+        return EmulatedBackend.conv2d(self, x, w, **kwargs)
+
+
+@pytest.mark.parametrize("test", ["probe", "probe_rows"])
+def test_noise_in_a_rescaled_call_is_not_taken_for_a_transform(test):
+    backend = NoisyWhenLargeBackend("sequential:fp16")
+    if test == "probe":
+        found = direct_sum.probe(backend, LAYERS[0], "conv2d")
+    else:
+        found = direct_sum.probe_rows(backend, "conv2d", 64, identify.channels(64))
+    assert found.direct is None and "nondeterministic" in found.note, found
+
+
+class RecordingBackend(EmulatedBackend):
+    """Keeps every conv2d's (x, w)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.calls = []
+
+    def conv2d(self, x, w, **kwargs):
+        self.calls.append((x.astype(np.float64), w.astype(np.float64)))
+        return super().conv2d(x, w, **kwargs)
+
+
+def test_the_rescaling_uses_the_largest_exponent_and_keeps_every_product():
+    backend = RecordingBackend("sequential:fp16")
+    direct_sum.probe(backend, LAYERS[3], "conv2d")  # 1x1: every output reads one x pixel
+    (x, w), (xr, wr) = backend.calls[0], backend.calls[1]
+    exponents = set(np.unique(np.log2(np.abs(xr / x)))) | set(np.unique(np.log2(np.abs(wr / w))))
+    assert exponents == {-direct_sum.EXPONENT, 0, direct_sum.EXPONENT}, exponents
+    assert np.array_equal(np.einsum("hwc,co->hwo", xr[0], wr[0, 0])[0, 0], np.einsum("hwc,co->hwo", x[0], w[0, 0])[0, 0])
+    backend.calls.clear()
+    direct_sum.probe_rows(backend, "conv2d", 32, identify.channels(8))
+    (x, w), (xr, wr) = backend.calls[0], backend.calls[1]
+    assert set(np.unique(np.log2(np.abs(xr / x)))) == {-direct_sum.EXPONENT, direct_sum.EXPONENT}
+    assert np.array_equal(xr[:, 0, 0, :] @ wr[0, 0], x[:, 0, 0, :] @ w[0, 0])
 
 
 @pytest.mark.parametrize("backend,by_outside", [
@@ -250,9 +298,12 @@ def test_a_battery_k_that_is_a_transform_gets_no_model_and_says_so():
     row = {}
     records = studies._battery_summary(row, {"op": "conv2d_spatial"}, summary, 64)
     assert row["K=64"] == row["K=128"] == "not direct" and row["K=16"] == "100%"
-    assert row["every K (own model)"] == "2/4 K"
+    assert row["every K (own model)"] == "100% (2 not direct)"
     (k64,) = [r for r in records if r["property"] == "model_k64"]
     assert k64["value"] is None and k64["evidence"].startswith("not a direct sum of products: of 64 outputs, 64")
+    saved = json.loads(json.dumps(summary))  # a battery document read back: its K keys are strings
+    again = {}
+    assert studies._battery_summary(again, {"op": "conv2d_spatial"}, saved, 64) == records and again == row
 
 
 def test_a_battery_op_that_is_a_transform_at_every_k_has_no_best_model():
@@ -262,6 +313,8 @@ def test_a_battery_op_that_is_a_transform_at_every_k_has_no_best_model():
     row = {}
     studies._battery_summary(row, {}, summary, 64)
     assert row["best model"] == "none: not a direct sum of products"
+    assert row["every K (own model)"] == "0/0 K (2 not direct)"
+    assert identify._describe(summary) == "not a direct sum of products at K=16, 100"
     observed = identify.run(FFTBackend(), ops=["conv2d_spatial"], ks=(16,))
     assert identify.interpret(observed)["accumulation"] == "unknown"
 
@@ -287,7 +340,7 @@ def test_the_battery_still_identifies_an_op_whose_test_failed(monkeypatch):
     monkeypatch.setattr(direct_sum, "probe_rows", broken)  # a fault in the test, not in the op
     summary = identify.identify_backend(EmulatedBackend("sequential:fp16"), "conv2d", ks=[16, 32])["summary"]
     assert summary["best"] == "sequential:fp16" and summary["not_direct_at"] == []
-    assert summary["direct"][16] == direct_sum.DirectSum(None, note="not tested: RuntimeError: broken").to_dict()
+    assert summary["direct_per_k"][16] == direct_sum.DirectSum(None, note="not tested: RuntimeError: broken").to_dict()
 
 
 @pytest.mark.tensorflow
