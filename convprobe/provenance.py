@@ -20,6 +20,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "PRECISION_ENV_PREFIXES",
     "collect",
+    "cpu_caches",
     "cpu_flags",
     "precision_environment",
     "package_versions",
@@ -59,6 +60,37 @@ def cpu_flags() -> list[str]:
     except OSError:
         pass
     return []
+
+
+#: Linux's view of the first CPU's caches (from cpuid on x86).
+_CACHE_DIRECTORY = "/sys/devices/system/cpu/cpu0/cache"
+_CACHE_NAMES = {"Data": "L{}d", "Instruction": "L{}i", "Unified": "L{}"}
+_SIZE_UNITS = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
+
+
+def cpu_caches(directory: str = _CACHE_DIRECTORY) -> dict[str, int]:
+    """The first CPU's cache sizes in bytes ({"L1d": 49152, "L2": 1048576, ...}), or {} where
+    the system does not say. Eigen sizes its GEMM blocks, and so the K chunks identify
+    measures, from these (`manage_caching_sizes` in Eigen's GeneralBlockPanelKernel.h):
+    two CPUs of one model and flags can split K differently."""
+    caches = {}
+    try:
+        entries = sorted(e for e in os.listdir(directory) if e.startswith("index"))
+    except OSError:
+        return caches
+    for entry in entries:
+        try:
+            level, kind, size = (_read_line(os.path.join(directory, entry, name)) for name in ("level", "type", "size"))
+            name = _CACHE_NAMES[kind].format(int(level))
+            caches[name] = int(size[:-1]) * _SIZE_UNITS[size[-1]] if size[-1] in _SIZE_UNITS else int(size)
+        except (OSError, KeyError, ValueError, IndexError):
+            continue  # an entry the system describes otherwise is left out, not guessed
+    return caches
+
+
+def _read_line(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.read().strip()
 
 
 def cpu_model() -> str:
@@ -104,6 +136,7 @@ def collect(
         "machine": platform.machine(),
         "cpu": cpu_model(),
         "cpu_flags": cpu_flags(),
+        "cpu_caches": cpu_caches(),
         "device": device,
         "environment": precision_environment(environment),
         "seed": seed,
