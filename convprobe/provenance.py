@@ -22,6 +22,7 @@ __all__ = [
     "collect",
     "cpu_caches",
     "cpu_flags",
+    "cpu_identity",
     "precision_environment",
     "package_versions",
     "memory_limit",
@@ -49,17 +50,38 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def cpu_flags() -> list[str]:
-    """The precision-relevant CPU flags of this machine (from /proc/cpuinfo on Linux)."""
+def _first_cpu(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The fields of the first processor in /proc/cpuinfo (Linux), or {}."""
+    fields = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             for line in handle:
-                if line.startswith(("flags", "Features")):
-                    present = set(line.split(":", 1)[1].split())
-                    return [f for f in _INTERESTING_CPU_FLAGS if f in present]
+                if not line.strip():
+                    if fields:
+                        break
+                    continue
+                name, _, value = line.partition(":")
+                fields.setdefault(name.strip(), value.strip())
     except OSError:
         pass
-    return []
+    return fields
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> list[str]:
+    """The precision-relevant CPU flags of this machine (from /proc/cpuinfo on Linux)."""
+    fields = _first_cpu(path)
+    present = set((fields.get("flags") or fields.get("Features") or "").split())
+    return [f for f in _INTERESTING_CPU_FLAGS if f in present]
+
+
+def cpu_identity(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """Vendor, family, model and stepping numbers: a virtual machine often shows only "AMD
+    EPYC" as its model name, and these tell its generation apart (family 25 is Zen 3 and 4,
+    family 26 Zen 5)."""
+    fields = _first_cpu(path)
+    names = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "stepping": "stepping",
+             "CPU implementer": "implementer", "CPU part": "part"}  # x86, Arm
+    return {short: fields[name] for name, short in names.items() if name in fields}
 
 
 #: Linux's view of the first CPU's caches (from cpuid on x86).
@@ -93,16 +115,9 @@ def _read_line(path: str) -> str:
         return handle.read().strip()
 
 
-def cpu_model() -> str:
+def cpu_model(path: str = "/proc/cpuinfo") -> str:
     """Human-readable CPU model name, or the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _first_cpu(path).get("model name") or platform.processor() or platform.machine()
 
 
 #: Variables that share the TF_ prefix but belong to other tools (Terraform).
@@ -135,6 +150,7 @@ def collect(
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu": cpu_model(),
+        "cpu_identity": cpu_identity(),
         "cpu_flags": cpu_flags(),
         "cpu_caches": cpu_caches(),
         "device": device,

@@ -38,3 +38,40 @@ def test_this_machines_caches_are_in_every_record():
     record = provenance.collect(seed=0)
     assert record["cpu_caches"] == provenance.cpu_caches() and record["cpu_caches"]
     assert all(size > 0 for size in record["cpu_caches"].values())
+
+
+X86 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
+stepping\t: 1
+flags\t\t: fpu sse2 avx avx2 fma f16c avx512f avx512_bf16 avx512_vp2intersect
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model name\t: Other
+flags\t\t: avx512_fp16
+"""
+
+ARM = """processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd asimdhp fphp
+CPU implementer\t: 0x41
+CPU part\t: 0xd0c
+"""
+
+
+@pytest.mark.parametrize("text,identity,flags,model", [
+    (X86, {"vendor": "AuthenticAMD", "family": "26", "model": "2", "stepping": "1"},
+     ["avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16"], "AMD EPYC"),
+    (ARM, {"implementer": "0x41", "part": "0xd0c"}, ["asimdhp", "fphp"], None),
+])
+def test_the_first_processor_is_read_for_identity_flags_and_name(tmp_path, text, identity, flags, model):
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    assert provenance.cpu_identity(str(path)) == identity  # the second processor's fields are not mixed in
+    assert provenance.cpu_flags(str(path)) == flags
+    assert provenance.cpu_model(str(path)) == (model or provenance.cpu_model(str(tmp_path / "missing")))
+    assert provenance.cpu_identity(str(tmp_path / "missing")) == {} and provenance.cpu_flags(str(tmp_path / "missing")) == []

@@ -69,10 +69,11 @@ def pytest_report_header(config) -> list[str]:
     versions = provenance.package_versions()
     shown = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
     flags = " ".join(provenance.cpu_flags()) or "none reported"
+    identity = " ".join(f"{k} {v}" for k, v in provenance.cpu_identity().items()) or "no identity reported"
     caches = " ".join(f"{name} {size // 1024}K" for name, size in provenance.cpu_caches().items()) or "none reported"
     return [
         f"convprobe: {shown}",
-        f"convprobe: cpu {provenance.cpu_model()}; flags {flags}; caches {caches}",
+        f"convprobe: cpu {provenance.cpu_model()} ({identity}); flags {flags}; caches {caches}",
         f"convprobe: rng base seed {_base_seed(config)}; conv_backend over {_selection(config)} configurations",
     ]
 

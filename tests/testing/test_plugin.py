@@ -87,7 +87,7 @@ def test_a_users_true_claims_pass(pytester):
     result = _run(pytester, USER_TESTS_TRUE, "-v")
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines([
-        "convprobe: cpu *; flags *; caches *",
+        "convprobe: cpu * (*); flags *; caches *",
         "convprobe: rng base seed 0; conv_backend over emulated configurations",
         "*test_conv_stays_within_the_fp16_accumulation_bound?emulated/sequential:fp16? PASSED*",
         "*test_conv_stays_within_the_fp16_accumulation_bound?emulated/sequential:fp32? PASSED*",
