@@ -38,7 +38,7 @@ def register(subparsers) -> None:
                         help="comma-separated model specs to search instead of the default family "
                              "(layer mode: tried beside the measured ones)")
     parser.add_argument("--ks", type=int_list(1, MAX_K), default=None, metavar="K,K,...",
-                        help=f"battery: reduction lengths, 1 to {MAX_K} (default: 16,32,...,8192)")
+                        help=f"battery: reduction lengths, 1 to {MAX_K} (default: 16,32,...,8192, and 16384 for conv2d)")
     parser.add_argument("--rows", type=bounded_int(1, MAX_ROWS), default=None,
                         help=f"battery: dot products per K, 1 to {MAX_ROWS} (default: 64)")
     parser.add_argument("--threads", type=bounded_int(1, MAX_THREADS), default=None, metavar="N",
@@ -173,7 +173,7 @@ def run(args) -> int:
         outcome = run_layer_identify(configs, layers, specs=specs, seed=args.seed, device=args.device,
                                      timeout=args.timeout, jobs=args.jobs)
     else:
-        outcome = run_identify(configs, ops, specs=specs, ks=args.ks or list(identify.DEFAULT_KS),
+        outcome = run_identify(configs, ops, specs=specs, ks=args.ks,
                                rows=args.rows or identify.DEFAULT_ROWS, seed=args.seed, device=args.device,
                                timeout=args.timeout, jobs=args.jobs)
     emit(args, outcome)

@@ -1,7 +1,8 @@
 """`identify`: which emulator model reproduces a backend's op bit for bit?
 
 The backend runs each op on seeded random fp16 inputs (M dot products of
-length K, embedded as in `fingerprint_ops`) for K = 16 ... 8192; the parent
+length K, embedded as in `fingerprint_ops`) for K = 16 ... 8192, and conv2d up to
+16384 (`default_ks`); the parent
 recomputes the same dot products under every candidate model of the emulator
 and counts, per K, the fraction of outputs that are bitwise identical. The
 best model is the one with the most matches over all K (ties go to the
@@ -28,6 +29,9 @@ from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, che
 
 __all__ = [
     "DEFAULT_KS",
+    "LONG_KS",
+    "default_ks",
+    "battery_ks",
     "DEFAULT_ROWS",
     "DEFAULT_CANDIDATES",
     "Candidate",
@@ -44,6 +48,9 @@ __all__ = [
 ]
 
 DEFAULT_KS = tuple(2**i for i in range(4, 14))  # 16 ... 8192
+#: conv2d is also asked for at K = 16384 (a 1x1 layer of 16384 channels, a 3x3 of 1820):
+#: deep layers reach it, and an answer must hold there too.
+LONG_KS = {"conv2d": (16384,), "conv2d_spatial": (16384,)}
 DEFAULT_ROWS = 64
 
 #: The model family searched by default: simplest first (ties go to the earlier one).
@@ -132,11 +139,22 @@ def channels(rows: int) -> np.ndarray:
     return np.arange(rows) % CHANNELS
 
 
+def default_ks(op: str) -> tuple[int, ...]:
+    """The Ks `op` is identified at when none are asked for: 16 ... 8192, plus `LONG_KS`."""
+    return DEFAULT_KS + LONG_KS.get(op, ())
+
+
 def _ks_for(op: str, ks) -> list[int]:
-    return [k for k in ks if not (op in QUADRATIC_OPS and k > QUADRATIC_LIMIT)]
+    """`ks`, or `op`'s default Ks where it is None, less those an op quadratic in K skips."""
+    return [k for k in (default_ks(op) if ks is None else ks) if not (op in QUADRATIC_OPS and k > QUADRATIC_LIMIT)]
 
 
-def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed: int = 0, layers=None,
+def battery_ks(ops, ks=None) -> list[int]:
+    """Every K at which some op of `ops` is identified (`ks`, or each op's default)."""
+    return sorted({k for op in ops for k in _ks_for(op, ks)})
+
+
+def run(backend, *, ops="conv2d", ks=None, rows: int = DEFAULT_ROWS, seed: int = 0, layers=None,
         measure: bool = True, **_params) -> dict:
     """Child side: each op's outputs (fp16 bit patterns) on the seeded inputs for every K, and
     (`measure`) its structure from crafted rows; with `layers`, the layer mode of
@@ -168,7 +186,7 @@ def run(backend, *, ops="conv2d", ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed:
             results[op] = {"status": "unsupported", "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
             results[op] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-    return {"ops": results, "rows": rows, "seed": seed, "ks": list(ks)}
+    return {"ops": results, "rows": rows, "seed": seed, "ks": list(ks) if ks is not None else battery_ks(results)}
 
 
 def _crafted_rows(backend, op: str, k: int, rows: int):
@@ -327,7 +345,7 @@ def interpret(observed: dict) -> dict:
     }
 
 
-def identify_backend(backend, op: str = "matmul", *, ks=DEFAULT_KS, rows: int = DEFAULT_ROWS, seed: int = 0, specs=None,
+def identify_backend(backend, op: str = "matmul", *, ks=None, rows: int = DEFAULT_ROWS, seed: int = 0, specs=None,
                      measure: bool = True) -> dict:
     """In-process identify of one op (the self-check on the emulator): the summary dict and table;
     `measure=False` searches the family alone."""

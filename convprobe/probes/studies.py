@@ -134,15 +134,17 @@ def run_fingerprint(configs, ops, *, seed: int, device: str, timeout: float, job
 # -- identify ----------------------------------------------------------------------------
 
 
-def run_identify(configs, ops, *, specs, ks, rows: int, seed: int, device: str, timeout: float,
+def run_identify(configs, ops, *, specs, ks=None, rows: int, seed: int, device: str, timeout: float,
                  jobs: int | None) -> Outcome:
     """Seeded random dot products per K through every op, and the model that matches best."""
     from convprobe.analysis.tables import frame_from_records
     from convprobe.probes import identify
     from convprobe.probes.runner import run_probe
 
-    params = {"ops": list(ops), "ks": list(ks), "rows": rows, "seed": seed}
+    params = {"ops": list(ops), "ks": None if ks is None else list(ks), "rows": rows, "seed": seed}
     probe_results = run_probe("identify", configs, params, timeout=timeout, jobs=jobs)
+    if ks is None:  # each op's own Ks (`identify.default_ks`): a column for any of them
+        ks = identify.battery_ks(ops)
     table_rows, records, matches = [], [], {}
     for result in probe_results:
         per_op = identify.identify_observed(result.observed, specs) if result.status == Status.OK else {}

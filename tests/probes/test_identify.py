@@ -26,6 +26,25 @@ def test_default_ks_run_from_16_to_8192():
     assert DEFAULT_KS[0] == 16 and DEFAULT_KS[-1] == 8192 and len(DEFAULT_KS) == 10
 
 
+def test_conv2d_is_identified_up_to_16384_by_default():
+    assert identify.default_ks("conv2d") == identify.default_ks("conv2d_spatial") == DEFAULT_KS + (16384,)
+    assert identify.default_ks("matmul") == identify.default_ks("conv2d_backprop_filter") == DEFAULT_KS
+    assert identify.battery_ks(["matmul"]) == list(DEFAULT_KS)
+    assert identify.battery_ks(["conv2d_backprop_input_spatial"])[-1] == 1024  # quadratic in K: capped
+    assert identify.battery_ks(["matmul", "conv2d"]) == [*DEFAULT_KS, 16384]
+    assert identify.battery_ks(["matmul", "conv2d"], ks=[64, 16384]) == [64, 16384]  # asked for: as asked
+
+
+def test_a_default_run_measures_each_op_at_its_own_ks():
+    observed = identify.run(EmulatedBackend("sequential:fp16"), ops=["conv2d", "matmul"], rows=8, measure=False)
+    assert observed["ks"] == [*DEFAULT_KS, 16384]
+    assert list(observed["ops"]["conv2d"]["bits"]) == [str(k) for k in (*DEFAULT_KS, 16384)]
+    assert list(observed["ops"]["matmul"]["bits"]) == [str(k) for k in DEFAULT_KS]
+    summary = identify.identify_observed(observed, ["sequential:fp16", "pairwise:fp16"])["conv2d"]["summary"]
+    assert summary["best"] == "sequential:fp16" and summary["fractions"][16384] == 1.0
+    assert summary["direct_per_k"][16384]["direct"] is True
+
+
 @pytest.mark.parametrize("spec", [
     "sequential:fp16",
     "sequential:fp32:output=fp16",
