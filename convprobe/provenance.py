@@ -80,7 +80,8 @@ def cpu_identity(path: str = "/proc/cpuinfo") -> dict[str, str]:
     family 26 Zen 5)."""
     fields = _first_cpu(path)
     names = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "stepping": "stepping",
-             "CPU implementer": "implementer", "CPU part": "part"}  # x86, Arm
+             "CPU implementer": "implementer", "CPU part": "part", "CPU variant": "variant",
+             "CPU revision": "revision"}  # x86, Arm
     return {short: fields[name] for name, short in names.items() if name in fields}
 
 

@@ -4,14 +4,15 @@ For every (configuration, layer, op) of an identify document in layer mode (`--i
 `--resnet-size` or `--keras-model`) with a best spec, TensorFlow computes the op on fresh
 seeded inputs in a child process with that configuration's environment, and
 `convprobe.emulation` computes it under the spec. Prints the bitwise-equal outputs of each,
-and those of `sequential:fp16:product=fp16` beside them as the plain baseline:
+and those of `sequential:fp16:product=fp16` beside them as the plain baseline. Each child
+runs the configuration the document recorded (its environment, threads and --env
+included). The inputs are drawn as identify's own (`layers.op_inputs`), at another seed:
 
     python scripts/specs_on_fresh_inputs.py map.json [--seed 12345]
 """
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -19,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from convprobe import results
 from convprobe.backends import EmulatedBackend
-from convprobe.backends.configurations import matrix_configs
+from convprobe.backends.configurations import BackendConfig
+from convprobe.backends.isolation import child_environment
 from convprobe.probes.layers import Layer, op_inputs, run_op
 
 PLAIN = "sequential:fp16:product=fp16"
@@ -50,28 +53,46 @@ def main() -> None:
     parser.add_argument("document")
     parser.add_argument("--seed", type=int, default=12345, help="fresh inputs' seed (identify's default is 0)")
     args = parser.parse_args()
-    matches = json.loads(Path(args.document).read_text())["matches"]
-    configs = {c.label: c for c in matrix_configs("cpu", "all")}
-    print("| configuration | layer / op | spec | plain |\n|---|---|---|---|")
-    for label, entries in matches.items():
+    document = results.read(args.document, kinds=("identify",))
+    configs = {r["config"]["label"]: BackendConfig.from_dict(r["config"]) for r in document["results"]}
+    table, skipped = [], []
+    for label, entries in document["matches"].items():
         cases = [(key, e) for key, e in entries.items() if "layer" in e and (e.get("summary") or {}).get("best")]
-        if label not in configs or not cases:
-            continue
-        with tempfile.TemporaryDirectory() as folder:
-            request, answer = Path(folder) / "request.json", Path(folder) / "answer.npz"
-            request.write_text(json.dumps({"config": configs[label].to_dict(), "seed": args.seed,
-                                           "cases": [(e["layer"], e["op"]) for _, e in cases]}))
-            subprocess.run([sys.executable, "-c", CHILD, str(request), str(answer)], check=True,
-                           env={**os.environ, **configs[label].env}, capture_output=True)
-            observed = np.load(answer)
-            for i, (key, entry) in enumerate(cases):
-                layer, op = Layer.from_dict(entry["layer"]), entry["op"]
-                first, second = op_inputs(layer, op, args.seed)
-                y = observed[str(i)]
-                spec = _equal(run_op(EmulatedBackend(entry["summary"]["best"]), layer, op, first, second), y)
-                plain = _equal(run_op(EmulatedBackend(PLAIN), layer, op, first, second), y)
-                print(f"| {label} | {key} | {spec} of {y.size} | {plain} of {y.size} |")
+        skipped += [f"{label} {key}" for key, e in entries.items() if (key, e) not in cases]
+        if cases and configs[label].backend == "tensorflow":
+            table += _compare(configs[label], cases, args.seed)
+        elif cases:
+            skipped += [f"{label} {key} (not TensorFlow)" for key, _ in cases]
+    if not table:
+        sys.exit(f"{args.document}: no TensorFlow layer with a best spec to compare (a layer map from "
+                 "`convprobe identify --input-shape`, `--resnet-size` or `--keras-model` is needed)")
+    print("| configuration | layer / op | spec | plain |\n|---|---|---|---|")
+    print("\n".join(table))
+    if skipped:
+        print(f"not compared (no layer or no best spec): {', '.join(skipped)}")
 
+
+def _compare(config: BackendConfig, cases: list, seed: int) -> list[str]:
+    """One table row per case: TensorFlow in a child with the configuration's environment,
+    the emulator here."""
+    with tempfile.TemporaryDirectory() as folder:
+        request, answer = Path(folder) / "request.json", Path(folder) / "answer.npz"
+        request.write_text(json.dumps({"config": config.to_dict(), "seed": seed,
+                                       "cases": [(e["layer"], e["op"]) for _, e in cases]}))
+        proc = subprocess.run([sys.executable, "-c", CHILD, str(request), str(answer)],
+                              env=child_environment(config), capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"{config.label}: TensorFlow's child failed:\n{proc.stderr[-4000:]}")
+        observed = np.load(answer)
+        rows = []
+        for i, (key, entry) in enumerate(cases):
+            layer, op = Layer.from_dict(entry["layer"]), entry["op"]
+            first, second = op_inputs(layer, op, seed)
+            y = observed[str(i)]
+            spec = _equal(run_op(EmulatedBackend(entry["summary"]["best"]), layer, op, first, second), y)
+            plain = _equal(run_op(EmulatedBackend(PLAIN), layer, op, first, second), y)
+            rows.append(f"| {config.label} | {key} | {spec} of {y.size} | {plain} of {y.size} |")
+        return rows
 
 if __name__ == "__main__":
     main()

@@ -32,12 +32,17 @@ def test_an_entry_the_system_describes_otherwise_is_left_out(tmp_path):
     assert provenance.cpu_caches(str(tmp_path / "missing")) == {}
 
 
-@pytest.mark.skipif(not (sys.platform.startswith("linux") and os.path.isdir("/sys/devices/system/cpu/cpu0/cache")),
-                    reason="Linux's cache directory is not here")
-def test_this_machines_caches_are_in_every_record():
-    record = provenance.collect(seed=0)
-    assert record["cpu_caches"] == provenance.cpu_caches() and record["cpu_caches"]
-    assert all(size > 0 for size in record["cpu_caches"].values())
+LEVEL_ONE = "/sys/devices/system/cpu/cpu0/cache/index0"
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and os.path.isfile(f"{LEVEL_ONE}/size")),
+                    reason="Linux's cache directory does not give a first cache's size here")
+def test_this_machines_first_cache_is_in_every_record():
+    with open(f"{LEVEL_ONE}/size") as size, open(f"{LEVEL_ONE}/level") as level:
+        kib, first_level = size.read().strip(), level.read().strip()
+    caches = provenance.collect(seed=0)["cpu_caches"]
+    assert f"{kib[:-1]}K" == kib and first_level == "1"  # Linux writes "48K"
+    assert int(kib[:-1]) * 1024 in {v for k, v in caches.items() if k.startswith("L1")}, caches
 
 
 X86 = """processor\t: 0
@@ -59,14 +64,16 @@ ARM = """processor\t: 0
 BogoMIPS\t: 50.00
 Features\t: fp asimd asimdhp fphp
 CPU implementer\t: 0x41
+CPU variant\t: 0x3
 CPU part\t: 0xd0c
+CPU revision\t: 1
 """
 
 
 @pytest.mark.parametrize("text,identity,flags,model", [
     (X86, {"vendor": "AuthenticAMD", "family": "26", "model": "2", "stepping": "1"},
      ["avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16"], "AMD EPYC"),
-    (ARM, {"implementer": "0x41", "part": "0xd0c"}, ["asimdhp", "fphp"], None),
+    (ARM, {"implementer": "0x41", "part": "0xd0c", "variant": "0x3", "revision": "1"}, ["asimdhp", "fphp"], None),
 ])
 def test_the_first_processor_is_read_for_identity_flags_and_name(tmp_path, text, identity, flags, model):
     path = tmp_path / "cpuinfo"

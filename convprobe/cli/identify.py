@@ -25,7 +25,8 @@ def register(subparsers) -> None:
         "identify",
         help="find the emulator model that reproduces an op bit for bit, per K or at your own layers",
         description=(
-            "Battery mode: run seeded random dot products of length K (16 ... 8192) through each op and "
+            "Battery mode: run seeded random dot products of length K (16 ... 8192; conv2d and conv2d_spatial to 16384) "
+            "through each op and "
             "search the emulator's model family for the one that matches bit for bit. Layer mode "
             "(--input-shape/--filter-shape, --keras-model or --resnet-size): measure each layer's "
             "forward conv and both gradients at the layer's own shape with crafted inputs "
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
                         help="comma-separated model specs to search instead of the default family "
                              "(layer mode: tried beside the measured ones)")
     parser.add_argument("--ks", type=int_list(1, MAX_K), default=None, metavar="K,K,...",
-                        help=f"battery: reduction lengths, 1 to {MAX_K} (default: 16,32,...,8192, and 16384 for conv2d)")
+                        help=f"battery: reduction lengths, 1 to {MAX_K} (default: 16,32,...,8192, and 16384 for conv2d and conv2d_spatial)")
     parser.add_argument("--rows", type=bounded_int(1, MAX_ROWS), default=None,
                         help=f"battery: dot products per K, 1 to {MAX_ROWS} (default: 64)")
     parser.add_argument("--threads", type=bounded_int(1, MAX_THREADS), default=None, metavar="N",

@@ -1,8 +1,8 @@
 """`identify`: which emulator model reproduces a backend's op bit for bit?
 
 The backend runs each op on seeded random fp16 inputs (M dot products of
-length K, embedded as in `fingerprint_ops`) for K = 16 ... 8192, and conv2d up to
-16384 (`default_ks`); the parent
+length K, embedded as in `fingerprint_ops`) for K = 16 ... 8192, and conv2d and
+conv2d_spatial up to 16384 (`default_ks`); the parent
 recomputes the same dot products under every candidate model of the emulator
 and counts, per K, the fraction of outputs that are bitwise identical. The
 best model is the one with the most matches over all K (ties go to the
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 DEFAULT_KS = tuple(2**i for i in range(4, 14))  # 16 ... 8192
-#: conv2d is also asked for at K = 16384 (a 1x1 layer of 16384 channels, a 3x3 of 1820):
+#: conv2d is also asked for at K = 16384 (a 1x1 layer of 16384 channels, a 3x3 of about 1820):
 #: deep layers reach it, and an answer must hold there too.
 LONG_KS = {"conv2d": (16384,), "conv2d_spatial": (16384,)}
 DEFAULT_ROWS = 64

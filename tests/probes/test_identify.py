@@ -195,3 +195,13 @@ def test_the_ks_own_measured_model_reproduces_tensorflow_where_no_single_model_d
         assert min(summary["fractions"].values()) < 0.99, (op, summary["fractions"])
         assert {k: e["fraction"] for k, e in summary["per_k"].items()} == {"2048": 1.0, "8192": 1.0}, op
         assert summary["per_k"]["8192"]["best"].startswith("splitk(length=4096, "), summary["per_k"]["8192"]
+
+
+@pytest.mark.slow
+def test_the_cli_battery_runs_conv2d_to_16384_and_matmul_to_8192_by_default():
+    doc = run_cli_json("identify", "--configs", "none", "--model", "sequential:fp16", "--op", "conv2d,matmul",
+                       "--rows", "2")
+    matches = doc["matches"]["emulated/sequential:fp16"]
+    assert list(matches["conv2d"]["summary"]["fractions"]) == [str(k) for k in (*DEFAULT_KS, 16384)]
+    assert list(matches["matmul"]["summary"]["fractions"]) == [str(k) for k in DEFAULT_KS]
+    assert doc["params"]["ks"] is None  # each op's default (identify.default_ks)
