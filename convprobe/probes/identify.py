@@ -32,6 +32,7 @@ __all__ = [
     "LONG_KS",
     "default_ks",
     "battery_ks",
+    "ks_for",
     "DEFAULT_ROWS",
     "DEFAULT_CANDIDATES",
     "Candidate",
@@ -144,14 +145,14 @@ def default_ks(op: str) -> tuple[int, ...]:
     return DEFAULT_KS + LONG_KS.get(op, ())
 
 
-def _ks_for(op: str, ks) -> list[int]:
+def ks_for(op: str, ks) -> list[int]:
     """`ks`, or `op`'s default Ks where it is None, less those an op quadratic in K skips."""
     return [k for k in (default_ks(op) if ks is None else ks) if not (op in QUADRATIC_OPS and k > QUADRATIC_LIMIT)]
 
 
 def battery_ks(ops, ks=None) -> list[int]:
     """Every K at which some op of `ops` is identified (`ks`, or each op's default)."""
-    return sorted({k for op in ops for k in _ks_for(op, ks)})
+    return sorted({k for op in ops for k in ks_for(op, ks)})
 
 
 def run(backend, *, ops="conv2d", ks=None, rows: int = DEFAULT_ROWS, seed: int = 0, layers=None,
@@ -174,7 +175,7 @@ def run(backend, *, ops="conv2d", ks=None, rows: int = DEFAULT_ROWS, seed: int =
     for op in check_ops(ops):
         try:
             per_k, structures, directs = {}, {}, {}
-            for k in _ks_for(op, ks):
+            for k in ks_for(op, ks):
                 a, b = inputs(seed, k, rows)
                 y = np.asarray(reduce_rows(backend, op, a, b, channels(rows))).astype(np.float16)
                 per_k[str(k)] = encode_bits(y)

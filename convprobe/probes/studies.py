@@ -143,6 +143,7 @@ def run_identify(configs, ops, *, specs, ks=None, rows: int, seed: int, device: 
 
     params = {"ops": list(ops), "ks": None if ks is None else list(ks), "rows": rows, "seed": seed}
     probe_results = run_probe("identify", configs, params, timeout=timeout, jobs=jobs)
+    params["ks_by_op"] = {op: identify.ks_for(op, ks) for op in ops}  # what "ks": null resolved to
     if ks is None:  # each op's own Ks (`identify.default_ks`): a column for any of them
         ks = identify.battery_ks(ops)
     table_rows, records, matches = [], [], {}

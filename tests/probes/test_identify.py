@@ -205,3 +205,14 @@ def test_the_cli_battery_runs_conv2d_to_16384_and_matmul_to_8192_by_default():
     assert list(matches["conv2d"]["summary"]["fractions"]) == [str(k) for k in (*DEFAULT_KS, 16384)]
     assert list(matches["matmul"]["summary"]["fractions"]) == [str(k) for k in DEFAULT_KS]
     assert doc["params"]["ks"] is None  # each op's default (identify.default_ks)
+    assert doc["params"]["ks_by_op"] == {"conv2d": [*DEFAULT_KS, 16384], "matmul": list(DEFAULT_KS)}
+
+
+def test_the_document_says_which_ks_each_op_ran_at():
+    doc = run_cli_json("identify", "--configs", "none", "--model", "sequential:fp16",
+                       "--op", "matmul,conv2d_backprop_input_spatial", "--ks", "16,2048", "--rows", "2")
+    assert doc["params"]["ks"] == [16, 2048]
+    ks_by_op = doc["params"]["ks_by_op"]
+    assert ks_by_op == {"matmul": [16, 2048], "conv2d_backprop_input_spatial": [16]}  # quadratic in K: capped
+    for op, entry in doc["matches"]["emulated/sequential:fp16"].items():
+        assert [int(k) for k in entry["summary"]["fractions"]] == ks_by_op[op], op
