@@ -143,7 +143,6 @@ def run_identify(configs, ops, *, specs, ks=None, rows: int, seed: int, device: 
 
     params = {"ops": list(ops), "ks": None if ks is None else list(ks), "rows": rows, "seed": seed}
     probe_results = run_probe("identify", configs, params, timeout=timeout, jobs=jobs)
-    params["ks_by_op"] = {op: identify.ks_for(op, ks) for op in ops}  # what "ks": null resolved to
     if ks is None:  # each op's own Ks (`identify.default_ks`): a column for any of them
         ks = identify.battery_ks(ops)
     table_rows, records, matches = [], [], {}
@@ -167,7 +166,9 @@ def run_identify(configs, ops, *, specs, ks=None, rows: int, seed: int, device: 
     frame = frame_from_records(records, "probe")
     columns = ["configuration", "op", "status", "best model", "stops at K", *(f"K={k}" for k in ks), "ties",
                "every K (own model)"]
-    document = _envelope("identify", params, probe_results, seed=seed, device=device, matches=matches)
+    ks_by_op = {op: identify.ks_for(op, params["ks"]) for op in ops}  # what "ks": null resolved to
+    document = _envelope("identify", {**params, "ks_by_op": ks_by_op}, probe_results, seed=seed, device=device,
+                         matches=matches)
     notes = ["(match = share of outputs bitwise equal to the best single model's, in brackets the K's own "
              "measured model where it does better; 'ties' = models matching at every K; 'every K (own "
              "model)' = Ks where the model measured at that K matches 100%: see per_k in the JSON; "
