@@ -2,7 +2,8 @@
 
 Runs `convprobe.probes.direct_sum.probe` on the transform convolutions of
 `tests/transform_convs.py` (F(2x2, 3x3) and F(4x4, 3x3) with fp16 or fp32 transforms;
-FFTs in fp32 and fp64) at a few layers, for the forward conv and the gradients, over seeds, and prints the counts per seed:
+FFTs in fp32 and fp64) at a few layers, for the forward conv and the gradients, over
+seeds, and prints each test's counts per seed:
 
     python scripts/direct_sum_transforms.py [--seeds 6]
 """
@@ -43,8 +44,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=6)
     seeds = range(parser.parse_args().seeds)
     print(f"rescaling by 2**+-{direct_sum.EXPONENT}, outside values [0.5, 1) * {direct_sum.OUTSIDE:g}")
-    print("| layer | op | transform | outputs | changed by rescaling | changed by outside values | direct |")
-    print("|---|---|---|---|---|---|---|")
+    print("| layer | op | transform | outputs | changed by rescaling | changed by outside values | changed at ties | "
+          "direct |")
+    print("|---|---|---|---|---|---|---|---|")
     for layer, op in CASES:
         for name, backend in BACKENDS.items():
             if not _applies(name, layer, op):
@@ -52,9 +54,10 @@ def main() -> None:
             found = [direct_sum.probe(backend, layer, op, seed) for seed in seeds]
             rescaled = ", ".join(str(f.changed_by_rescaling) for f in found)
             outside = ", ".join(str(f.changed_by_outside) for f in found)
+            ties = ", ".join(str(f.changed_at_ties) for f in found)
             verdicts = ", ".join(sorted({str(f.direct) for f in found}))
             print(f"| {layer.label} | {op} | {name} | {found[0].outputs} | {rescaled} | {outside} of "
-                  f"{found[0].outside_outputs} | {verdicts} |")
+                  f"{found[0].outside_outputs} | {ties} of {found[0].tie_outputs} | {verdicts} |")
 
 
 if __name__ == "__main__":

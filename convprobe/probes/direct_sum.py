@@ -10,6 +10,9 @@ bit for bit, at the layer's shape, through any backend:
   its value, so the output keeps every bit.
 * **window only**: replace every value of the first operand (x, or dy for the input
   gradient) that the output does not read by large values. The output keeps every bit.
+* **ties**: give the output one product, exactly halfway between two fp16 values, and
+  again replace the values outside its window (`TIE_FILLS` times). A direct sum rounds
+  the same tie the same way however it accumulates.
 
 Every call runs twice: a kernel that gives other bits on the same inputs (atomic
 split-K on a GPU) is said to be nondeterministic, and neither test is judged.
@@ -28,7 +31,11 @@ fails. In F(m x m, 3 x 3) with m >= 3 each output's transformed terms reach past
 window into its tile, and an FFT's over the whole image, so large outside values leak
 into the output through rounding: the second test fails too. F(2 x 2, 3 x 3) is local
 (each output's transformed terms come from its own window), so only the first test
-sees it.
+sees it. A transform in fp64 rounds far below fp16's resolution, and its outputs are
+those of the exact sum rounded to fp16, except at a tie: there any error, however
+small, decides which way the output rounds, and its sign follows the whole image's
+values, so about half the tied outputs change when the outside values do (the third
+test; docs/direct-sum-transforms.md).
 """
 
 from __future__ import annotations
@@ -55,6 +62,16 @@ EXPONENT = int(-np.log2(float(_FP16.smallest_normal))) - 1
 #: The inputs placed outside a window are [0.5, 1) * 2**16, fp16's largest binade (up to
 #: 65504): an FFT's rounding of the whole image grows with them.
 OUTSIDE = float(2 ** _FP16.maxexp)
+#: The ties test's product is a * b with a = odd * 2**-12 (odd < 2**5) and b = odd * 2**-13
+#: (odd < 2**6): both normal fp16 (at least 2**-13 > 2**-14), their product odd * 2**-25
+#: below 2**-14, halfway between two fp16 subnormals (spaced 2**-24) and exact in fp32.
+#: At that scale an fp64 transform's error (relative to the image's largest values) is
+#: still larger than an fp32 rounding of the output, so it reaches the fp16 bits.
+TIE_FACTORS = ((5, 12), (6, 13))
+#: Fills of outside values each tie is compared under. A transform's error at a tie has a
+#: sign that follows the fill, so one fill leaves a tied output unchanged about half the
+#: time (a 1-channel layer's 3 outputs all unchanged at 2 of 6 seeds); three, an eighth.
+TIE_FILLS = 3
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,9 @@ class DirectSum:
     #: Outputs the window-only test reached (none where an output reads every input).
     outside_outputs: int = 0
     changed_by_outside: int = 0
+    #: Outputs the ties test reached (as the window-only test) and those it changed.
+    tie_outputs: int = 0
+    changed_at_ties: int = 0
     note: str = ""
 
     def to_dict(self) -> dict:
@@ -82,11 +102,15 @@ class DirectSum:
         """One clause for an explanation."""
         if self.direct is not False:
             return self.note or (f"a direct sum of products ({self.outputs} outputs unchanged by rescaled factors, "
-                                 f"{self.outside_outputs} by other inputs outside their windows)")
+                                 f"{self.outside_outputs} by other inputs outside their windows, {self.tie_outputs} "
+                                 f"at fp16 ties)")
         outside = (f", {self.changed_by_outside} of {self.outside_outputs} when only inputs outside their windows "
                    f"changed" if self.outside_outputs else "")
+        ties = (f", {self.changed_at_ties} of {self.tie_outputs} at fp16 ties when only those inputs changed"
+                if self.tie_outputs else "")
         return (f"not a direct sum of products: of {self.outputs} outputs, {self.changed_by_rescaling} changed when "
-                f"their products were kept and their factors rescaled{outside} (a Winograd- or FFT-style transform)")
+                f"their products were kept and their factors rescaled{outside}{ties} (a Winograd- or FFT-style "
+                f"transform)")
 
 
 _NONDETERMINISTIC = DirectSum(None, note="the op gave other bits on the same inputs (nondeterministic): not tested")
@@ -168,6 +192,38 @@ def _outside(op, first, pairs, rng):
     return np.where(inside[..., None], first, (_binade(rng, first.shape) * OUTSIDE).astype(np.float16))
 
 
+def _tie_factors(rng, count: int, bits: int, exponent: int) -> np.ndarray:
+    """`count` values +-odd * 2**-exponent, odd < 2**bits (`TIE_FACTORS`)."""
+    odd = 2 * rng.integers(0, 2 ** (bits - 1), count) + 1
+    return odd * 2.0 ** -exponent * rng.choice([-1.0, 1.0], count)
+
+
+def _tied(op, first, second, pairs, rng):
+    """Copies where each tested output (every channel at the chosen position or tap) has one
+    product, a tie: the first operand's window is zero but for one value (one per channel
+    for the filter gradient) and its partners in the second operand are `TIE_FACTORS`."""
+    (a_h, b_h), (a_w, b_w) = (axis[rng.integers(len(axis))] for axis in pairs)
+    rows, cols = np.ix_([a for a, _ in pairs[0]], [a for a, _ in pairs[1]])
+    (a_bits, a_exponent), (b_bits, b_exponent) = TIE_FACTORS
+    first, second = first.copy(), second.copy()
+    if op == "conv2d_backprop_filter":  # dw[t, c, o] = x[n, q, c] * dy[n, o', o]
+        image = rng.integers(first.shape[0])
+        first[:, rows, cols] = 0
+        first[image, a_h, a_w] = _tie_factors(rng, first.shape[3], a_bits, a_exponent)
+        second[image, b_h, b_w] = _tie_factors(rng, second.shape[3], b_bits, b_exponent)
+        return first, second
+    channel = rng.integers(first.shape[3])  # y[o] = x[q, c] * w[t, c, o]; dx[c'] = dy[o, c] * w[t, c', c]
+    first[0, rows, cols] = 0
+    first[0, a_h, a_w, channel] = _tie_factors(rng, 1, a_bits, a_exponent)[0]
+    partners = second.shape[3] if op == "conv2d" else second.shape[2]
+    factors = _tie_factors(rng, partners, b_bits, b_exponent)
+    if op == "conv2d":
+        second[b_h, b_w, channel] = factors
+    else:
+        second[b_h, b_w, :, channel] = factors
+    return first, second
+
+
 def _read(op: str, y: np.ndarray, chosen: list[int]) -> np.ndarray:
     """The tested outputs' bits: all channels at the chosen position (image 0) or tap."""
     h, w = chosen
@@ -179,10 +235,11 @@ def _bits(y: np.ndarray) -> np.ndarray:
 
 
 def probe(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
-    """Both tests (module docstring) at up to `TRIALS` outputs of `op` at `layer`: the calls
-    run together (one XLA compilation)."""
+    """The three tests (module docstring) at up to `TRIALS` outputs of `op` at `layer`: the
+    calls run together (one XLA compilation)."""
     first, second = _operands(layer, op, seed)
     rng = np.random.default_rng([seed, 11, LAYER_OPS.index(op)])
+    ties_rng = np.random.default_rng([seed, 17, LAYER_OPS.index(op)])
     calls, tests = [(first, second)], []
     for chosen in _choices(op, layer):
         pairs = _pairs(op, layer, chosen)
@@ -191,7 +248,9 @@ def probe(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
         calls.append(_rescaled(op, first, second, pairs, rng))
         outside = _outside(op, first, pairs, rng)
         if outside is not None:
-            calls.append((outside, second))
+            tied_first, tied_second = _tied(op, first, second, pairs, ties_rng)
+            calls += [(outside, second), (tied_first, tied_second)]
+            calls += [(_outside(op, tied_first, pairs, ties_rng), tied_second) for _ in range(TIE_FILLS)]
         tests.append((chosen, outside is not None))
     if not tests:
         return DirectSum(None, note="no output of this layer has in-bounds products: not tested")
@@ -200,15 +259,22 @@ def probe(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
     if outputs is None:
         return _NONDETERMINISTIC
     base, rest = outputs[0], iter(outputs[1:])
-    counted, by_rescaling, reached, by_outside = 0, 0, 0, 0
+    counted, by_rescaling, reached, by_outside, at_ties = 0, 0, 0, 0, 0
+
+    def changed(expected, chosen):
+        return ~bitwise_equal(_read(op, next(rest), chosen), expected)
+
     for chosen, has_outside in tests:
         expected = _read(op, base, chosen)
         counted += expected.size
-        by_rescaling += int(np.count_nonzero(~bitwise_equal(_read(op, next(rest), chosen), expected)))
+        by_rescaling += int(np.count_nonzero(changed(expected, chosen)))
         if has_outside:
             reached += expected.size
-            by_outside += int(np.count_nonzero(~bitwise_equal(_read(op, next(rest), chosen), expected)))
-    return DirectSum(by_rescaling == 0 and by_outside == 0, counted, by_rescaling, reached, by_outside)
+            by_outside += int(np.count_nonzero(changed(expected, chosen)))
+            tied = _read(op, next(rest), chosen)
+            at_ties += int(np.count_nonzero(np.any([changed(tied, chosen) for _ in range(TIE_FILLS)], axis=0)))
+    return DirectSum(by_rescaling == 0 and by_outside == 0 and at_ties == 0, counted, by_rescaling, reached,
+                     by_outside, tie_outputs=reached, changed_at_ties=at_ties)
 
 
 def not_direct(record: dict) -> bool:

@@ -71,13 +71,14 @@ def test_every_emulated_model_is_a_direct_sum(spec, layer):
     for op in LAYER_OPS:
         found = direct_sum.probe(EmulatedBackend(spec), layer, op)
         assert found.direct is True and found.outputs > 0, (op, found)
+        assert found.tie_outputs == found.outside_outputs, (op, found)
 
 
 def test_a_tap_that_reads_every_input_is_tested_by_rescaling_alone():
     found = direct_sum.probe(EmulatedBackend("sequential:fp16"), Layer((1, 4, 4, 64), (1, 1, 64, 8)),
                              "conv2d_backprop_filter")
-    assert found.direct is True and found.outputs == 64 * 8 and found.outside_outputs == 0, found
-    assert "0 by other inputs" in found.reason
+    assert found.direct is True and found.outputs == 64 * 8 and found.outside_outputs == found.tie_outputs == 0, found
+    assert "0 by other inputs outside their windows, 0 at fp16 ties" in found.reason
 
 
 class LeakyBackend(EmulatedBackend):
@@ -195,10 +196,63 @@ def test_a_transform_gradient_is_not_a_direct_sum(backend, op):
     assert found.direct is False and found.changed_by_rescaling >= found.outputs // 2, found
 
 
-def test_an_fp64_fft_rounds_too_finely_to_be_told_from_a_direct_sum():
-    """Where a transform's rounding never reaches the fp16 bits, its outputs are those of
-    the exact sum: the probe cannot and does not call it a transform."""
-    assert direct_sum.probe(FFTBackend(np.float64), TRANSFORM_LAYER, "conv2d").direct is True
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("op", LAYER_OPS)
+def test_an_fp64_fft_is_told_from_a_direct_sum_at_ties(op, seed):
+    """An fp64 FFT rounds far below fp16: rescaled factors and outside values leave its
+    outputs as the exact sum rounded to fp16. At a tie its error, however small, picks
+    the rounding, and the error's sign moves with the outside values (measured over
+    `TIE_FILLS` fills: 75-92% of these tied outputs change, docs/direct-sum-transforms.md)."""
+    layer = TRANSFORM_LAYER if op == "conv2d" else Layer((1, 12, 12, 16), (3, 3, 16, 8), padding="VALID")
+    found = direct_sum.probe(FFTBackend(np.float64), layer, op, seed)
+    assert found.changed_by_rescaling == 0 and found.changed_by_outside == 0, found
+    assert found.direct is False and found.tie_outputs == found.outside_outputs > 0, found
+    assert found.changed_at_ties >= found.tie_outputs // 2, found
+    assert f"{found.changed_at_ties} of {found.tie_outputs} at fp16 ties" in found.reason
+
+
+@pytest.mark.parametrize("op", LAYER_OPS)
+def test_each_tied_output_is_one_product_halfway_between_two_fp16s(op):
+    """The ties test's operands, summed exactly (fp64, `_direct`): every channel of the
+    tested output is +-odd * 2**-25, halfway between neighbours 2**-24 apart, with the
+    window of the first operand zero but for the tie's one factor per channel."""
+    layer = Layer((1, 10, 10, 16), (3, 3, 16, 8), padding="VALID")
+    first, second = direct_sum._operands(layer, op, 0)
+    rng = np.random.default_rng(3)
+    for chosen in direct_sum._choices(op, layer):
+        pairs = direct_sum._pairs(op, layer, chosen)
+        tied_first, tied_second = direct_sum._tied(op, first, second, pairs, rng)
+        assert tied_first.dtype == tied_second.dtype == np.float16
+        exact = _direct(op, tied_first, tied_second)
+        h, w = chosen
+        units = (exact[h, w] if op == "conv2d_backprop_filter" else exact[0, h, w]) * 2.0 ** 25
+        assert np.all(units == np.round(units)) and np.all(np.round(units) % 2 == 1), (op, chosen, units)
+        assert np.all(np.abs(units) < 2 ** 11)
+        changed = tied_first.astype(np.float64) != first.astype(np.float64)
+        factors = tied_first[changed & (tied_first != 0)].astype(np.float64)
+        assert factors.size == (first.shape[3] if op == "conv2d_backprop_filter" else 1), factors
+
+
+def test_every_tie_factor_pair_is_exact_and_its_product_a_tie():
+    """All of `TIE_FACTORS`' values, both signs: normal fp16s whose every product is
+    exactly halfway between two fp16s (the round trip through fp16 moves it by 2**-25)."""
+    (a_bits, a_exponent), (b_bits, b_exponent) = direct_sum.TIE_FACTORS
+    a = np.arange(1, 2 ** a_bits, 2) * 2.0 ** -a_exponent
+    b = np.arange(1, 2 ** b_bits, 2) * 2.0 ** -b_exponent
+    for factors in (a, b):
+        assert np.array_equal(factors.astype(np.float16).astype(np.float64), factors)
+        assert np.all(factors >= np.finfo(np.float16).smallest_normal)
+    products = np.outer(np.concatenate([a, -a]), b).ravel()
+    assert np.array_equal(products.astype(np.float32).astype(np.float64), products)
+    assert np.all(np.abs(products.astype(np.float16).astype(np.float64) - products) == 2.0 ** -25)
+
+
+def test_an_older_record_without_the_ties_test_still_reads():
+    record = {"direct": True, "outputs": 24, "changed_by_rescaling": 0, "outside_outputs": 24,
+              "changed_by_outside": 0, "note": ""}
+    found = direct_sum.DirectSum.from_dict(record)
+    assert found.direct is True and found.tie_outputs == 0 and found.changed_at_ties == 0
+    assert found.to_dict() == {**record, "tie_outputs": 0, "changed_at_ties": 0}
 
 
 def _fp16_binade(low, high):
@@ -244,6 +298,7 @@ def test_tensorflow_cpu_convolutions_are_direct_sums():
         for op in LAYER_OPS if layer.dilation == (1, 1) else ["conv2d"]:  # eager gradients refuse dilation
             found = direct_sum.probe(backend, layer, op)
             assert found.direct is True, (layer.label, op, found)
+            assert found.tie_outputs == found.outside_outputs, (layer.label, op, found)
 
 
 @pytest.mark.tensorflow
