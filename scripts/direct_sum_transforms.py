@@ -1,9 +1,9 @@
 """How many outputs of Winograd and FFT convolutions each direct-sum test changes.
 
 Runs `convprobe.probes.direct_sum.probe` on the transform convolutions of
-`tests/transform_convs.py` (F(2x2, 3x3) and F(4x4, 3x3) with fp16 or fp32 transforms;
-FFTs in fp32 and fp64) at a few layers, for the forward conv and the gradients, over
-seeds, and prints each test's counts per seed:
+`tests/transform_convs.py` (F(2x2, 3x3) and F(4x4, 3x3) with fp16, fp32 or fp64
+transforms; FFTs in fp32 and fp64) at a few layers, for the forward conv and the
+gradients, over seeds, and prints each test's counts per seed:
 
     python scripts/direct_sum_transforms.py [--seeds 6]
 """
@@ -26,7 +26,8 @@ GRADIENTS = Layer((1, 12, 12, 16), (3, 3, 16, 8), padding="VALID")  # dx tiles b
 CASES = [(layer, "conv2d") for layer in FORWARD] + [(GRADIENTS, "conv2d_backprop_input"),
                                                      (GRADIENTS, "conv2d_backprop_filter")]
 BACKENDS = {"F(2,3) fp16": WinogradBackend(2), "F(2,3) fp32": WinogradBackend(2, np.float32),
-            "F(4,3) fp16": WinogradBackend(4), "F(4,3) fp32": WinogradBackend(4, np.float32),
+            "F(2,3) fp64": WinogradBackend(2, np.float64), "F(4,3) fp16": WinogradBackend(4),
+            "F(4,3) fp32": WinogradBackend(4, np.float32), "F(4,3) fp64": WinogradBackend(4, np.float64),
             "FFT fp32": FFTBackend(np.float32), "FFT fp64": FFTBackend(np.float64)}
 
 

@@ -2,7 +2,7 @@
 
 A direct convolution (im2col + GEMM, implicit GEMM, a loop nest), whatever it does
 with K (splits, lanes, chunks, accumulators, rounded products), computes each output
-from the products of its own window and nothing else. Two consequences can be tested
+from the products of its own window and nothing else. Three consequences can be tested
 bit for bit, at the layer's shape, through any backend:
 
 * **products only**: scale each input of one output's window by a power of two and
@@ -15,10 +15,10 @@ bit for bit, at the layer's shape, through any backend:
   the same tie the same way however it accumulates.
 
 Every call runs twice: a kernel that gives other bits on the same inputs (atomic
-split-K on a GPU) is said to be nondeterministic, and neither test is judged.
-`probe` runs both at a layer; `probe_rows` runs the first on the battery's rows
-(`fingerprint_ops`), where each output reads all of its row, so the second has nothing
-to change.
+split-K on a GPU) is said to be nondeterministic, and no test is judged.
+`probe` runs all three at a layer; `probe_rows` runs the first on the battery's rows
+(`fingerprint_ops`), where each output reads all of its row, so the others have
+nothing to change.
 
 Winograd and FFT convolutions are not sums of the x * w products. They transform tiles
 of the input (or all of it) and the filter, multiply the transforms, and transform
@@ -34,8 +34,10 @@ into the output through rounding: the second test fails too. F(2 x 2, 3 x 3) is 
 sees it. A transform in fp64 rounds far below fp16's resolution, and its outputs are
 those of the exact sum rounded to fp16, except at a tie: there any error, however
 small, decides which way the output rounds, and its sign follows the whole image's
-values, so about half the tied outputs change when the outside values do (the third
-test; docs/direct-sum-transforms.md).
+values: each fill of outside values changes about half the tied outputs (the third
+test; docs/direct-sum-transforms.md). What none of the tests sees is a local transform
+that is exact on one product (an fp64 F(2 x 2, 3 x 3)): its outputs are then those of
+the exact sum, rounded once, except near ties.
 """
 
 from __future__ import annotations
