@@ -2,7 +2,7 @@
 
 A filter gradient sums over the positions (n, oh, ow). TensorFlow's Eigen kernels sum
 them image by image; XLA's CPU filter gradient under strict f16 math sums (oh, ow, n),
-the batch innermost (README, "identify at your own layers"). The crafted layouts put
+the batch innermost (docs/identify.md, "Both orders are measured"). The crafted layouts put
 term k of a row at position k in (n, oh, ow) order and x a constant, so a kernel that
 sums in the other order meets the terms shuffled, and lanes over that order can hide
 it from `layer_patterns`' order probe. `BatchInnermost` wraps a backend so that its

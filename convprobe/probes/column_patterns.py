@@ -5,7 +5,7 @@ filter^T scattered into dx (col2im), the filter gradient im2col(x)^T x dy. The
 micro kernel can change with the output column: on oneDNN-off fp16 accumulation,
 whole blocks of 16 columns round products to fp16, the next block of 8 sums in two
 lanes and the last few columns add exact products in fp16 (measured by this module;
-README, "shape-true identification"; `addition=fp32` matches as well at the K seen). `layer_patterns`
+docs/identify.md, "What the map shows"; `addition=fp32` matches as well at the K seen). `layer_patterns`
 puts row r in column r, so where columns differ it measures a mixture. Here every
 row goes through every column: the rows lie in the operand that indexes the
 GEMM's rows, the other operand is the constant, and every column's output is read.

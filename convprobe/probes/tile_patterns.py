@@ -4,7 +4,7 @@ A GEMM kernel picks its micro kernel by output tile, (row block, column block). 
 oneDNN-off fp16 accumulation the column blocks of 16, 8 and the rest differ
 (`column_patterns`), and so do the rows past the last whole block of 4: at
 1,7,7,16 * 3,3,16,8 (49 output pixels) conv2d rows 0-47 sum in two lanes and row 48
-adds rounded products in one chain (README, "shape-true identification").
+adds rounded products in one chain (docs/identify.md, "Tiles").
 
 The *column layout* here is `column_patterns`' row layout turned around: the operand
 that indexes the GEMM's columns carries the patterns and the other is a constant, so
