@@ -3,11 +3,12 @@
 Usage: python scripts/identify_models.py [--by-op] battery.json > docs/battery-models.md
 (battery.json from `convprobe identify --configs all --op all --output battery.json`;
 the models are each K's own `per_k` best, with the share of outputs it matched).
-`--by-op` prints one row per op and distinct model, naming the configurations that share it
-(on a CPU where several configurations run the same kernels, a table a tenth as long).
+`--by-op` prints one row per op and distinct model sequence, naming the configurations that
+share it (on a CPU where several configurations run the same kernels, a much shorter table).
 """
 
-import sys
+import argparse
+import math
 
 from convprobe.errors import InvalidArgument
 from convprobe.results import Kind, read
@@ -16,6 +17,11 @@ from convprobe.results import Kind, read
 def _key(entry: dict) -> tuple:
     """What a K range shares: its model and match, or that it is no direct sum (no model)."""
     return (None,) if entry["best"] is None else (entry["best"], entry["fraction"])
+
+
+def _share(fraction: float) -> str:
+    """A match below 1 as a percentage rounded down, so that it never reads 100.0%."""
+    return f"{math.floor(fraction * 1000) / 10:.1f}%"
 
 
 def _ranges(per_k: dict) -> list[str]:
@@ -35,55 +41,52 @@ def _ranges(per_k: dict) -> list[str]:
         if best is None:  # identify found no direct sum of products there
             parts.append(f"K {ks}: not a direct sum of products")
             continue
-        parts.append(f"K {ks}: `{best}`" + ("" if fraction == 1.0 else f" ({fraction:.1%})"))
+        parts.append(f"K {ks}: `{best}`" + ("" if fraction == 1.0 else f" ({_share(fraction)})"))
     return parts
 
 
-def model_cells(doc: dict, where: str) -> list[tuple[str, str, str]]:
-    """(configuration, op, the op's models K range by K range) for every pair of the battery."""
+def model_rows(doc: dict, where: str) -> list[tuple[str, str, dict | None, str]]:
+    """(configuration, op, per_k or None, the cell: its models K range by K range) per pair."""
     rows = []
     for config, ops in doc["matches"].items():
         for op, result in ops.items():
             name = config.split("/")[-1]
             if result.get("status") != "ok":
-                rows.append((name, op, f"{result.get('status')}: {result.get('error')}"))
+                rows.append((name, op, None, f"{result.get('status')}: {result.get('error')}"))
                 continue
-            per_k = result["summary"].get("per_k")
+            per_k = (result.get("summary") or {}).get("per_k")
             if per_k is None:
                 raise SystemExit(f"{where}: {config} {op} has no per-K models: a battery document is needed, "
                                  "not a layer map")
-            rows.append((name, op, "<br>".join(_ranges(per_k))))
+            rows.append((name, op, per_k, "<br>".join(_ranges(per_k))))
     return rows
 
 
-def by_op(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    """(op, the configurations that share a model sequence, that sequence), ops in battery order."""
-    groups: dict[str, dict[str, list[str]]] = {}
-    for config, op, cell in rows:
-        groups.setdefault(op, {}).setdefault(cell, []).append(config)
-    return [(op, ", ".join(configs), cell) for op, cells in groups.items() for cell, configs in cells.items()]
+def by_op(rows: list[tuple[str, str, dict | None, str]]) -> list[tuple[str, str, str]]:
+    """(op, the configurations whose models agree at every K, their cell), ops in the battery's order."""
+    groups: dict[str, dict[tuple, tuple[str, list[str]]]] = {}
+    for config, op, per_k, cell in rows:
+        same = cell if per_k is None else tuple((k, _key(e)) for k, e in sorted(per_k.items(), key=lambda i: int(i[0])))
+        groups.setdefault(op, {}).setdefault(same, (cell, []))[1].append(config)
+    return [(op, ", ".join(configs), cell) for op, cells in groups.items() for cell, configs in cells.values()]
 
 
-def main(argv: list[str]) -> None:
-    grouped = argv[:1] == ["--by-op"]
-    paths = argv[1:] if grouped else argv
-    if len(paths) != 1 or paths[0].startswith("-"):
-        raise SystemExit(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("battery", help="an identify battery document (JSON)")
+    parser.add_argument("--by-op", action="store_true", help="one row per op and model, with its configurations")
+    args = parser.parse_args(argv)
     try:
-        doc = read(paths[0], kinds=(Kind.IDENTIFY,))
+        doc = read(args.battery, kinds=(Kind.IDENTIFY,))
     except InvalidArgument as exc:
-        raise SystemExit(f"error: {exc}") from None
-    rows = model_cells(doc, paths[0])
-    if grouped:
-        print("| op | configurations | model at each K (match 100% unless shown) |")
-        print("|---|---|---|")
-        rows = by_op(rows)
-    else:
-        print("| configuration | op | model at each K (match 100% unless shown) |")
-        print("|---|---|---|")
-    for row in rows:
+        parser.exit(2, f"error: {exc}\n")
+    rows = model_rows(doc, args.battery)
+    first = "op | configurations" if args.by_op else "configuration | op"
+    print(f"| {first} | model at each K (match 100% unless shown) |")
+    print("|---|---|---|")
+    for row in by_op(rows) if args.by_op else [(config, op, cell) for config, op, _, cell in rows]:
         print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
