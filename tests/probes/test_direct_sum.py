@@ -216,7 +216,7 @@ def test_an_fp64_fft_is_told_from_a_direct_sum_at_ties(op, seed):
 def test_fp64_winograd_is_seen_at_ties_only_where_it_reaches_past_the_window(m, direct):
     """fp64 F(4x4, 3x3) mixes the outside values into each tile, so its error breaks the
     ties. F(2x2, 3x3) is local, and on a window holding one product its fp64 transforms
-    are exact: no test here sees it (what the README calls the tests' blind spot)."""
+    are exact: no test here sees it (the README's *What identify cannot see yet*)."""
     found = direct_sum.probe(WinogradBackend(m, np.float64), TRANSFORM_LAYER, "conv2d")
     assert found.changed_by_rescaling == 0 and found.changed_by_outside == 0, found
     assert found.direct is direct and (found.changed_at_ties >= found.tie_outputs // 2 or direct), found

@@ -175,7 +175,7 @@ def test_identify_names_a_model_for_each_tensorflow_cpu_configuration():
     assert default["best"] == "sequential:fp32:output=fp16"
     if onednn_runs_fp16():  # oneDNN's fp32 chain
         assert all(default["fractions"][k] == 1.0 for k in DEFAULT_KS if k <= 4096)
-    else:  # Eigen's fp32 GEMM, chunked by 256 from K = 512 on the Zen CPUs: onednn-off's bits
+    else:  # Eigen's fp32 GEMM, whose chunks depend on K and the machine (docs/battery-models-zen4.md): onednn-off's bits
         assert default["fractions"] == found[("onednn-off", "conv2d")]["fractions"]
     for key, summary in found.items():
         assert set(summary["fractions"]) == set(DEFAULT_KS)
