@@ -170,7 +170,9 @@ def test_identify_names_a_model_for_each_tensorflow_cpu_configuration():
     assert found[("jit", "conv2d")]["stops_matching_at"] is None
     strict = found[("jit+strict", "conv2d")]
     assert strict["best"].startswith(("sequential:fp16", "chunked:fp16"))
-    assert all(strict["fractions"][k] == 1.0 for k in DEFAULT_KS if k <= 1024)
+    # one fp16 chain up to K = 512 on every CPU measured; at 1024 Eigen's blocking depends on the
+    # machine (one chain with a 48 KiB L1d, chunks of 520 with 32 KiB: docs/battery-models-zen4.md)
+    assert all(strict["fractions"][k] == 1.0 for k in DEFAULT_KS if k <= 512)
     default = found[("default", "conv2d")]
     assert default["best"] == "sequential:fp32:output=fp16"
     if onednn_runs_fp16():  # oneDNN's fp32 chain
