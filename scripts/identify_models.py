@@ -19,6 +19,11 @@ def _key(entry: dict) -> tuple:
     return (None,) if entry["best"] is None else (entry["best"], entry["fraction"])
 
 
+def _in_k_order(per_k: dict) -> list[tuple[str, dict]]:
+    """per_k's (K, entry) pairs by K (JSON keys are strings: '1024' sorts before '16')."""
+    return sorted(per_k.items(), key=lambda item: int(item[0]))
+
+
 def _share(fraction: float) -> str:
     """A match below 1 as a percentage rounded down, so that it never reads 100.0%."""
     return f"{math.floor(fraction * 1000) / 10:.1f}%"
@@ -27,7 +32,7 @@ def _share(fraction: float) -> str:
 def _ranges(per_k: dict) -> list[str]:
     """Consecutive Ks with the same model, as 'K1-K2: `model` (match)'."""
     out, run = [], []
-    for k, entry in sorted(per_k.items(), key=lambda item: int(item[0])):
+    for k, entry in _in_k_order(per_k):
         if run and _key(entry) != _key(run[-1][1]):
             out.append(run)
             run = []
@@ -66,7 +71,7 @@ def by_op(rows: list[tuple[str, str, dict | None, str]]) -> list[tuple[str, str,
     """(op, the configurations whose models agree at every K, their cell), ops in the battery's order."""
     groups: dict[str, dict[tuple, tuple[str, list[str]]]] = {}
     for config, op, per_k, cell in rows:
-        same = cell if per_k is None else tuple((k, _key(e)) for k, e in sorted(per_k.items(), key=lambda i: int(i[0])))
+        same = cell if per_k is None else tuple((k, _key(e)) for k, e in _in_k_order(per_k))
         groups.setdefault(op, {}).setdefault(same, (cell, []))[1].append(config)
     return [(op, ", ".join(configs), cell) for op, cells in groups.items() for cell, configs in cells.values()]
 
