@@ -16,13 +16,17 @@ changes, `SCHEMA_HISTORY` says what changed, and older documents are upgraded on
 from __future__ import annotations
 
 import json
+import os
+import reprlib
+import stat
 from enum import StrEnum
 from pathlib import Path
 
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.options import Status
 
-__all__ = ["SCHEMA_VERSION", "SCHEMA_HISTORY", "Kind", "envelope", "validate", "read", "write", "upgrade"]
+__all__ = ["SCHEMA_VERSION", "SCHEMA_HISTORY", "Kind", "envelope", "validate", "read", "write", "upgrade",
+           "regular_file", "read_json", "reason", "show"]
 
 SCHEMA_VERSION = 2
 
@@ -77,17 +81,62 @@ def read(path: str | Path, kinds: tuple[str, ...] | None = None) -> dict:
     """The validated document at `path`, upgraded to the current version; one InvalidArgument
     line for a missing, unreadable or malformed file, or one of another kind than `kinds`."""
     p = Path(path)
-    try:
-        document = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidArgument(f"results file {str(p)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidArgument(f"{p} is not a readable JSON document ({exc.__class__.__name__})") from None
-    document = validate(upgrade(document, where=str(p)), where=str(p))
+    document = validate(upgrade(read_json(p, where=f"results file {str(p)!r}"), where=str(p)), where=str(p))
     if kinds is not None and document["kind"] not in kinds:
         raise InvalidArgument(f"{p} holds a {document['kind']!r} document; expected "
                               f"{' or '.join(map(repr, kinds))}")
     return document
+
+
+# -- reading files -----------------------------------------------------------------------
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong reading a file, in a few words on one line (the OS's words for an OSError)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else exc.__class__.__name__
+
+
+def regular_file(path: str | Path, *, where: str) -> Path:
+    """`path` if it is a regular file (or a link to one); one InvalidArgument line otherwise.
+    Checked before opening: a FIFO would block the reader forever, a directory or a link loop
+    would surface as an OSError."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        problem = "is a broken symbolic link" if os.path.islink(p) else "does not exist"
+        raise InvalidArgument(f"{where} {problem}") from None
+    except OSError as exc:  # a link loop, a name too long, a component that is a file
+        raise InvalidArgument(f"{where} cannot be read ({reason(exc)})") from None
+    if stat.S_ISDIR(mode):
+        raise InvalidArgument(f"{where} is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise InvalidArgument(f"{where} is not a regular file (a FIFO, socket or device)")
+    return p
+
+
+def read_json(path: str | Path, *, where: str) -> object:
+    """The JSON value in the file at `path` (a UTF-8 byte order mark is allowed): one
+    InvalidArgument line for anything else, a document nested too deeply for the parser included."""
+    p = regular_file(path, where=where)
+    try:
+        text = p.read_bytes().decode("utf-8-sig")
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"{where} is not valid JSON ({reason(exc)})") from None
+    except OSError as exc:
+        raise InvalidArgument(f"{where} cannot be read ({reason(exc)})") from None
+    except (RecursionError, ValueError) as exc:  # nesting beyond the stack; a number of > 4300 digits
+        raise InvalidArgument(f"{where} is not a readable JSON document ({reason(exc).split(';')[0]})") from None
 
 
 def upgrade(document, *, where: str) -> dict:
@@ -96,6 +145,8 @@ def upgrade(document, *, where: str) -> dict:
         raise InvalidArgument(f"{where}: a convprobe result must be a JSON object; received "
                               f"{type(document).__name__}")
     version = document.get("schema_version")
+    if not is_integer(version) and version is not None:
+        return document  # `validate` names it: true == 1 and 1.0 == 1 in Python, but not versions
     if version is None and "config" in document and "columns" in document:  # v1 train header
         version = 1
     if version is None and "final_step" in document and "jit" in document:  # v1 train summary
@@ -118,8 +169,12 @@ def upgrade(document, *, where: str) -> dict:
 # -- validation --------------------------------------------------------------------------
 
 
-def _show(value) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+def show(value) -> str:
+    """A received value as a message quotes it: JSON (a string in quotes), cut at 60 characters."""
+    try:
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    except (RecursionError, ValueError, TypeError):  # nested deeper than the encoder goes; not JSON
+        text = reprlib.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -130,7 +185,7 @@ class _Checker:
         self.where = where
 
     def fail(self, path: str, what: str, value) -> None:
-        raise InvalidArgument(f"{self.where}: {path} must be {what}; received {_show(value)}")
+        raise InvalidArgument(f"{self.where}: {path} must be {what}; received {show(value)}")
 
     def get(self, mapping: dict, key: str, path: str, what: str):
         if key not in mapping:
@@ -155,6 +210,8 @@ class _Checker:
             "strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
             "ints": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
             "numbers": lambda v: isinstance(v, list) and all(_is_number(x) for x in v),
+            "fraction": lambda v: _is_number(v) and 0 <= float(v) <= 1,
+            "ulps": lambda v: isinstance(v, list) and all(_is_number(x) and float(x) >= 0 for x in v),
         }[kind](value)
         if not ok:
             self.fail(path, _WHAT[kind] + (" or null" if nullable else ""), value)
@@ -164,10 +221,19 @@ class _Checker:
         value = self.get(mapping, key, path, _WHAT[kind.rstrip("?")])
         return self.check(value, kind, f"{path}{'.' if path else ''}{key}")
 
+    def choice(self, mapping: dict, key: str, choices: tuple, path: str = ""):
+        """A string field that must be one of `choices` (the `invalid_choice` message)."""
+        value = self.field(mapping, key, "str", path)
+        if value not in choices:
+            raise invalid_choice(f"{self.where}: {path}{'.' if path else ''}{key}", value, choices)
+        return value
+
 
 _WHAT = {"object": "an object", "list": "a list", "str": "a string", "bool": "true or false",
          "int": "an integer", "count": "a non-negative integer", "number": "a number",
-         "strings": "a list of strings", "ints": "a list of integers", "numbers": "a list of numbers"}
+         "strings": "a list of strings", "ints": "a list of integers", "numbers": "a list of numbers",
+         "fraction": "a fraction from 0 to 1",
+         "ulps": "a list of ULP errors, each a number >= 0 or inf (never NaN)"}
 
 
 def _is_number(value) -> bool:
@@ -186,14 +252,14 @@ def validate(document, *, where: str) -> dict:
     if not isinstance(document, dict):
         c.fail("the document", "a JSON object", type(document).__name__)
     version = c.get(document, "schema_version", "", f"the integer {SCHEMA_VERSION}")
+    if not is_integer(version):
+        c.fail("schema_version", f"an integer, one of the versions {', '.join(map(str, SCHEMA_HISTORY))}",
+               version)
     if version != SCHEMA_VERSION:
         known = ", ".join(map(str, SCHEMA_HISTORY))
-        raise InvalidArgument(f"{where}: schema_version {_show(version)} is not one this convprobe reads "
+        raise InvalidArgument(f"{where}: schema_version {show(version)} is not one this convprobe reads "
                               f"(versions {known}; see convprobe.results.SCHEMA_HISTORY)")
-    kind = c.get(document, "kind", "", "a result kind")
-    if kind not in tuple(Kind):
-        raise invalid_choice(f"{where}: kind", kind, tuple(Kind))
-    kind = Kind(kind)
+    kind = Kind(c.choice(document, "kind", tuple(Kind)))
     c.field(document, "params", "object")
     c.field(document, "provenance", "object")
     _VALIDATORS[kind](c, document)
@@ -208,9 +274,7 @@ def _probe_records(c: _Checker, document: dict) -> None:
         probe = c.field(record, "probe", "str", path)
         if probe != kind:
             c.fail(f"{path}.probe", repr(kind), probe)
-        status = c.field(record, "status", "str", path)
-        if status not in tuple(Status):
-            raise invalid_choice(f"{c.where}: {path}.status", status, tuple(Status))
+        status = c.choice(record, "status", tuple(Status), path)
         config = c.field(record, "config", "object", path)
         c.field(config, "label", "str", f"{path}.config")
         c.field(config, "backend", "str", f"{path}.config")
@@ -271,8 +335,7 @@ def _identify(c: _Checker, document: dict) -> None:
             for k, fraction in fractions.items():
                 if not k.isdigit():
                     c.fail(f"{path}.summary.fractions", "keyed by reduction lengths K", k)
-                if not _is_number(fraction) or not 0 <= float(fraction) <= 1:
-                    c.fail(f"{path}.summary.fractions[{k!r}]", "a fraction from 0 to 1", fraction)
+                c.check(fraction, "fraction", f"{path}.summary.fractions[{k!r}]")
 
 
 def _sweep(c: _Checker, document: dict) -> None:
@@ -286,7 +349,7 @@ def _sweep(c: _Checker, document: dict) -> None:
                 path = f"ulp_errors[{label!r}][{op!r}][{dist!r}]"
                 c.check(entry, "object", path)
                 c.field(entry, "k", "count", path)
-                c.field(entry, "ulp_errors", "numbers", path)
+                c.field(entry, "ulp_errors", "ulps", path)
 
 
 def _replay(c: _Checker, document: dict) -> None:
@@ -311,10 +374,14 @@ RUN_COLUMNS = {"steps": ("step", "loss", "loss_scale", "skipped"),
 
 
 def _train(c: _Checker, document: dict) -> None:
+    # Imported here: training.config imports provenance, which imports this module.
+    from convprobe.training.config import DTYPES, LossScaleMode
+
     params = document["params"]
-    c.field(params, "dtype", "str", "params")
+    c.choice(params, "dtype", DTYPES, "params")
     c.field(params, "steps", "count", "params")
-    c.field(c.field(params, "loss_scale", "object", "params"), "mode", "str", "params.loss_scale")
+    c.choice(c.field(params, "loss_scale", "object", "params"), "mode", tuple(m.value for m in LossScaleMode),
+             "params.loss_scale")
     columns = c.field(document, "columns", "object")
     for name in ("steps", "telemetry"):
         listed = c.field(columns, name, "strings", "columns")

@@ -9,7 +9,7 @@ one InvalidArgument line naming the file and the field, and nothing is written.
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +17,15 @@ import pandas as pd
 
 from convprobe import results
 from convprobe.analysis import figures
-from convprobe.analysis.tables import FINGERPRINT_TITLES, fingerprint_table, read_table
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.analysis.tables import (
+    FINGERPRINT_TITLES,
+    check_values,
+    fingerprint_table,
+    read_csv,
+    read_table,
+    validate_frame,
+)
+from convprobe.errors import InvalidArgument
 from convprobe.options import FigureFormat, Status
 
 __all__ = ["Loaded", "load", "figures_for", "draw", "short_label"]
@@ -30,10 +37,10 @@ FINGERPRINT_HIGHLIGHT = {
     "0 (wide or fused)": "#c6dbef", "fp32, products to 11 bits": "#e3d7f0",
 }
 
-#: The numeric columns of a run's CSVs that the figures read.
-_RUN_NUMERIC = {"steps": ("step", "loss", "loss_scale"),
-                "telemetry": ("step", "index", "flushed_fraction", "subnormal_fraction")}
-
+#: What each column of a run's CSVs that the figures read must hold (`tables.VALUE_RULES`).
+_RUN_VALUES = {"steps": {"step": "count", "loss": "number", "loss_scale": "positive", "skipped": "bool"},
+               "telemetry": {"step": "count", "kind": "kind", "index": "count", "flushed_fraction": "fraction",
+                             "subnormal_fraction": "fraction"}}
 
 @dataclass
 class Loaded:
@@ -52,41 +59,34 @@ def load(path: str) -> list[Loaded]:
     """Every result `path` holds (a comparison directory holds several runs), validated."""
     p = Path(path)
     if p.is_dir():
-        if (p / "header.json").exists():
+        if os.path.lexists(p / "header.json"):  # a header that is a directory or a link loop is named by results.read
             return [_load_run(p)]
-        runs = sorted(d for d in p.iterdir() if (d / "header.json").is_file())
+        runs = sorted(d for d in p.iterdir() if os.path.lexists(d / "header.json"))
         if not runs:
             raise InvalidArgument(f"{path} is a directory without a training run (no header.json in it or "
                                   f"its subdirectories)")
         return [_load_run(d, name=f"{p.name}-{d.name}") for d in runs]
-    if not p.is_file():
-        raise InvalidArgument(f"results file {path!r} does not exist")
+    where = f"results file {path!r}"
+    results.regular_file(p, where=where)
     suffix = p.suffix.lower()
     if suffix == ".csv":
-        try:
-            columns = list(pd.read_csv(p, nrows=0).columns)
-        except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-            raise InvalidArgument(f"results file {p.name} is not a readable CSV table ({exc})") from None
+        columns = list(read_csv(p, where=where).columns)
         return [_table(p, "sweep" if "distribution" in columns else "probe")]
     if suffix != ".json":
         raise InvalidArgument(f"results file {p.name} must be .json, .csv or a run directory; received "
                               f"{suffix or 'no suffix'}")
-    try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidArgument(f"results file {p.name} is not valid JSON ({exc.__class__.__name__})") from None
+    raw = results.read_json(p, where=where)
     if isinstance(raw, dict) and "rows" in raw and "schema" in raw and "kind" not in raw:  # a bare table
         schema = raw["schema"]
         if schema not in ("sweep", "probe"):
-            raise invalid_choice(f"results file {p.name}: schema", schema, ("sweep", "probe"))
+            raise InvalidArgument(f"results file {p.name}: schema must be one of sweep, probe; received "
+                                  f"{results.show(schema)}")
         return [_table(p, schema)]
     document = results.validate(results.upgrade(raw, where=path), where=path)
     if document["kind"] in (results.Kind.TRAIN, results.Kind.TRAIN_SUMMARY):
         return [_load_run(p.parent)]
     frame = None
     if "table" in document:  # validated with the envelope; typed here for the figures
-        from convprobe.analysis.tables import validate_frame
-
         frame = validate_frame(pd.DataFrame(document["table"]["rows"]), document["table"]["schema"], where=path)
     return [Loaded(p.stem, document["kind"], document, frame)]
 
@@ -104,25 +104,18 @@ def _table(p: Path, schema: str) -> Loaded:
 
 
 def _load_run(directory: Path, name: str | None = None) -> Loaded:
-    """A training run: its header (validated envelope) and CSVs, their columns as the header says."""
+    """A training run: its header (validated envelope) and CSVs, their columns as the header says
+    and the values the figures read checked (`_RUN_VALUES`)."""
     header = results.read(directory / "header.json", kinds=(results.Kind.TRAIN,))
     frames = {}
     for part in ("steps", "telemetry"):
-        path = directory / f"{part}.csv"
-        try:
-            frame = pd.read_csv(path)
-        except FileNotFoundError:
-            raise InvalidArgument(f"training run {directory}: {part}.csv is missing") from None
-        except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-            raise InvalidArgument(f"training run {directory}: {part}.csv is not a readable CSV "
-                                  f"({exc.__class__.__name__})") from None
+        where = f"training run {directory}: {part}.csv"
+        frame = read_csv(directory / f"{part}.csv", where=where)
         expected = header["columns"][part]
         if list(frame.columns) != expected:
-            raise InvalidArgument(f"training run {directory}: {part}.csv has columns {list(frame.columns)[:4]}...; "
+            raise InvalidArgument(f"{where} has columns {list(frame.columns)[:4]}...; "
                                   f"header.json says {expected[:4]}...")
-        for column in _RUN_NUMERIC[part]:
-            if len(frame) and not pd.api.types.is_numeric_dtype(frame[column]):
-                raise InvalidArgument(f"training run {directory}: {part}.csv column {column!r} must be numeric")
+        check_values(frame, _RUN_VALUES[part], where=where)
         frames[part] = frame
     return Loaded(name or directory.name, "train", header, steps=frames["steps"], telemetry=frames["telemetry"])
 
@@ -255,7 +248,8 @@ def draw(paths: list[str], out_dir: str, formats: list[FigureFormat]) -> list[st
         try:
             built += [(item.name, name, fig) for name, fig in figures_for(item)]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # well-formed, yet not drawable
-            raise InvalidArgument(f"results {item.name}: cannot be drawn ({exc.__class__.__name__}: {exc})") from None
+            raise InvalidArgument(f"results {item.name}: cannot be drawn ({exc.__class__.__name__}: "
+                                  f"{results.reason(exc)})") from None
     target_dir = Path(out_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     written = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from convprobe.analysis.bounds import DEFAULT_LAMBDA, dot_error_bound
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import parse_format
 from convprobe.options import Status
+from convprobe.results import read_json, reason, regular_file, show
 
 __all__ = [
     "TABLE_SCHEMA_VERSION",
@@ -37,6 +39,9 @@ __all__ = [
     "frame_from_records",
     "empty_frame",
     "read_table",
+    "read_csv",
+    "VALUE_RULES",
+    "check_values",
     "write_table",
     "add_bounds",
     "fingerprint_table",
@@ -55,12 +60,15 @@ _DTYPES: dict[str, str] = {"str": "str", "int": "Int64", "float": "float64", "bo
 
 @dataclass(frozen=True)
 class Column:
-    """One column: its name, value kind, whether every row must have it, and its meaning."""
+    """One column: its name, value kind, whether every row must have it, its meaning, and the
+    range its values must lie in (`low`..`high`, either end open when None; empty cells pass)."""
 
     name: str
     kind: Kind
     required: bool
     description: str
+    low: float | None = None
+    high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,21 @@ class Schema:
         raise invalid_choice("column", name, self.names)
 
 
-def _c(name: str, kind: Kind, description: str, required: bool = False) -> Column:
-    return Column(name, kind, required, description)
+def _c(name: str, kind: Kind, description: str, required: bool = False, low: float | None = None,
+       high: float | None = None) -> Column:
+    return Column(name, kind, required, description, low, high)
+
+
+def _count(name: str, description: str, required: bool = False) -> Column:
+    return _c(name, "int", description, required, low=0)
+
+
+def _fraction(name: str, description: str) -> Column:
+    return _c(name, "float", description, low=0, high=1)
+
+
+def _error(name: str, description: str) -> Column:
+    return _c(name, "float", description, low=0)
 
 
 _IDENTITY = (
@@ -100,7 +121,7 @@ _IDENTITY = (
 _TRAILER = (
     _c("status", "str", "one of STATUSES", True),
     _c("detail", "str", "error message or note for a non-ok row"),
-    _c("wall_s", "float", "seconds the run took"),
+    _error("wall_s", "seconds the run took"),
     _c("environment", "str", "the precision environment variables, 'K=V K=V'"),
     _c("provenance", "str", "provenance record as JSON (DESIGN.md convention 7)"),
 )
@@ -114,24 +135,24 @@ SWEEP_SCHEMA = Schema(
     + (
         _c("format", "str", "storage format of the output (the fmt of the metrics)", True),
         _c("distribution", "str", "input distribution, e.g. uniform01, uniform11, normal, heavy_tailed", True),
-        _c("k", "int", "reduction length C_in*kh*kw (or the contracted dimension)", True),
-        _c("seed", "int", "seed of the inputs", True),
-        _c("n", "int", "number of outputs measured"),
-        _c("max_abs_diff", "float", "max |actual - reference|"),
-        _c("max_relative_error", "float", "max |actual - ref| / |ref|"),
-        _c("median_relative_error", "float", "median |actual - ref| / |ref|"),
-        _c("relative_norm_error", "float", "||actual - ref||_2 / ||ref||_2"),
-        _c("max_ulp_error", "float", "max |actual - ref| / ulp(ref) in format"),
-        _c("median_ulp_error", "float", "median ULP error"),
-        _c("max_ulp_distance", "int", "max ULP distance to the correctly rounded reference"),
-        _c("fraction_correctly_rounded", "float", "share equal to RN(ref)"),
-        _c("fraction_different", "float", "share bitwise different from RN(ref)"),
-        _c("inf_count", "int", "infinities in the output"),
-        _c("nan_count", "int", "NaNs in the output"),
-        _c("zero_count", "int", "zeros in the output"),
-        _c("underflow_count", "int", "zeros where the reference is nonzero"),
-        _c("overflow_count", "int", "infinities where the reference is finite"),
-        _c("max_abs_sum_error", "float", "max |actual - ref| / sum|x_i w_i|: what the bounds bound"),
+        _count("k", "reduction length C_in*kh*kw (or the contracted dimension); 0 in rows of failed runs", True),
+        _count("seed", "seed of the inputs", True),
+        _count("n", "number of outputs measured"),
+        _error("max_abs_diff", "max |actual - reference|"),
+        _error("max_relative_error", "max |actual - ref| / |ref|"),
+        _error("median_relative_error", "median |actual - ref| / |ref|"),
+        _error("relative_norm_error", "||actual - ref||_2 / ||ref||_2"),
+        _error("max_ulp_error", "max |actual - ref| / ulp(ref) in format"),
+        _error("median_ulp_error", "median ULP error"),
+        _count("max_ulp_distance", "max ULP distance to the correctly rounded reference"),
+        _fraction("fraction_correctly_rounded", "share equal to RN(ref)"),
+        _fraction("fraction_different", "share bitwise different from RN(ref)"),
+        _count("inf_count", "infinities in the output"),
+        _count("nan_count", "NaNs in the output"),
+        _count("zero_count", "zeros in the output"),
+        _count("underflow_count", "zeros where the reference is nonzero"),
+        _count("overflow_count", "infinities where the reference is finite"),
+        _error("max_abs_sum_error", "max |actual - ref| / sum|x_i w_i|: what the bounds bound"),
         _c("bound_format", "str", "accumulator format the bound columns assume"),
         _c("lam", "float", "lambda of probabilistic_bound"),
         _c("gamma_bound", "float", "gamma_K(u) (+ output rounding); NaN where K*u >= 1"),
@@ -152,7 +173,7 @@ PROBE_SCHEMA = Schema(
         _c("property", "str", "what was inferred: accumulation, accumulator_bits, rounding, block_size, ...", True),
         _c("value", "str", "the inferred value, as text ('fp32', '24', 'nearest', ...); empty if not run"),
         _c("evidence", "str", "the observation that decided it"),
-        _c("seed", "int", "seed of random inputs, if any"),
+        _count("seed", "seed of random inputs, if any"),
     )
     + _TRAILER,
 )
@@ -196,6 +217,16 @@ def _check_values(df: pd.DataFrame, schema: Schema, where: str) -> None:
     bad = sorted(set(df["status"]) - set(STATUSES))
     if bad:
         raise invalid_choice(f"{where}: status", bad[0], STATUSES)
+    for col in schema.columns:
+        if col.low is None and col.high is None:
+            continue
+        values = df[col.name].astype("float64")
+        outside = (values < (-np.inf if col.low is None else col.low)) | (values > (np.inf if col.high is None else col.high))
+        if outside.any():
+            row = int(np.flatnonzero(outside.to_numpy(dtype=bool, na_value=False))[0])
+            allowed = f"from {col.low:g} to {col.high:g}" if col.high is not None else f">= {col.low:g}"
+            raise InvalidArgument(f"{where}: column {col.name} must hold values {allowed}; row {row} holds "
+                                  f"{values.iloc[row]:g}")
 
 
 def _coerce(df: pd.DataFrame, schema: Schema, where: str) -> pd.DataFrame:
@@ -203,6 +234,11 @@ def _coerce(df: pd.DataFrame, schema: Schema, where: str) -> pd.DataFrame:
     for col in schema.columns:
         series = df[col.name]
         try:
+            if series.dtype == object and series.map(lambda v: isinstance(v, (list, dict))).any():
+                raise ValueError("a list or an object is not one value")  # str() would make any of them text
+            if col.kind in ("int", "float") and (series.dtype == bool or (
+                    series.dtype == object and series.map(lambda v: isinstance(v, (bool, np.bool_))).any())):
+                raise ValueError("true/false is not a number")
             if col.kind == "bool" and series.dtype == object:
                 series = series.map(_parse_bool, na_action="ignore")
             if col.kind == "int":
@@ -215,8 +251,8 @@ def _coerce(df: pd.DataFrame, schema: Schema, where: str) -> pd.DataFrame:
                 out[col.name] = text.mask(text == "")  # CSV cannot tell "" from missing: neither can we
             else:
                 out[col.name] = series.astype(_DTYPES[col.kind])
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(f"{where}: column {col.name} must hold {col.kind} values ({exc})") from exc
+        except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: a cell nested too deeply
+            raise InvalidArgument(f"{where}: column {col.name} must hold {col.kind} values ({reason(exc)})") from None
     return pd.DataFrame(out, index=df.index)
 
 
@@ -316,24 +352,15 @@ def read_table(path: str | Path, schema: Schema | str) -> pd.DataFrame:
     """Read a table written by `write_table`, refusing other schemas or versions."""
     s = _schema(schema)
     p = Path(path)
-    if not p.is_file():
-        raise InvalidArgument(f"results file {str(p)!r} does not exist")
     where = f"results file {p.name}"
     if p.suffix == ".csv":
-        try:
-            df = pd.read_csv(p, keep_default_na=True)
-        except (ValueError, pd.errors.ParserError) as exc:
-            raise InvalidArgument(f"{where} is not a readable CSV table ({exc})") from exc
-        return validate_frame(df, s, where=where)
+        return validate_frame(read_csv(p, where=where), s, where=where)
     if p.suffix == ".json":
-        try:
-            payload = json.loads(p.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidArgument(f"{where} is not valid JSON ({exc})") from exc
+        payload = read_json(p, where=where)
         if not isinstance(payload, dict) or "rows" not in payload:
             raise InvalidArgument(f"{where} is not a convprobe table (expected an object with 'rows')")
         if payload.get("schema") != s.name:
-            raise InvalidArgument(f"{where} holds a {payload.get('schema')!r} table, not {s.name!r}")
+            raise InvalidArgument(f"{where} holds a {show(payload.get('schema'))} table, not {s.name!r}")
         rows = payload["rows"]
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise InvalidArgument(f"{where}: 'rows' must be a list of objects")
@@ -341,6 +368,60 @@ def read_table(path: str | Path, schema: Schema | str) -> pd.DataFrame:
         df = pd.DataFrame(rows, columns=columns)
         return validate_frame(df, s, where=where)
     raise invalid_choice("path suffix", p.suffix, (".csv", ".json"))
+
+
+def read_csv(path: str | Path, *, where: str) -> pd.DataFrame:
+    """The CSV table at `path` (a UTF-8 byte order mark is allowed): one InvalidArgument line for
+    a missing or unreadable file, an empty one, bytes that are not CSV text, or a row with more
+    fields than the header (which pandas would silently turn into an index)."""
+    p = regular_file(path, where=where)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            return pd.read_csv(p, index_col=False)
+    except pd.errors.EmptyDataError:
+        raise InvalidArgument(f"{where} is empty (not even a header line)") from None
+    except pd.errors.ParserWarning:
+        raise InvalidArgument(f"{where} has a row with more fields than its header line") from None
+    except OSError as exc:
+        raise InvalidArgument(f"{where} cannot be read ({reason(exc)})") from None
+    except (ValueError, pd.errors.ParserError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidArgument(f"{where} is not a readable CSV table ({reason(exc)})") from None
+
+
+#: Rules for the values of a free-form table's columns (a training run's CSVs, telemetry records):
+#: what a message says is allowed, and which numbers break it, or the allowed spellings of a text
+#: rule. A loss may be nan or inf: that is what fp16 training does.
+VALUE_RULES = {
+    "count": ("non-negative integers", lambda v: v.isna() | (v < 0) | (v % 1 != 0)),
+    "number": ("numbers (nan and inf included)", lambda v: pd.Series(False, index=v.index)),
+    "positive": ("positive finite numbers", lambda v: ~((v > 0) & np.isfinite(v))),
+    "fraction": ("fractions from 0 to 1", lambda v: ~((v >= 0) & (v <= 1))),
+    "bool": ("True or False", ("True", "False")),
+    "kind": ("weight or activation", ("weight", "activation")),
+}
+
+
+def check_values(frame: pd.DataFrame, rules: Mapping[str, str], *, where: str) -> None:
+    """One InvalidArgument line naming the first row whose value in a column of `rules` (those
+    present) breaks its rule of `VALUE_RULES`: a word, or true/false, where a number belongs included."""
+    for column, rule in rules.items():
+        if column not in frame.columns:
+            continue
+        series = frame[column]
+        allowed, test = VALUE_RULES[rule]
+        if isinstance(test, tuple):
+            bad = ~series.astype(str).isin(test)
+        elif series.dtype == bool:
+            bad = pd.Series(True, index=series.index)
+        else:  # through text: words become NaN, an integer too large for a float inf (not an OverflowError)
+            values = pd.to_numeric(series.astype(str), errors="coerce").astype("float64")
+            bad = (values.isna() & series.notna()) | test(values)
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy(dtype=bool))[0])
+            value = series.iloc[row]
+            shown = show(value.item() if isinstance(value, np.generic) else value)
+            raise InvalidArgument(f"{where}: column {column!r} must hold {allowed}; row {row} holds {shown}")
 
 
 def add_bounds(

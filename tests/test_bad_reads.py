@@ -1,0 +1,288 @@
+"""What `report`, the results reader, the assertions and the pytest plugin read is validated: every
+malformed input is one line naming the file, field or argument, what was received and what is
+allowed (issue 38, item 6). The CLI exits 2 without a traceback and writes nothing; an assertion
+raises InvalidArgument (a ValueError), never a numpy error from deep inside; the plugin stops with
+pytest's usage error (exit 4) or a clean collection error."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from convprobe import cli, results
+from convprobe.errors import InvalidArgument
+
+# -- report and the results reader --------------------------------------------------------
+
+HEADER = {
+    "schema_version": 2, "kind": "train", "provenance": {},
+    "params": {"dtype": "fp16", "steps": 2, "loss_scale": {"mode": "dynamic", "scale": 1024}},
+    "columns": {"steps": ["step", "loss", "loss_scale", "skipped"],
+                "telemetry": ["step", "kind", "index", "layer", "flushed_fraction", "subnormal_fraction"]},
+    "layers": {"weight": ["conv"], "activation": ["conv"]}, "resumed_at_steps": [], "histogram_bins": [-30, 0],
+}
+STEPS = "step,loss,loss_scale,skipped\n0,2.5,1024,False\n1,2.0,1024,True\n"
+TELEMETRY = ("step,kind,index,layer,flushed_fraction,subnormal_fraction\n"
+             "0,weight,0,conv,0.1,0.2\n0,activation,0,conv,0.0,0.1\n")
+
+
+def _run_dir(path, header=None, steps=STEPS, telemetry=TELEMETRY):
+    """A training run's directory as `convprobe train` lays it out: the columns the figures read."""
+    path.mkdir()
+    (path / "header.json").write_text(json.dumps(HEADER if header is None else header))
+    (path / "steps.csv").write_text(steps)
+    (path / "telemetry.csv").write_text(telemetry)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sweep_document(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sweep") / "sweep.json"
+    argv = ["sweep", "--configs", "none", "--model", "sequential:fp16", "--ks", "9,18",
+            "--distributions", "uniform01", "--rows", "4", "--output", str(path)]
+    assert cli.main(argv) == 0
+    return json.loads(path.read_text())
+
+
+def _cli(argv):
+    """cli.main in-process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def _sweep(change):
+    def make(tmp_path, document):
+        document = copy.deepcopy(document)
+        change(document)
+        path = tmp_path / "sweep.json"
+        path.write_text(json.dumps(document))
+        return path
+    return make
+
+
+def _ulps(document, values):
+    label, per_op = next(iter(document["ulp_errors"].items()))
+    next(iter(next(iter(per_op.values())).values()))["ulp_errors"] = values
+
+
+def _text(name, content):
+    def make(tmp_path, document):
+        path = tmp_path / name
+        (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+        return path
+    return make
+
+
+def _damaged_run(**files):
+    """A run directory with some files replaced: text, bytes, a header dict, or a callable(path)."""
+    def make(tmp_path, document):
+        run = _run_dir(tmp_path / "run")
+        for name, content in files.items():
+            target = run / {"header": "header.json", "steps": "steps.csv", "telemetry": "telemetry.csv"}[name]
+            if callable(content):
+                target.unlink()
+                content(target)
+            elif isinstance(content, dict):
+                target.write_text(json.dumps(content))
+            else:
+                (target.write_bytes if isinstance(content, bytes) else target.write_text)(content)
+        return run
+    return make
+
+
+def _header(**changes):
+    header = copy.deepcopy(HEADER)
+    for key, value in changes.items():
+        *path, last = key.split("__")
+        node = header
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return header
+
+
+def _deep(depth):
+    return "[" * depth + "]" * depth
+
+
+def _loop(path):
+    os.symlink(path, path)
+
+
+STEPS_HEAD = "step,loss,loss_scale,skipped\n"
+TELEMETRY_HEAD = "step,kind,index,layer,flushed_fraction,subnormal_fraction\n"
+
+#: (id, make(tmp_path, sweep_document) -> the path given to report, what the one line must say).
+REPORT_CASES = [
+    # the file itself
+    ("json nested 100000 deep", _text("deep.json", _deep(100_000)), "is not a readable JSON document (nested too deeply)"),
+    ("json objects nested 100000 deep", _text("deep.json", '{"a":' * 100_000 + "1" + "}" * 100_000),
+     "is not a readable JSON document (nested too deeply)"),
+    ("json a number of 5000 digits", _text("n.json", "1" * 5000), "not a readable JSON document (Exceeds the limit"),
+    ("json a string", _text("s.json", '"hello"'), "a convprobe result must be a JSON object; received str"),
+    ("json an array", _text("a.json", "[1, 2]"), "a convprobe result must be a JSON object; received list"),
+    ("json null", _text("null.json", "null"), "a convprobe result must be a JSON object; received NoneType"),
+    ("json empty file", _text("e.json", ""), "is not valid JSON (Expecting value at line 1 column 1)"),
+    ("json binary garbage", _text("b.json", bytes(range(256))), "is not valid JSON (not UTF-8 text: byte 0x80 at offset 128)"),
+    ("json truncated", _text("t.json", '{"schema_version": 2, "kind": '), "is not valid JSON (Expecting value"),
+    ("json a directory named .json", lambda t, d: (t / "d.json").mkdir() or t / "d.json", "is a directory without a training run"),
+    ("json a FIFO", lambda t, d: os.mkfifo(t / "f.json") or t / "f.json", "is not a regular file (a FIFO, socket or device)"),
+    ("json a symlink loop", lambda t, d: _loop(t / "l.json") or t / "l.json", "cannot be read (Too many levels of symbolic links)"),
+    ("json a broken symlink", lambda t, d: os.symlink(t / "nowhere", t / "b.json") or t / "b.json", "is a broken symbolic link"),
+    ("csv empty file", _text("e.csv", ""), "is empty (not even a header line)"),
+    ("csv binary garbage", _text("b.csv", bytes(range(256)) * 4), "is not a readable CSV table (Error tokenizing data"),
+    ("csv a FIFO", lambda t, d: os.mkfifo(t / "f.csv") or t / "f.csv", "is not a regular file"),
+    # the envelope
+    ("schema_version true", _sweep(lambda d: d.update(schema_version=True)),
+     "schema_version must be an integer, one of the versions 1, 2; received true"),
+    ("schema_version 2.0", _sweep(lambda d: d.update(schema_version=2.0)), "must be an integer, one of the versions 1, 2; received 2.0"),
+    ("schema_version 1.0", _sweep(lambda d: d.update(schema_version=1.0)), "must be an integer, one of the versions 1, 2; received 1.0"),
+    ("schema_version '2'", _sweep(lambda d: d.update(schema_version="2")), "must be an integer, one of the versions 1, 2; received '2'"),
+    ("schema_version null", _sweep(lambda d: d.update(schema_version=None)), "received null"),
+    ("schema_version nested 950 deep", _text("v.json", '{"schema_version": ' + _deep(950) + "}"),
+     "schema_version must be an integer, one of the versions 1, 2; received [[[[[["),
+    ("kind a list", _sweep(lambda d: d.update(kind=["sweep"])), 'kind must be a string; received ["sweep"]'),
+    ("kind unknown", _sweep(lambda d: d.update(kind="swept")), "kind must be one of overflow, compare,"),
+    ("kind nested 950 deep", _text("k.json", '{"schema_version": 2, "kind": ' + _deep(950) + "}"),
+     "kind must be a string; received [[[[[["),
+    ("params nested 950 deep", _sweep(lambda d: d.update(params=json.loads(_deep(900)))), "params must be an object; received [[["),
+    ("sweep NaN ulp errors", _sweep(lambda d: _ulps(d, ["nan", 1.0])),
+     ".ulp_errors must be a list of ULP errors, each a number >= 0 or inf (never NaN); received [\"nan\", 1.0]"),
+    ("sweep negative ulp errors", _sweep(lambda d: _ulps(d, [-3])), "each a number >= 0 or inf (never NaN); received [-3]"),
+    ("sweep text ulp errors", _sweep(lambda d: _ulps(d, ["many"])), "received [\"many\"]"),
+    ("sweep ulp_errors a list", _sweep(lambda d: d.update(ulp_errors=[])), "ulp_errors must be an object; received []"),
+    ("sweep table rows not objects", _sweep(lambda d: d["table"].update(rows=[1])), "table.rows[0] must be an object; received 1"),
+    ("sweep table k negative", _sweep(lambda d: d["table"]["rows"][0].update(k=-4)),
+     "table: column k must hold values >= 0; row 0 holds -4"),
+    ("sweep table k true", _sweep(lambda d: d["table"]["rows"][0].update(k=True)),
+     "table: column k must hold int values (true/false is not a number)"),
+    ("sweep table fraction 2", _sweep(lambda d: d["table"]["rows"][0].update(fraction_different=2.0)),
+     "column fraction_different must hold values from 0 to 1; row 0 holds 2"),
+    ("sweep table error text", _sweep(lambda d: d["table"]["rows"][0].update(max_ulp_error="abc")),
+     "column max_ulp_error must hold float values (could not convert string to float: 'abc')"),
+    ("sweep table cell nested 900 deep", _sweep(lambda d: d["table"]["rows"][0].update(device=json.loads(_deep(900)))),
+     "column device must hold str values (a list or an object is not one value)"),
+    ("sweep table op an object", _sweep(lambda d: d["table"]["rows"][0].update(op={"name": "conv2d"})),
+     "column op must hold str values (a list or an object is not one value)"),
+    ("bare table rows not objects", _text("t.json", '{"schema": "sweep", "rows": [1, 2]}'), "'rows' must be a list of objects"),
+    ("bare table schema a list", _text("t.json", '{"schema": ["sweep"], "rows": []}'),
+     'schema must be one of sweep, probe; received ["sweep"]'),
+    # a training run
+    ("run: steps.csv a directory", _damaged_run(steps=lambda p: p.mkdir()), "steps.csv is a directory, not a file"),
+    ("run: telemetry.csv a directory", _damaged_run(telemetry=lambda p: p.mkdir()), "telemetry.csv is a directory, not a file"),
+    ("run: header.json a directory", _damaged_run(header=lambda p: p.mkdir()), "header.json' is a directory, not a file"),
+    ("run: header.json a symlink loop", _damaged_run(header=_loop), "header.json' cannot be read (Too many levels of symbolic links)"),
+    ("run: steps.csv a symlink loop", _damaged_run(steps=_loop), "steps.csv cannot be read (Too many levels of symbolic links)"),
+    ("run: steps.csv a FIFO", _damaged_run(steps=os.mkfifo), "steps.csv is not a regular file (a FIFO, socket or device)"),
+    ("run: steps.csv missing", _damaged_run(steps=lambda p: None), "steps.csv does not exist"),
+    ("run: steps.csv empty", _damaged_run(steps=""), "steps.csv is empty (not even a header line)"),
+    ("run: steps.csv binary garbage", _damaged_run(steps=bytes(range(256)) * 4), "steps.csv is not a readable CSV table"),
+    ("run: steps.csv a row longer than the header", _damaged_run(steps=STEPS_HEAD + "0,1.0,2,False,9,9\n"),
+     "steps.csv has a row with more fields than its header line"),
+    ("run: steps.csv a missing column", _damaged_run(steps="step,loss,skipped\n0,1.0,False\n"), "steps.csv has columns"),
+    ("run: loss a word", _damaged_run(steps=STEPS_HEAD + "0,2.0,2,False\n1,abc,2,False\n"),
+     "steps.csv: column 'loss' must hold numbers (nan and inf included); row 1 holds 'abc'"),
+    ("run: loss_scale NaN", _damaged_run(steps=STEPS_HEAD + "0,1.0,nan,False\n"),
+     "column 'loss_scale' must hold positive finite numbers; row 0 holds NaN"),
+    ("run: loss_scale 0", _damaged_run(steps=STEPS_HEAD + "0,1.0,0,False\n"), "column 'loss_scale' must hold positive finite numbers"),
+    ("run: loss_scale true", _damaged_run(steps=STEPS_HEAD + "0,1.0,True,False\n"), "row 0 holds true"),
+    ("run: step 1.5", _damaged_run(steps=STEPS_HEAD + "1.5,1.0,2,False\n"), "column 'step' must hold non-negative integers; row 0 holds 1.5"),
+    ("run: step -1", _damaged_run(steps=STEPS_HEAD + "-1,1.0,2,False\n"), "column 'step' must hold non-negative integers; row 0 holds -1"),
+    ("run: step of 400 digits", _damaged_run(steps=STEPS_HEAD + "9" * 400 + ",1.0,2,False\n"), "column 'step' must hold non-negative integers"),
+    ("run: step empty", _damaged_run(steps=STEPS_HEAD + ",1.0,2,False\n"), "column 'step' must hold non-negative integers; row 0 holds NaN"),
+    ("run: skipped 'maybe'", _damaged_run(steps=STEPS_HEAD + "0,1.0,2,maybe\n"), "column 'skipped' must hold True or False; row 0 holds 'maybe'"),
+    ("run: telemetry negative fraction", _damaged_run(telemetry=TELEMETRY_HEAD + "0,weight,0,conv,-0.1,0.2\n"),
+     "telemetry.csv: column 'flushed_fraction' must hold fractions from 0 to 1; row 0 holds -0.1"),
+    ("run: telemetry fraction above 1", _damaged_run(telemetry=TELEMETRY_HEAD + "0,weight,0,conv,0.1,1.5\n"),
+     "column 'subnormal_fraction' must hold fractions from 0 to 1; row 0 holds 1.5"),
+    ("run: telemetry fraction NaN", _damaged_run(telemetry=TELEMETRY_HEAD + "0,weight,0,conv,nan,0.5\n"), "row 0 holds NaN"),
+    ("run: telemetry kind unknown", _damaged_run(telemetry=TELEMETRY_HEAD + "0,bias,0,conv,0.1,0.5\n"),
+     "column 'kind' must hold weight or activation; row 0 holds 'bias'"),
+    ("run: telemetry index negative", _damaged_run(telemetry=TELEMETRY_HEAD + "0,weight,-2,conv,0.1,0.5\n"),
+     "column 'index' must hold non-negative integers; row 0 holds -2"),
+    ("run: telemetry.csv with a BOM and a word", _damaged_run(telemetry="\ufeff" + TELEMETRY_HEAD + "x,weight,0,conv,0.1,0.5\n"),
+     "column 'step' must hold non-negative integers; row 0 holds 'x'"),
+    ("run: header schema_version true", _damaged_run(header=_header(schema_version=True)), "received true"),
+    ("run: header an array", _damaged_run(header="[]"), "a convprobe result must be a JSON object; received list"),
+    ("run: header dtype unknown", _damaged_run(header=_header(params__dtype="fp99")),
+     "params.dtype must be one of fp16, bf16, fp32; received 'fp99'"),
+    ("run: header loss-scale mode unknown", _damaged_run(header=_header(params__loss_scale__mode="auto")),
+     "params.loss_scale.mode must be one of none, static, static-no-skip, dynamic; received 'auto'"),
+    ("run: header dtype a number", _damaged_run(header=_header(params__dtype=16)), "params.dtype must be a string; received 16"),
+    ("run: header nested 100000 deep", _damaged_run(header=_deep(100_000)), "is not a readable JSON document (nested too deeply)"),
+    ("run in a comparison folder: header.json a directory",
+     lambda t, d: (t / "cmp" / "a" / "header.json").mkdir(parents=True) or t / "cmp", "header.json' is a directory, not a file"),
+]
+
+
+@pytest.mark.parametrize("make,message", [c[1:] for c in REPORT_CASES], ids=[c[0] for c in REPORT_CASES])
+def test_report_refuses_a_malformed_input_in_one_line(tmp_path, sweep_document, make, message):
+    path = make(tmp_path, sweep_document)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, out, err = _cli(["report", str(path), "--out-dir", str(tmp_path / "figures"), "--formats", "png"])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("convprobe report: error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in err and out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_the_hand_made_run_and_sweep_are_drawn(tmp_path, sweep_document):
+    """The cases above damage inputs that are otherwise drawable: this is what they start from."""
+    run = _run_dir(tmp_path / "run")
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep_document))
+    bom = tmp_path / "bom" / "sweep.json"  # a UTF-8 byte order mark is allowed
+    bom.parent.mkdir()
+    bom.write_text("\ufeff" + json.dumps(sweep_document), encoding="utf-8")
+    for path in (run, tmp_path / "sweep.json", bom):
+        code, out, err = _cli(["report", str(path), "--out-dir", str(tmp_path / f"f-{path.parent.name}"),
+                               "--formats", "png"])
+        assert code == 0 and out and err == "", err
+
+
+@pytest.mark.parametrize("depth", [900, 990, 100_000])
+def test_report_in_a_fresh_process_refuses_deep_nesting_without_a_traceback(tmp_path, depth):
+    """The stack a fresh `convprobe` starts with, not pytest's: what a user's shell sees. Near the
+    parser's limit either the parser or the validator speaks, never a traceback."""
+    (tmp_path / "deep.json").write_text('{"schema_version": 2, "kind": "sweep", "params": ' + _deep(depth) + "}")
+    run = subprocess.run([sys.executable, "-m", "convprobe", "report", str(tmp_path / "deep.json"), "--out-dir",
+                          str(tmp_path / "figures")], capture_output=True, text=True, timeout=120)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert ("params must be an object; received [[[" in lines[0]
+            or "is not a readable JSON document (nested too deeply)" in lines[0]), lines[0]
+    assert not (tmp_path / "figures").exists()
+
+
+@pytest.mark.parametrize("document,message", [
+    ({"schema_version": True, "kind": "replay", "params": {}, "provenance": {}, "results": []},
+     "schema_version must be an integer, one of the versions 1, 2; received true"),
+    ({"schema_version": True, "probe": "overflow", "params": {}, "provenance": {}, "results": []},
+     "received true"),  # true == 1 in Python: it must not be upgraded as a version-1 document
+    ({"schema_version": 1.0, "config": {}, "columns": {}}, "received 1.0"),
+])
+def test_read_refuses_versions_that_only_compare_equal(tmp_path, document, message):
+    (tmp_path / "r.json").write_text(json.dumps(document))
+    with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)")):
+        results.read(tmp_path / "r.json")
+
+
+def test_show_quotes_values_that_are_too_deep_or_not_json():
+    assert results.show("x") == "'x'"
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    assert results.show(deep).startswith("[[[[[[")
+    assert results.show({1, 2}) == "{1, 2}"
