@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable, Sequence
+import numbers
+import reprlib
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +61,44 @@ def _fmt(fmt: str | Format | None, actual: np.ndarray, argument: str = "format")
     return parse_format(fmt, argument=argument)
 
 
+def _received(value: object) -> str:
+    """A wrong argument as a message names it: its type and a short repr (safe for any depth)."""
+    return f"{type(value).__name__} {reprlib.repr(value)}"
+
+
+def _numbers(value: object, argument: str) -> np.ndarray:
+    """`value` as an array of real numbers (bool, integer or float dtype): one InvalidArgument line
+    naming `argument` otherwise, never numpy's "could not convert string to float" from deep inside."""
+    what = f"{argument} must be an array of real numbers"
+    if value is None or isinstance(value, (str, bytes, Mapping)):
+        raise InvalidArgument(f"{what}; received {_received(value)}")
+    try:
+        a = np.asarray(value)
+    except (TypeError, ValueError):  # ragged nested lists
+        raise InvalidArgument(f"{what}; received a ragged {type(value).__name__} (its rows differ in length "
+                              "or nesting)") from None
+    if a.dtype.kind not in "biuf" and not _is_float_format(a.dtype):
+        hint = " (None, text, or integers beyond int64 among the numbers)" if a.dtype.kind == "O" else ""
+        raise InvalidArgument(f"{what}; received dtype {a.dtype}{hint}")
+    return a
+
+
+def _is_float_format(dtype: np.dtype) -> bool:
+    """Whether `dtype` is one of the formats convprobe knows (ml_dtypes' bfloat16 and fp8 are kind 'V')."""
+    try:
+        format_of_dtype(dtype)
+    except InvalidArgument:
+        return False
+    return True
+
+
+def _positive(value: object, argument: str, what: str = "a positive number") -> float:
+    """A positive finite real (never a bool or a string), as a float; one InvalidArgument line otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
+        raise InvalidArgument(f"{argument} must be {what}; received {_received(value)}")
+    return float(value)
+
+
 def _value(v: float) -> str:
     """A float as a person reads it, exact for every format up to fp32 (repr of float64)."""
     return repr(float(v))
@@ -88,7 +128,9 @@ def assert_all_finite(array: object, *, name: str = "array") -> None:
     The message counts infinities and NaNs and lists the first few positions.
     """
     __tracebackhide__ = True
-    a = np.asarray(array)
+    if not isinstance(name, str):
+        raise InvalidArgument(f"name must be a string; received {_received(name)}")
+    a = _numbers(array, name)
     with np.errstate(invalid="ignore"):
         wide = a.astype(np.float64)
     bad = ~np.isfinite(wide)
@@ -126,8 +168,8 @@ def assert_ulp_close(actual: object, expected: object, max_ulp: int, format: str
 
     if not is_integer(max_ulp) or max_ulp < 0:
         raise InvalidArgument(f"max_ulp must be a non-negative integer; received {max_ulp!r}")
-    a = np.asarray(actual)
-    e = np.asarray(expected)
+    a = _numbers(actual, "actual")
+    e = _numbers(expected, "expected")
     fmt = _fmt(format, a)
     try:
         a_b, e_b = np.broadcast_arrays(a, e)
@@ -206,10 +248,12 @@ def assert_within_error_bound(
     if not is_integer(K) or K < 1:
         raise InvalidArgument(f"K must be a positive integer (the reduction length); received {K!r}")
     acc = parse_format(accumulate, argument="accumulate")
-    a = np.asarray(actual)
+    if lam is not None:
+        _positive(lam, "lam")
+    a = _numbers(actual, "actual")
     with np.errstate(all="ignore"):
         a64 = a.astype(np.float64)
-    r64 = np.asarray(reference, dtype=np.float64)
+        r64 = _numbers(reference, "reference").astype(np.float64)
     try:
         a64, r64 = np.broadcast_arrays(a64, r64)
     except ValueError:
@@ -217,9 +261,15 @@ def assert_within_error_bound(
     if abs_sum is None:
         s64 = np.abs(r64)
     else:
-        s64 = np.broadcast_to(np.asarray(abs_sum, dtype=np.float64), r64.shape)
-        if np.any(s64 < 0):
-            raise InvalidArgument("abs_sum must be non-negative (the sum of |x_k w_k| per output)")
+        s_given = _numbers(abs_sum, "abs_sum").astype(np.float64)
+        try:
+            s64 = np.broadcast_to(s_given, r64.shape)
+        except ValueError:
+            raise InvalidArgument(f"abs_sum must broadcast to the shape of actual and reference {r64.shape}; "
+                                  f"received shape {s_given.shape}") from None
+        if not np.all(s64 >= 0):
+            raise InvalidArgument("abs_sum must hold non-negative numbers, never NaN (the sum of |x_k w_k| per "
+                                  f"output); received {_value(s64[~(s64 >= 0)].ravel()[0])}")
     out_fmt = None
     if output is not None:
         out_fmt = parse_format(output, argument="output")
@@ -274,10 +324,18 @@ def assert_within_error_bound(
 #: Columns `assert_no_gradient_underflow` needs from the harness's telemetry records.
 _REQUIRED_COLUMNS = ("layer", "n", "flushed")
 
+#: What the columns it reads must hold (rules of `analysis.tables.VALUE_RULES`; optional ones when present).
+_COLUMN_RULES = {"n": "count", "flushed": "count", "lost": "count", "subnormal": "count", "routing_zero": "count",
+                 "step": "count", "loss_scale": "positive"}
+
+_RECORD_FORMS = "a DataFrame, a list of dicts, a telemetry.csv path or a run directory"
+
 
 def _telemetry_frame(records):
     """The harness's telemetry records as a DataFrame, from any of the forms it is kept in."""
     import pandas as pd
+
+    from convprobe.analysis.tables import read_csv
 
     if isinstance(records, pd.DataFrame):
         return records
@@ -285,19 +343,39 @@ def _telemetry_frame(records):
         path = Path(records)
         if path.is_dir():
             path = path / "telemetry.csv"
-        if not path.exists():
-            raise InvalidArgument(f"records must be a telemetry CSV or a run directory holding telemetry.csv; {path} does not exist")
-        return pd.read_csv(path)
+        return read_csv(path, where=f"records {str(path)!r}")
     for attribute in ("telemetry", "records"):
         inner = getattr(records, attribute, None)
         if inner is not None and not callable(inner):
             return _telemetry_frame(inner)
-    if isinstance(records, Iterable):
-        return pd.DataFrame(list(records))
-    raise InvalidArgument(
-        "records must be a DataFrame, a list of dicts, a telemetry.csv path or a run directory; "
-        f"received {type(records).__name__}"
-    )
+    if isinstance(records, Iterable) and not isinstance(records, (Mapping, bytes)):
+        rows = list(records)
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise InvalidArgument(f"records must be {_RECORD_FORMS}; records[{i}] is {_received(row)}")
+        return pd.DataFrame(rows)
+    raise InvalidArgument(f"records must be {_RECORD_FORMS}; received {_received(records)}")
+
+
+def _checked(frame):
+    """`frame` if it holds the telemetry the assertion reads, counts as counts; one line otherwise."""
+    from convprobe.analysis.tables import check_values
+
+    missing = [c for c in _REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise InvalidArgument(
+            f"records must have the telemetry columns {', '.join(_REQUIRED_COLUMNS)}; missing {', '.join(missing)} "
+            f"(columns present: {', '.join(map(str, frame.columns)) or 'none'})"
+        )
+    if frame.empty:
+        raise InvalidArgument("records hold no telemetry rows: nothing was recorded, so nothing can be asserted")
+    check_values(frame, _COLUMN_RULES, where="records")
+    over = frame["flushed"].astype("float64") > frame["n"].astype("float64")
+    if over.any():
+        row = int(np.flatnonzero(over.to_numpy())[0])
+        raise InvalidArgument(f"records: column 'flushed' must be at most n (values counted); row {row} holds "
+                              f"flushed {frame['flushed'].iloc[row]} of n {frame['n'].iloc[row]}")
+    return frame
 
 
 def assert_no_gradient_underflow(
@@ -324,15 +402,12 @@ def assert_no_gradient_underflow(
     __tracebackhide__ = True
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance <= 1.0:
         raise InvalidArgument(f"tolerance must be a fraction in [0, 1]; received {tolerance!r}")
-    frame = _telemetry_frame(records)
-    missing = [c for c in _REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
-        raise InvalidArgument(
-            f"records must have the telemetry columns {', '.join(_REQUIRED_COLUMNS)}; missing {', '.join(missing)} "
-            f"(columns present: {', '.join(map(str, frame.columns)) or 'none'})"
-        )
-    if frame.empty:
-        raise InvalidArgument("records hold no telemetry rows: nothing was recorded, so nothing can be asserted")
+    frame = _checked(_telemetry_frame(records))
+    if layer is not None and not (isinstance(layer, str) or (
+            isinstance(layer, Iterable) and all(isinstance(p, str) for p in layer))):
+        raise InvalidArgument(f"layer must be a layer name or glob, or a list of them; received {_received(layer)}")
+    if kind is not None and not isinstance(kind, str):
+        raise InvalidArgument(f"kind must be 'weight' or 'activation'; received {_received(kind)}")
     layers = sorted(frame["layer"].astype(str).unique())
     if layer is not None:
         patterns = [layer] if isinstance(layer, str) else list(layer)
@@ -420,8 +495,22 @@ def assert_accumulates_in(
     from convprobe.probes.runner import run_one
     from convprobe.testing.backends import resolve_target
 
+    from convprobe.probes.compare import DEFAULT_SHAPES
+
     if accumulate not in ACCUMULATIONS:
         raise invalid_choice("accumulate", accumulate, ACCUMULATIONS)
+    _positive(timeout, "timeout", "a positive number of seconds")
+    if compare_params is not None:
+        if not isinstance(compare_params, Mapping):
+            raise InvalidArgument(f"compare_params must be a dict of the compare probe's parameters; received "
+                                  f"{_received(compare_params)}")
+        known = ("seed", *DEFAULT_SHAPES)
+        for key, value in compare_params.items():
+            if key not in known:
+                raise invalid_choice("compare_params key", key, known)
+            if not is_integer(value) or value < (0 if key == "seed" else 1):
+                raise InvalidArgument(f"compare_params[{key!r}] must be an integer >= {0 if key == 'seed' else 1}; "
+                                      f"received {_received(value)}")
     config = resolve_target(backend)
     jobs = [("overflow", {}), ("compare", {"seed": 0, **(compare_params or {})})]
     if config.backend == "tensorflow":
