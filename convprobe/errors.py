@@ -1,8 +1,10 @@
 """The exceptions convprobe raises on purpose.
 
 `InvalidArgument` is bad user input: the CLI turns it into one line on stderr and
-exit code 2. `UnsupportedConfiguration` means a backend cannot run a setting; a
-sweep records it as an "unsupported" row instead of stopping.
+exit code 2. `OutputWriteFailed` is a write that failed only when it happened (a
+full disk, a file-size limit): one line and exit code 3, the previous file intact.
+`UnsupportedConfiguration` means a backend cannot run a setting; a sweep records
+it as an "unsupported" row instead of stopping.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable
 
-__all__ = ["ConvprobeError", "InvalidArgument", "UnsupportedConfiguration", "invalid_choice", "is_integer"]
+__all__ = ["ConvprobeError", "InvalidArgument", "OutputWriteFailed", "UnsupportedConfiguration", "invalid_choice", "is_integer"]
 
 
 class ConvprobeError(Exception):
@@ -19,6 +21,11 @@ class ConvprobeError(Exception):
 
 class InvalidArgument(ConvprobeError, ValueError):
     """A user-supplied value is outside the allowed set or range."""
+
+
+class OutputWriteFailed(ConvprobeError):
+    """A result could not be written although its path was checked before the work: the disk
+    is full, a file-size limit was reached. Whatever was there before is intact."""
 
 
 class UnsupportedConfiguration(ConvprobeError):

@@ -1,4 +1,4 @@
-"""Render result rows as an aligned text table, CSV or JSON, and write files atomically.
+"""Render result rows as an aligned text table, CSV or JSON (files are written by `convprobe.files`).
 
 Kept free of pandas so the CLI starts fast; the analysis layer builds DataFrames
 from the same records.
@@ -11,8 +11,10 @@ import io
 import json
 import math
 import os
-import tempfile
 
+from convprobe import files
+from convprobe.errors import InvalidArgument
+from convprobe.files import can_create_in, write_atomic
 from convprobe.options import OutputFormat
 
 __all__ = ["FORMATS", "render_table", "render_csv", "render_json", "write_atomic",
@@ -68,51 +70,10 @@ def json_clean(value):
 
 
 def check_output_path(path: str, file_format: str, argument: str = "--output") -> None:
-    """Refuse, before any work, an output file that could not be written or whose suffix
-    contradicts its format (``--format csv --output o.json``)."""
-    from convprobe.errors import InvalidArgument
-
+    """Refuse, before any work, an output file whose suffix contradicts its format
+    (``--format csv --output o.json``) or that could not be written (`convprobe.files`)."""
     suffix = os.path.splitext(path)[1].lower().lstrip(".")
     if suffix in FORMATS and suffix != "table" and suffix != file_format:
         raise InvalidArgument(f"{argument} {path!r} ends in .{suffix} but the output format is "
                               f"{file_format}; name it *.{file_format} or choose --format {suffix}")
-    if os.path.isdir(path) or path.endswith(os.sep):
-        raise InvalidArgument(f"{argument} must be a file path; received the directory {path!r}")
-    existing = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not can_create_in(existing):
-        raise InvalidArgument(f"{argument} {path!r} cannot be written: {existing!r} is not a "
-                              f"writable directory")
-
-
-def can_create_in(directory: str) -> bool:
-    """Whether a file can really be created there (access() says yes to root on /proc)."""
-    try:
-        with tempfile.TemporaryFile(dir=directory, prefix=".convprobe-check-"):
-            return True
-    except OSError:
-        return False
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write via a temporary file and rename, so a failure never leaves half a file. The file
-    gets the mode a plain open() would give it (0666 less the umask), not mkstemp's 0600."""
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".convprobe-", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    files.check_output_path(path, argument)

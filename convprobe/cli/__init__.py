@@ -4,7 +4,9 @@ Each command module (`COMMANDS`) exposes `register(subparsers)`, which adds its
 parser and sets `handler=` to a function `(args) -> int` that parses, calls one
 library function and renders. Nothing here imports TensorFlow: help is instant and
 works without it. Bad input raises `InvalidArgument`, which becomes one line on
-stderr and exit code 2; exit 1 is kept for a failed --expect (or replay mismatch).
+stderr and exit code 2; exit 1 is kept for a failed --expect (or replay mismatch); a
+write that fails only when it happens (`OutputWriteFailed`: a full disk, a file-size
+limit) is one line and exit code 3, with the previous file intact.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from collections.abc import Sequence
 
 from convprobe import __version__
 from convprobe.cli import compare, fingerprint, identify, overflow, replay, report, sweep, train
-from convprobe.errors import InvalidArgument
+from convprobe.errors import InvalidArgument, OutputWriteFailed
 
-__all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_EXPECTATION_FAILED", "EXIT_USAGE"]
+__all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_EXPECTATION_FAILED", "EXIT_USAGE",
+           "EXIT_WRITE_FAILED"]
 
 #: The command modules, in help order.
 COMMANDS = (overflow, compare, fingerprint, identify, sweep, report, replay, train)
@@ -25,16 +28,36 @@ COMMANDS = (overflow, compare, fingerprint, identify, sweep, report, replay, tra
 EXIT_OK = 0
 EXIT_EXPECTATION_FAILED = 1
 EXIT_USAGE = 2
+EXIT_WRITE_FAILED = 3  # a checked output could not be written after all (disk full, file-size limit)
+
+
+class _StoreOnce(argparse._StoreAction):
+    """argparse's plain `store`, except that an option given twice is refused: keeping the last
+    value without a word would record one setting while the user believed in another."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = namespace.__dict__.setdefault(_SEEN, {})
+        if option_string is not None and self.dest in seen:
+            parser.error(f"argument {option_string}: given twice ({seen[self.dest]!r} and {values!r}); "
+                         f"it takes one value")
+        seen[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
+_SEEN = "_options_seen"  # where _StoreOnce keeps what it saw during one parse
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad usage in one line (no usage dump) with exit 2, and takes
-    options only by their full names (an abbreviation could not be stripped from what
-    `train --local-workers` passes on to its workers)."""
+    """argparse that reports bad usage in one line (no usage dump) with exit 2, refuses a
+    single-valued option given twice, and takes options only by their full names (an
+    abbreviation could not be stripped from what `train --local-workers` passes on to its
+    workers)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse API
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
@@ -61,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.__dict__.pop(_SEEN, None)
     args.argv = argv  # what was typed: `train --local-workers` starts each worker with it
     if getattr(args, "handler", None) is None:
         parser.print_help()
@@ -70,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidArgument as error:
         print(f"convprobe {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except OutputWriteFailed as error:
+        print(f"convprobe {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except KeyboardInterrupt:
         print(f"convprobe {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -89,8 +89,9 @@ def add_output_options(parser: argparse.ArgumentParser, *, format_help: str,
 
 def check_output(path: str | None, file_format: str, allowed: tuple[str, ...] | None = None) -> None:
     """Refuse an --output before any work: unwritable, a directory, or a suffix that contradicts
-    `file_format` (or, with `allowed`, a suffix outside it)."""
-    if not path:
+    `file_format` (or, with `allowed`, a suffix outside it). An empty name is refused, not
+    taken as "no output"."""
+    if path is None:
         return
     from pathlib import Path
 
