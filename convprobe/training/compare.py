@@ -14,9 +14,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from convprobe import files
 from convprobe.training.config import LossScaleMode, LossScaleSpec, TrainConfig
+from convprobe.training.records import claim_directory
 
 __all__ = ["comparison_specs", "run_comparison", "summarise", "overview", "plot_comparison", "format_table"]
+
+#: What a comparison writes at its top level, beside one run directory per loss scale.
+COMPARISON_FILES = ("comparison.csv", "comparison.txt", "underflow_per_layer.png", "gradient_histogram.png",
+                    "scale_trajectory.png")
 
 FRACTIONS = ("flushed_fraction", "subnormal_fraction", "routing_zero_fraction", "lost_fraction",
              "underflow_fraction", "shadow_underflow_fraction")
@@ -36,16 +42,20 @@ def run_comparison(config: TrainConfig, output: str | Path, *, static_scale: flo
     from convprobe.training.trainer import train
 
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    runs = {}
-    for spec in comparison_specs(config, static_scale):
-        run_config = replace(config, loss_scale=spec, output=str(output / spec.label))
-        runs[spec.label] = train(run_config, eager=eager)
-    table = summarise(output, list(runs))
-    table.to_csv(output / "comparison.csv", index=False)
-    (output / "comparison.txt").write_text(format_table(table), encoding="utf-8")
-    if figures:
-        plot_comparison(output, list(runs))
+    specs = comparison_specs(config, static_scale)
+    labels = [spec.label for spec in specs]
+    claim_directory(output, (*COMPARISON_FILES, *labels), what="a convprobe comparison",
+                    recorded=any((output / label / "header.json").is_file() for label in labels))
+    with files.directory_lock(output):
+        runs = {}
+        for spec in specs:
+            run_config = replace(config, loss_scale=spec, output=str(output / spec.label))
+            runs[spec.label] = train(run_config, eager=eager)
+        table = summarise(output, list(runs))
+        files.write_atomic(output / "comparison.csv", table.to_csv(index=False))
+        files.write_atomic(output / "comparison.txt", format_table(table))
+        if figures:
+            plot_comparison(output, list(runs))
     return runs, table
 
 
@@ -161,7 +171,7 @@ def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
         ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     paths.append(output / "underflow_per_layer.png")
-    fig.savefig(paths[-1], dpi=100)
+    files.save_figure(fig, paths[-1], dpi=100)
     plt.close(fig)
 
     fmt = parse_format(read_header(output / labels[0])["params"]["dtype"])
@@ -188,7 +198,7 @@ def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(output / "gradient_histogram.png")
-    fig.savefig(paths[-1], dpi=100)
+    files.save_figure(fig, paths[-1], dpi=100)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -203,6 +213,6 @@ def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     ax.legend()
     fig.tight_layout()
     paths.append(output / "scale_trajectory.png")
-    fig.savefig(paths[-1], dpi=100)
+    files.save_figure(fig, paths[-1], dpi=100)
     plt.close(fig)
     return paths

@@ -24,15 +24,16 @@ the model: a corrupt or foreign directory leaves every file as it was.
 from __future__ import annotations
 
 import csv
+import io
 import json
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from convprobe import provenance, results
-from convprobe.render import can_create_in
+from convprobe import files, provenance, results
 from convprobe.errors import InvalidArgument
 from convprobe.training.telemetry import COUNT_FIELDS, histogram_edges
 
@@ -42,6 +43,9 @@ __all__ = [
     "COLUMN_DEFINITIONS",
     "RunFiles",
     "ResumePlan",
+    "RUN_FILE_NAMES",
+    "claim_directory",
+    "foreign_entries",
     "read_header",
     "read_summary",
     "save_checkpoint",
@@ -157,15 +161,42 @@ def _rewrite_csv(path: Path, rows: list[list[str]] | None) -> None:
     """Replace `path` by `rows` atomically (nothing to do for a file that did not exist)."""
     if not rows:
         return
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as handle:
-        csv.writer(handle).writerows(rows)
-    os.replace(tmp, path)
+    buffer = io.StringIO(newline="")
+    csv.writer(buffer).writerows(rows)
+    files.write_atomic(path, buffer.getvalue())
 
 
 def _truncate_csv(path: Path, keep_below_step: int, columns) -> None:
     """Keep the header and the well-formed rows whose step is below `keep_below_step`."""
     _rewrite_csv(path, _kept_rows(path, keep_below_step, columns))
+
+
+#: The names convprobe writes in a run directory; nothing else there is ever touched.
+RUN_FILE_NAMES = ("header.json", "steps.csv", "telemetry.csv", "checkpoint.npz", "summary.json", files.LOCK_NAME)
+
+
+def foreign_entries(directory: Path, own_names) -> list[str]:
+    """The entries of `directory` that convprobe did not write: neither one of `own_names` nor
+    its lock or a temporary file of `convprobe.files` left by a killed run."""
+    own = {*own_names, files.LOCK_NAME}
+    return sorted(entry.name for entry in directory.iterdir()
+                  if entry.name not in own and not entry.name.startswith(files.TEMPORARY_PREFIX))
+
+
+def claim_directory(directory: Path, own_names, *, recorded: bool, what: str = "a convprobe run") -> None:
+    """Refuse, changing nothing, a directory that holds files convprobe did not write, or whose
+    own files are links: a user's directory is never adopted, overwritten or appended to.
+    `own_names` count as convprobe's only where `recorded` (a run's header is there): a user's
+    own steps.csv in a directory without one is theirs."""
+    files.check_directory_path(str(directory))
+    if not directory.is_dir():
+        return
+    files.refuse_links(directory, [name for name in own_names if not (directory / name).is_dir()])
+    foreign = foreign_entries(directory, own_names if recorded else ())
+    if foreign:
+        shown = ", ".join(repr(name) for name in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+        raise InvalidArgument(f"--output {str(directory)!r} holds files that are not {what} ({shown}); nothing "
+                              f"was changed: use an empty or new directory")
 
 
 class RunFiles:
@@ -182,17 +213,27 @@ class RunFiles:
         self._identity: dict = {}
 
     # -- lifecycle ---------------------------------------------------------------
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the run directory's lock (created if need be) while the run writes: a second
+        run on the same directory is refused before it changes anything."""
+        self._claim()
+        with files.directory_lock(self.directory):
+            yield
+
+    def _claim(self) -> None:
+        """The directory is new, empty, or convprobe's own; none of its files is a link."""
+        if self.header_path.is_file():  # a recorded run: files a user put beside it are left alone
+            files.check_directory_path(str(self.directory))
+            files.refuse_links(self.directory, RUN_FILE_NAMES)
+            read_header(self.directory)  # a user's own header.json is refused before anything is written
+        else:
+            claim_directory(self.directory, RUN_FILE_NAMES, recorded=False)
+
     def plan(self, config_json: dict) -> "ResumePlan":
         """Read and validate what the directory holds, changing nothing: a new run, or a
         resume from the checkpoint (loaded here), or a finished run."""
-        if self.directory.exists() and not self.directory.is_dir():
-            raise InvalidArgument(f"--output {str(self.directory)!r} is a file; it must be a run directory")
-        existing = self.directory
-        while not existing.exists():
-            existing = existing.parent
-        if not existing.is_dir() or not can_create_in(str(existing)):
-            raise InvalidArgument(f"--output {str(self.directory)!r} cannot be written: {str(existing)!r} "
-                                  f"is not a writable directory")
+        self._claim()
         if not self.header_path.exists():
             if self.checkpoint_path.exists():
                 raise InvalidArgument(f"{self.directory} holds a checkpoint but no header.json; nothing was "
@@ -215,6 +256,11 @@ class RunFiles:
         resumed = list(old.get("resumed_at_steps", []))
         state = load_checkpoint(self.checkpoint_path) if self.checkpoint_path.exists() else None
         start = state[0] if state is not None else 0
+        steps = config_json.get("steps")
+        if isinstance(steps, int) and start > steps:
+            raise InvalidArgument(f"--steps {steps} is fewer than the {start} steps {str(self.directory)!r} already "
+                                  f"holds; nothing was changed: pass --steps {start} or more to resume or report "
+                                  f"it, or use a new --output directory")
         rows = {"steps": _kept_rows(self.steps_path, start, STEP_COLUMNS),  # read now: fail now
                 "telemetry": _kept_rows(self.telemetry_path, start, TELEMETRY_COLUMNS)}
         replicas = old["provenance"].get("runtime", {}).get("replicas")
@@ -251,23 +297,25 @@ class RunFiles:
 
     @staticmethod
     def _open(path: Path, columns):
-        new = not path.exists() or path.stat().st_size == 0
-        handle = path.open("a", newline="", encoding="utf-8")
+        handle = files.open_append(path)
         writer = csv.writer(handle)
-        if new:
-            writer.writerow(columns)
-            handle.flush()
+        if handle.tell() == 0:
+            with files.failures_as_one_line(path):
+                writer.writerow(columns)
+                handle.flush()
         return handle, writer
 
     def write_step(self, row: dict) -> None:
         handle, writer = self._steps
-        writer.writerow([row[c] for c in STEP_COLUMNS])
-        handle.flush()
+        with files.failures_as_one_line(self.steps_path):
+            writer.writerow([row[c] for c in STEP_COLUMNS])
+            handle.flush()
 
     def write_telemetry(self, rows: list[dict]) -> None:
         handle, writer = self._telemetry
-        writer.writerows([[r[c] for c in TELEMETRY_COLUMNS] for r in rows])
-        handle.flush()
+        with files.failures_as_one_line(self.telemetry_path):
+            writer.writerows([[r[c] for c in TELEMETRY_COLUMNS] for r in rows])
+            handle.flush()
 
     def finish(self, summary: dict) -> None:
         """Write summary.json (a `train-summary` envelope) and close the CSVs."""
@@ -280,7 +328,10 @@ class RunFiles:
     def close(self) -> None:
         for item in (self._steps, self._telemetry):
             if item is not None:
-                item[0].close()
+                try:
+                    item[0].close()
+                except OSError:  # every row was flushed as it was written; nothing is lost here
+                    pass
         self._steps = self._telemetry = None
 
 
@@ -291,9 +342,9 @@ def save_checkpoint(path: Path, next_step: int, weights: list[np.ndarray],
     arrays.update({f"o{i}": v for i, v in enumerate(optimizer_state)})
     arrays["next_step"] = np.array(next_step)
     arrays["counters"] = np.array(json.dumps(counters))
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    files.write_atomic(path, buffer.getvalue())  # never through a link planted at the name
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from convprobe.training import runtime
+from convprobe.training.cluster import read_tf_config
 from convprobe.training.config import LossScaleMode, TrainConfig
 from convprobe.training.data import Batches, make_data
 from convprobe.training.records import STEP_COLUMNS, RunFiles, read_summary, save_checkpoint
@@ -91,8 +92,6 @@ class Trainer:
         self.tf = tf = runtime.tensorflow(config.logical_devices if mirrored else None)
         self.cluster = None
         if config.distribute == "multi-worker":  # first, before any other op (TensorFlow's rule)
-            from convprobe.training.cluster import read_tf_config
-
             self.cluster = read_tf_config()
             self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
         import keras
@@ -425,6 +424,20 @@ def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer 
     `eager` runs without graph tracing (see `Trainer`).
     """
     files = RunFiles(config.output) if config.output else None
+    if files is None or not _writes_records(config):
+        return _run(config, files, data=data, trainer=trainer, stop_after=stop_after, eager=eager)
+    with files.locked():  # a second run on this directory is refused before it changes anything
+        return _run(config, files, data=data, trainer=trainer, stop_after=stop_after, eager=eager)
+
+
+def _writes_records(config: TrainConfig) -> bool:
+    """Whether this process writes the run's records: every process but the other workers of
+    a cluster (worker 0, the chief, writes them)."""
+    return config.distribute != "multi-worker" or read_tf_config().is_chief
+
+
+def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, trainer: Trainer | None,
+         stop_after: int | None, eager: bool) -> RunResult:
     plan = files.plan(config.to_json()) if files is not None else None  # validates, writes nothing
     start = 0
     counters = {"skipped": 0, "nonfinite": 0}

@@ -51,3 +51,4 @@ def _run_python(code: str, tmp_path: Path, timeout: float = 240) -> subprocess.C
                           timeout=timeout, env=env, cwd=tmp_path)
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return proc
+
