@@ -188,12 +188,15 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def parse_env_assignments(assignments: list[str] | None) -> dict[str, str]:
-    """['NAME=VALUE', ...] -> dict; rejects malformed items with a clear message."""
+    """['NAME=VALUE', ...] -> dict; rejects malformed items, and a NAME given twice (one of the
+    two would be dropped without a word), with a clear message."""
     env: dict[str, str] = {}
     for item in assignments or []:
         name, sep, value = item.partition("=")
         if not sep or not _ENV_NAME.fullmatch(name):
             raise InvalidArgument(f"env must be NAME=VALUE with NAME a valid variable name; received {item!r}")
+        if name in env:
+            raise InvalidArgument(f"env sets {name} twice ({name}={env[name]} and {item}); give each variable once")
         env[name] = value
     return env
 

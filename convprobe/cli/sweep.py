@@ -45,6 +45,7 @@ def run(args) -> int:
     ops = matrix_ops(args)
     distributions = sweep.check_distributions(args.distributions)
     parse_format(args.bound_format, argument="bound-format")
+    sweep.check_size(args.rows or sweep.DEFAULT_ROWS, args.ks or sweep.DEFAULT_KS)
     configs = matrix_configs(args)
     announce_inherited_switches(args.command)
     outcome = run_sweep(configs, ops, ks=args.ks or list(sweep.DEFAULT_KS), distributions=distributions,

@@ -35,10 +35,12 @@ DEFAULT_SHAPES = {"batch": 16, "height": 32, "width": 32, "channels": 16, "filte
 
 
 def memory_estimate(batch: int, height: int, width: int, channels: int, filters: int, kernel: int) -> int:
-    """Bytes the largest run holds at once, roughly: the inputs in float64, the im2col patches
-    (M x K float64) and a dozen float64 output-sized arrays (reference, magnitude, errors)."""
-    m = batch * (height - kernel + 1) * (width - kernel + 1)
-    return 8 * (batch * height * width * channels + m * kernel * kernel * channels + 12 * m * filters)
+    """Bytes the largest run holds at once, roughly: every operand in float64 (the input and the
+    filter), the im2col patches (M x K float64) and a dozen float64 output-sized arrays
+    (reference, magnitude, errors)."""
+    m = batch * max(height - kernel + 1, 0) * max(width - kernel + 1, 0)
+    operands = batch * height * width * channels + kernel * kernel * channels * filters
+    return 8 * (operands + m * kernel * kernel * channels + 12 * m * filters)
 
 
 def check_shapes(batch: int, height: int, width: int, channels: int, filters: int, kernel: int) -> None:

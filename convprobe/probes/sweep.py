@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from convprobe.errors import InvalidArgument
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
+from convprobe.provenance import memory_limit
 from convprobe.render import json_clean
 
-__all__ = ["CHANNELS", "DISTRIBUTIONS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "inputs", "run", "records", "interpret"]
+__all__ = ["CHANNELS", "DISTRIBUTIONS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "check_size",
+           "memory_estimate", "inputs", "run", "records", "interpret"]
 
 DISTRIBUTIONS = ("uniform01", "uniform11", "normal", "heavy_tailed")
 DEFAULT_KS = tuple(9 * 2**i for i in range(12))  # 9 ... 18432
@@ -89,6 +92,22 @@ def _measure(y: np.ndarray, a: np.ndarray, b: np.ndarray, k: int) -> tuple[dict,
     else:
         metrics["stagnated"] = None
     return metrics, [float(u) for u in np.asarray(ulps, dtype=np.float64).ravel()]
+
+
+def memory_estimate(rows: int, k: int) -> int:
+    """Bytes one point holds at once, roughly: the fp16 rows, and the float64 copies of rows and
+    filters, their magnitudes and products that `_measure` forms (rows x K each)."""
+    return rows * k * (2 + 5 * 8)
+
+
+def check_size(rows: int, ks) -> None:
+    """Refuse, before anything runs, rows x K that would not fit in `provenance.memory_limit()`
+    (half this machine's memory) in one configuration's process."""
+    need, limit = memory_estimate(rows, max(ks)), memory_limit()
+    if need > limit:
+        raise InvalidArgument(f"--rows {rows} at K = {max(ks)} needs about {need / 2**30:.1f} GiB; at most "
+                              f"{limit / 2**30:.1f} GiB (half this machine's memory) is allowed: use fewer rows "
+                              f"or a smaller K")
 
 
 def run(backend, *, ops="conv2d", ks=DEFAULT_KS, distributions=DISTRIBUTIONS, rows: int = DEFAULT_ROWS,

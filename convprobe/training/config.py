@@ -16,8 +16,10 @@ import enum
 import math
 from dataclasses import asdict, dataclass, field
 
-from convprobe.errors import InvalidArgument, invalid_choice
-from convprobe.formats import Format, parse_format
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer
+from convprobe.formats import FP32, Format, parse_format
+from convprobe.provenance import memory_limit
+from convprobe.training.data import CIFAR_IMAGE_SIZE
 
 __all__ = [
     "DTYPES",
@@ -65,6 +67,15 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
+#: The smallest static loss scale: fp32's smallest normal number (a smaller S would lose bits
+#: of the fp32 loss it multiplies before any low-precision arithmetic starts).
+MIN_LOSS_SCALE = 2.0**-126
+
+#: The largest seed: NumPy's legacy RandomState and Python's `random` seeded by Keras take
+#: seeds below 2**32.
+MAX_SEED = 2**32 - 1
+
+
 def parse_loss_scale(
     value: str | float | None, fmt: Format, *, skip: bool = True,
     dynamic_initial: float = 2.0**15,
@@ -92,19 +103,26 @@ def parse_loss_scale(
             ) from None
     else:
         number = float(value)
-    if not math.isfinite(number) or number <= 0:
+    if not math.isfinite(number) or not MIN_LOSS_SCALE <= number <= FP32.max:
         raise InvalidArgument(
-            f"--loss-scale must be none, dynamic or a positive number; received {value!r}"
+            f"--loss-scale must be none, dynamic or a positive number from 2**-126 to {FP32.max:.6g} (fp32's "
+            f"normal range, where the scaled loss is computed); received {value!r}"
         )
     mode = LossScaleMode.STATIC if skip else LossScaleMode.STATIC_NO_SKIP
     return LossScaleSpec(mode, number)
 
 
+#: The deepest ResNet the builder makes: Keras 3.15 maps a functional graph recursively, and at
+#: depth 296 that recursion passes Python's default limit (measured: 272 builds, 296 raises
+#: RecursionError after seconds of work), so deeper requests are refused before any work.
+MAX_RESNET_SIZE = 272
+
+
 def resnet_blocks_per_stage(resnet_size: int) -> int:
     """n for a CIFAR ResNet of depth 6n+2 (He et al. 2016): 20 -> 3, 32 -> 5, 56 -> 9."""
-    if not isinstance(resnet_size, int) or resnet_size < 8 or (resnet_size - 2) % 6:
+    if not is_integer(resnet_size) or not 8 <= resnet_size <= MAX_RESNET_SIZE or (resnet_size - 2) % 6:
         raise InvalidArgument(
-            "--resnet-size must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110); "
+            f"--resnet-size must be 6n+2 from 8 to {MAX_RESNET_SIZE} (8, 14, 20, 32, 44, 56, 110, ...); "
             f"received {resnet_size!r}"
         )
     return (resnet_size - 2) // 6
@@ -197,23 +215,25 @@ def validate_config(
                         ("dynamic_growth_steps", dynamic_growth_steps)):
         _positive_int(name, value, LIMITS[name])
     resnet_blocks_per_stage(resnet_size)
-    if resnet_size > 1202:
-        raise InvalidArgument(f"--resnet-size must be at most 1202; received {resnet_size}")
-    from convprobe.provenance import memory_limit
-
     need, limit = memory_estimate(batch_size, image_size, resnet_size), memory_limit()
     if need > limit:
         raise InvalidArgument(f"--batch-size {batch_size} at --image-size {image_size} with ResNet-{resnet_size} "
                               f"needs about {need / 2**30:.1f} GiB; at most {limit / 2**30:.1f} GiB (half this "
                               f"machine's memory) is allowed: use a smaller batch or image")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InvalidArgument(f"--seed must be a non-negative integer; received {seed!r}")
+    if not is_integer(seed) or not 0 <= seed <= MAX_SEED:
+        raise InvalidArgument(f"--seed must be an integer from 0 to 2**32 - 1; received {seed!r}")
     if isinstance(eval_batches, bool) or not isinstance(eval_batches, int) or eval_batches < 0:
         raise InvalidArgument(f"--eval-batches must be a non-negative integer; received {eval_batches!r}")
     if data not in DATA_SOURCES:
         raise invalid_choice("--data", data, DATA_SOURCES)
     if data == "cifar10" and not data_dir:
         raise InvalidArgument("--data-dir must name a directory of CIFAR-10 .bin files when --data is cifar10; received None")
+    if data != "cifar10" and data_dir is not None:
+        raise InvalidArgument(f"--data-dir is read only with --data cifar10; received --data-dir {data_dir!r} with "
+                              f"--data {data}")
+    if data == "cifar10" and image_size != CIFAR_IMAGE_SIZE:
+        raise InvalidArgument(f"--image-size must be {CIFAR_IMAGE_SIZE} with --data cifar10 (its images are "
+                              f"{CIFAR_IMAGE_SIZE}x{CIFAR_IMAGE_SIZE}); received {image_size}")
     if distribute not in DISTRIBUTE:
         raise invalid_choice("--distribute", distribute, DISTRIBUTE)
     if distribute == "mirrored" and batch_size % logical_devices:
