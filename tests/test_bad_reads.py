@@ -385,3 +385,87 @@ def test_an_assertion_given_a_wrong_argument_says_so_in_one_line(assertion_cases
 
 def test_every_assertion_case_runs(assertion_cases):
     assert len(assertion_cases) == 50
+
+
+# -- the pytest plugin ----------------------------------------------------------------------
+
+pytest_plugins = ["pytester"]
+
+USES_RNG = """
+def test_draws(rng):
+    rng.integers(0, 10)
+"""
+
+#: (arguments, ini lines, the usage error pytest must print): nothing runs, exit 4.
+PLUGIN_USAGE_CASES = [
+    (["--convprobe-seed=-1"], "", "--convprobe-seed must be an integer from 0 to 2**63 - 1; received '-1'"),
+    (["--convprobe-seed=abc"], "", "--convprobe-seed must be an integer from 0 to 2**63 - 1; received 'abc'"),
+    (["--convprobe-seed=1.5"], "", "received '1.5'"),
+    (["--convprobe-seed=9223372036854775808"], "", "received '9223372036854775808'"),
+    ([], "convprobe_seed = -5", "ini value convprobe_seed must be an integer from 0 to 2**63 - 1; received '-5'"),
+    ([], "convprobe_seed = seven", "ini value convprobe_seed must be an integer from 0 to 2**63 - 1; received 'seven'"),
+    ([], "convprobe_seed = 0x10", "received '0x10'"),
+    ([], "convprobe_backends = tensorflw", "ini value convprobe_backends must be one of emulated, tensorflow, all; received 'tensorflw'"),
+    (["--convprobe-backends=gpu"], "", "argument --convprobe-backends: invalid choice: 'gpu'"),
+]
+
+
+@pytest.mark.parametrize("args,ini,message", PLUGIN_USAGE_CASES, ids=[" ".join(c[0]) or c[1] for c in PLUGIN_USAGE_CASES])
+def test_a_bad_plugin_option_or_ini_value_is_pytests_usage_error(pytester, args, ini, message):
+    pytester.makepyfile(test_user=USES_RNG)
+    if ini:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert message in err and "Traceback" not in err + result.stdout.str(), err
+    assert "passed" not in result.stdout.str()
+
+
+def test_good_seeds_from_the_option_and_the_ini_run(pytester):
+    pytester.makepyfile(test_user=USES_RNG)
+    pytester.makeini("[pytest]\nconvprobe_seed = 9223372036854775807\nconvprobe_backends = all\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--convprobe-seed", "0")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["convprobe: rng base seed 0; conv_backend over all configurations"])
+
+
+#: (a test's marker line, the one collection error line that must name it).
+MARKER_CASES = [
+    ('@pytest.mark.conv_backends("tensorflw/cpu/fp16")',
+     "In test_user.py::test_marked: conv_backends argument 1: backend must be *; received 'tensorflw/cpu/fp16' (*"),
+    ('@pytest.mark.conv_backends("sequential:fp16", "serial:fp16")',
+     "In test_user.py::test_marked: conv_backends argument 2: backend must be *received 'serial:fp16'*"),
+    ("@pytest.mark.conv_backends(3)", "In test_user.py::test_marked: conv_backends argument 1: backend must be *received int 3"),
+    ('@pytest.mark.conv_backends(["sequential:fp16"])', "*conv_backends argument 1: backend must be *received list*"),
+    ("@pytest.mark.conv_backends(None)", "*conv_backends argument 1: backend must be *received NoneType None"),
+    ('@pytest.mark.conv_backends("tensorflow/cpu/fp8")',
+     "*conv_backends argument 1: accumulate in 'tensorflow/cpu/fp8' must be one of fp16, fp32, default or *"),
+    ('@pytest.mark.conv_backends("tensorflow/tpu")', "*conv_backends argument 1: device must be one of cpu, gpu, auto; received 'tpu'"),
+    ('@pytest.mark.conv_backends(backends=["sequential:fp16"])',
+     "In test_user.py::test_marked: conv_backends takes the backends as positional arguments; received the keyword(s) backends"),
+    ("@pytest.mark.conv_backends()", "In test_user.py::test_marked: conv_backends needs at least one backend*"),
+    ('@pytest.mark.conv_backend("sequential:fp16")',
+     "In test_user.py::test_marked: unknown marker 'conv_backend'; did you mean 'conv_backends' (convprobe)?"),
+    ('@pytest.mark.convbackends("sequential:fp16")', "*unknown marker 'convbackends'; did you mean 'conv_backends'*"),
+    ("@pytest.mark.gpus", "In test_user.py::test_marked: unknown marker 'gpus'; did you mean 'gpu' (convprobe)?"),
+    ("@pytest.mark.tensorflw", "*unknown marker 'tensorflw'; did you mean 'tensorflow'*"),
+]
+
+
+@pytest.mark.parametrize("marker,line", MARKER_CASES, ids=[c[0] for c in MARKER_CASES])
+def test_a_bad_or_misspelt_marker_is_a_collection_error_naming_it(pytester, marker, line):
+    pytester.makepyfile(test_user=f"import pytest\n\n{marker}\ndef test_marked(conv_backend):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # pytest's "errors during collection"
+    result.stdout.fnmatch_lines(["*ERROR collecting test_user.py*", line])
+    out = result.stdout.str()
+    assert "Traceback" not in out and "During handling" not in out and "passed" not in out, out
+
+
+def test_strict_markers_still_names_a_misspelt_marker(pytester):
+    pytester.makepyfile(test_user='import pytest\n\n@pytest.mark.conv_backend("sequential:fp16")\n'
+                                  "def test_marked(conv_backend):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*'conv_backend' not found in `markers` configuration option*"])

@@ -15,13 +15,24 @@ nothing changes for a test that does not ask for a fixture or marker.
   deselects them.
 - `@pytest.mark.gpu`: skipped cleanly when no NVIDIA GPU is visible (checked
   without importing any framework).
+
+A bad option or ini value stops the run with pytest's usage error (exit 4) before
+any test; a bad `conv_backends` argument, or a misspelt name of one of these
+markers, is a collection error of that test naming it, not a traceback.
 """
 
 from __future__ import annotations
 
+import difflib
 import zlib
 
 import pytest
+
+from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.testing.backends import BACKEND_SELECTIONS, ConvBackend, available_configs, resolve_target
+
+#: The largest seed (the CLI's --seed allows the same range).
+_MAX_SEED = 2**63 - 1
 
 _MARKERS = (
     "gpu: needs a GPU; skipped cleanly without one (convprobe)",
@@ -34,13 +45,13 @@ _MARKERS = (
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("convprobe", "convprobe numerical testing")
     group.addoption(
-        "--convprobe-backends", action="store", default=None, choices=("emulated", "tensorflow", "all"),
+        "--convprobe-backends", action="store", default=None, choices=BACKEND_SELECTIONS,
         help="configurations for the conv_backend fixture: emulated (default; in process), "
         "tensorflow (default/fp16/fp32, one child process each) or all",
     )
     group.addoption(
-        "--convprobe-seed", action="store", type=int, default=None,
-        help="base seed of the rng fixture (default 0)",
+        "--convprobe-seed", action="store", default=None, metavar="SEED",
+        help="base seed of the rng fixture, 0 to 2**63 - 1 (default 0)",
     )
     parser.addini("convprobe_backends", "default for --convprobe-backends", default="emulated")
     parser.addini("convprobe_seed", "default for --convprobe-seed", default="0")
@@ -49,17 +60,34 @@ def pytest_addoption(parser) -> None:
 def pytest_configure(config) -> None:
     for line in _MARKERS:
         config.addinivalue_line("markers", line)
+    _base_seed(config)  # a bad value is a usage error now, not an error in every test that uses rng
+    _selection(config)
 
 
 def _base_seed(config) -> int:
-    value = config.getoption("convprobe_seed", None)
+    """--convprobe-seed, else the convprobe_seed ini value, else 0: an integer from 0 to 2**63 - 1."""
+    value, source = config.getoption("convprobe_seed", None), "--convprobe-seed"
     if value is None:
-        value = int(config.getini("convprobe_seed") or 0)
-    return int(value)
+        value, source = config.getini("convprobe_seed"), "ini value convprobe_seed"
+    text = str(value).strip()
+    if text == "":
+        return 0
+    try:
+        seed = int(text, 10)
+    except ValueError:
+        seed = None
+    if seed is None or not 0 <= seed <= _MAX_SEED:
+        raise pytest.UsageError(f"{source} must be an integer from 0 to 2**63 - 1; received {value!r}")
+    return seed
 
 
 def _selection(config) -> str:
-    value = config.getoption("convprobe_backends", None) or config.getini("convprobe_backends") or "emulated"
+    """--convprobe-backends, else the convprobe_backends ini value, else emulated."""
+    value = config.getoption("convprobe_backends", None)
+    if value is None:
+        value = str(config.getini("convprobe_backends")).strip() or "emulated"
+        if value not in BACKEND_SELECTIONS:
+            raise pytest.UsageError(str(invalid_choice("ini value convprobe_backends", value, BACKEND_SELECTIONS)))
     return str(value)
 
 
@@ -88,13 +116,12 @@ def rng(request):
 
 
 def pytest_generate_tests(metafunc) -> None:
+    _check_marker_names(metafunc)
     if "conv_backend" not in metafunc.fixturenames:
         return
-    from convprobe.testing.backends import available_configs, resolve_target
-
     marker = metafunc.definition.get_closest_marker("conv_backends")
-    if marker is not None and marker.args:
-        configs = [resolve_target(target) for target in marker.args]
+    if marker is not None:
+        configs = _marked_configs(marker, metafunc.definition.nodeid)
     else:
         configs = available_configs(_selection(metafunc.config))
     params = [
@@ -104,15 +131,47 @@ def pytest_generate_tests(metafunc) -> None:
     metafunc.parametrize("conv_backend", params, indirect=True)
 
 
+def _marked_configs(marker, nodeid: str) -> list:
+    """The configurations a `conv_backends(...)` marker names; a collection error naming the test
+    and the argument otherwise (pytest's way for a bad parametrisation)."""
+    if marker.kwargs:
+        pytest.fail(f"In {nodeid}: conv_backends takes the backends as positional arguments; received the "
+                    f"keyword(s) {', '.join(marker.kwargs)}", pytrace=False)
+    if not marker.args:
+        pytest.fail(f"In {nodeid}: conv_backends needs at least one backend (a label such as "
+                    f"'tensorflow/cpu/fp16' or a model spec such as 'sequential:fp16')", pytrace=False)
+    configs = []
+    for i, target in enumerate(marker.args):
+        try:
+            configs.append(resolve_target(target))
+        except InvalidArgument as exc:
+            problem = f"In {nodeid}: conv_backends argument {i + 1}: {exc}"
+            break
+    else:
+        return configs
+    pytest.fail(problem, pytrace=False)  # outside the except: no "during handling" chain in the report
+
+
+def _check_marker_names(metafunc) -> None:
+    """A collection error for a marker that is not registered and is one typo away from one of
+    ours: without --strict-markers, `@pytest.mark.conv_backend(...)` would only warn and the test
+    would silently run over the default configurations."""
+    registered = {line.split(":")[0].split("(")[0].strip() for line in metafunc.config.getini("markers")}
+    ours = [line.split(":")[0].split("(")[0] for line in _MARKERS]
+    for mark in metafunc.definition.iter_markers():
+        if mark.name in registered:
+            continue
+        close = difflib.get_close_matches(mark.name, ours, n=1, cutoff=0.75)
+        if close:
+            pytest.fail(f"In {metafunc.definition.nodeid}: unknown marker {mark.name!r}; did you mean "
+                        f"{close[0]!r} (convprobe)?", pytrace=False)
+
+
 @pytest.fixture
 def conv_backend(request):
     """The backend configuration under test, as a `convprobe.testing.ConvBackend`."""
-    from convprobe.testing.backends import ConvBackend
-
     config = getattr(request, "param", None)
     if config is None:  # requested indirectly (e.g. by another fixture) without parametrisation
-        from convprobe.testing.backends import available_configs
-
         config = available_configs(_selection(request.config))[0]
     return ConvBackend(config)
 
