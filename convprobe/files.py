@@ -203,6 +203,8 @@ def open_append(path: str | os.PathLike):
     """`path` opened for appending text, never through a symbolic link and only if it is (or
     becomes) a regular file; a FIFO planted there does not block the open."""
     path = os.fspath(path)
+    if os.path.lexists(path) and not os.path.islink(path) and not os.path.isfile(path):
+        raise InvalidArgument(f"{path} is not a regular file; convprobe writes only regular files")
     with failures_as_one_line(path):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)

@@ -143,7 +143,14 @@ def matrix_configs(args) -> list:
     from convprobe.errors import InvalidArgument
 
     configs = [] if args.configs == "none" else rows(args.device, args.configs)
-    configs += [emulated_config(spec) for spec in args.model]
+    models = [emulated_config(spec) for spec in args.model]
+    labels = [config.label for config in models]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        given = ", ".join(repr(spec) for spec, label in zip(args.model, labels) if label == twice[0])
+        raise InvalidArgument(f"--model names {twice[0]} twice (as {given}); give each model once: results "
+                              f"are keyed by model")
+    configs += models
     if not configs:
         raise InvalidArgument("nothing to run: --configs none and no --model")
     return configs

@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
+from convprobe.files import check_directory_path
 from convprobe.formats import FP32, Format, parse_format
 from convprobe.provenance import memory_limit
 from convprobe.training.data import CIFAR_IMAGE_SIZE
@@ -234,6 +235,8 @@ def validate_config(
     if data == "cifar10" and image_size != CIFAR_IMAGE_SIZE:
         raise InvalidArgument(f"--image-size must be {CIFAR_IMAGE_SIZE} with --data cifar10 (its images are "
                               f"{CIFAR_IMAGE_SIZE}x{CIFAR_IMAGE_SIZE}); received {image_size}")
+    if output is not None:
+        check_directory_path(output)
     if distribute not in DISTRIBUTE:
         raise invalid_choice("--distribute", distribute, DISTRIBUTE)
     if distribute == "mirrored" and batch_size % logical_devices:
