@@ -1,14 +1,17 @@
-"""Child-process entry point: `python -m convprobe.worker REQUEST.json ANSWER.json`.
+"""Child-process entry point: `python -m convprobe.worker`, a JSON request on stdin.
 
 The parent has already put this configuration's precision switches in our
 environment, so importing TensorFlow here sees them. We run one probe on one
-backend and write one JSON answer: status, observations, the runtime's own view
-of itself, and provenance. Errors become statuses, not tracebacks on the floor.
+backend and write one JSON answer on stdout: status, observations, the runtime's
+own view of itself, and provenance. Errors become statuses, not tracebacks on the
+floor. Pipes rather than files, so that a parent killed mid-run leaves nothing on
+disk (`convprobe.children`); the isolation layer starts us through that module.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 
@@ -58,12 +61,17 @@ def answer(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    request_path, answer_path = argv
-    with open(request_path, encoding="utf-8") as handle:
-        request = json.load(handle)
+    """Answer the request on stdin on stdout, which carries nothing else: everything
+    else written to file descriptor 1 (TensorFlow's C++ logging, a probe's prints) is
+    sent to stderr from here on."""
+    if argv:
+        raise SystemExit("usage: python -m convprobe.worker < REQUEST.json > ANSWER.json")
+    answer_stream = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    request = json.load(sys.stdin)
     result = answer(request)
-    with open(answer_path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle)
+    with answer_stream:
+        json.dump(result, answer_stream)
     return 0
 
 

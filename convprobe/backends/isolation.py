@@ -3,9 +3,11 @@
 TensorFlow reads its precision switches once, at import or first use, and caches
 them; flipping `os.environ` afterwards changes nothing. So every configuration
 runs in its own `python -m convprobe.worker` with its environment set before
-TensorFlow is imported. The child answers in JSON through a file (TensorFlow
-writes freely to stdout/stderr); a timeout, a crash or a missing answer becomes a
-status in the returned record, never an exception that loses a sweep.
+TensorFlow is imported. The request goes in on the child's stdin and the JSON
+answer comes back on its stdout, which the worker keeps for the answer alone; no
+temporary file, so a parent killed mid-sweep leaves nothing behind, and the child
+dies with it (`convprobe.children`). A timeout, a crash or a missing answer becomes
+a status in the returned record, never an exception that loses a sweep.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
+from convprobe import children
 from convprobe.backends.configurations import MANAGED_VARIABLES, BackendConfig
 from convprobe.options import Status
 
@@ -78,31 +79,22 @@ def run_isolated(
     """Run `task` (a JSON-able request for `convprobe.worker`) under `config` in a child."""
     env = child_environment(config)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="convprobe-") as tmp:
-        request_path = os.path.join(tmp, "request.json")
-        answer_path = os.path.join(tmp, "answer.json")
-        with open(request_path, "w", encoding="utf-8") as handle:
-            json.dump({"config": config.to_dict(), **task}, handle)
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "convprobe.worker", request_path, answer_path],
-                env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired as expired:
-            stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else (expired.stderr or "")
-            return IsolatedOutcome(
-                "timeout", {}, f"no answer within {timeout:g} s; stderr: {_tail(stderr, 500)}",
-                None, time.perf_counter() - started, env,
-            )
-        wall = time.perf_counter() - started
+    request = json.dumps({"config": config.to_dict(), **task})
+    try:
+        proc = children.run("convprobe.worker", [], env=env, input=request, capture_output=True, text=True,
+                            timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else (expired.stderr or "")
+        return IsolatedOutcome(
+            "timeout", {}, f"no answer within {timeout:g} s; stderr: {_tail(stderr, 500)}",
+            None, time.perf_counter() - started, env,
+        )
+    wall = time.perf_counter() - started
+    try:
+        answer = json.loads(proc.stdout) if proc.stdout.strip() else None
+    except json.JSONDecodeError:
         answer = None
-        if os.path.exists(answer_path):
-            try:
-                with open(answer_path, encoding="utf-8") as handle:
-                    answer = json.load(handle)
-            except (OSError, json.JSONDecodeError):
-                answer = None
-    if answer is None:
+    if not isinstance(answer, dict):
         return IsolatedOutcome(
             "crashed", {}, f"child {_describe_exit(proc.returncode)} without an answer; stderr: {_tail(proc.stderr)}",
             proc.returncode, wall, env,

@@ -1,8 +1,11 @@
 """Process isolation with real child processes and real TensorFlow."""
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +85,86 @@ def test_a_gpu_config_without_a_gpu_becomes_an_unsupported_row():
     result = run_one("overflow", config, {"seed": 0})
     assert result.status == "unsupported"
     assert "no GPU" in result.error
+
+
+def _workers_of(parent: int) -> list[int]:
+    """The live `convprobe.worker` children of `parent`, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == parent and state != "Z" and b"convprobe.worker" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+    return found
+
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_worker_dies_with_a_sigkilled_parent_and_leaves_no_temporary_file(probe_dir, tmp_path):
+    (tmp_path / "userprobes" / "announces.py").write_text(
+        "import os, time\ndef run(backend, **_):\n    open(os.environ['ANNOUNCE'], 'w').close()\n    time.sleep(60)\n")
+    temp, announced = tmp_path / "temp", tmp_path / "announced"
+    temp.mkdir()
+    parent_code = textwrap.dedent(f"""
+        from convprobe.backends.configurations import BackendConfig
+        from convprobe.backends.isolation import run_isolated
+        config = BackendConfig("emulated", "fp16", "emulated", env={{"PYTHONPATH": {probe_dir!r}}},
+                               model="sequential:fp16")
+        run_isolated(config, {{"probe": "userprobes.announces", "params": {{}}}}, timeout=120)
+    """)
+    env = {**os.environ, "TMPDIR": str(temp), "ANNOUNCE": str(announced)}
+    with subprocess.Popen([sys.executable, "-c", parent_code], env=env, stdin=subprocess.DEVNULL) as parent:
+        try:
+            worker, = _wait(lambda: _workers_of(parent.pid), 60, "the worker to start")
+            _wait(announced.exists, 60, "the worker to run the probe")
+            parent.kill()
+            parent.wait(timeout=10)
+            _wait(lambda: not _alive(worker), 5, f"worker {worker} to die with its parent")
+        finally:
+            parent.kill()
+    assert list(temp.iterdir()) == []  # the request and the answer travel through pipes
+
+
+def _loaded_tensorflow(pid: int) -> bool:
+    try:
+        return "tensorflow" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.tensorflow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_sigkill_to_fingerprint_leaves_no_worker_and_no_temporary_file(tmp_path):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    with subprocess.Popen([sys.executable, "-m", "convprobe", "fingerprint", "--jobs", "2"], env=env,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as parent:
+        try:
+            workers = _wait(lambda: [w for w in _workers_of(parent.pid) if _loaded_tensorflow(w)], 120,
+                            "a TensorFlow worker")
+            parent.kill()
+            parent.wait(timeout=10)
+            _wait(lambda: not any(_alive(w) for w in workers), 5, f"workers {workers} to die with fingerprint")
+        finally:
+            parent.kill()
+    assert list(temp.iterdir()) == []
