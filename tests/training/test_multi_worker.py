@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from convprobe.formats import FP32
+from convprobe.training.cluster import local_tf_configs
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = ["--steps", "4", "--record-every", "2", "--resnet-size", "8", "--image-size", "8", "--batch-size", "16"]
@@ -102,3 +106,85 @@ def test_xla_compiles_each_replica_under_both_strategies_alike(tmp_path):
     assert _rows(tmp_path / "mw" / "telemetry.csv") == _rows(tmp_path / "mirrored" / "telemetry.csv")
     runtime = json.loads((tmp_path / "mw" / "header.json").read_text())["provenance"]["runtime"]
     assert runtime["jit_effective"] is True and "each replica's forward and backward pass" in runtime["jit_scope"]
+
+
+def _children(parent: int) -> list[int]:
+    """The live children of `parent`, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == parent and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _handles_sigterm(pid: int) -> bool:
+    """Whether `pid` has a SIGTERM handler: in a worker, TensorFlow's preemption notifier, which
+    the strategy installs just before it waits for its peers."""
+    try:
+        caught = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def _wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+    return found
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_worker_waiting_for_an_unreachable_peer_stops_on_a_signal(tmp_path, signum):
+    # This machine is worker 0 of 2; worker 1's port has no one behind it.
+    env = {**os.environ, "TF_CONFIG": local_tf_configs(2)[0]}
+    argv = ["--distribute", "multi-worker", "--steps", "2", "--resnet-size", "8", "--image-size", "8",
+            "--batch-size", "8", "--no-jit", "--output", str(tmp_path / "run")]
+    code = f"import sys; from convprobe.training.cluster import run_worker; sys.exit(run_worker({argv!r}))"
+    with subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            worker, = _wait(lambda: _children(proc.pid), 60, "the worker to start")
+            _wait(lambda: _handles_sigterm(worker), 120, "TensorFlow to wait for the peers")
+            time.sleep(1)
+            sent = time.monotonic()
+            proc.send_signal(signum)
+            _, err = proc.communicate(timeout=30)
+            assert time.monotonic() - sent < 5
+        finally:
+            proc.kill()
+    assert proc.returncode == 128 + signum, err[-2000:]
+    name = signal.Signals(signum).name
+    assert err.strip().splitlines()[-1] == f"convprobe train: stopped by {name}; worker 0 was stopped"
+    assert err.count("convprobe train:") == 1 and "Traceback" not in err
+    assert not Path(f"/proc/{worker}").exists()  # stopped and reaped
+
+
+@pytest.mark.tensorflow
+def test_local_workers_stop_together_on_sigterm(tmp_path):
+    argv = ["--steps", "1000", "--resnet-size", "8", "--image-size", "8", "--batch-size", "16", "--no-jit",
+            "--distribute", "multi-worker", "--output", str(tmp_path / "run")]
+    code = f"import sys; from convprobe.training.cluster import run_local_workers; " \
+           f"sys.exit(run_local_workers({argv!r}, 2))"
+    with subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            workers = _wait(lambda: len(found := _children(proc.pid)) == 2 and found, 60, "the 2 workers")
+            _wait(lambda: all(_handles_sigterm(w) for w in workers), 120, "TensorFlow in both workers")
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+            assert time.monotonic() - sent < 5
+        finally:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1] == "convprobe train: stopped by SIGTERM; the 2 local workers were stopped"
+    assert not any(Path(f"/proc/{w}").exists() for w in workers)
