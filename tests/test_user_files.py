@@ -175,6 +175,9 @@ def test_a_failed_write_names_the_file_and_keeps_the_old_one(tmp_path):
     (["train", "--data", "cifar10", "--data-dir", "/tmp", "--image-size", "8"],
      "--image-size must be 32 with --data cifar10"),
     (["train", "--output", ""], "--output must name a path; received ''"),
+    (["train", "--devices", "4"], "--devices applies to --distribute mirrored"),
+    (["train", "--dynamic-growth-steps", "10"], "--dynamic-growth-steps applies to --loss-scale dynamic"),
+    (["train", "--no-skip", "--loss-scale", "none"], "--no-skip applies to a static --loss-scale"),
     (["compare", "--batch", "1", "--channels", "8192", "--filters", "8192", "--kernel", "32", "--height", "32",
       "--width", "32"], "GiB (half this machine's memory)"),
 ])

@@ -64,7 +64,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "of this process); or multi-worker (tf.distribute.MultiWorkerMirroredStrategy: "
                         "every machine runs this command with its own TF_CONFIG; worker 0 writes the "
                         "records). Both compile each replica's forward and backward pass with XLA")
-    p.add_argument("--devices", type=int, default=2,
+    p.add_argument("--devices", type=int, default=None,
                    help="logical CPU devices for --distribute mirrored (default 2)")
     p.add_argument("--local-workers", type=int, default=None, metavar="N",
                    help="with --distribute multi-worker: rehearse a cluster of N workers on this machine "
@@ -75,7 +75,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "use ~0.9 for runs of a few hundred steps)")
     p.add_argument("--eval-batches", type=int, default=0, help="evaluation batches at the end (default 0)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint every N steps (default 50)")
-    p.add_argument("--dynamic-growth-steps", type=int, default=2000,
+    p.add_argument("--dynamic-growth-steps", type=int, default=None,
                    help="dynamic scaling: double the scale after N finite steps (default 2000)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr, drawn by rich (default: when stderr is a terminal)")
@@ -92,17 +92,38 @@ def config_from_args(args):
         dtype=args.dtype, loss_scale=args.loss_scale, skip=not args.no_skip, steps=args.steps,
         record_every=args.record_every, batch_size=args.batch_size, resnet_size=args.resnet_size,
         image_size=args.image_size, seed=args.seed, data=args.data, data_dir=args.data_dir,
-        output=args.output, jit=args.jit, distribute=args.distribute, logical_devices=args.devices,
+        output=args.output, jit=args.jit, distribute=args.distribute,
+        logical_devices=2 if args.devices is None else args.devices,
         learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every,
-        eval_batches=args.eval_batches, dynamic_growth_steps=args.dynamic_growth_steps,
+        eval_batches=args.eval_batches,
+        dynamic_growth_steps=2000 if args.dynamic_growth_steps is None else args.dynamic_growth_steps,
         progress=progress, bn_momentum=args.bn_momentum,
     )
+    _refuse_what_does_not_apply(args, config)
     if config.output is None:
         from dataclasses import replace
 
         name = "compare" if args.compare_loss_scaling else config.loss_scale.label
         config = replace(config, output=f"results/train_{config.dtype}_{name}_seed{config.seed}")
     return config
+
+
+def _refuse_what_does_not_apply(args, config) -> None:
+    """An option the run would not use is refused, not recorded as if it had acted."""
+    from convprobe.errors import InvalidArgument
+    from convprobe.training.config import LossScaleMode
+
+    mode = config.loss_scale.mode
+    if args.devices is not None and config.distribute != "mirrored":
+        raise InvalidArgument(f"--devices applies to --distribute mirrored; received --devices {args.devices} "
+                              f"with --distribute {config.distribute}")
+    if args.dynamic_growth_steps is not None and mode is not LossScaleMode.DYNAMIC and \
+            not args.compare_loss_scaling:
+        raise InvalidArgument(f"--dynamic-growth-steps applies to --loss-scale dynamic; received it with "
+                              f"--loss-scale {config.loss_scale.label}")
+    if args.no_skip and (mode in (LossScaleMode.NONE, LossScaleMode.DYNAMIC) or args.compare_loss_scaling):
+        raise InvalidArgument(f"--no-skip applies to a static --loss-scale (a number); received it with "
+                              f"{'--compare-loss-scaling' if args.compare_loss_scaling else '--loss-scale ' + mode.value}")
 
 
 def run(args) -> int:

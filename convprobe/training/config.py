@@ -71,6 +71,8 @@ def _number(x: float) -> str:
 #: The smallest static loss scale: fp32's smallest normal number (a smaller S would lose bits
 #: of the fp32 loss it multiplies before any low-precision arithmetic starts).
 MIN_LOSS_SCALE = 2.0**-126
+LOSS_SCALE_ALLOWED = (f"none, dynamic or a positive number from 2**-126 to {FP32.max:.6g} (fp32's normal range, "
+                      f"where the scaled loss is computed)")
 
 #: The largest seed: NumPy's legacy RandomState and Python's `random` seeded by Keras take
 #: seeds below 2**32.
@@ -99,16 +101,11 @@ def parse_loss_scale(
         try:
             number = float(text)
         except ValueError:
-            raise InvalidArgument(
-                f"--loss-scale must be none, dynamic or a positive number; received {value!r}"
-            ) from None
+            raise InvalidArgument(f"--loss-scale must be {LOSS_SCALE_ALLOWED}; received {value!r}") from None
     else:
         number = float(value)
     if not math.isfinite(number) or not MIN_LOSS_SCALE <= number <= FP32.max:
-        raise InvalidArgument(
-            f"--loss-scale must be none, dynamic or a positive number from 2**-126 to {FP32.max:.6g} (fp32's "
-            f"normal range, where the scaled loss is computed); received {value!r}"
-        )
+        raise InvalidArgument(f"--loss-scale must be {LOSS_SCALE_ALLOWED}; received {value!r}")
     mode = LossScaleMode.STATIC if skip else LossScaleMode.STATIC_NO_SKIP
     return LossScaleSpec(mode, number)
 

@@ -66,11 +66,13 @@ def test_loss_scale_forms():
     assert parse_loss_scale("0.5", FP32).scale == 0.5  # a scale below 1 is legal (a "smaller loss")
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "inf", "nan", "big"])
+@pytest.mark.parametrize("value", ["0", "-3", "inf", "nan", "big", "1e39", "1e-40"])
 def test_bad_loss_scale(value):
     with pytest.raises(InvalidArgument) as info:
         parse_loss_scale(value, FP16)
-    assert str(info.value) == f"--loss-scale must be none, dynamic or a positive number; received {value!r}"
+    assert str(info.value) == (f"--loss-scale must be none, dynamic or a positive number from 2**-126 to "
+                               f"3.40282e+38 (fp32's normal range, where the scaled loss is computed); "
+                               f"received {value!r}")
 
 
 def test_resnet_size():
@@ -97,10 +99,11 @@ def test_cli_defaults_and_output_name():
     assert (config.dtype, config.loss_scale.label, config.steps, config.resnet_size, config.jit) == (
         "fp16", "static-128", 100, 20, True)
     assert config.output == "results/train_fp16_static-128_seed0"
-    args = parser().parse_args(["train", "--dtype", "float32", "--no-jit", "--loss-scale", "dynamic",
-                                "--no-skip"])
+    args = parser().parse_args(["train", "--dtype", "float32", "--no-jit", "--loss-scale", "dynamic"])
     config = command.config_from_args(args)
     assert (config.dtype, config.loss_scale.mode, config.jit) == ("fp32", LossScaleMode.DYNAMIC, False)
+    with pytest.raises(InvalidArgument, match="--no-skip applies to a static --loss-scale"):  # it would not act
+        command.config_from_args(parser().parse_args(["train", "--loss-scale", "dynamic", "--no-skip"]))
 
 
 def test_register_and_help_do_not_import_tensorflow():
