@@ -291,7 +291,7 @@ def _overflow_observed(c: _Checker, observed: dict, path: str) -> None:
 
 def _compare_observed(c: _Checker, observed: dict, path: str) -> None:
     c.field(observed, "max_abs_diff", "number", path)
-    c.field(observed, "fraction_different", "number", path)
+    c.field(observed, "fraction_different", "fraction", path)
     for side in ("real", "fake"):
         c.field(c.field(observed, side, "object", path), "max_ulp_error", "number", f"{path}.{side}")
 

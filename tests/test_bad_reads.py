@@ -43,13 +43,28 @@ def _run_dir(path, header=None, steps=STEPS, telemetry=TELEMETRY):
     return path
 
 
+#: Small real documents of the kinds whose fields the cases damage, and a sweep as a CSV table.
+COMMANDS = {
+    "sweep.json": ["sweep", "--configs", "none", "--model", "sequential:fp16", "--ks", "9,18",
+                   "--distributions", "uniform01", "--rows", "4"],
+    "sweep.csv": ["sweep", "--configs", "none", "--model", "sequential:fp16", "--ks", "9,18",
+                  "--distributions", "uniform01", "--rows", "4"],
+    "compare.json": ["compare", "--backend", "emulated", "--batch", "2", "--height", "6", "--width", "6",
+                     "--channels", "4", "--filters", "2"],
+    "identify.json": ["identify", "--configs", "none", "--model", "v100", "--ks", "16", "--op", "conv2d"],
+}
+
+
 @pytest.fixture(scope="module")
-def sweep_document(tmp_path_factory):
-    path = tmp_path_factory.mktemp("sweep") / "sweep.json"
-    argv = ["sweep", "--configs", "none", "--model", "sequential:fp16", "--ks", "9,18",
-            "--distributions", "uniform01", "--rows", "4", "--output", str(path)]
-    assert cli.main(argv) == 0
-    return json.loads(path.read_text())
+def documents(tmp_path_factory):
+    """{file name: its parsed JSON, or a CSV's text}, each written by the command that writes it."""
+    out = tmp_path_factory.mktemp("documents")
+    found = {}
+    for name, argv in COMMANDS.items():
+        assert cli.main([*argv, "--output", str(out / name)]) in (0, 1)
+        text = (out / name).read_text()
+        found[name] = json.loads(text) if name.endswith(".json") else text
+    return found
 
 
 def _cli(argv):
@@ -63,14 +78,22 @@ def _cli(argv):
     return code, out.getvalue(), err.getvalue()
 
 
-def _sweep(change):
-    def make(tmp_path, document):
-        document = copy.deepcopy(document)
-        change(document)
-        path = tmp_path / "sweep.json"
-        path.write_text(json.dumps(document))
+def _doc(name, change):
+    """A case: the `documents` entry `name` with `change` applied to a copy (a JSON document or a CSV's text)."""
+    def make(tmp_path, documents):
+        document = copy.deepcopy(documents[name])
+        path = tmp_path / name
+        if isinstance(document, str):
+            path.write_text(change(document))
+        else:
+            change(document)
+            path.write_text(json.dumps(document))
         return path
     return make
+
+
+def _sweep(change):
+    return _doc("sweep.json", change)
 
 
 def _ulps(document, values):
@@ -79,7 +102,7 @@ def _ulps(document, values):
 
 
 def _text(name, content):
-    def make(tmp_path, document):
+    def make(tmp_path, documents):
         path = tmp_path / name
         (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
         return path
@@ -88,7 +111,7 @@ def _text(name, content):
 
 def _damaged_run(**files):
     """A run directory with some files replaced: text, bytes, a header dict, or a callable(path)."""
-    def make(tmp_path, document):
+    def make(tmp_path, documents):
         run = _run_dir(tmp_path / "run")
         for name, content in files.items():
             target = run / {"header": "header.json", "steps": "steps.csv", "telemetry": "telemetry.csv"}[name]
@@ -125,7 +148,7 @@ def _loop(path):
 STEPS_HEAD = "step,loss,loss_scale,skipped\n"
 TELEMETRY_HEAD = "step,kind,index,layer,flushed_fraction,subnormal_fraction\n"
 
-#: (id, make(tmp_path, sweep_document) -> the path given to report, what the one line must say).
+#: (id, make(tmp_path, documents) -> the path given to report, what the one line must say).
 REPORT_CASES = [
     # the file itself
     ("json nested 100000 deep", _text("deep.json", _deep(100_000)), "is not a readable JSON document (nested too deeply)"),
@@ -177,6 +200,30 @@ REPORT_CASES = [
      "column device must hold str values (a list or an object is not one value)"),
     ("sweep table op an object", _sweep(lambda d: d["table"]["rows"][0].update(op={"name": "conv2d"})),
      "column op must hold str values (a list or an object is not one value)"),
+    ("sweep csv k negative", _doc("sweep.csv", lambda t: t.replace(",9,0,", ",-9,0,", 1)),
+     "results file sweep.csv: column k must hold values >= 0; row 0 holds -9"),
+    ("sweep csv a later row longer than the header", _doc("sweep.csv", lambda t: t.rstrip("\n") + ",extra,fields\n"),
+     "sweep.csv' is not a readable CSV table (Error tokenizing data. C error: Expected 36 fields in line 3, saw 38)"),
+    ("sweep csv the first row longer than the header",
+     _doc("sweep.csv", lambda t: t.replace("\n", ",extra,fields\n", 2).replace(",extra,fields\n", "\n", 1)),
+     "sweep.csv' has a row with more fields than its header line"),
+    ("sweep csv k a word", _doc("sweep.csv", lambda t: t.replace(",9,0,", ",nine,0,", 1)), "column k must hold int values"),
+    ("sweep csv status unknown", _doc("sweep.csv", lambda t: t.replace(",ok,", ",fine,", 1)),
+     "status must be one of ok, unsupported"),
+    ("compare fraction_different 1.5", _doc("compare.json", lambda d: d["results"][0]["observed"].update(fraction_different=1.5)),
+     "results[0].observed.fraction_different must be a fraction from 0 to 1; received 1.5"),
+    ("compare max_ulp_error a word", _doc("compare.json", lambda d: d["results"][0]["observed"]["real"].update(max_ulp_error="big")),
+     "results[0].observed.real.max_ulp_error must be a number; received 'big'"),
+    ("compare status unknown", _doc("compare.json", lambda d: d["results"][0].update(status="fine")),
+     "results[0].status must be one of ok, unsupported"),
+    ("compare results an object", _doc("compare.json", lambda d: d.update(results={})), "results must be a list; received {}"),
+    ("identify fraction NaN", _doc("identify.json", lambda d: d["matches"]["emulated/v100"]["conv2d"]["summary"]["fractions"].update({"16": "nan"})),
+     "matches['emulated/v100']['conv2d'].summary.fractions['16'] must be a fraction from 0 to 1; received 'nan'"),
+    ("identify fraction 2", _doc("identify.json", lambda d: d["matches"]["emulated/v100"]["conv2d"]["summary"]["fractions"].update({"16": 2})),
+     "must be a fraction from 0 to 1; received 2"),
+    ("identify fractions keyed by words", _doc("identify.json", lambda d: d["matches"]["emulated/v100"]["conv2d"]["summary"]["fractions"].update({"k16": 1.0})),
+     "summary.fractions must be keyed by reduction lengths K; received 'k16'"),
+    ("identify matches a list", _doc("identify.json", lambda d: d.update(matches=[])), "matches must be an object; received []"),
     ("bare table rows not objects", _text("t.json", '{"schema": "sweep", "rows": [1, 2]}'), "'rows' must be a list of objects"),
     ("bare table schema a list", _text("t.json", '{"schema": ["sweep"], "rows": []}'),
      'schema must be one of sweep, probe; received ["sweep"]'),
@@ -229,8 +276,8 @@ REPORT_CASES = [
 
 
 @pytest.mark.parametrize("make,message", [c[1:] for c in REPORT_CASES], ids=[c[0] for c in REPORT_CASES])
-def test_report_refuses_a_malformed_input_in_one_line(tmp_path, sweep_document, make, message):
-    path = make(tmp_path, sweep_document)
+def test_report_refuses_a_malformed_input_in_one_line(tmp_path, documents, make, message):
+    path = make(tmp_path, documents)
     before = sorted(p.name for p in tmp_path.iterdir())
     code, out, err = _cli(["report", str(path), "--out-dir", str(tmp_path / "figures"), "--formats", "png"])
     lines = err.strip().splitlines()
@@ -240,14 +287,17 @@ def test_report_refuses_a_malformed_input_in_one_line(tmp_path, sweep_document, 
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
-def test_the_hand_made_run_and_sweep_are_drawn(tmp_path, sweep_document):
+def test_the_inputs_the_cases_damage_are_drawn(tmp_path, documents):
     """The cases above damage inputs that are otherwise drawable: this is what they start from."""
-    run = _run_dir(tmp_path / "run")
-    (tmp_path / "sweep.json").write_text(json.dumps(sweep_document))
+    paths = [_run_dir(tmp_path / "run")]
+    for name, document in documents.items():
+        paths.append(tmp_path / name.replace(".", "-") / name)
+        paths[-1].parent.mkdir()
+        paths[-1].write_text(document if isinstance(document, str) else json.dumps(document))
     bom = tmp_path / "bom" / "sweep.json"  # a UTF-8 byte order mark is allowed
     bom.parent.mkdir()
-    bom.write_text("\ufeff" + json.dumps(sweep_document), encoding="utf-8")
-    for path in (run, tmp_path / "sweep.json", bom):
+    bom.write_text("\ufeff" + json.dumps(documents["sweep.json"]), encoding="utf-8")
+    for path in (*paths, bom):
         code, out, err = _cli(["report", str(path), "--out-dir", str(tmp_path / f"f-{path.parent.name}"),
                                "--formats", "png"])
         assert code == 0 and out and err == "", err
