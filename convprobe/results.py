@@ -19,6 +19,7 @@ import json
 import os
 import reprlib
 import stat
+import sys
 from enum import StrEnum
 from pathlib import Path
 
@@ -237,10 +238,13 @@ _WHAT = {"object": "an object", "list": "a list", "str": "a string", "bool": "tr
 
 
 def _is_number(value) -> bool:
-    """A JSON number, or a non-finite float that `json_clean` wrote as its repr string."""
+    """A JSON number a float can hold (readers compute with floats: 1e400 written as an integer
+    is no number to them), or a non-finite float that `json_clean` wrote as its repr string."""
     if isinstance(value, bool):
         return False
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return abs(value) <= sys.float_info.max
+    if isinstance(value, float):
         return True
     return isinstance(value, str) and value in ("inf", "-inf", "nan")
 

@@ -42,6 +42,7 @@ _RUN_VALUES = {"steps": {"step": "count", "loss": "number", "loss_scale": "posit
                "telemetry": {"step": "count", "kind": "kind", "index": "count", "flushed_fraction": "fraction",
                              "subnormal_fraction": "fraction"}}
 
+
 @dataclass
 class Loaded:
     """One validated input: its kind, the envelope (None for a bare table), the tidy frame
@@ -247,7 +248,8 @@ def draw(paths: list[str], out_dir: str, formats: list[FigureFormat]) -> list[st
     for item in loaded:
         try:
             built += [(item.name, name, fig) for name, fig in figures_for(item)]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # well-formed, yet not drawable
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
+            # well-formed, yet not drawable
             raise InvalidArgument(f"results {item.name}: cannot be drawn ({exc.__class__.__name__}: "
                                   f"{results.reason(exc)})") from None
     target_dir = Path(out_dir)

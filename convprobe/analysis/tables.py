@@ -251,7 +251,7 @@ def _coerce(df: pd.DataFrame, schema: Schema, where: str) -> pd.DataFrame:
                 out[col.name] = text.mask(text == "")  # CSV cannot tell "" from missing: neither can we
             else:
                 out[col.name] = series.astype(_DTYPES[col.kind])
-        except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: a cell nested too deeply
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:  # an integer beyond float; a cell nested too deeply
             raise InvalidArgument(f"{where}: column {col.name} must hold {col.kind} values ({reason(exc)})") from None
     return pd.DataFrame(out, index=df.index)
 
