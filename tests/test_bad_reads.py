@@ -525,3 +525,29 @@ def test_strict_markers_still_names_a_misspelt_marker(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*'conv_backend' not found in `markers` configuration option*"])
+
+
+# -- the hypothesis strategies --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda s: s.fp16_arrays("x"), "shape must be a non-negative integer, a tuple of them or a strategy of shapes; received 'x'"),
+    (lambda s: s.fp16_arrays(-1), "received -1"),
+    (lambda s: s.fp16_arrays(None), "received None"),
+    (lambda s: s.fp16_arrays(3.5), "received 3.5"),
+    (lambda s: s.fp16_arrays((2, -1)), "received (2, -1)"),
+    (lambda s: s.fp16_arrays(3, min_value="a"), "min_value must be a number or None; received 'a'"),
+    (lambda s: s.fp16_arrays(3, max_value=float("nan")), "max_value must be a number or None; received nan"),
+    (lambda s: s.representable_floats(min_value=True), "min_value must be a number or None; received True"),
+    (lambda s: s.fp16_arrays(3, allow_nan="no"), "allow_nan must be True or False; received 'no'"),
+    (lambda s: s.bf16_arrays(3, unique=1), "unique must be True or False; received 1"),
+    (lambda s: s.fp16_arrays(3, min_value=1e10), "no finite fp16 value lies in [10000000000.0, None] (its largest is 65504.0)"),
+    (lambda s: s.representable_floats("fp16", min_value=2, max_value=1), "min_value must be <= max_value; received 2.0 > 1.0"),
+])
+def test_a_strategy_given_a_wrong_argument_says_so_when_built(call, message):
+    """When the strategy is built, in convprobe's words: not hypothesis's own error at the first draw."""
+    from convprobe.testing import strategies
+
+    with pytest.raises(InvalidArgument) as info:
+        call(strategies)
+    assert message in str(info.value) and "\n" not in str(info.value), str(info.value)

@@ -25,13 +25,14 @@ Requires hypothesis (the `test` extra); the plugin does not import this module.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.formats import Format, parse_format
 
 __all__ = [
@@ -80,17 +81,49 @@ def _magnitude_range(fmt: Format, low: float, high: float) -> tuple[int, int]:
     return lo, hi
 
 
+def _bound(value: object, argument: str) -> float | None:
+    """A min_value/max_value: None or a real number that is not NaN (checked when the strategy is
+    built, not when hypothesis first draws from it)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise InvalidArgument(f"{argument} must be a number or None; received {value!r}")
+    return float(value)
+
+
+def _flags(**flags: object) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be True or False; received {value!r}")
+
+
+def _shape(shape: object) -> object:
+    """An array shape: a non-negative integer, a tuple of them, or a strategy of shapes."""
+    if isinstance(shape, st.SearchStrategy):
+        return shape
+    dims = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if not all(is_integer(d) and d >= 0 for d in dims):
+        raise InvalidArgument(f"shape must be a non-negative integer, a tuple of them or a strategy of shapes; "
+                              f"received {shape!r}")
+    return tuple(int(d) for d in dims)
+
+
 def _codes(
     fmt: Format, min_value: float | None, max_value: float | None, allow_nan: bool,
     allow_infinity: bool, allow_subnormal: bool,
 ) -> st.SearchStrategy[int]:
     """Integers that decode to values of `fmt` in [min_value, max_value]."""
+    min_value, max_value = _bound(min_value, "min_value"), _bound(max_value, "max_value")
+    _flags(allow_nan=allow_nan, allow_infinity=allow_infinity, allow_subnormal=allow_subnormal)
     sign = 1 << (8 * fmt.dtype.itemsize - 1)
-    low = -fmt.max if min_value is None else float(min_value)
-    high = fmt.max if max_value is None else float(max_value)
-    if low > high:
+    low = -fmt.max if min_value is None else min_value
+    high = fmt.max if max_value is None else max_value
+    if min_value is not None and max_value is not None and low > high:
         raise InvalidArgument(f"min_value must be <= max_value; received {min_value!r} > {max_value!r}")
     low, high = max(low, -fmt.max), min(high, fmt.max)
+    if low > high:  # the range lies beyond the format's finite values
+        raise InvalidArgument(f"no finite {fmt.name} value lies in [{min_value!r}, {max_value!r}] (its largest is "
+                              f"{fmt.max!r})")
     parts: list[st.SearchStrategy[int]] = []
     if high >= 0:
         lo, hi = _magnitude_range(fmt, max(low, 0.0), high)
@@ -145,8 +178,9 @@ def representable_arrays(
     """
     f = _format(fmt)
     codes = _codes(f, min_value, max_value, allow_nan, allow_infinity, allow_subnormal)
+    _flags(unique=unique)
     uint = np.dtype(_UINT[f.dtype.itemsize])
-    return hnp.arrays(uint, shape, elements=codes, unique=unique).map(lambda c: _decode(c, f))
+    return hnp.arrays(uint, _shape(shape), elements=codes, unique=unique).map(lambda c: _decode(c, f))
 
 
 def fp16_arrays(shape, **kwargs) -> st.SearchStrategy[np.ndarray]:
