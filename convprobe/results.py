@@ -114,7 +114,7 @@ def regular_file(path: str | Path, *, where: str) -> Path:
     except FileNotFoundError:
         problem = "is a broken symbolic link" if os.path.islink(p) else "does not exist"
         raise InvalidArgument(f"{where} {problem}") from None
-    except OSError as exc:  # a link loop, a name too long, a component that is a file
+    except (OSError, ValueError) as exc:  # a link loop, a name too long, a NUL byte in the name
         raise InvalidArgument(f"{where} cannot be read ({reason(exc)})") from None
     if stat.S_ISDIR(mode):
         raise InvalidArgument(f"{where} is a directory, not a file")

@@ -309,6 +309,20 @@ def test_the_inputs_the_cases_damage_are_drawn(tmp_path, documents):
         assert code == 0 and out and err == "", err
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["report", ""], "results must name files or directories; received ''"),
+    (["report", "a\x00b.json"], "results file 'a\\x00b.json' cannot be read (embedded null byte)"),
+    (["report", "x" * 300 + ".json"], "cannot be read (File name too long)"),
+    (["report", "{tmp}/sweep.json", "--out-dir", "{tmp}/" + "y" * 300], "has a name of 300 bytes; at most 255 are allowed"),
+], ids=["empty path", "NUL byte", "name too long", "out-dir name too long"])
+def test_report_refuses_paths_the_os_cannot_take(tmp_path, documents, argv, message):
+    (tmp_path / "sweep.json").write_text(json.dumps(documents["sweep.json"]))
+    code, out, err = _cli([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0] and out == "", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]
+
+
 @pytest.mark.parametrize("depth", [900, 990, 100_000])
 def test_report_in_a_fresh_process_refuses_deep_nesting_without_a_traceback(tmp_path, depth):
     """The stack a fresh `convprobe` starts with, not pytest's: what a user's shell sees. Near the

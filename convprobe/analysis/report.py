@@ -58,8 +58,10 @@ class Loaded:
 
 def load(path: str) -> list[Loaded]:
     """Every result `path` holds (a comparison directory holds several runs), validated."""
+    if not str(path):  # Path("") is the working directory
+        raise InvalidArgument("results must name files or directories; received ''")
     p = Path(path)
-    if p.is_dir():
+    if os.path.isdir(p):  # False, not an OSError, for a name too long or with a NUL byte: named below
         if os.path.lexists(p / "header.json"):  # a header that is a directory or a link loop is named by results.read
             return [_load_run(p)]
         runs = sorted(d for d in p.iterdir() if os.path.lexists(d / "header.json"))

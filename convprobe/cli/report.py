@@ -6,6 +6,7 @@ every input completely before it writes anything), prints the files written.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from convprobe.cli.options import check_output
@@ -37,7 +38,7 @@ def run(args) -> int:
 
     formats = check_formats(args.formats)
     out_dir = Path(args.out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # os.path: False, not OSError, for a name too long
         raise InvalidArgument(f"--out-dir must be a directory; received the file {args.out_dir!r}")
     check_output(str(out_dir / "figure.png"), "png")
     for target in draw(args.results, args.out_dir, formats):
