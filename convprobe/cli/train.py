@@ -10,6 +10,7 @@ this same command (`training.cluster.run_local_workers`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 __all__ = ["register", "run", "config_from_args"]
@@ -178,6 +179,8 @@ def _multi_worker(args, config) -> int:
     RunFiles(config.output).plan(config.to_json())  # a bad run directory fails here, once
     if args.local_workers is None:
         cluster.read_tf_config()
+        if not os.environ.get(cluster.WORKER_MARK):  # train in a child: signals reach us, not TensorFlow's wait
+            return cluster.run_worker(args.argv[1:])
         return _train(config)
     if not 2 <= args.local_workers <= cluster.MAX_LOCAL_WORKERS:
         raise InvalidArgument(f"--local-workers must be an integer from 2 to {cluster.MAX_LOCAL_WORKERS}; "
@@ -185,17 +188,19 @@ def _multi_worker(args, config) -> int:
     if config.batch_size % args.local_workers:
         raise InvalidArgument(f"--batch-size must be a multiple of --local-workers ({args.local_workers}); "
                               f"received {config.batch_size}")
-    return cluster.run_local_workers(_without_local_workers(args.argv[1:]) + ["--output", config.output],
-                                     args.local_workers)
+    return cluster.run_local_workers(_without(args.argv[1:], ("--local-workers", "--output"))
+                                     + ["--output", config.output], args.local_workers)
 
 
-def _without_local_workers(argv: list[str]) -> list[str]:
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """`argv` without `options` and their values (each in either form, `--name value` or
+    `--name=value`)."""
     out, skip = [], False
     for token in argv:
         if skip:
             skip = False
-        elif token == "--local-workers":
+        elif token in options:
             skip = True
-        elif not token.startswith("--local-workers="):
+        elif not token.startswith(tuple(f"{option}=" for option in options)):
             out.append(token)
     return out
