@@ -211,6 +211,7 @@ class _Checker:
             "strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
             "ints": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
             "numbers": lambda v: isinstance(v, list) and all(_is_number(x) for x in v),
+            "values": lambda v: isinstance(v, list) and all(isinstance(x, str) and _is_value_text(x) for x in v),
             "fraction": lambda v: _is_number(v) and 0 <= float(v) <= 1,
             "ulps": lambda v: isinstance(v, list) and all(_is_number(x) and float(x) >= 0 for x in v),
         }[kind](value)
@@ -233,6 +234,7 @@ class _Checker:
 _WHAT = {"object": "an object", "list": "a list", "str": "a string", "bool": "true or false",
          "int": "an integer", "count": "a non-negative integer", "number": "a number",
          "strings": "a list of strings", "ints": "a list of integers", "numbers": "a list of numbers",
+         "values": "a list of output values as text ('inf', 'nan', '0.0', ...)",
          "fraction": "a fraction from 0 to 1",
          "ulps": "a list of ULP errors, each a number >= 0 or inf (never NaN)"}
 
@@ -247,6 +249,15 @@ def _is_number(value) -> bool:
     if isinstance(value, float):
         return True
     return isinstance(value, str) and value in ("inf", "-inf", "nan")
+
+
+def _is_value_text(text: str) -> bool:
+    """An output value as `encode_values` writes it: a float's text."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def validate(document, *, where: str) -> dict:
@@ -290,7 +301,7 @@ def _probe_records(c: _Checker, document: dict) -> None:
 
 
 def _overflow_observed(c: _Checker, observed: dict, path: str) -> None:
-    c.field(observed, "output", "strings", path)
+    c.field(observed, "output", "values", path)
 
 
 def _compare_observed(c: _Checker, observed: dict, path: str) -> None:

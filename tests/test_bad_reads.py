@@ -51,6 +51,7 @@ COMMANDS = {
                   "--distributions", "uniform01", "--rows", "4"],
     "compare.json": ["compare", "--backend", "emulated", "--batch", "2", "--height", "6", "--width", "6",
                      "--channels", "4", "--filters", "2"],
+    "overflow.json": ["overflow", "--backend", "emulated"],
     "identify.json": ["identify", "--configs", "none", "--model", "v100", "--ks", "16", "--op", "conv2d"],
 }
 
@@ -216,6 +217,10 @@ REPORT_CASES = [
     ("sweep csv k a word", _doc("sweep.csv", lambda t: t.replace(",9,0,", ",nine,0,", 1)), "column k must hold int values"),
     ("sweep csv status unknown", _doc("sweep.csv", lambda t: t.replace(",ok,", ",fine,", 1)),
      "status must be one of ok, unsupported"),
+    ("overflow outputs not numbers", _doc("overflow.json", lambda d: d["results"][0]["observed"].update(output=["big", "inf"])),
+     "results[0].observed.output must be a list of output values as text ('inf', 'nan', '0.0', ...); received [\"big\", \"inf\"]"),
+    ("overflow outputs numbers, not text", _doc("overflow.json", lambda d: d["results"][0]["observed"].update(output=[0.0])),
+     "results[0].observed.output must be a list of output values as text"),
     ("compare fraction_different 1.5", _doc("compare.json", lambda d: d["results"][0]["observed"].update(fraction_different=1.5)),
      "results[0].observed.fraction_different must be a fraction from 0 to 1; received 1.5"),
     ("compare max_ulp_error a word", _doc("compare.json", lambda d: d["results"][0]["observed"]["real"].update(max_ulp_error="big")),
