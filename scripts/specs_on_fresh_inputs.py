@@ -6,9 +6,11 @@ seeded inputs in a child process with that configuration's environment, and
 `convprobe.emulation` computes it under the spec. Prints the bitwise-equal outputs of each,
 and those of `sequential:fp16:product=fp16` beside them as the plain baseline. Each child
 runs the configuration the document recorded (its environment, threads and --env
-included). The inputs are drawn as identify's own (`layers.op_inputs`), at another seed:
+included). The inputs are, by default, those on which a wrong model can fail
+(`layers.op_confirmation_inputs`: signed, exponents spread, subnormals, ties) at another
+seed; `--inputs uniform` draws U[0, 1) operands as identify's first set (`layers.op_inputs`):
 
-    python scripts/specs_on_fresh_inputs.py map.json [--seed 12345]
+    python scripts/specs_on_fresh_inputs.py map.json [--seed 12345] [--inputs varied|uniform]
 """
 
 import argparse
@@ -24,22 +26,24 @@ from convprobe import results
 from convprobe.backends import EmulatedBackend
 from convprobe.backends.configurations import BackendConfig
 from convprobe.backends.isolation import child_environment
-from convprobe.probes.layers import Layer, op_inputs, run_op
+from convprobe.probes.layers import Layer, op_confirmation_inputs, op_inputs, run_op
 
 PLAIN = "sequential:fp16:product=fp16"
+INPUTS = {"varied": op_confirmation_inputs, "uniform": op_inputs}
 
 CHILD = """
 import json, sys
 import numpy as np
 from convprobe.backends.configurations import BackendConfig
-from convprobe.probes.layers import Layer, op_inputs, run_op
+from convprobe.probes.layers import Layer, op_confirmation_inputs, op_inputs, run_op
 from convprobe.worker import make_backend
 request = json.load(open(sys.argv[1]))
 backend = make_backend(BackendConfig.from_dict(request["config"]))
+draw = op_inputs if request["inputs"] == "uniform" else op_confirmation_inputs
 outputs = {}
 for i, (layer, op) in enumerate(request["cases"]):
     layer = Layer.from_dict(layer)
-    outputs[str(i)] = run_op(backend, layer, op, *op_inputs(layer, op, request["seed"]))
+    outputs[str(i)] = run_op(backend, layer, op, *draw(layer, op, request["seed"]))
 np.savez(sys.argv[2], **outputs)
 """
 
@@ -52,6 +56,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("document")
     parser.add_argument("--seed", type=int, default=12345, help="fresh inputs' seed (identify's default is 0)")
+    parser.add_argument("--inputs", choices=INPUTS, default="varied",
+                        help="varied: signed, spread exponents, subnormals, ties (default); uniform: U[0, 1)")
     args = parser.parse_args()
     document = results.read(args.document, kinds=("identify",))
     configs = {r["config"]["label"]: BackendConfig.from_dict(r["config"]) for r in document["results"]}
@@ -60,24 +66,25 @@ def main() -> None:
         cases = [(key, e) for key, e in entries.items() if "layer" in e and (e.get("summary") or {}).get("best")]
         skipped += [f"{label} {key}" for key, e in entries.items() if (key, e) not in cases]
         if cases and configs[label].backend == "tensorflow":
-            table += _compare(configs[label], cases, args.seed)
+            table += _compare(configs[label], cases, args.seed, args.inputs)
         elif cases:
             skipped += [f"{label} {key} (not TensorFlow)" for key, _ in cases]
     if not table:
         sys.exit(f"{args.document}: no TensorFlow layer with a best spec to compare (a layer map from "
                  "`convprobe identify --input-shape`, `--resnet-size` or `--keras-model` is needed)")
+    print(f"inputs: {args.inputs}, seed {args.seed}")
     print("| configuration | layer / op | spec | plain |\n|---|---|---|---|")
     print("\n".join(table))
     if skipped:
         print(f"not compared (no layer or no best spec): {', '.join(skipped)}")
 
 
-def _compare(config: BackendConfig, cases: list, seed: int) -> list[str]:
+def _compare(config: BackendConfig, cases: list, seed: int, inputs: str) -> list[str]:
     """One table row per case: TensorFlow in a child with the configuration's environment,
     the emulator here."""
     with tempfile.TemporaryDirectory() as folder:
         request, answer = Path(folder) / "request.json", Path(folder) / "answer.npz"
-        request.write_text(json.dumps({"config": config.to_dict(), "seed": seed,
+        request.write_text(json.dumps({"config": config.to_dict(), "seed": seed, "inputs": inputs,
                                        "cases": [(e["layer"], e["op"]) for _, e in cases]}))
         proc = subprocess.run([sys.executable, "-c", CHILD, str(request), str(answer)],
                               env=child_environment(config), capture_output=True, text=True)
@@ -87,7 +94,7 @@ def _compare(config: BackendConfig, cases: list, seed: int) -> list[str]:
         rows = []
         for i, (key, entry) in enumerate(cases):
             layer, op = Layer.from_dict(entry["layer"]), entry["op"]
-            first, second = op_inputs(layer, op, seed)
+            first, second = INPUTS[inputs](layer, op, seed)
             y = observed[str(i)]
             spec = _equal(run_op(EmulatedBackend(entry["summary"]["best"]), layer, op, first, second), y)
             plain = _equal(run_op(EmulatedBackend(PLAIN), layer, op, first, second), y)

@@ -48,7 +48,7 @@ CLI_CASES = [
     (["overflow", "--output", "/proc/x.json"], "cannot be written: '/proc' is not a writable directory"),
     (["overflow", "--format", "csv", "--output", "{tmp}/o.json"], "ends in .json but the output format is csv"),
     (["overflow", "--output", "{tmp}"], "--output must be a file path"),
-    (["overflow", "--output", "{tmp}/file/o.json"], "is not a writable directory"),
+    (["overflow", "--output", "{tmp}/file/o.json"], "its parent"),
     (["fingerprint", *EMU, "--output", "{tmp}/x.txt"], "--output must end in .json or .csv"),
     (["identify", *EMU, "--output", "{tmp}/x.png"], "--output must end in .json or .csv"),
     (["sweep", *EMU, "--output", "/proc/s.csv"], "cannot be written"),

@@ -8,6 +8,7 @@ the suffix) and may drop the object afterwards.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -341,8 +342,6 @@ _CELL_WIDTH, _CELL_LINES = 72, 3
 
 def _cell_spec(spec: str) -> str:
     """A spec wrapped to fit its cell; a longer one ends in a pointer to the JSON, which holds it whole."""
-    import textwrap
-
     lines = textwrap.wrap(spec, _CELL_WIDTH, break_on_hyphens=False)
     if len(lines) > _CELL_LINES:
         lines = [*lines[:_CELL_LINES - 1], "... (the whole spec: the JSON's best)"]
@@ -380,7 +379,7 @@ def layer_map_figure(matches: dict) -> Figure:
             values[i, j] = 100 * float(fraction)
             text = f"{_cell_spec(summary['best'])}\n{100 * float(fraction):.1f}%"
         else:
-            text = str(entry.get("error") or entry.get("status"))
+            text = textwrap.fill(str(entry.get("error") or entry.get("status")), _CELL_WIDTH, break_on_hyphens=False)
         ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
     ax.imshow(values, cmap=cmap, vmin=90, vmax=100, aspect="auto", alpha=0.55)  # anything short of 100% shows
     ax.set_xticks(range(len(ops)), ops, fontsize=9)

@@ -75,8 +75,9 @@ def _pair(text: str, argument: str) -> tuple[int, int]:
     return values  # type: ignore[return-value]
 
 
-def layers_from_args(args) -> list | None:
-    """The layers to identify (None in battery mode); every check happens here, before work."""
+def layers_from_args(args) -> tuple[list, list] | None:
+    """The layers to identify and the model's conv-like layers it cannot measure, each with its
+    reason (None in battery mode); every check happens here, before work."""
     from convprobe.errors import InvalidArgument, invalid_choice
     from convprobe.probes.layers import PADDINGS, Layer, parse_shape
 
@@ -110,7 +111,7 @@ def layers_from_args(args) -> list | None:
         if padding not in PADDINGS:
             raise invalid_choice("padding", args.padding, PADDINGS)
         return [Layer(parse_shape(args.input_shape, "--input-shape", 4), parse_shape(args.filter_shape, "--filter-shape", 4),
-                      _pair(args.strides, "--strides"), padding, _pair(args.dilation, "--dilation"))]
+                      _pair(args.strides, "--strides"), padding, _pair(args.dilation, "--dilation"))], []
     if args.strides != "1" or args.padding != "SAME" or args.dilation != "1":
         raise InvalidArgument("--strides, --padding and --dilation apply to --input-shape; a model's layers carry their own")
     import os
@@ -171,8 +172,9 @@ def run(args) -> int:
     layers = layers_from_args(args)
     announce_inherited_switches(args.command)
     if layers is not None:
+        layers, not_identified = layers
         outcome = run_layer_identify(configs, layers, specs=specs, seed=args.seed, device=args.device,
-                                     timeout=args.timeout, jobs=args.jobs)
+                                     timeout=args.timeout, jobs=args.jobs, not_identified=not_identified)
     else:
         outcome = run_identify(configs, ops, specs=specs, ks=args.ks,
                                rows=args.rows or identify.DEFAULT_ROWS, seed=args.seed, device=args.device,

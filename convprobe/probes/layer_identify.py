@@ -10,8 +10,11 @@ For every layer and each of its three ops (`layers.LAYER_OPS`) the child process
 1. measures the reduction's structure with crafted inputs (`structure.measure`):
    accumulator, partial-sum boundaries, interleaved lanes, product rounding, one
    row a channel, and again column by column of the op's GEMM (`column_patterns`);
-2. runs the op on seeded random fp16 inputs (`layers.op_inputs`) and returns the
-   bit patterns of up to `SAMPLE` outputs, picked by seed;
+2. runs the op on two sets of seeded random fp16 inputs and returns the bit patterns of
+   up to `SAMPLE` outputs of each, picked by seed: U[0, 1) operands (`layers.op_inputs`),
+   on which fp16 accumulation shows, and operands on which a wrong model can fail
+   (`layers.op_confirmation_inputs`: signed, spread exponents, subnormals, ties and a
+   cancelling +-M pair in each reduction, so a wide accumulator's association shows);
 3. tests that the op is a direct sum of products at all (`direct_sum`): a Winograd or
    FFT convolution is said to be one, not fitted with a dot-product model.
 
@@ -21,7 +24,9 @@ adds those the layer's layout suggests (`layer_patterns`: an input gradient's on
 chunks), a few plain models (`BASE_CANDIDATES`) and any the
 user names, recomputes
 the same op through the emulator's conv API for each, and counts the outputs
-that match bit for bit. The best spec is the measured one when it matches; a
+that match bit for bit. Each spec that matches every output of the first set must then
+match every output of the second (`confirmation` in the summary): a spec is reported at
+100% only when it reproduced both. The best spec is the measured one when it matches; a
 summary says plainly what was measured and ruled out when nothing matches.
 """
 
@@ -31,7 +36,7 @@ import threading
 
 import numpy as np
 
-from convprobe.probes.layers import LAYER_OPS, Layer, op_inputs, run_op
+from convprobe.probes.layers import LAYER_OPS, Layer, op_confirmation_inputs, op_inputs, run_op
 
 __all__ = ["BASE_CANDIDATES", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
 
@@ -42,6 +47,11 @@ BASE_CANDIDATES = (
 )
 #: Outputs compared per op (all of them when the op has fewer).
 SAMPLE = 8192
+#: The two input sets every op runs on: the first chooses, the second confirms.
+INPUT_SETS = {"uniform": op_inputs, "confirmation": op_confirmation_inputs}
+#: What the confirmation inputs are, in the words the summary records.
+CONFIRMATION_INPUTS = ("signed operands, exponents from 2**-8 to 2**4, fp16 subnormals, coarse values that "
+                       "make ties, and a cancelling +-M pair in each reduction (layers.op_confirmation_inputs)")
 
 
 def sample_indices(size: int, seed: int) -> np.ndarray:
@@ -64,10 +74,12 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
         ops = {}
         for op in LAYER_OPS:
             try:
-                first, second = op_inputs(layer, op, seed)
-                with np.errstate(over="ignore", invalid="ignore"):
-                    y = run_op(backend, layer, op, first, second).reshape(-1)
-                ops[op] = {"status": "ok", "bits": encode_bits(y[sample_indices(y.size, seed)]),
+                bits = {}
+                for name, draw in INPUT_SETS.items():
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        y = run_op(backend, layer, op, *draw(layer, op, seed)).reshape(-1)
+                    bits[name] = encode_bits(y[sample_indices(y.size, seed)])
+                ops[op] = {"status": "ok", "bits": bits["uniform"], "confirmation_bits": bits["confirmation"],
                            "direct": direct_sum.safely(direct_sum.probe, backend, layer, op, seed).to_dict(),
                            "structure": measure(backend, layer, op, seed).to_dict()}
             except UnsupportedConfiguration as exc:
@@ -82,16 +94,16 @@ _PREDICTIONS: dict[tuple, np.ndarray | None] = {}
 _LOCK = threading.Lock()
 
 
-def _predicted(spec: str, layer: Layer, op: str, seed: int) -> np.ndarray | None:
-    """The sampled fp16 bits of `spec` on the op's seeded inputs (cached across
-    configurations); None if the model cannot take them."""
+def _predicted(spec: str, layer: Layer, op: str, seed: int, inputs: str = "uniform") -> np.ndarray | None:
+    """The sampled fp16 bits of `spec` on the op's seeded inputs of one set (`INPUT_SETS`,
+    cached across configurations); None if the model cannot take them."""
     from convprobe.backends.emulated import EmulatedBackend
     from convprobe.errors import InvalidArgument
 
-    key = (spec, layer, op, seed)
+    key = (spec, layer, op, seed, inputs)
     with _LOCK:
         if key not in _PREDICTIONS:
-            first, second = op_inputs(layer, op, seed)
+            first, second = INPUT_SETS[inputs](layer, op, seed)
             try:
                 with np.errstate(over="ignore", invalid="ignore"):
                     y = run_op(EmulatedBackend(spec), layer, op, first, second).reshape(-1)
@@ -123,18 +135,41 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         if predicted is not None:
             table[spec] = float(np.mean(bitwise_equal(predicted, observed)))
     direct = DirectSum.from_dict(result["direct"]) if result.get("direct") else None  # older documents lack it
-    perfect = [s for s, f in table.items() if f == 1.0]
+    confirmation = _confirm(table, layer, op, seed, result.get("confirmation_bits"))
+    scores = {spec: min(fraction, confirmation["fractions"].get(spec, fraction)) for spec, fraction in table.items()}
+    perfect = [s for s, f in scores.items() if f == 1.0]
     if direct is not None and direct.direct is False:  # say so rather than fit a dot-product model
         best, explanation = None, f"{direct.reason}; no dot-product model applies; closest tried: {_closest(table)}"
     else:
-        best = best_of(table) if table else None
-        explanation = _explain(structure, measured, table, best, by_column, by_row, others)
-    fraction = table.get(best, 0.0)
+        best = best_of(scores) if scores else None
+        explanation = _explain(structure, measured, scores, best, by_column, by_row, others)
+        failed = [spec for spec, f in table.items() if f == 1.0 and scores[spec] < 1.0]
+        if failed:
+            explanation += ("; matched every output of the U[0, 1) inputs but not of the confirmation inputs: "
+                            + ", ".join(f"{spec} {confirmation['fractions'][spec]:.1%}" for spec in failed[:3]))
+    fraction = scores.get(best, 0.0)
     return {"best": best, "fractions": {k: fraction} if best else {},
             "stops_matching_at": None if best and fraction == 1.0 else k, "perfect": perfect,
             "direct": direct.to_dict() if direct else None,
             "structure": structure.to_dict(), "measured_specs": measured, "table": table,
-            "outputs_compared": len(observed), "explanation": explanation}
+            "confirmation": confirmation, "outputs_compared": len(observed), "explanation": explanation}
+
+
+def _confirm(table: dict, layer: Layer, op: str, seed: int, bits: list[str] | None) -> dict:
+    """Each spec that matched every output of the first inputs, on the confirmation inputs:
+    {"inputs", "fractions": {spec: share bitwise equal}, "outputs_compared"}. A document
+    written before confirmation existed has no bits: it says so, and confirms nothing."""
+    from convprobe.probes.structure import bitwise_equal
+
+    if bits is None:
+        return {"inputs": None, "fractions": {}, "outputs_compared": 0,
+                "note": "not confirmed: the document holds no confirmation outputs (written by an older convprobe)"}
+    observed = np.array([int(h, 16) for h in bits], dtype=np.uint16)
+    fractions = {}
+    for spec in (spec for spec, fraction in table.items() if fraction == 1.0):
+        predicted = _predicted(spec, layer, op, seed, "confirmation")
+        fractions[spec] = 0.0 if predicted is None else float(np.mean(bitwise_equal(predicted, observed)))
+    return {"inputs": CONFIRMATION_INPUTS, "fractions": fractions, "outputs_compared": len(observed)}
 
 
 def _other_layouts(layer: Layer, structure) -> list[tuple]:

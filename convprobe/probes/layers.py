@@ -17,9 +17,10 @@ import numpy as np
 
 from convprobe.errors import InvalidArgument, invalid_choice
 
-__all__ = ["LAYER_OPS", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_inputs", "op_call", "run_op",
+__all__ = ["LAYER_OPS", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_inputs",
+           "op_confirmation_inputs", "CONFIRMATION_MIX", "op_call", "run_op",
            "run_ops",
-           "keras_layers"]
+           "keras_layers", "NotIdentified"]
 
 #: The ops of one conv layer, forward then the two gradients.
 LAYER_OPS = ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter")
@@ -153,6 +154,80 @@ def op_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]
     return first, second
 
 
+#: The mixture `op_confirmation_inputs` draws each operand from: (share, kind).
+CONFIRMATION_MIX = ((0.35, "spread"), (0.25, "uniform"), (0.3, "coarse"), (0.1, "subnormal"))
+
+
+def op_confirmation_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded fp16 operands on which a wrong model can fail: signed values (sums cancel, so an
+    fp32 accumulator's association shows in the fp16 result), exponents spread over 2**-8 to
+    2**4, fp16 subnormals, and coarse values (few significant bits: partial sums land exactly
+    halfway between two fp16 numbers, so the tie rule shows). U[0, 1) operands (`op_inputs`)
+    reveal fp16 accumulation but not the association of a wide one; these reveal both.
+
+    The second operand is scaled by a power of two so that a random walk of K products stays
+    near 2**8 (far from fp16's overflow); subnormals are drawn after scaling, so both operands
+    hold them."""
+    rng = np.random.default_rng([seed, 1 + LAYER_OPS.index(op), 0x5167, *layer.input_shape, *layer.filter_shape])
+    shapes = op_shapes(layer, op)
+    scale = 2.0 ** -max(0, int(np.ceil(np.log2(np.sqrt(layer.k(op)) / 16))))
+    first, second = _mixture(rng, shapes[0], 1.0), _mixture(rng, shapes[1], scale)
+    _plant_cancelling_pairs(op, first, second, rng)
+    return first, second
+
+
+#: The magnitude of the planted pair +M, -M: an fp16 accumulator holding M absorbs every term
+#: below 2**3, an fp32 one drops the bits below 2**-9, so the terms summed between the pair
+#: show in the fp16 result of either (FPRev's masked +-M inputs, Xie et al., USENIX ATC'25).
+CANCELLING_MAGNITUDE = 2.0**14
+
+
+def _plant_cancelling_pairs(op: str, first: np.ndarray, second: np.ndarray, rng: np.random.Generator) -> None:
+    """Make most outputs sum a +M and a -M product at two random places of their reduction,
+    different places for different output channels: their result then depends on which terms
+    the order puts between the two, so a wrong association fails where a random sum hides it.
+
+    Two channels of the first operand become ones; the second operand carries +-M where they
+    meet it (conv2d: filter taps of those input channels; input gradient: filter taps of those
+    output channels; filter gradient: positions of dy, for the outputs of the one-channels)."""
+    channels = first.shape[-1]
+    if op == "conv2d_backprop_filter":  # x (N,H,W,C) and dy (N,OH,OW,F): reduce over positions
+        ones = rng.choice(channels, size=min(2, channels), replace=False)
+        first[..., ones] = 1.0
+        positions = second.shape[:3]
+        for f in range(second.shape[-1]):
+            plus, minus = rng.choice(int(np.prod(positions)), size=2, replace=False)
+            second[(*np.unravel_index(plus, positions), f)] = CANCELLING_MAGNITUDE
+            second[(*np.unravel_index(minus, positions), f)] = -CANCELLING_MAGNITUDE
+        return
+    if channels < 2:
+        return
+    one_plus, one_minus = rng.choice(channels, size=2, replace=False)
+    first[..., one_plus] = first[..., one_minus] = 1.0
+    taps = second.shape[:2]
+    # conv2d: w (KH,KW,C,F), outputs by F, ones at input channels C; input gradient: w (KH,KW,C,F),
+    # outputs by C, ones at output channels F
+    outputs = second.shape[3] if op == "conv2d" else second.shape[2]
+    for o in range(outputs):
+        plus, minus = (np.unravel_index(t, taps) for t in rng.choice(int(np.prod(taps)), size=2))
+        where = ((*plus, one_plus, o), (*minus, one_minus, o)) if op == "conv2d" else \
+            ((*plus, o, one_plus), (*minus, o, one_minus))
+        second[where[0]] = CANCELLING_MAGNITUDE
+        second[where[1]] = -CANCELLING_MAGNITUDE
+
+
+def _mixture(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    shares = np.array([share for share, _ in CONFIRMATION_MIX])
+    kind = rng.choice(len(shares), size=shape, p=shares / shares.sum())
+    sign = rng.choice(np.array([-1.0, 1.0]), size=shape)
+    spread = 2.0 ** rng.uniform(-8.0, 4.0, shape)
+    uniform = rng.uniform(0.0, 1.0, shape)
+    coarse = rng.choice(np.array([1.0, 1.5, 2.0, 3.0]), size=shape) * 2.0 ** rng.integers(-6, 3, shape)
+    subnormal = rng.integers(1, 1024, shape) * 2.0**-24 / scale  # a subnormal once scaled
+    values = np.choose(kind, [spread, uniform, coarse, subnormal]) * sign * scale
+    return values.astype(np.float16)
+
+
 def op_call(layer: Layer, op: str, first: np.ndarray, second: np.ndarray) -> tuple[str, tuple, dict]:
     """(backend method, args, kwargs) of `op` at this layer."""
     if op not in LAYER_OPS:
@@ -177,9 +252,48 @@ def run_ops(backend, layer: Layer, op: str, operands) -> list[np.ndarray]:
     return [run_op(backend, layer, op, first, second) for first, second in operands]
 
 
-def keras_layers(model, batch: int) -> list[Layer]:
-    """Every distinct Conv2D layer of a built Keras model, at this batch size, in model order."""
+@dataclass(frozen=True)
+class NotIdentified:
+    """A conv-like layer of a user's model that identify does not measure, and why: it is
+    listed in the table, the JSON and the figure, never dropped without a word."""
+
+    name: str
+    kind: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "reason": self.reason}
+
+
+def _not_measured_reason(item) -> str | None:
+    """Why identify cannot measure this Keras layer (None: it is a plain Conv2D it can)."""
     import keras
+
+    kind = type(item).__name__
+    if isinstance(item, getattr(keras.layers, "DepthwiseConv2D", ())) or "Depthwise" in kind:
+        return ("depthwise convolution: each output sums its own channel's KH*KW taps; identify has no "
+                "depthwise probe yet")
+    if "Separable" in kind:
+        return "separable convolution (a depthwise conv, then a 1x1 conv): identify has no depthwise probe yet"
+    if "Transpose" in kind:
+        return "transposed convolution: identify has no probe of it yet (its arithmetic is a conv2d input gradient)"
+    if type(item) is not keras.layers.Conv2D:
+        return f"{kind}: identify measures 2-D convolutions (Conv2D) only"
+    if item.data_format != "channels_last":
+        return f"data_format {item.data_format}: identify measures channels_last (NHWC) convolutions only"
+    if item.groups != 1:
+        return f"grouped convolution (groups={item.groups}): identify has no grouped probe yet"
+    return None
+
+
+def _conv_like(item) -> bool:
+    """A layer whose work is a convolution (Keras names every one ...Conv...)."""
+    return "Conv" in type(item).__name__ and hasattr(item, "kernel_size")
+
+
+def keras_layers(model, batch: int) -> tuple[list[Layer], list[NotIdentified]]:
+    """Every distinct Conv2D layer of a built Keras model, at this batch size, in model order,
+    and every other conv-like layer with the reason identify does not measure it."""
 
     def walk(parent):
         for item in getattr(parent, "layers", ()):
@@ -187,12 +301,14 @@ def keras_layers(model, batch: int) -> list[Layer]:
             yield from walk(item)
 
     found: dict[Layer, None] = {}
+    skipped: list[NotIdentified] = []
     for item in walk(model):
-        if type(item) is not keras.layers.Conv2D:  # subclasses (separable, depthwise) contract differently
+        if not _conv_like(item):
             continue
-        if item.data_format != "channels_last" or item.groups != 1:
-            raise InvalidArgument(f"layer {item.name}: only channels_last, groups=1 Conv2D layers can be "
-                                  f"identified; it has {item.data_format}, groups={item.groups}")
+        reason = _not_measured_reason(item)
+        if reason is not None:
+            skipped.append(NotIdentified(item.name, type(item).__name__, reason))
+            continue
         try:
             _, h, w, c = item.input.shape
         except (AttributeError, ValueError) as exc:
@@ -208,5 +324,7 @@ def keras_layers(model, batch: int) -> list[Layer]:
             raise InvalidArgument(f"layer {item.name}: {exc}") from None
         found.setdefault(layer, None)
     if not found:
-        raise InvalidArgument("the model has no Conv2D layer to identify")
-    return list(found)
+        listed = "; ".join(f"{s.name} ({s.reason})" for s in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
+        raise InvalidArgument("the model has no Conv2D layer to identify" + (f"; not measured: {listed}" if skipped
+                                                                             else ""))
+    return list(found), skipped

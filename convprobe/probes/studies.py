@@ -219,17 +219,23 @@ def _battery_summary(row: dict, base: dict, summary: dict, rows: int) -> list[di
     return records
 
 
+#: The op column of a layer identify does not measure (its key names the layer's kind).
+NOT_IDENTIFIED = "not identified"
+
+
 def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeout: float,
-                       jobs: int | None) -> Outcome:
-    """Each layer's three ops at its own shape: measured structure, confirmed bit for bit."""
+                       jobs: int | None, not_identified=()) -> Outcome:
+    """Each layer's three ops at its own shape: measured structure, confirmed bit for bit; the
+    model's conv-like layers identify cannot measure (`not_identified`) are rows that say why."""
     from convprobe.analysis.tables import frame_from_records
     from convprobe.probes import layer_identify
     from convprobe.probes.direct_sum import not_direct
     from convprobe.probes.runner import run_probe
 
-    params = {"layers": [layer.to_dict() for layer in layers], "seed": seed}
+    params = {"layers": [layer.to_dict() for layer in layers], "seed": seed,
+              "not_identified": [item.to_dict() for item in not_identified]}
     probe_results = run_probe("identify", configs, params, timeout=timeout, jobs=jobs)
-    single = len(layers) == 1
+    single = len(layers) == 1 and not not_identified  # a model's map keys every entry by its layer
     table_rows, records, matches = [], [], {}
     for result in probe_results:
         found = layer_identify.identify_observed(result.observed, specs) if result.status == Status.OK else [
@@ -255,11 +261,19 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
             records.append({**base, "property": "best_model", "value": summary["best"], "evidence": evidence})
             records.append({**base, "property": f"match_fraction_k{layer.k(op)}", "value": f"{fraction:.6g}",
                             "evidence": evidence})
+        for item in not_identified:
+            reason = f"not identified: {item.reason}"
+            per_op[f"{item.name} / {item.kind}"] = {"status": Status.UNSUPPORTED.value, "error": reason, "summary": {},
+                                                   "layer": item.to_dict(), "op": NOT_IDENTIFIED}
+            table_rows.append({"configuration": result.config.label, "layer": item.name, "op": item.kind, "K": "-",
+                               "status": "not identified", "best model": item.reason})
     frame = frame_from_records(records, "probe")
     columns = ["configuration", "layer", "op", "K", "status", "best model", "match", "measured"]
     document = _envelope("identify", params, probe_results, seed=seed, device=device, matches=matches)
-    notes = ["(match = share of compared outputs bitwise equal to the model's; measured = crafted-input "
-             "structure: accumulator, lanes, partial-sum boundaries)",
+    notes = ["(match = share of compared outputs bitwise equal to the model's, the lower of two input sets: "
+             "U[0, 1) operands, and confirmation operands that are signed, spread over exponents, with subnormals, "
+             "ties and a cancelling +-M pair in each reduction; measured = crafted-input structure: accumulator, "
+             "lanes, partial-sum boundaries)",
              *(n for n in _failure_notes(probe_results) if ": note: " in n)]
     unmatched = [(c, k, e["summary"]["explanation"]) for c, per in matches.items() for k, e in per.items()
                  if e["status"] == Status.OK and e["summary"].get("stops_matching_at") is not None]

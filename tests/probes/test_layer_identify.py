@@ -236,6 +236,54 @@ def test_a_keras_model_gives_a_per_layer_map(tmp_path):
 
 
 @pytest.mark.tensorflow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Keras' own save path, not ours
+def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path):
+    import keras
+
+    inputs = keras.Input((8, 8, 4))
+    x = keras.layers.Conv2D(8, 3, padding="same", name="plain")(inputs)
+    x = keras.layers.DepthwiseConv2D(3, padding="same", name="depthwise")(x)
+    x = keras.layers.SeparableConv2D(8, 3, padding="same", name="separable")(x)
+    x = keras.layers.Conv2D(8, 3, padding="same", groups=2, name="grouped")(x)
+    x = keras.layers.Conv2DTranspose(4, 3, padding="same", name="transposed")(x)
+    path = tmp_path / "mixed.keras"
+    keras.Model(inputs, x).save(path)
+    doc = run_cli_json("identify", "--configs", "none", "--model", "sequential:fp16", "--keras-model", str(path),
+                       "--batch", "1", "--output", str(tmp_path / "map.json"))
+    matches = doc["matches"]["emulated/sequential:fp16"]
+    assert [k for k in matches if k.startswith("plain")] == [f"plain / {op}" for op in LAYER_OPS]
+    assert all(matches[f"plain / {op}"]["summary"]["stops_matching_at"] is None for op in LAYER_OPS)
+    reasons = {key: entry["error"] for key, entry in matches.items() if entry["status"] != "ok"}
+    assert set(reasons) == {"depthwise / DepthwiseConv2D", "separable / SeparableConv2D", "grouped / Conv2D",
+                            "transposed / Conv2DTranspose"}, reasons
+    assert "depthwise convolution" in reasons["depthwise / DepthwiseConv2D"]
+    assert "groups=2" in reasons["grouped / Conv2D"]
+    assert all(reason.startswith("not identified: ") for reason in reasons.values())
+    assert [item["name"] for item in doc["params"]["not_identified"]] == ["depthwise", "separable", "grouped",
+                                                                         "transposed"]
+    table = run_cli("identify", "--configs", "none", "--model", "sequential:fp16", "--keras-model", str(path),
+                    "--batch", "1")
+    assert table.returncode == 0 and table.stdout.count("not identified") == 4, table.stdout
+
+
+def test_a_spec_that_fails_the_confirmation_inputs_is_not_reported_at_100_percent():
+    """pairwise:fp32 and sequential:fp32 round alike on U[0, 1) operands at this layer; the
+    confirmation inputs (signed, a cancelling +-M pair) tell them apart, so pairwise is not
+    reported as a match of a sequential fp32 configuration."""
+    from convprobe.probes import layer_identify
+
+    layer = Layer((2, 9, 9, 24), (3, 3, 24, 40))
+    observed = layer_identify.run(EmulatedBackend("sequential:fp32:output=fp16"), layers=[layer.to_dict()], seed=0)
+    ((_, _, entry), *_) = layer_identify.identify_observed(observed, ["pairwise:fp32:output=fp16"])
+    summary = entry["summary"]
+    assert summary["table"]["pairwise:fp32:output=fp16"] == 1.0  # U[0, 1) cannot tell them apart
+    assert summary["confirmation"]["fractions"]["pairwise:fp32:output=fp16"] < 0.95  # the confirmation can
+    assert summary["confirmation"]["fractions"]["sequential:fp32:output=fp16"] == 1.0
+    assert summary["best"] == "sequential:fp32:output=fp16" and summary["fractions"] == {216: 1.0}
+    assert "pairwise:fp32:output=fp16" not in summary["perfect"]
+
+
+@pytest.mark.tensorflow
 def test_real_tensorflow_layers_are_reproduced_bit_for_bit(tmp_path):
     """onednn-off+fp16-acc at a 1x1 layer with K = 6144 and a 3x3 layer with 256 input
     channels: every op 100% at two seeds, with the same measured spec; --threads is in

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convprobe import results
 from convprobe.errors import InvalidArgument
 from convprobe.training.config import validate_config
 from convprobe.training.records import (STEP_COLUMNS, TELEMETRY_COLUMNS, RunFiles, _truncate_csv, load_checkpoint,
