@@ -295,3 +295,22 @@ def test_a_file_size_limit_during_training_is_one_line_exit_3_and_the_run_resume
     resumed = _cli(*args)
     assert resumed.returncode == 0, resumed.stderr
     assert "2/2 steps" in resumed.stdout and (run / "checkpoint.npz").is_file()
+
+
+@pytest.mark.tensorflow
+def test_links_planted_at_the_old_fixed_temporary_names_are_never_written_through(tmp_path):
+    """The checkpoint and the CSV rewrites once went through fixed temporary names
+    (checkpoint.tmp.npz, steps.tmp); a link planted there, beside a recorded run, stays a
+    link and its target stays as it was, through a resume that checkpoints every step."""
+    run = tmp_path / "run"
+    shape = TINY_RUN[2:]  # without --steps
+    args = ["train", *shape, "--checkpoint-every", "1", "--output", str(run)]
+    assert _cli(*args, "--steps", "2").returncode == 0
+    outside = _outside(tmp_path)
+    for name in ("checkpoint.tmp.npz", "steps.tmp", "telemetry.tmp"):
+        (run / name).symlink_to(outside)
+    resumed = _cli(*args, "--steps", "4")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "4/4 steps" in resumed.stdout
+    assert outside.read_text() == "the user's own file"
+    assert all((run / name).is_symlink() for name in ("checkpoint.tmp.npz", "steps.tmp", "telemetry.tmp"))
