@@ -87,6 +87,29 @@ class EmulatedBackend(AbstractBackend):
             dilation=normalize_pair(dilation, "dilation"), groups=c,
         )
 
+    def depthwise_conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
+        """The depthwise conv's input gradient, as the grouped conv2d's (one group per channel)."""
+        from convprobe.emulation import conv2d_backprop_input
+
+        w = np.asarray(w)
+        kh, kw, c, mult = w.shape
+        return conv2d_backprop_input(
+            dy, w.reshape(kh, kw, 1, c * mult), tuple(input_shape), self.model_for(dy, w),
+            strides=normalize_pair(strides, "strides"), padding=padding,
+            dilation=normalize_pair(dilation, "dilation"), groups=c,
+        )
+
+    def depthwise_conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
+        """The depthwise conv's filter gradient (kh, kw, C, multiplier), as the grouped conv2d's."""
+        from convprobe.emulation import conv2d_backprop_filter
+
+        kh, kw, c, mult = (int(v) for v in filter_shape)
+        grouped = conv2d_backprop_filter(
+            x, dy, (kh, kw, 1, c * mult), self.model_for(x, dy), strides=normalize_pair(strides, "strides"),
+            padding=padding, dilation=normalize_pair(dilation, "dilation"), groups=c,
+        )
+        return grouped.reshape(kh, kw, c, mult)
+
     def conv3d(self, x, w, *, strides=1, padding="VALID"):
         """VALID 3-D convolution (NDHWC x, DHWIO w), reducing over (kd, kh, kw, c) in that order."""
         from convprobe.emulation import dot

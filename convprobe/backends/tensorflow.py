@@ -147,6 +147,30 @@ class TensorFlowBackend(AbstractBackend):
 
         return self._run(fn, _array(x), _array(w))
 
+    def depthwise_conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
+        """TensorFlow's DepthwiseConv2dNativeBackpropInput: what training a DepthwiseConv2D runs."""
+        strides, dilation, pad_name, explicit = _gradient_conv_args(strides, padding, dilation)
+
+        def fn(dy, w):
+            return self.tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
+                input_sizes=list(input_shape), filter=w, out_backprop=dy, strides=[1, *strides, 1],
+                padding=pad_name, explicit_paddings=explicit, dilations=[1, *dilation, 1],
+            )
+
+        return self._run(fn, _array(dy), _array(w))
+
+    def depthwise_conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
+        """TensorFlow's DepthwiseConv2dNativeBackpropFilter: what training a DepthwiseConv2D runs."""
+        strides, dilation, pad_name, explicit = _gradient_conv_args(strides, padding, dilation)
+
+        def fn(x, dy):
+            return self.tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+                input=x, filter_sizes=list(filter_shape), out_backprop=dy, strides=[1, *strides, 1],
+                padding=pad_name, explicit_paddings=explicit, dilations=[1, *dilation, 1],
+            )
+
+        return self._run(fn, _array(x), _array(dy))
+
     def conv3d(self, x, w, *, strides=1, padding="VALID"):
         """`tf.nn.conv3d`: NDHWC x, DHWIO filter."""
         stride = (strides,) * 3 if isinstance(strides, int) else tuple(strides)

@@ -4,7 +4,7 @@ The `identify` probe runs this mode when its params carry `layers`, so a layer
 map is an ordinary identify document (params.layers, matches keyed by op, or by
 'layer / op' for a map).
 
-For every layer and each of its three ops (`layers.LAYER_OPS`) the child process
+For every layer and each of its three ops (`Layer.ops`: conv2d's or a depthwise conv's) the child process
 (the backend's own) does two things at the layer's exact shape:
 
 1. measures the reduction's structure with crafted inputs (`structure.measure`):
@@ -36,9 +36,9 @@ import threading
 
 import numpy as np
 
-from convprobe.probes.layers import LAYER_OPS, Layer, op_confirmation_inputs, op_inputs, run_op
+from convprobe.probes.layers import Layer, LayerKind, op_confirmation_inputs, op_inputs, run_op
 
-__all__ = ["BASE_CANDIDATES", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
+__all__ = ["BASE_CANDIDATES", "DEPTHWISE_NOTE", "depthwise_candidates", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
 
 #: Plain models tried beside the measured ones: exact, fp32 and fp16 sequential, pairwise.
 BASE_CANDIDATES = (
@@ -54,6 +54,33 @@ CONFIRMATION_INPUTS = ("signed operands, exponents from 2**-8 to 2**4, fp16 subn
                        "make ties, and a cancelling +-M pair in each reduction (layers.op_confirmation_inputs)")
 
 
+#: Why a depthwise op has no measured structure and no direct-sum test.
+DEPTHWISE_NOTE = ("identify's crafted-input probes are laid out for conv2d; a depthwise op is tried against the "
+                  "models of TensorFlow's CPU kernels and plain models, each confirmed on both input sets")
+
+
+def depthwise_candidates(layer: Layer, op: str) -> tuple[str, ...]:
+    """The models a depthwise op is tried against beside the plain ones: the loops of
+    TensorFlow's CPU kernels (tensorflow/core/kernels/depthwise_conv_op.cc and
+    depthwise_conv_grad_op.cc), whose Eigen half packets multiply and add in fp32 and round
+    each sum to fp16. The forward conv sums each channel's taps in order; the input gradient
+    sums each (channel, multiplier) over the taps from the last, then the multipliers from
+    the last; the filter gradient sums each image's positions in order, then adds the images'
+    sums in fp16 (strict XLA does the same with each product rounded to fp16). Confirmation,
+    not this list, decides: a kernel that does otherwise matches none of them."""
+    kh, kw, _, multiplier = layer.filter_shape
+    role = layer.ops.index(op)
+    if role == 0:
+        return ("sequential:fp16:addition=fp32",)
+    if role == 1:
+        per_tap = "sequential:fp16:addition=fp32"
+        return (f"reverse({per_tap})",) if multiplier == 1 else (
+            f"reverse(lanes({multiplier}, {per_tap}, combine=reverse(sequential:fp16)))",)
+    _, oh, ow, _ = layer.output_shape
+    # the second: strict XLA's grouped filter gradient, which rounds each product to fp16
+    return tuple(f"chunked:fp16:n={oh * ow}:{rounding}:total=fp16" for rounding in ("addition=fp32", "product=fp16"))
+
+
 def sample_indices(size: int, seed: int) -> np.ndarray:
     """The flat output indices compared: all, or `SAMPLE` of them drawn by seed."""
     if size <= SAMPLE:
@@ -65,23 +92,31 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
     """Child side: per layer and op, the measured structure and sampled output bits."""
     from convprobe.errors import UnsupportedConfiguration
     from convprobe.probes import direct_sum
+    from convprobe.probes.direct_sum import DirectSum
     from convprobe.probes.encoding import encode_bits
     from convprobe.probes.layer_patterns import measure
+    from convprobe.probes.structure import Structure
 
     out = []
     for data in layers:
         layer = Layer.from_dict(data)
         ops = {}
-        for op in LAYER_OPS:
+        for op in layer.ops:
             try:
                 bits = {}
                 for name, draw in INPUT_SETS.items():
                     with np.errstate(over="ignore", invalid="ignore"):
                         y = run_op(backend, layer, op, *draw(layer, op, seed)).reshape(-1)
                     bits[name] = encode_bits(y[sample_indices(y.size, seed)])
+                if layer.kind is LayerKind.DEPTHWISE:
+                    direct = DirectSum(None, note=f"not tested: {DEPTHWISE_NOTE}")
+                    structure = Structure(note=f"not measured: {DEPTHWISE_NOTE}",
+                                          derived=depthwise_candidates(layer, op))
+                else:
+                    direct = direct_sum.safely(direct_sum.probe, backend, layer, op, seed)
+                    structure = measure(backend, layer, op, seed)
                 ops[op] = {"status": "ok", "bits": bits["uniform"], "confirmation_bits": bits["confirmation"],
-                           "direct": direct_sum.safely(direct_sum.probe, backend, layer, op, seed).to_dict(),
-                           "structure": measure(backend, layer, op, seed).to_dict()}
+                           "direct": direct.to_dict(), "structure": structure.to_dict()}
             except UnsupportedConfiguration as exc:
                 ops[op] = {"status": "unsupported", "error": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
@@ -275,7 +310,7 @@ def identify_observed(observed: dict, extra_specs=None) -> list[tuple[Layer, str
     seed = observed.get("seed", 0)
     for entry in observed.get("layers", []):
         layer = Layer.from_dict(entry["layer"])
-        for op in LAYER_OPS:
+        for op in layer.ops:
             result = entry["ops"].get(op, {"status": "failed", "error": "not run"})
             if result["status"] != "ok":
                 out.append((layer, op, {"status": result["status"], "error": result.get("error"), "summary": {}}))

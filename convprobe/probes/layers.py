@@ -12,18 +12,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
 from convprobe.errors import InvalidArgument, invalid_choice
 
-__all__ = ["LAYER_OPS", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_inputs",
+__all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "LayerKind", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_inputs",
            "op_confirmation_inputs", "CONFIRMATION_MIX", "op_call", "run_op",
            "run_ops",
            "keras_layers", "NotIdentified"]
 
 #: The ops of one conv layer, forward then the two gradients.
 LAYER_OPS = ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter")
+#: The ops of one depthwise layer (TensorFlow's DepthwiseConv2dNative and its two gradients).
+DEPTHWISE_OPS = ("depthwise_conv2d", "depthwise_conv2d_backprop_input", "depthwise_conv2d_backprop_filter")
+#: Each op's seed stream, keyed by name: adding an op changes no other op's inputs.
+OP_SEEDS = {"conv2d": 0, "conv2d_backprop_input": 1, "conv2d_backprop_filter": 2,
+            "depthwise_conv2d": 3, "depthwise_conv2d_backprop_input": 4, "depthwise_conv2d_backprop_filter": 5}
+
+
+class LayerKind(StrEnum):
+    """What a layer computes: a dense conv2d (HWIO filter), or a depthwise one whose filter is
+    (KH, KW, C, multiplier) and whose output channel c * multiplier + m sums channel c alone."""
+
+    CONV2D = "conv2d"
+    DEPTHWISE = "depthwise"
 PADDINGS = ("SAME", "VALID")
 #: Largest tensor a layer may have (elements): the emulator holds im2col copies of it.
 MAX_LAYER_ELEMENTS = 2**24
@@ -56,16 +70,19 @@ class Layer:
     dilation: tuple[int, int] = (1, 1)
     #: Where the layer comes from (a Keras layer's name), for tables.
     name: str = field(default="", compare=False)
+    kind: LayerKind = LayerKind.CONV2D
 
     def __post_init__(self):
         n, h, w, c = self.input_shape
         kh, kw, cin, cout = self.filter_shape
+        object.__setattr__(self, "kind", LayerKind(self.kind))
         if self.padding not in PADDINGS:
             raise invalid_choice("padding", self.padding, PADDINGS)
         if min(*self.strides, *self.dilation) < 1:
             raise InvalidArgument(f"strides and dilation must be positive; received {self.strides}, {self.dilation}")
         if cin != c:
             raise InvalidArgument(f"filter-shape input channels ({cin}) must equal input-shape channels ({c})")
+        cout = self.output_shape[3]
         if min(self.output_shape) < 1:
             raise InvalidArgument(f"input {h}x{w} is too small for a {kh}x{kw} filter with dilation "
                                   f"{self.dilation} and padding {self.padding}")
@@ -83,9 +100,15 @@ class Layer:
     @property
     def output_shape(self) -> tuple[int, int, int, int]:
         n, h, w, _ = self.input_shape
-        kh, kw, _, cout = self.filter_shape
+        kh, kw, cin, cout = self.filter_shape
+        channels = cin * cout if self.kind is LayerKind.DEPTHWISE else cout  # depthwise: C x multiplier
         return (n, _out(h, kh, self.strides[0], self.dilation[0], self.padding),
-                _out(w, kw, self.strides[1], self.dilation[1], self.padding), cout)
+                _out(w, kw, self.strides[1], self.dilation[1], self.padding), channels)
+
+    @property
+    def ops(self) -> tuple[str, str, str]:
+        """The forward op and its two gradients, as the backends name them."""
+        return DEPTHWISE_OPS if self.kind is LayerKind.DEPTHWISE else LAYER_OPS
 
     @property
     def pads(self) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -106,6 +129,8 @@ class Layer:
         """Length of the reduction behind each output of `op`."""
         kh, kw, cin, cout = self.filter_shape
         n, oh, ow, _ = self.output_shape
+        if self.kind is LayerKind.DEPTHWISE:  # one channel's taps (times the multiplier going back)
+            return dict(zip(DEPTHWISE_OPS, (kh * kw, kh * kw * cout, n * oh * ow)))[op]
         return {"conv2d": kh * kw * cin, "conv2d_backprop_input": kh * kw * cout,
                 "conv2d_backprop_filter": n * oh * ow}[op]
 
@@ -114,7 +139,8 @@ class Layer:
         """'8x32x32x16 * 3x3x16x16 s1 SAME' (plus dilation when not 1)."""
         s = "x".join(map(str, self.strides)) if self.strides[0] != self.strides[1] else str(self.strides[0])
         d = "" if self.dilation == (1, 1) else f" d{'x'.join(map(str, self.dilation))}"
-        return (f"{'x'.join(map(str, self.input_shape))} * {'x'.join(map(str, self.filter_shape))} "
+        kind = "depthwise " if self.kind is LayerKind.DEPTHWISE else ""
+        return (f"{kind}{'x'.join(map(str, self.input_shape))} * {'x'.join(map(str, self.filter_shape))} "
                 f"s{s} {self.padding}{d}")
 
     @property
@@ -124,19 +150,28 @@ class Layer:
     def to_dict(self) -> dict:
         return {"input_shape": list(self.input_shape), "filter_shape": list(self.filter_shape),
                 "strides": list(self.strides), "padding": self.padding, "dilation": list(self.dilation),
-                "name": self.name}
+                "name": self.name, "kind": self.kind.value}
 
     @classmethod
     def from_dict(cls, data: dict) -> Layer:
         return cls(tuple(data["input_shape"]), tuple(data["filter_shape"]), tuple(data["strides"]),
-                   data["padding"], tuple(data["dilation"]), data.get("name", ""))
+                   data["padding"], tuple(data["dilation"]), data.get("name", ""),
+                   LayerKind(data.get("kind", LayerKind.CONV2D)))
+
+
+def _role(layer: Layer, op: str) -> str:
+    """Which of the layer's three ops `op` is: forward, input or filter (one line naming the
+    layer's ops for an op it does not have)."""
+    if op not in layer.ops:
+        raise invalid_choice("op", op, layer.ops)
+    return ("forward", "input", "filter")[layer.ops.index(op)]
 
 
 def op_shapes(layer: Layer, op: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The shapes of `op`'s two operands at this layer: (x, w), (dy, w) or (x, dy)."""
-    return {"conv2d": (layer.input_shape, layer.filter_shape),
-            "conv2d_backprop_input": (layer.output_shape, layer.filter_shape),
-            "conv2d_backprop_filter": (layer.input_shape, layer.output_shape)}[op]
+    return {"forward": (layer.input_shape, layer.filter_shape),
+            "input": (layer.output_shape, layer.filter_shape),
+            "filter": (layer.input_shape, layer.output_shape)}[_role(layer, op)]
 
 
 def op_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +181,7 @@ def op_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]
     accumulator shows. The second operand is scaled by a power of two that keeps
     the sums of long reductions near 2**10, far from fp16's overflow.
     """
-    rng = np.random.default_rng([seed, LAYER_OPS.index(op), *layer.input_shape, *layer.filter_shape])
+    rng = np.random.default_rng([seed, OP_SEEDS[op], *layer.input_shape, *layer.filter_shape])
     shapes = op_shapes(layer, op)
     scale = 2.0 ** -max(0, int(np.ceil(np.log2(layer.k(op) / 4096))))
     first = rng.uniform(0.0, 1.0, shapes[0]).astype(np.float16)
@@ -168,11 +203,14 @@ def op_confirmation_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray
     The second operand is scaled by a power of two so that a random walk of K products stays
     near 2**8 (far from fp16's overflow); subnormals are drawn after scaling, so both operands
     hold them."""
-    rng = np.random.default_rng([seed, 1 + LAYER_OPS.index(op), 0x5167, *layer.input_shape, *layer.filter_shape])
+    rng = np.random.default_rng([seed, 1 + OP_SEEDS[op], 0x5167, *layer.input_shape, *layer.filter_shape])
     shapes = op_shapes(layer, op)
     scale = 2.0 ** -max(0, int(np.ceil(np.log2(np.sqrt(layer.k(op)) / 16))))
     first, second = _mixture(rng, shapes[0], 1.0), _mixture(rng, shapes[1], scale)
-    _plant_cancelling_pairs(op, first, second, rng)
+    if layer.kind is LayerKind.DEPTHWISE:
+        _plant_depthwise_pairs(_role(layer, op), first, second, rng)
+    else:
+        _plant_cancelling_pairs(op, first, second, rng)
     return first, second
 
 
@@ -228,12 +266,49 @@ def _mixture(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> 
     return values.astype(np.float16)
 
 
+def _plant_depthwise_pairs(role: str, first: np.ndarray, second: np.ndarray, rng: np.random.Generator) -> None:
+    """`_plant_cancelling_pairs` for a depthwise layer, whose outputs each reduce one channel:
+    half the channels (of x, or of dy going back) become ones, and each of their outputs
+    meets a +M and a -M product; the other channels keep their random values."""
+    if role == "filter":
+        kh = kw = 1  # unused: this op reduces over positions
+        channels = first.shape[3]
+        multiplier = second.shape[3] // channels
+    else:
+        kh, kw, channels, multiplier = second.shape
+    chosen = rng.choice(channels, size=max(1, channels // 2), replace=False)
+    if role == "forward":  # x (N,H,W,C), w (KH,KW,C,mult): reduce over taps
+        first[..., chosen] = 1.0
+        if kh * kw < 2:
+            return
+        for c in chosen:
+            for m in range(multiplier):
+                plus, minus = (np.unravel_index(t, (kh, kw)) for t in rng.choice(kh * kw, size=2, replace=False))
+                second[(*plus, c, m)], second[(*minus, c, m)] = CANCELLING_MAGNITUDE, -CANCELLING_MAGNITUDE
+    elif role == "input":  # dy (N,OH,OW,C*mult), w (KH,KW,C,mult): reduce over (taps, mult)
+        for c in chosen:
+            first[..., c * multiplier:(c + 1) * multiplier] = 1.0
+            if kh * kw * multiplier < 2:
+                continue
+            plus, minus = (np.unravel_index(t, (kh, kw, multiplier))
+                           for t in rng.choice(kh * kw * multiplier, size=2, replace=False))
+            second[(*plus[:2], c, plus[2])], second[(*minus[:2], c, minus[2])] = (CANCELLING_MAGNITUDE,
+                                                                                 -CANCELLING_MAGNITUDE)
+    else:  # x (N,H,W,C), dy (N,OH,OW,C*mult): reduce over positions
+        first[..., chosen] = 1.0
+        positions = second.shape[:3]
+        if int(np.prod(positions)) < 2:
+            return
+        for c in chosen:
+            for m in range(multiplier):
+                plus, minus = rng.choice(int(np.prod(positions)), size=2, replace=False)
+                second[(*np.unravel_index(plus, positions), c * multiplier + m)] = CANCELLING_MAGNITUDE
+                second[(*np.unravel_index(minus, positions), c * multiplier + m)] = -CANCELLING_MAGNITUDE
+
+
 def op_call(layer: Layer, op: str, first: np.ndarray, second: np.ndarray) -> tuple[str, tuple, dict]:
     """(backend method, args, kwargs) of `op` at this layer."""
-    if op not in LAYER_OPS:
-        raise invalid_choice("op", op, LAYER_OPS)
-    shape = {"conv2d": (), "conv2d_backprop_input": (layer.input_shape,),
-             "conv2d_backprop_filter": (layer.filter_shape,)}[op]
+    shape = {"forward": (), "input": (layer.input_shape,), "filter": (layer.filter_shape,)}[_role(layer, op)]
     return op, (first, second, *shape), dict(layer.conv_args)
 
 
@@ -270,11 +345,10 @@ def _not_measured_reason(item) -> str | None:
     import keras
 
     kind = type(item).__name__
-    if isinstance(item, getattr(keras.layers, "DepthwiseConv2D", ())) or "Depthwise" in kind:
-        return ("depthwise convolution: each output sums its own channel's KH*KW taps; identify has no "
-                "depthwise probe yet")
-    if "Separable" in kind:
-        return "separable convolution (a depthwise conv, then a 1x1 conv): identify has no depthwise probe yet"
+    if type(item) in (keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D):
+        if item.data_format != "channels_last":
+            return f"data_format {item.data_format}: identify measures channels_last (NHWC) convolutions only"
+        return None
     if "Transpose" in kind:
         return "transposed convolution: identify has no probe of it yet (its arithmetic is a conv2d input gradient)"
     if type(item) is not keras.layers.Conv2D:
@@ -291,9 +365,32 @@ def _conv_like(item) -> bool:
     return "Conv" in type(item).__name__ and hasattr(item, "kernel_size")
 
 
+def _layers_of(item, input_shape: tuple[int, int, int, int]) -> list[Layer]:
+    """The probe layers a Keras conv layer runs: a Conv2D one conv2d, a DepthwiseConv2D one
+    depthwise conv, a SeparableConv2D a depthwise conv then a 1x1 conv2d (as
+    `tf.nn.separable_conv2d` computes it)."""
+    import keras
+
+    kh, kw = item.kernel_size
+    geometry = (tuple(item.strides), item.padding.upper(), tuple(item.dilation_rate))
+    channels = input_shape[3]
+    if type(item) is keras.layers.Conv2D:
+        return [Layer(input_shape, (kh, kw, channels, int(item.filters)), *geometry, item.name)]
+    multiplier = int(item.depth_multiplier)
+    depthwise = Layer(input_shape, (kh, kw, channels, multiplier), *geometry, item.name, LayerKind.DEPTHWISE)
+    if type(item) is keras.layers.DepthwiseConv2D:
+        return [depthwise]
+    pointwise_input = (*depthwise.output_shape[:3], channels * multiplier)
+    return [Layer(depthwise.input_shape, depthwise.filter_shape, *geometry, f"{item.name}/depthwise",
+                  LayerKind.DEPTHWISE),
+            Layer(pointwise_input, (1, 1, channels * multiplier, int(item.filters)), (1, 1), "VALID", (1, 1),
+                  f"{item.name}/pointwise")]
+
+
 def keras_layers(model, batch: int) -> tuple[list[Layer], list[NotIdentified]]:
-    """Every distinct Conv2D layer of a built Keras model, at this batch size, in model order,
-    and every other conv-like layer with the reason identify does not measure it."""
+    """Every distinct conv2d and depthwise layer of a built Keras model (Conv2D, DepthwiseConv2D,
+    both halves of SeparableConv2D), at this batch size, in model order, and every other
+    conv-like layer with the reason identify does not measure it."""
 
     def walk(parent):
         for item in getattr(parent, "layers", ()):
@@ -316,15 +413,13 @@ def keras_layers(model, batch: int) -> tuple[list[Layer], list[NotIdentified]]:
         if None in (h, w, c):
             raise InvalidArgument(f"layer {item.name}: input shape {tuple(item.input.shape)} has an unknown "
                                   f"size; identify needs fixed H, W and C (save the model with a fixed input)")
-        kh, kw = item.kernel_size
         try:
-            layer = Layer((batch, int(h), int(w), int(c)), (kh, kw, int(c), int(item.filters)),
-                          tuple(item.strides), item.padding.upper(), tuple(item.dilation_rate), item.name)
+            for layer in _layers_of(item, (batch, int(h), int(w), int(c))):
+                found.setdefault(layer, None)
         except InvalidArgument as exc:
             raise InvalidArgument(f"layer {item.name}: {exc}") from None
-        found.setdefault(layer, None)
     if not found:
         listed = "; ".join(f"{s.name} ({s.reason})" for s in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
-        raise InvalidArgument("the model has no Conv2D layer to identify" + (f"; not measured: {listed}" if skipped
-                                                                             else ""))
+        raise InvalidArgument("the model has no Conv2D or depthwise layer to identify"
+                              + (f"; not measured: {listed}" if skipped else ""))
     return list(found), skipped

@@ -240,7 +240,7 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
     for result in probe_results:
         found = layer_identify.identify_observed(result.observed, specs) if result.status == Status.OK else [
             (layer, op, {"status": result.status, "error": result.error, "summary": {}})
-            for layer in layers for op in layer_identify.LAYER_OPS]
+            for layer in layers for op in layer.ops]
         per_op = matches[result.config.label] = {}
         for layer, op, entry in found:
             per_op[layer_identify.key(layer, op, single)] = {**entry, "layer": layer.to_dict(), "op": op}
