@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -10,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from convprobe import cli
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -17,6 +21,18 @@ REPO = Path(__file__).resolve().parents[1]
 #: (the training harness adds XLA_FLAGS before it imports TensorFlow), which a user's shell
 #: would not have; with several test files per worker they would leak into later CLI runs.
 _SHELL_ENV = dict(os.environ)
+
+
+def main_in_process(argv: list[str]) -> tuple[int, str, str]:
+    """`convprobe.cli.main(argv)` in this process: (exit code, stdout, stderr); argparse's own
+    errors (SystemExit) give their code."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

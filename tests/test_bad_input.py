@@ -1,25 +1,16 @@
 """Bad input, CLI and API: one clear line naming what was wrong and what is allowed, exit 2,
 no traceback, nothing written, and (for the CLI) before any work starts."""
 
-import contextlib
-import io
-
 import numpy as np
 import pytest
 
-from convprobe import cli
+from conftest import main_in_process
 from convprobe.errors import InvalidArgument
 
 
 def _run(argv, tmp_path):
     """cli.main in-process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as exc:  # argparse's own errors
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
+    return main_in_process(argv)
 
 
 EMU = ["--configs", "none", "--model", "v100"]

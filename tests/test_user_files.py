@@ -2,9 +2,7 @@
 link, a write that fails only when it happens leaves the old file and exits 3, and a run
 directory is convprobe's own, locked while a run writes it."""
 
-import contextlib
 import hashlib
-import io
 import os
 import re
 import resource
@@ -15,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from convprobe import cli, files
+from conftest import main_in_process
+from convprobe import files
 from convprobe.errors import InvalidArgument, OutputWriteFailed
 from convprobe.probes import sweep
 from training.recorded import RECORDED_ARGS, recorded_run
@@ -23,17 +22,6 @@ from training.recorded import RECORDED_ARGS, recorded_run
 REPO = Path(__file__).resolve().parents[1]
 EMULATED = ["overflow", "--backend", "emulated"]
 TINY_RUN = ["--steps", "2", "--resnet-size", "8", "--image-size", "8", "--batch-size", "4", "--no-jit"]
-
-
-def _main(argv):
-    """cli.main in-process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as exc:  # argparse's own errors
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 def _cli(*args, limit_file_size: int | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -103,7 +91,7 @@ def test_a_bad_output_is_one_line_before_any_work_and_touches_nothing(tmp_path, 
     os.mkfifo(tmp_path / "fifo.json")
     before = _digest(tmp_path)
     path, message = OUTPUT_CASES[case]
-    code, out, err = _main([*EMULATED, "--output", path(tmp_path)])
+    code, out, err = main_in_process([*EMULATED, "--output", path(tmp_path)])
     assert code == 2 and message in _one_line(err), err
     assert out == "" and _digest(tmp_path) == before
 
@@ -117,7 +105,7 @@ def test_a_bad_output_is_one_line_before_any_work_and_touches_nothing(tmp_path, 
     (["train", "--steps", "3", "--steps", "4"], "argument --steps: given twice"),
 ])
 def test_an_option_that_cannot_repeat_is_refused_when_repeated(argv, message):
-    code, out, err = _main(argv)
+    code, out, err = main_in_process(argv)
     assert code == 2 and message in _one_line(err) and out == ""
 
 
@@ -182,7 +170,7 @@ def test_a_failed_write_names_the_file_and_keeps_the_old_one(tmp_path):
       "--width", "32"], "GiB (half this machine's memory)"),
 ])
 def test_a_value_beyond_what_the_layer_below_takes_is_refused(tmp_path, argv, message):
-    code, out, err = _main([*argv, *(["--output", str(tmp_path / "run")] if "--output" not in argv
+    code, out, err = main_in_process([*argv, *(["--output", str(tmp_path / "run")] if "--output" not in argv
                                      and argv[0] == "train" else [])])
     assert code == 2 and message in _one_line(err), err
     assert not (tmp_path / "run").exists()
@@ -211,7 +199,7 @@ def _user_directory(tmp_path: Path) -> Path:
 def test_train_refuses_a_directory_of_a_user_s_files_untouched(tmp_path, extra):
     directory = _user_directory(tmp_path)
     before = _digest(tmp_path)
-    code, out, err = _main(["train", *TINY_RUN, *extra, "--output", str(directory)])
+    code, out, err = main_in_process(["train", *TINY_RUN, *extra, "--output", str(directory)])
     assert code == 2 and "holds files that are not a convprobe" in _one_line(err), err
     assert _digest(tmp_path) == before
 
@@ -224,7 +212,7 @@ def test_a_link_planted_in_a_run_directory_is_refused_never_followed(tmp_path, p
     (run / planted).unlink(missing_ok=True)
     (run / planted).symlink_to(outside)
     before = _digest(tmp_path)
-    code, out, err = _main(["train", "--steps", "6", *RECORDED_ARGS, "--output", str(run)])
+    code, out, err = main_in_process(["train", "--steps", "6", *RECORDED_ARGS, "--output", str(run)])
     assert code == 2 and f"{planted} is a symbolic link" in _one_line(err), err
     assert _digest(tmp_path) == before
 
@@ -233,14 +221,14 @@ def test_a_run_directory_whose_record_is_a_directory_is_refused(tmp_path):
     run = recorded_run(tmp_path)
     (run / "steps.csv").unlink()
     (run / "steps.csv").mkdir()
-    code, out, err = _main(["train", "--steps", "6", *RECORDED_ARGS, "--output", str(run)])
+    code, out, err = main_in_process(["train", "--steps", "6", *RECORDED_ARGS, "--output", str(run)])
     assert code == 2 and "steps.csv is not a regular file" in _one_line(err), err
 
 
 def test_fewer_steps_than_a_run_holds_are_refused(tmp_path):
     run = recorded_run(tmp_path)
     before = _digest(tmp_path)
-    code, out, err = _main(["train", "--steps", "2", *RECORDED_ARGS, "--output", str(run)])
+    code, out, err = main_in_process(["train", "--steps", "2", *RECORDED_ARGS, "--output", str(run)])
     assert code == 2 and "--steps 2 is fewer than the 4 steps" in _one_line(err), err
     assert _digest(tmp_path) == before
 

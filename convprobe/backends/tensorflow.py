@@ -116,27 +116,27 @@ class TensorFlowBackend(AbstractBackend):
 
         return self._run(fn, _array(x), _array(w))
 
-    def conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
+    def _gradient(self, raw_op: str, sizes: tuple[str, list], operands: dict, strides, padding, dilation):
+        """One of TensorFlow's conv gradient kernels by its raw op name: `sizes` names the shape
+        argument and its value, `operands` the two tensors by their argument names."""
         strides, dilation, pad_name, explicit = _gradient_conv_args(strides, padding, dilation)
+        names = list(operands)
 
-        def fn(dy, w):
-            return self.tf.raw_ops.Conv2DBackpropInput(
-                input_sizes=list(input_shape), filter=w, out_backprop=dy, strides=[1, *strides, 1],
+        def fn(first, second):
+            return getattr(self.tf.raw_ops, raw_op)(
+                **{sizes[0]: list(sizes[1]), names[0]: first, names[1]: second}, strides=[1, *strides, 1],
                 padding=pad_name, explicit_paddings=explicit, dilations=[1, *dilation, 1],
             )
 
-        return self._run(fn, _array(dy), _array(w))
+        return self._run(fn, *(_array(a) for a in operands.values()))
+
+    def conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
+        return self._gradient("Conv2DBackpropInput", ("input_sizes", input_shape), {"out_backprop": dy, "filter": w},
+                              strides, padding, dilation)
 
     def conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
-        strides, dilation, pad_name, explicit = _gradient_conv_args(strides, padding, dilation)
-
-        def fn(x, dy):
-            return self.tf.raw_ops.Conv2DBackpropFilter(
-                input=x, filter_sizes=list(filter_shape), out_backprop=dy, strides=[1, *strides, 1],
-                padding=pad_name, explicit_paddings=explicit, dilations=[1, *dilation, 1],
-            )
-
-        return self._run(fn, _array(x), _array(dy))
+        return self._gradient("Conv2DBackpropFilter", ("filter_sizes", filter_shape), {"input": x, "out_backprop": dy},
+                              strides, padding, dilation)
 
     def depthwise_conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):
         """`tf.nn.depthwise_conv2d`: NHWC x, filter (kh, kw, C, multiplier)."""
@@ -149,27 +149,13 @@ class TensorFlowBackend(AbstractBackend):
 
     def depthwise_conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
         """TensorFlow's DepthwiseConv2dNativeBackpropInput: what training a DepthwiseConv2D runs."""
-        strides, dilation, pad_name, explicit = _gradient_conv_args(strides, padding, dilation)
-
-        def fn(dy, w):
-            return self.tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
-                input_sizes=list(input_shape), filter=w, out_backprop=dy, strides=[1, *strides, 1],
-                padding=pad_name, explicit_paddings=explicit, dilations=[1, *dilation, 1],
-            )
-
-        return self._run(fn, _array(dy), _array(w))
+        return self._gradient("DepthwiseConv2dNativeBackpropInput", ("input_sizes", input_shape),
+                              {"out_backprop": dy, "filter": w}, strides, padding, dilation)
 
     def depthwise_conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
         """TensorFlow's DepthwiseConv2dNativeBackpropFilter: what training a DepthwiseConv2D runs."""
-        strides, dilation, pad_name, explicit = _gradient_conv_args(strides, padding, dilation)
-
-        def fn(x, dy):
-            return self.tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
-                input=x, filter_sizes=list(filter_shape), out_backprop=dy, strides=[1, *strides, 1],
-                padding=pad_name, explicit_paddings=explicit, dilations=[1, *dilation, 1],
-            )
-
-        return self._run(fn, _array(x), _array(dy))
+        return self._gradient("DepthwiseConv2dNativeBackpropFilter", ("filter_sizes", filter_shape),
+                              {"input": x, "out_backprop": dy}, strides, padding, dilation)
 
     def conv3d(self, x, w, *, strides=1, padding="VALID"):
         """`tf.nn.conv3d`: NDHWC x, DHWIO filter."""
