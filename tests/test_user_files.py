@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import main_in_process
-from convprobe import files
+from convprobe import files, results
 from convprobe.errors import InvalidArgument, OutputWriteFailed
 from convprobe.probes import sweep
 from training.recorded import RECORDED_ARGS, recorded_run
@@ -302,3 +302,14 @@ def test_links_planted_at_the_old_fixed_temporary_names_are_never_written_throug
     assert "4/4 steps" in resumed.stdout
     assert outside.read_text() == "the user's own file"
     assert all((run / name).is_symlink() for name in ("checkpoint.tmp.npz", "steps.tmp", "telemetry.tmp"))
+
+
+def test_a_full_standard_output_is_one_line_exit_3_and_the_output_file_is_complete(tmp_path):
+    """--output is written before anything is printed, so a terminal or file that fails
+    afterwards (here /dev/full: no space left) cannot lose the record."""
+    target = tmp_path / "kept.json"
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "convprobe", *EMULATED, "--output", str(target)], cwd=REPO,
+                              stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE, text=True, timeout=600)
+    assert proc.returncode == 3 and "could not write to standard output" in _one_line(proc.stderr), proc.stderr
+    assert results.read(target, kinds=("overflow",))["results"]

@@ -12,6 +12,9 @@ limit) is one line and exit code 3, with the previous file intact.
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -90,16 +93,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # here, where a failing terminal or file is one line, not a lost exit code
+        return code
     except InvalidArgument as error:
         print(f"convprobe {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except OutputWriteFailed as error:
         print(f"convprobe {args.command}: error: {error}", file=sys.stderr)
         return EXIT_WRITE_FAILED
+    except BrokenPipeError:  # the reader went away (`| head`): what it wanted it has
+        _silence_stdout()
+        return 128 + signal.SIGPIPE
+    except OSError as error:
+        if error.errno not in _WRITE_ERRORS:
+            raise
+        _silence_stdout()  # what is still buffered would fail again at exit, with a traceback
+        print(f"convprobe {args.command}: error: could not write to standard output: {error.strerror}; files "
+              f"written with --output are complete", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except KeyboardInterrupt:
         print(f"convprobe {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+#: The errors of a write that was possible when the command started: a full disk or quota, a
+#: file-size limit, a device error.
+_WRITE_ERRORS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO}
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that Python's flush at exit finds nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -180,13 +180,21 @@ def list_configs(device: str) -> int:
 
 
 def emit(args, outcome, *, file_format: str | None = None) -> None:
-    """Print `outcome` in --format (its notes under a table) and write --output: a JSON
-    envelope, or a CSV (the tidy frame when there is one, else the flat rows)."""
+    """Write --output (a JSON envelope, or a CSV: the tidy frame when there is one, else the
+    flat rows), then print `outcome` in --format (its notes under a table). The file comes
+    first: it is the record, and a terminal or pipe that fails afterwards cannot lose it."""
     import sys
+    from pathlib import Path
 
     from convprobe import results
     from convprobe.render import json_clean, render_json, render_table, write_atomic
 
+    if args.output:
+        suffix = file_format or Path(args.output).suffix.lower().lstrip(".")
+        if suffix == "csv":
+            write_atomic(args.output, _csv(outcome))
+        else:
+            results.write(args.output, outcome.document)
     if args.format == "table":
         sys.stdout.write(render_table(outcome.rows, outcome.columns))
         for note in outcome.notes:
@@ -197,15 +205,6 @@ def emit(args, outcome, *, file_format: str | None = None) -> None:
         sys.stdout.write(render_json(json_clean(outcome.document)))
     else:
         sys.stdout.write(_csv(outcome))
-    if not args.output:
-        return
-    from pathlib import Path
-
-    suffix = file_format or Path(args.output).suffix.lower().lstrip(".")
-    if suffix == "csv":
-        write_atomic(args.output, _csv(outcome))
-    else:
-        results.write(args.output, outcome.document)
 
 
 def _csv(outcome) -> str:
