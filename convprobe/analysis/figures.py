@@ -377,7 +377,8 @@ def layer_map_figure(matches: dict) -> Figure:
             text = "not a direct sum\nof products"
         elif entry.get("status") == "ok" and fraction is not None:
             values[i, j] = 100 * float(fraction)
-            text = f"{_cell_spec(summary['best'])}\n{100 * float(fraction):.1f}%"
+            closest = "" if float(fraction) == 1.0 else "none matches; closest:\n"
+            text = f"{closest}{_cell_spec(summary['best'])}\n{100 * float(fraction):.1f}%"
         else:
             text = textwrap.fill(str(entry.get("error") or entry.get("status")), _CELL_WIDTH, break_on_hyphens=False)
         ax.text(j, i, text, ha="center", va="center", fontsize=6.5)

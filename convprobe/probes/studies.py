@@ -255,7 +255,8 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
                 records.append({**base, "property": "status", "value": None, "evidence": None})
                 continue
             fraction = summary["fractions"].get(layer.k(op), 0.0)
-            row.update({"best model": "none: not a direct sum of products" if not_direct(summary) else summary["best"],
+            best = summary["best"] if fraction == 1.0 else f"none matches; closest {summary['best']}"
+            row.update({"best model": "none: not a direct sum of products" if not_direct(summary) else best,
                         "match": f"{fraction:.1%}", "measured": _structure_text(summary["structure"])})
             evidence = f"{layer.label}: {summary['outputs_compared']} outputs; {summary['explanation']}"
             records.append({**base, "property": "best_model", "value": summary["best"], "evidence": evidence})
