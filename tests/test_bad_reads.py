@@ -19,6 +19,16 @@ import pytest
 
 from convprobe import cli, results
 from convprobe.errors import InvalidArgument
+from convprobe.testing import (
+    assert_accumulates_in,
+    assert_all_finite,
+    assert_no_gradient_underflow,
+    assert_ulp_close,
+    assert_within_error_bound,
+    strategies,
+)
+
+pytest_plugins = ["pytester"]  # the plugin's cases run a user's test file in a fresh pytest
 
 # -- report and the results reader --------------------------------------------------------
 
@@ -367,104 +377,92 @@ def test_show_quotes_values_that_are_too_deep_or_not_json():
 # -- the assertions -------------------------------------------------------------------------
 
 
-def _assertion_cases(tmp):
-    from convprobe.testing import (
-        assert_accumulates_in,
-        assert_all_finite,
-        assert_no_gradient_underflow,
-        assert_ulp_close,
-        assert_within_error_bound,
-    )
-
+@pytest.fixture(scope="module")
+def telemetry_dir(tmp_path_factory):
+    """Telemetry files of every kind of damage (and a run without one, and a directory in its place)."""
+    tmp = tmp_path_factory.mktemp("telemetry")
     (tmp / "run").mkdir()
     (tmp / "dir" / "telemetry.csv").mkdir(parents=True)
     (tmp / "empty.csv").write_text("")
     (tmp / "binary.csv").write_bytes(bytes(range(256)) * 4)
     for name, row in {"neg": "a,-5,1", "word": "a,x,1", "over": "a,5,9", "frac": "a,5,1.5"}.items():
         (tmp / f"{name}.csv").write_text(f"layer,n,flushed\n{row}\n")
-    good = [{"layer": "a", "n": 10, "flushed": 0, "kind": "weight"}]
-    one = [1.0]
-    return [
-        (lambda: assert_all_finite("abc"), "array must be an array of real numbers; received str 'abc'"),
-        (lambda: assert_all_finite(None), "array must be an array of real numbers; received NoneType None"),
-        (lambda: assert_all_finite(["a", "b"]), "received dtype <U1"),
-        (lambda: assert_all_finite({"a": 1.0}), "received dict {'a': 1.0}"),
-        (lambda: assert_all_finite(np.array([1.0, None], dtype=object)), "received dtype object (None, text, or"),
-        (lambda: assert_all_finite([10**400]), "received dtype object"),
-        (lambda: assert_all_finite([[1.0, 2.0], [3.0]]), "received a ragged list (its rows differ in length"),
-        (lambda: assert_all_finite(np.array([1j, complex(np.inf, 0)])), "received dtype complex128"),
-        (lambda: assert_all_finite(np.array(["2020-01-01"], dtype="datetime64[D]")), "received dtype datetime64[D]"),
-        (lambda: assert_all_finite(b"\x00\x01"), "received bytes"),
-        (lambda: assert_all_finite("abc", name="conv out"), "conv out must be an array of real numbers"),
-        (lambda: assert_all_finite(one, name=3), "name must be a string; received int 3"),
-        (lambda: assert_ulp_close("a", "b", 0, "fp16"), "actual must be an array of real numbers; received str 'a'"),
-        (lambda: assert_ulp_close(one, None, 0, "fp16"), "expected must be an array of real numbers; received NoneType"),
-        (lambda: assert_ulp_close(["1.0"], ["1.0"], 0), "actual must be an array of real numbers; received dtype <U3"),
-        (lambda: assert_ulp_close(one, [one, [one]], 0, "fp16"), "expected must be an array of real numbers; received a ragged"),
-        (lambda: assert_within_error_bound("abc", one, K=4), "actual must be an array of real numbers; received str"),
-        (lambda: assert_within_error_bound(one, None, K=4), "reference must be an array of real numbers; received NoneType"),
-        (lambda: assert_within_error_bound(one, one, K=4, abs_sum="x"), "abs_sum must be an array of real numbers"),
-        (lambda: assert_within_error_bound(one, one, K=4, abs_sum=[np.nan]), "abs_sum must hold non-negative numbers, never NaN"),
-        (lambda: assert_within_error_bound(one, one, K=4, abs_sum=[-1.0]), "abs_sum must hold non-negative numbers"),
-        (lambda: assert_within_error_bound([1.0, 2.0], [1.0, 2.0], K=4, abs_sum=[1.0, 2.0, 3.0]),
-         "abs_sum must broadcast to the shape of actual and reference (2,); received shape (3,)"),
-        (lambda: assert_within_error_bound(one, one, K=4, kind="probabilistic", lam="x"), "lam must be a positive number; received str 'x'"),
-        (lambda: assert_within_error_bound(one, one, K=4, kind="probabilistic", lam=True), "lam must be a positive number; received bool"),
-        (lambda: assert_within_error_bound(one, one, K=4, kind="probabilistic", lam=float("inf")), "lam must be a positive number"),
-        (lambda: assert_no_gradient_underflow(str(tmp / "nowhere")), "records '" + str(tmp / "nowhere") + "' does not exist"),
-        (lambda: assert_no_gradient_underflow(tmp / "run"), "telemetry.csv' does not exist"),
-        (lambda: assert_no_gradient_underflow(tmp / "dir"), "telemetry.csv' is a directory, not a file"),
-        (lambda: assert_no_gradient_underflow(tmp / "empty.csv"), "empty.csv' is empty (not even a header line)"),
-        (lambda: assert_no_gradient_underflow(tmp / "binary.csv"), "binary.csv' is not a readable CSV table"),
-        (lambda: assert_no_gradient_underflow(tmp / "neg.csv"), "records: column 'n' must hold non-negative integers; row 0 holds -5"),
-        (lambda: assert_no_gradient_underflow(tmp / "word.csv"), "column 'n' must hold non-negative integers; row 0 holds 'x'"),
-        (lambda: assert_no_gradient_underflow(tmp / "frac.csv"), "column 'flushed' must hold non-negative integers; row 0 holds 1.5"),
-        (lambda: assert_no_gradient_underflow(tmp / "over.csv"), "column 'flushed' must be at most n (values counted); row 0 holds flushed 9 of n 5"),
-        (lambda: assert_no_gradient_underflow([{**good[0], "step": "x"}]), "column 'step' must hold non-negative integers; row 0 holds 'x'"),
-        (lambda: assert_no_gradient_underflow([{**good[0], "loss_scale": 0}]), "column 'loss_scale' must hold positive finite numbers"),
-        (lambda: assert_no_gradient_underflow([{**good[0], "n": True}]), "column 'n' must hold non-negative integers; row 0 holds true"),
-        (lambda: assert_no_gradient_underflow(None), "records must be a DataFrame, a list of dicts, a telemetry.csv path or a run directory; received NoneType"),
-        (lambda: assert_no_gradient_underflow({"layer": ["a"], "n": [1], "flushed": [0]}), "; received dict {"),
-        (lambda: assert_no_gradient_underflow([1, 2]), "; records[0] is int 1"),
-        (lambda: assert_no_gradient_underflow(good, layer=3), "layer must be a layer name or glob, or a list of them; received int 3"),
-        (lambda: assert_no_gradient_underflow(good, layer=["a", 3]), "received list ['a', 3]"),
-        (lambda: assert_no_gradient_underflow(good, kind=["weight"]), "kind must be 'weight' or 'activation'; received list"),
-        (lambda: assert_accumulates_in("sequential:fp32", "fp32", compare_params=3),
-         "compare_params must be a dict of the compare probe's parameters; received int 3"),
-        (lambda: assert_accumulates_in("sequential:fp32", "fp32", compare_params={"batches": 2}),
-         "compare_params key must be one of seed, batch, height, width, channels, filters, kernel; received 'batches'"),
-        (lambda: assert_accumulates_in("sequential:fp32", "fp32", compare_params={"batch": 0}),
-         "compare_params['batch'] must be an integer >= 1; received int 0"),
-        (lambda: assert_accumulates_in("sequential:fp32", "fp32", compare_params={"seed": 1.5}),
-         "compare_params['seed'] must be an integer >= 0; received float 1.5"),
-        (lambda: assert_accumulates_in("sequential:fp32", "fp32", timeout=-1), "timeout must be a positive number of seconds; received int -1"),
-        (lambda: assert_accumulates_in("sequential:fp32", "fp32", timeout="60"), "received str '60'"),
-        (lambda: assert_accumulates_in(None, "fp32"), "backend must be a BackendConfig"),
-    ]
+    return tmp
 
 
-@pytest.fixture(scope="module")
-def assertion_cases(tmp_path_factory):
-    return _assertion_cases(tmp_path_factory.mktemp("assertions"))
+GOOD_TELEMETRY = [{"layer": "a", "n": 10, "flushed": 0, "kind": "weight"}]
+ONE = [1.0]
+
+#: (call(telemetry_dir), what the one line must say): every call is a wrong question.
+ASSERTION_CASES = [
+    (lambda t: assert_all_finite("abc"), "array must be an array of real numbers; received str 'abc'"),
+    (lambda t: assert_all_finite(None), "array must be an array of real numbers; received NoneType None"),
+    (lambda t: assert_all_finite(["a", "b"]), "received dtype <U1"),
+    (lambda t: assert_all_finite({"a": 1.0}), "received dict {'a': 1.0}"),
+    (lambda t: assert_all_finite(np.array([1.0, None], dtype=object)), "received dtype object (None, text, or"),
+    (lambda t: assert_all_finite([10**400]), "received dtype object"),
+    (lambda t: assert_all_finite([[1.0, 2.0], [3.0]]), "received a ragged list (its rows differ in length"),
+    (lambda t: assert_all_finite(np.array([1j, complex(np.inf, 0)])), "received dtype complex128"),
+    (lambda t: assert_all_finite(np.array(["2020-01-01"], dtype="datetime64[D]")), "received dtype datetime64[D]"),
+    (lambda t: assert_all_finite(b"\x00\x01"), "received bytes"),
+    (lambda t: assert_all_finite("abc", name="conv out"), "conv out must be an array of real numbers"),
+    (lambda t: assert_all_finite(ONE, name=3), "name must be a string; received int 3"),
+    (lambda t: assert_ulp_close("a", "b", 0, "fp16"), "actual must be an array of real numbers; received str 'a'"),
+    (lambda t: assert_ulp_close(ONE, None, 0, "fp16"), "expected must be an array of real numbers; received NoneType"),
+    (lambda t: assert_ulp_close(["1.0"], ["1.0"], 0), "actual must be an array of real numbers; received dtype <U3"),
+    (lambda t: assert_ulp_close(ONE, [ONE, [ONE]], 0, "fp16"), "expected must be an array of real numbers; received a ragged"),
+    (lambda t: assert_within_error_bound("abc", ONE, K=4), "actual must be an array of real numbers; received str"),
+    (lambda t: assert_within_error_bound(ONE, None, K=4), "reference must be an array of real numbers; received NoneType"),
+    (lambda t: assert_within_error_bound(ONE, ONE, K=4, abs_sum="x"), "abs_sum must be an array of real numbers"),
+    (lambda t: assert_within_error_bound(ONE, ONE, K=4, abs_sum=[np.nan]), "abs_sum must hold non-negative numbers, never NaN"),
+    (lambda t: assert_within_error_bound(ONE, ONE, K=4, abs_sum=[-1.0]), "abs_sum must hold non-negative numbers"),
+    (lambda t: assert_within_error_bound([1.0, 2.0], [1.0, 2.0], K=4, abs_sum=[1.0, 2.0, 3.0]),
+     "abs_sum must broadcast to the shape of actual and reference (2,); received shape (3,)"),
+    (lambda t: assert_within_error_bound(ONE, ONE, K=4, kind="probabilistic", lam="x"), "lam must be a positive number; received str 'x'"),
+    (lambda t: assert_within_error_bound(ONE, ONE, K=4, kind="probabilistic", lam=True), "lam must be a positive number; received bool"),
+    (lambda t: assert_within_error_bound(ONE, ONE, K=4, kind="probabilistic", lam=float("inf")), "lam must be a positive number"),
+    (lambda t: assert_no_gradient_underflow(str(t / "nowhere")), "nowhere' does not exist"),
+    (lambda t: assert_no_gradient_underflow(t / "run"), "telemetry.csv' does not exist"),
+    (lambda t: assert_no_gradient_underflow(t / "dir"), "telemetry.csv' is a directory, not a file"),
+    (lambda t: assert_no_gradient_underflow(t / "empty.csv"), "empty.csv' is empty (not even a header line)"),
+    (lambda t: assert_no_gradient_underflow(t / "binary.csv"), "binary.csv' is not a readable CSV table"),
+    (lambda t: assert_no_gradient_underflow(t / "neg.csv"), "records: column 'n' must hold non-negative integers; row 0 holds -5"),
+    (lambda t: assert_no_gradient_underflow(t / "word.csv"), "column 'n' must hold non-negative integers; row 0 holds 'x'"),
+    (lambda t: assert_no_gradient_underflow(t / "frac.csv"), "column 'flushed' must hold non-negative integers; row 0 holds 1.5"),
+    (lambda t: assert_no_gradient_underflow(t / "over.csv"), "column 'flushed' must be at most n (values counted); row 0 holds flushed 9 of n 5"),
+    (lambda t: assert_no_gradient_underflow([{**GOOD_TELEMETRY[0], "step": "x"}]), "column 'step' must hold non-negative integers; row 0 holds 'x'"),
+    (lambda t: assert_no_gradient_underflow([{**GOOD_TELEMETRY[0], "loss_scale": 0}]), "column 'loss_scale' must hold positive finite numbers"),
+    (lambda t: assert_no_gradient_underflow([{**GOOD_TELEMETRY[0], "n": True}]), "column 'n' must hold non-negative integers; row 0 holds true"),
+    (lambda t: assert_no_gradient_underflow(None), "records must be a DataFrame, a list of dicts, a telemetry.csv path or a run directory; received NoneType"),
+    (lambda t: assert_no_gradient_underflow({"layer": ["a"], "n": [1], "flushed": [0]}), "; received dict {"),
+    (lambda t: assert_no_gradient_underflow([1, 2]), "; records[0] is int 1"),
+    (lambda t: assert_no_gradient_underflow(GOOD_TELEMETRY, layer=3), "layer must be a layer name or glob, or a list of them; received int 3"),
+    (lambda t: assert_no_gradient_underflow(GOOD_TELEMETRY, layer=["a", 3]), "received list ['a', 3]"),
+    (lambda t: assert_no_gradient_underflow(GOOD_TELEMETRY, kind=["weight"]), "kind must be 'weight' or 'activation'; received list"),
+    (lambda t: assert_accumulates_in("sequential:fp32", "fp32", compare_params=3),
+     "compare_params must be a dict of the compare probe's parameters; received int 3"),
+    (lambda t: assert_accumulates_in("sequential:fp32", "fp32", compare_params={"batches": 2}),
+     "compare_params key must be one of seed, batch, height, width, channels, filters, kernel; received 'batches'"),
+    (lambda t: assert_accumulates_in("sequential:fp32", "fp32", compare_params={"batch": 0}),
+     "compare_params['batch'] must be an integer >= 1; received int 0"),
+    (lambda t: assert_accumulates_in("sequential:fp32", "fp32", compare_params={"seed": 1.5}),
+     "compare_params['seed'] must be an integer >= 0; received float 1.5"),
+    (lambda t: assert_accumulates_in("sequential:fp32", "fp32", timeout=-1), "timeout must be a positive number of seconds; received int -1"),
+    (lambda t: assert_accumulates_in("sequential:fp32", "fp32", timeout="60"), "received str '60'"),
+    (lambda t: assert_accumulates_in(None, "fp32"), "backend must be a BackendConfig"),
+]
 
 
-@pytest.mark.parametrize("index", range(50))
-def test_an_assertion_given_a_wrong_argument_says_so_in_one_line(assertion_cases, index):
+@pytest.mark.parametrize("call,message", ASSERTION_CASES, ids=[m[:70] for _, m in ASSERTION_CASES])
+def test_an_assertion_given_a_wrong_argument_says_so_in_one_line(telemetry_dir, call, message):
     """A wrong question is an InvalidArgument (a ValueError), not a failed claim (AssertionError)
     and not an error from inside numpy or pandas."""
-    call, message = assertion_cases[index]
     with np.errstate(all="ignore"), pytest.raises(InvalidArgument) as info:
-        call()
+        call(telemetry_dir)
     assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
 
 
-def test_every_assertion_case_runs(assertion_cases):
-    assert len(assertion_cases) == 50
-
-
 # -- the pytest plugin ----------------------------------------------------------------------
-
-pytest_plugins = ["pytester"]
 
 USES_RNG = """
 def test_draws(rng):
@@ -565,8 +563,6 @@ def test_strict_markers_still_names_a_misspelt_marker(pytester):
 ])
 def test_a_strategy_given_a_wrong_argument_says_so_when_built(call, message):
     """When the strategy is built, in convprobe's words: not hypothesis's own error at the first draw."""
-    from convprobe.testing import strategies
-
     with pytest.raises(InvalidArgument) as info:
         call(strategies)
     assert message in str(info.value) and "\n" not in str(info.value), str(info.value)

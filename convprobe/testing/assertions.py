@@ -18,6 +18,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import numbers
+import os
 import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -92,11 +93,10 @@ def _is_float_format(dtype: np.dtype) -> bool:
     return True
 
 
-def _positive(value: object, argument: str, what: str = "a positive number") -> float:
-    """A positive finite real (never a bool or a string), as a float; one InvalidArgument line otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
+def _positive(value: object, argument: str, what: str = "a positive number") -> None:
+    """One InvalidArgument line unless `value` is a positive finite real (never a bool or a string)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
         raise InvalidArgument(f"{argument} must be {what}; received {_received(value)}")
-    return float(value)
 
 
 def _value(v: float) -> str:
@@ -341,7 +341,7 @@ def _telemetry_frame(records):
         return records
     if isinstance(records, (str, Path)):
         path = Path(records)
-        if path.is_dir():
+        if os.path.isdir(path):  # False, not an OSError, for a name too long: read_csv names it
             path = path / "telemetry.csv"
         return read_csv(path, where=f"records {str(path)!r}")
     for attribute in ("telemetry", "records"):
