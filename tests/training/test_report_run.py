@@ -11,13 +11,14 @@ import pytest
 
 from convprobe import cli
 from convprobe.training.config import validate_config
+from convprobe.training.records import RUN_FILE_NAMES
 from convprobe.training.trainer import train
+
+from .conftest import TINY
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from conftest import TINY
-
     out = tmp_path_factory.mktemp("run") / "fp16-run"
     old = os.umask(0o022)
     try:
@@ -29,7 +30,7 @@ def run_dir(tmp_path_factory):
 
 def test_every_record_of_a_run_is_0644_under_umask_022(run_dir):
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir()}
-    assert set(modes) == {"header.json", "steps.csv", "telemetry.csv", "checkpoint.npz", "summary.json"}
+    assert set(modes) == set(RUN_FILE_NAMES)  # the records and the run's lock
     assert set(modes.values()) == {0o644}, modes
 
 
