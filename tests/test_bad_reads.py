@@ -6,9 +6,7 @@ pytest's usage error (exit 4) or a clean collection error."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import os
 import subprocess
@@ -17,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import main_in_process
 from convprobe import cli, results
 from convprobe.errors import InvalidArgument
 from convprobe.testing import (
@@ -80,13 +79,7 @@ def documents(tmp_path_factory):
 
 def _cli(argv):
     """cli.main in-process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as exc:
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
+    return main_in_process(argv)
 
 
 def _doc(name, change):
@@ -186,13 +179,13 @@ REPORT_CASES = [
     ("schema_version 1.0", _sweep(lambda d: d.update(schema_version=1.0)), "must be an integer, one of the versions 1, 2; received 1.0"),
     ("schema_version '2'", _sweep(lambda d: d.update(schema_version="2")), "must be an integer, one of the versions 1, 2; received '2'"),
     ("schema_version null", _sweep(lambda d: d.update(schema_version=None)), "received null"),
-    ("schema_version nested 950 deep", _text("v.json", '{"schema_version": ' + _deep(950) + "}"),
+    ("schema_version nested 400 deep", _text("v.json", '{"schema_version": ' + _deep(400) + "}"),
      "schema_version must be an integer, one of the versions 1, 2; received [[[[[["),
     ("kind a list", _sweep(lambda d: d.update(kind=["sweep"])), 'kind must be a string; received ["sweep"]'),
     ("kind unknown", _sweep(lambda d: d.update(kind="swept")), "kind must be one of overflow, compare,"),
-    ("kind nested 950 deep", _text("k.json", '{"schema_version": 2, "kind": ' + _deep(950) + "}"),
+    ("kind nested 400 deep", _text("k.json", '{"schema_version": 2, "kind": ' + _deep(400) + "}"),
      "kind must be a string; received [[[[[["),
-    ("params nested 950 deep", _sweep(lambda d: d.update(params=json.loads(_deep(900)))), "params must be an object; received [[["),
+    ("params nested 400 deep", _sweep(lambda d: d.update(params=json.loads(_deep(400)))), "params must be an object; received [[["),
     ("sweep NaN ulp errors", _sweep(lambda d: _ulps(d, ["nan", 1.0])),
      ".ulp_errors must be a list of ULP errors, each a number >= 0 or inf (never NaN); received [\"nan\", 1.0]"),
     ("sweep negative ulp errors", _sweep(lambda d: _ulps(d, [-3])), "each a number >= 0 or inf (never NaN); received [-3]"),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from convprobe import results
+from convprobe import files, results
 from convprobe.analysis import figures
 from convprobe.analysis.tables import (
     FINGERPRINT_TITLES,
@@ -255,11 +255,10 @@ def draw(paths: list[str], out_dir: str, formats: list[FigureFormat]) -> list[st
             raise InvalidArgument(f"results {item.name}: cannot be drawn ({exc.__class__.__name__}: "
                                   f"{results.reason(exc)})") from None
     target_dir = Path(out_dir)
-    target_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, name, fig in built:
         for fmt in formats:
             target = target_dir / f"{stem}-{name}.{fmt}"
-            fig.savefig(target, dpi=150 if fmt == FigureFormat.PNG else None)
+            files.save_figure(fig, target, dpi=150 if fmt == FigureFormat.PNG else None)  # never through a link
             written.append(str(target))
     return written

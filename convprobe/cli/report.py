@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from convprobe.cli.options import check_output
+from convprobe.files import check_directory_path
 
 __all__ = ["register"]
 
@@ -40,7 +40,7 @@ def run(args) -> int:
     out_dir = Path(args.out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # os.path: False, not OSError, for a name too long
         raise InvalidArgument(f"--out-dir must be a directory; received the file {args.out_dir!r}")
-    check_output(str(out_dir / "figure.png"), "png")
+    check_directory_path(args.out_dir, "--out-dir", what="a directory")
     for target in draw(args.results, args.out_dir, formats):
         print(target)
     return 0
