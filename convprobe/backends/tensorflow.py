@@ -120,13 +120,14 @@ class TensorFlowBackend(AbstractBackend):
         """One of TensorFlow's conv gradient kernels by its raw op name: `sizes` names the shape
         argument and its value, `operands` the two tensors by their argument names."""
         strides, dilation, pad_name, explicit = _gradient_conv_args(strides, padding, dilation)
-        names = list(operands)
+        kernel = getattr(self.tf.raw_ops, raw_op)
+        arguments = {sizes[0]: list(sizes[1]), "strides": [1, *strides, 1], "padding": pad_name,
+                     "explicit_paddings": explicit, "dilations": [1, *dilation, 1]}
+        first_name, second_name = operands
 
+        @self.tf.autograph.experimental.do_not_convert  # plain graph code: autograph would rewrite the call
         def fn(first, second):
-            return getattr(self.tf.raw_ops, raw_op)(
-                **{sizes[0]: list(sizes[1]), names[0]: first, names[1]: second}, strides=[1, *strides, 1],
-                padding=pad_name, explicit_paddings=explicit, dilations=[1, *dilation, 1],
-            )
+            return kernel(**arguments, **{first_name: first, second_name: second})
 
         return self._run(fn, *(_array(a) for a in operands.values()))
 
