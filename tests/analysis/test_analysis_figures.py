@@ -144,7 +144,7 @@ def test_a_layer_map_cell_wraps_a_long_spec_and_points_to_the_json():
     long_cell = next(t for t in texts if t.startswith("columns("))
     assert len(long_cell.split("\n")) == 4 and "the whole spec: the JSON's best" in long_cell  # 3 lines + the match
     assert all(len(line) <= 72 for line in long_cell.split("\n"))
-    assert "sequential:fp16\n50.0%" in texts
+    assert "none matches; closest:\nsequential:fp16\n50.0%" in texts  # below 100%: not shown as the answer
 
 
 def test_a_layer_map_cell_says_an_op_is_not_a_direct_sum():
