@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from convprobe.backends.configurations import BackendConfig, resolve_configs
 from convprobe.backends.isolation import run_isolated
 from convprobe.probes.runner import run_one
+from conftest import wait_for
 
 CONV_65519 = textwrap.dedent("""
     import os, numpy as np
@@ -108,13 +108,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
-    return found
 
 
 
@@ -134,11 +127,11 @@ def test_a_worker_dies_with_a_sigkilled_parent_and_leaves_no_temporary_file(prob
     env = {**os.environ, "TMPDIR": str(temp), "ANNOUNCE": str(announced)}
     with subprocess.Popen([sys.executable, "-c", parent_code], env=env, stdin=subprocess.DEVNULL) as parent:
         try:
-            worker, = _wait(lambda: _workers_of(parent.pid), 60, "the worker to start")
-            _wait(announced.exists, 60, "the worker to run the probe")
+            worker, = wait_for(lambda: _workers_of(parent.pid), 60, "the worker to start")
+            wait_for(announced.exists, 60, "the worker to run the probe")
             parent.kill()
             parent.wait(timeout=10)
-            _wait(lambda: not _alive(worker), 5, f"worker {worker} to die with its parent")
+            wait_for(lambda: not _alive(worker), 5, f"worker {worker} to die with its parent")
         finally:
             parent.kill()
     assert list(temp.iterdir()) == []  # the request and the answer travel through pipes
@@ -160,11 +153,11 @@ def test_sigkill_to_fingerprint_leaves_no_worker_and_no_temporary_file(tmp_path)
     with subprocess.Popen([sys.executable, "-m", "convprobe", "fingerprint", "--jobs", "2"], env=env,
                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as parent:
         try:
-            workers = _wait(lambda: [w for w in _workers_of(parent.pid) if _loaded_tensorflow(w)], 120,
+            workers = wait_for(lambda: [w for w in _workers_of(parent.pid) if _loaded_tensorflow(w)], 120,
                             "a TensorFlow worker")
             parent.kill()
             parent.wait(timeout=10)
-            _wait(lambda: not any(_alive(w) for w in workers), 5, f"workers {workers} to die with fingerprint")
+            wait_for(lambda: not any(_alive(w) for w in workers), 5, f"workers {workers} to die with fingerprint")
         finally:
             parent.kill()
     assert list(temp.iterdir()) == []

@@ -21,6 +21,7 @@ import pytest
 
 from convprobe.formats import FP32
 from convprobe.training.cluster import local_tf_configs
+from conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = ["--steps", "4", "--record-every", "2", "--resnet-size", "8", "--image-size", "8", "--batch-size", "16"]
@@ -132,13 +133,6 @@ def _handles_sigterm(pid: int) -> bool:
     return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
 
 
-def _wait(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.1)
-    return found
 
 
 @pytest.mark.tensorflow
@@ -152,8 +146,8 @@ def test_a_worker_waiting_for_an_unreachable_peer_stops_on_a_signal(tmp_path, si
     with subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         try:
-            worker, = _wait(lambda: _children(proc.pid), 60, "the worker to start")
-            _wait(lambda: _handles_sigterm(worker), 120, "TensorFlow to wait for the peers")
+            worker, = wait_for(lambda: _children(proc.pid), 60, "the worker to start")
+            wait_for(lambda: _handles_sigterm(worker), 120, "TensorFlow to wait for the peers")
             time.sleep(1)
             sent = time.monotonic()
             proc.send_signal(signum)
@@ -177,8 +171,8 @@ def test_local_workers_stop_together_on_sigterm(tmp_path):
     with subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.DEVNULL,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
         try:
-            workers = _wait(lambda: len(found := _children(proc.pid)) == 2 and found, 60, "the 2 workers")
-            _wait(lambda: all(_handles_sigterm(w) for w in workers), 120, "TensorFlow in both workers")
+            workers = wait_for(lambda: len(found := _children(proc.pid)) == 2 and found, 60, "the 2 workers")
+            wait_for(lambda: all(_handles_sigterm(w) for w in workers), 120, "TensorFlow in both workers")
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
