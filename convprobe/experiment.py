@@ -32,13 +32,13 @@ def write_probe_results(kind: str, params: dict, probe_results, path: Path, obse
     at `path`, and a flat CSV of them beside it; returns the records."""
     import pandas as pd
 
-    from convprobe import provenance, results
+    from convprobe import files, provenance, results
 
     records = [r.to_record() for r in probe_results]
     results.write(path, results.envelope(kind, params, provenance.collect(seed=params.get("seed")),
                                          results=records))
-    pd.DataFrame([r.to_row(tuple(observed_columns)) for r in probe_results]).to_csv(path.with_suffix(".csv"),
-                                                                                  index=False)
+    frame = pd.DataFrame([r.to_row(tuple(observed_columns)) for r in probe_results])
+    files.write_atomic(path.with_suffix(".csv"), frame.to_csv(index=False))
     return records
 
 

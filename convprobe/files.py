@@ -1,6 +1,7 @@
 """Writing files without touching anyone else's.
 
-Every file convprobe writes goes through here, for three promises:
+Every file convprobe writes goes through here (results, tables, figures, run records,
+checkpoints), for three promises:
 
 - **Checked before any work.** `check_output_path` and `check_directory_path` refuse, in one
   line, a path that could not be written: an empty name, a name or component too long for the

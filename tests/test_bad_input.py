@@ -43,7 +43,7 @@ CLI_CASES = [
     (["fingerprint", *EMU, "--output", "{tmp}/x.txt"], "--output must end in .json or .csv"),
     (["identify", *EMU, "--output", "{tmp}/x.png"], "--output must end in .json or .csv"),
     (["sweep", *EMU, "--output", "/proc/s.csv"], "cannot be written"),
-    (["report", "{tmp}/missing.json", "--out-dir", "{tmp}/file"], "--out-dir must be a directory"),
+    (["report", "{tmp}/missing.json", "--out-dir", "{tmp}/file"], "is a file; it must be a directory"),
     (["replay", "--output", "{tmp}/r.csv"], "ends in .csv but the output format is json"),
     # study commands
     (["fingerprint", "--op", "warp", *EMU], "op must be one of conv2d"),

@@ -313,3 +313,24 @@ def test_a_full_standard_output_is_one_line_exit_3_and_the_output_file_is_comple
                               stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE, text=True, timeout=600)
     assert proc.returncode == 3 and "could not write to standard output" in _one_line(proc.stderr), proc.stderr
     assert results.read(target, kinds=("overflow",))["results"]
+
+
+@pytest.mark.parametrize("plant", ["link", "user files"])
+def test_a_comparison_refuses_a_bad_run_directory_before_any_run_trains(tmp_path, plant):
+    """Every run of --compare-loss-scaling is checked before the first trains: a run directory
+    that is a link to a user's directory, or holds a user's files, is refused untouched."""
+    user = _user_directory(tmp_path)
+    comparison = tmp_path / "cmp"
+    comparison.mkdir()
+    if plant == "link":
+        (comparison / "dynamic").symlink_to(user)
+    else:
+        (comparison / "dynamic").mkdir()
+        (comparison / "dynamic" / "notes.txt").write_text("mine")
+        (comparison / "none").mkdir()
+        (comparison / "none" / "header.json").write_text("{}")  # a comparison that looks recorded
+    before = _digest(tmp_path)
+    code, out, err = main_in_process(["train", *TINY_RUN, "--compare-loss-scaling", "--output", str(comparison)])
+    assert code == 2 and ("dynamic is a symbolic link" in _one_line(err) or "not a convprobe run" in err
+                          or "header.json" in err), err
+    assert _digest(tmp_path) == before

@@ -255,10 +255,9 @@ def draw(paths: list[str], out_dir: str, formats: list[FigureFormat]) -> list[st
             raise InvalidArgument(f"results {item.name}: cannot be drawn ({exc.__class__.__name__}: "
                                   f"{results.reason(exc)})") from None
     target_dir = Path(out_dir)
-    written = []
-    for stem, name, fig in built:
-        for fmt in formats:
-            target = target_dir / f"{stem}-{name}.{fmt}"
-            files.save_figure(fig, target, dpi=150 if fmt == FigureFormat.PNG else None)  # never through a link
-            written.append(str(target))
-    return written
+    targets = [(target_dir / f"{stem}-{name}.{fmt}", fig, fmt) for stem, name, fig in built for fmt in formats]
+    for target, _, _ in targets:  # a link, directory or device where a figure goes: refused before any is written
+        files.check_output_path(str(target), "--out-dir")
+    for target, fig, fmt in targets:
+        files.save_figure(fig, target, dpi=150 if fmt == FigureFormat.PNG else None)  # never through a link
+    return [str(target) for target, _, _ in targets]

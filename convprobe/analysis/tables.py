@@ -21,6 +21,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from convprobe import files
+
 from convprobe.analysis.bounds import DEFAULT_LAMBDA, dot_error_bound
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import parse_format
@@ -340,11 +342,12 @@ def write_table(df: pd.DataFrame, path: str | Path, schema: Schema | str) -> Pat
     frame = validate_frame(df, s)
     p = Path(path)
     if p.suffix == ".csv":
-        frame.to_csv(p, index=False)
+        files.write_atomic(p, frame.to_csv(index=False))
     elif p.suffix == ".json":
-        p.write_text(json.dumps({"schema": s.name, "rows": _records(frame)}, indent=1) + "\n")
+        files.write_atomic(p, json.dumps({"schema": s.name, "rows": _records(frame)}, indent=1) + "\n")
     else:
         raise invalid_choice("path suffix", p.suffix, (".csv", ".json"))
+    return p
     return p
 
 

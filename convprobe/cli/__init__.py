@@ -108,9 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         if error.errno not in _WRITE_ERRORS:
             raise
-        _silence_stdout()  # what is still buffered would fail again at exit, with a traceback
-        print(f"convprobe {args.command}: error: could not write to standard output: {error.strerror}; files "
-              f"written with --output are complete", file=sys.stderr)
+        where = repr(error.filename) if error.filename else "standard output"
+        if not error.filename:
+            _silence_stdout()  # what is still buffered would fail again at exit, with a traceback
+        print(f"convprobe {args.command}: error: could not write to {where}: {error.strerror}; files written "
+              f"with --output are complete", file=sys.stderr)
         return EXIT_WRITE_FAILED
     except KeyboardInterrupt:
         print(f"convprobe {args.command}: interrupted", file=sys.stderr)

@@ -6,8 +6,6 @@ every input completely before it writes anything), prints the files written.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 from convprobe.files import check_directory_path
 
@@ -34,12 +32,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from convprobe.analysis.report import check_formats, draw
-    from convprobe.errors import InvalidArgument
 
     formats = check_formats(args.formats)
-    out_dir = Path(args.out_dir)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # os.path: False, not OSError, for a name too long
-        raise InvalidArgument(f"--out-dir must be a directory; received the file {args.out_dir!r}")
     check_directory_path(args.out_dir, "--out-dir", what="a directory")
     for target in draw(args.results, args.out_dir, formats):
         print(target)

@@ -47,6 +47,8 @@ BASE_CANDIDATES = (
 )
 #: Outputs compared per op (all of them when the op has fewer).
 SAMPLE = 8192
+#: How many of the closest specs are confirmed beside the perfect ones (the best of them is shown).
+CONFIRMED_CLOSEST = 3
 #: The two input sets every op runs on: the first chooses, the second confirms.
 INPUT_SETS = {"uniform": op_inputs, "confirmation": op_confirmation_inputs}
 #: What the confirmation inputs are, in the words the summary records.
@@ -191,7 +193,9 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
 
 
 def _confirm(table: dict, layer: Layer, op: str, seed: int, bits: list[str] | None) -> dict:
-    """Each spec that matched every output of the first inputs, on the confirmation inputs:
+    """Each spec that matched every output of the first inputs, and the `CONFIRMED_CLOSEST`
+    closest, on the confirmation inputs (so the share shown for any best spec is the lower of
+    the two sets):
     {"inputs", "fractions": {spec: share bitwise equal}, "outputs_compared"}. A document
     written before confirmation existed has no bits: it says so, and confirms nothing."""
     from convprobe.probes.structure import bitwise_equal
@@ -201,7 +205,8 @@ def _confirm(table: dict, layer: Layer, op: str, seed: int, bits: list[str] | No
                 "note": "not confirmed: the document holds no confirmation outputs (written by an older convprobe)"}
     observed = np.array([int(h, 16) for h in bits], dtype=np.uint16)
     fractions = {}
-    for spec in (spec for spec, fraction in table.items() if fraction == 1.0):
+    closest = sorted(table, key=lambda spec: -table[spec])[:CONFIRMED_CLOSEST]
+    for spec in dict.fromkeys([*(spec for spec, fraction in table.items() if fraction == 1.0), *closest]):
         predicted = _predicted(spec, layer, op, seed, "confirmation")
         fractions[spec] = 0.0 if predicted is None else float(np.mean(bitwise_equal(predicted, observed)))
     return {"inputs": CONFIRMATION_INPUTS, "fractions": fractions, "outputs_compared": len(observed)}

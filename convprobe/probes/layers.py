@@ -202,7 +202,8 @@ def op_confirmation_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray
 
     The second operand is scaled by a power of two so that a random walk of K products stays
     near 2**8 (far from fp16's overflow); subnormals are drawn after scaling, so both operands
-    hold them."""
+    hold them. (In a filter gradient the pair meets every input channel: those that are not
+    ones are clipped to 1 in magnitude, so their outputs stay below 2**15 + the rest.)"""
     rng = np.random.default_rng([seed, 1 + OP_SEEDS[op], 0x5167, *layer.input_shape, *layer.filter_shape])
     shapes = op_shapes(layer, op)
     scale = 2.0 ** -max(0, int(np.ceil(np.log2(np.sqrt(layer.k(op)) / 16))))
@@ -231,6 +232,10 @@ def _plant_cancelling_pairs(op: str, first: np.ndarray, second: np.ndarray, rng:
     channels = first.shape[-1]
     if op == "conv2d_backprop_filter":  # x (N,H,W,C) and dy (N,OH,OW,F): reduce over positions
         ones = rng.choice(channels, size=min(2, channels), replace=False)
+        # every output channel's dy holds the pair, so the channels of x that are not ones meet it too: at
+        # most 1 in magnitude there, their two products stay within 2**15 and the sum within fp16's range
+        others = np.setdiff1d(np.arange(channels), ones)
+        first[..., others] = np.clip(first[..., others], -1.0, 1.0)
         first[..., ones] = 1.0
         positions = second.shape[:3]
         for f in range(second.shape[-1]):

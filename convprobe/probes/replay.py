@@ -13,12 +13,14 @@ read without pickle) holds the same vectors, so `replay` needs no other files.
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
 
+from convprobe import files
 from convprobe.errors import InvalidArgument, invalid_choice
 
 __all__ = ["VectorSet", "FORMAT_FOLDERS", "load_directory", "load_bundled", "bundled_path",
@@ -181,7 +183,9 @@ def save_bundle(sets: list[VectorSet], path: str) -> None:
         stem = f"{s.gpu}/{s.input}/"
         arrays[stem + "a"], arrays[stem + "b"], arrays[stem + "c"] = s.a, s.b, s.c
         arrays[stem + f"d_{s.output}"] = s.d
-    np.savez_compressed(path, **arrays)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    files.write_atomic(path, buffer.getvalue())
 
 
 def load_bundled(gpus: list[str] | None = None, path: str | None = None) -> list[VectorSet]:

@@ -23,6 +23,7 @@ written atomically, so the run directory resumes) with one line on stderr and ex
 from __future__ import annotations
 
 import json
+import reprlib
 import os
 import signal
 import socket
@@ -67,6 +68,16 @@ def _is_address(worker: object) -> bool:
     return bool(host and colon and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)
 
 
+def _shown(value) -> str:
+    """`value` for a one-line message: its repr, or reprlib's short one where it is long or
+    nested too deeply to print."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return reprlib.repr(value)
+    return text if len(text) <= 200 else reprlib.repr(value)
+
+
 def read_tf_config(environ=None) -> Cluster:
     """The cluster that ``TF_CONFIG`` describes, checked; one InvalidArgument line otherwise."""
     env = os.environ if environ is None else environ
@@ -81,22 +92,22 @@ def read_tf_config(environ=None) -> Cluster:
         workers = spec["cluster"]["worker"]
         task = spec["task"]
         kind, index = task["type"], task["index"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested deeper than JSON parses
         raise InvalidArgument(f"TF_CONFIG must be JSON like {example}; received {text[:80]!r}") from None
     if not isinstance(spec["cluster"], dict) or set(spec["cluster"]) - {"worker"}:
         raise InvalidArgument(f"TF_CONFIG's cluster may hold only 'worker' jobs (worker 0 is the chief); "
                               f"received {sorted(spec['cluster'])}")
     if not isinstance(workers, list) or not all(_is_address(w) for w in workers):
         raise InvalidArgument(f"TF_CONFIG's cluster.worker must be a list of host:port, each port from 1 to "
-                              f"65535; received {workers!r}")
+                              f"65535; received {_shown(workers)}")
     if len(workers) < 2:
         raise InvalidArgument(f"TF_CONFIG's cluster.worker must list at least 2 workers (one machine trains "
-                              f"without --distribute); received {workers!r}")
+                              f"without --distribute); received {_shown(workers)}")
     if len(set(workers)) != len(workers):
-        raise InvalidArgument(f"TF_CONFIG's cluster.worker must list each host:port once; received {workers!r}")
+        raise InvalidArgument(f"TF_CONFIG's cluster.worker must list each host:port once; received {_shown(workers)}")
     if kind != "worker" or not is_integer(index) or not 0 <= index < len(workers):
         raise InvalidArgument(f"TF_CONFIG's task must be a worker with an index from 0 to {len(workers) - 1}; "
-                              f"received {task!r}")
+                              f"received {_shown(task)}")
     return Cluster(tuple(workers), int(index))
 
 

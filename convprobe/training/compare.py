@@ -16,7 +16,7 @@ from pathlib import Path
 
 from convprobe import files
 from convprobe.training.config import LossScaleMode, LossScaleSpec, TrainConfig
-from convprobe.training.records import claim_directory
+from convprobe.training.records import RunFiles, claim_directory
 
 __all__ = ["comparison_specs", "run_comparison", "summarise", "overview", "plot_comparison", "format_table"]
 
@@ -44,12 +44,14 @@ def run_comparison(config: TrainConfig, output: str | Path, *, static_scale: flo
     output = Path(output)
     specs = comparison_specs(config, static_scale)
     labels = [spec.label for spec in specs]
-    claim_directory(output, (*COMPARISON_FILES, *labels), what="a convprobe comparison",
+    claim_directory(output, COMPARISON_FILES, own_directories=labels, what="a convprobe comparison",
                     recorded=any((output / label / "header.json").is_file() for label in labels))
+    configs = [replace(config, loss_scale=spec, output=str(output / spec.label)) for spec in specs]
     with files.directory_lock(output):
+        for run_config in configs:  # every run checked before the first one trains
+            RunFiles(run_config.output).plan(run_config.to_json())
         runs = {}
-        for spec in specs:
-            run_config = replace(config, loss_scale=spec, output=str(output / spec.label))
+        for spec, run_config in zip(specs, configs):
             runs[spec.label] = train(run_config, eager=eager)
         table = summarise(output, list(runs))
         files.write_atomic(output / "comparison.csv", table.to_csv(index=False))

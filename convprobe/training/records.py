@@ -183,16 +183,24 @@ def foreign_entries(directory: Path, own_names) -> list[str]:
                   if entry.name not in own and not entry.name.startswith(files.TEMPORARY_PREFIX))
 
 
-def claim_directory(directory: Path, own_names, *, recorded: bool, what: str = "a convprobe run") -> None:
+def claim_directory(directory: Path, own_names, *, recorded: bool, what: str = "a convprobe run",
+                    own_directories=()) -> None:
     """Refuse, changing nothing, a directory that holds files convprobe did not write, or whose
-    own files are links: a user's directory is never adopted, overwritten or appended to.
-    `own_names` count as convprobe's only where `recorded` (a run's header is there): a user's
-    own steps.csv in a directory without one is theirs."""
+    own files are links or not regular files, or whose own subdirectories (`own_directories`)
+    are links or files: a user's directory is never adopted, overwritten or appended to.
+    The own names count as convprobe's only where `recorded` (a run's header is there): a
+    user's own steps.csv in a directory without one is theirs."""
     files.check_directory_path(str(directory))
     if not directory.is_dir():
         return
-    files.refuse_links(directory, [name for name in own_names if not (directory / name).is_dir()])
-    foreign = foreign_entries(directory, own_names if recorded else ())
+    files.refuse_links(directory, own_names)
+    for name in own_directories:
+        path = directory / name
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise InvalidArgument(f"--output {str(directory)!r}: {name} is {'a symbolic link' if path.is_symlink() else 'a file'}; "
+                                  f"convprobe writes its runs only into directories of its own; nothing was changed: "
+                                  f"use a new directory")
+    foreign = foreign_entries(directory, (*own_names, *own_directories) if recorded else ())
     if foreign:
         shown = ", ".join(repr(name) for name in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
         raise InvalidArgument(f"--output {str(directory)!r} holds files that are not {what} ({shown}); nothing "
@@ -233,11 +241,8 @@ class RunFiles:
     def plan(self, config_json: dict) -> "ResumePlan":
         """Read and validate what the directory holds, changing nothing: a new run, or a
         resume from the checkpoint (loaded here), or a finished run."""
-        self._claim()
+        self._claim()  # without a header, a checkpoint (or anything but a lock) is refused there
         if not self.header_path.exists():
-            if self.checkpoint_path.exists():
-                raise InvalidArgument(f"{self.directory} holds a checkpoint but no header.json; nothing was "
-                                      f"changed: use a new --output directory")
             return ResumePlan(0, [])
         old = read_header(self.directory)
         old_config = old["params"]
