@@ -4,7 +4,10 @@ from pathlib import Path
 
 from convprobe.backends.configurations import settings_table_markdown
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: The full guide (docs/guide.md): the README's front door links to it for the details.
+GUIDE = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
 
 
 def test_readme_settings_table_is_the_code_s_table():
@@ -20,9 +23,19 @@ def test_quick_start_has_exactly_the_two_commands_and_ci_runs_the_second():
     assert blocks[1].replace('pip install -e ".[test]"', 'pip install -q -e ".[test]"') in ci
 
 
-def test_readme_defines_every_record_column_as_header_json_does():
+def test_the_guide_defines_every_record_column_as_header_json_does():
     from convprobe.training.records import COLUMN_DEFINITIONS
 
     for part, definitions in COLUMN_DEFINITIONS.items():
         for column, definition in definitions.items():
-            assert f"| `{column}` | {definition.replace('|', '/')} |" in README, (part, column)
+            assert f"| `{column}` | {definition.replace('|', '/')} |" in GUIDE, (part, column)
+
+
+def test_the_readme_is_a_front_door():
+    """At most 250 lines, no commit hashes; every docs/ page it links to exists."""
+    import re
+
+    assert len(README.splitlines()) <= 250
+    assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", README)
+    for target in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / target).is_file(), target
