@@ -55,12 +55,17 @@ def _path_max(directory: str) -> int:
         return _PATH_MAX
 
 
+def _first_existing(path: str) -> str:
+    """`path`, or its nearest ancestor that exists (a link counts, dangling or not)."""
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path
+
+
 def _nearest_existing(path: str, argument: str, shown: str) -> str:
     """The nearest ancestor of `path` that exists, checked to be a directory (following links);
     a parent that is a file or a dangling link is refused here, not at write time."""
-    current = os.path.dirname(path)
-    while not os.path.lexists(current):
-        current = os.path.dirname(current)
+    current = _first_existing(os.path.dirname(path))
     if not os.path.isdir(current):
         what = "a dangling symbolic link" if os.path.islink(current) else "not a directory"
         raise InvalidArgument(f"{argument} {shown!r} cannot be written: its parent {current!r} is {what}")
@@ -79,9 +84,7 @@ def _check_path_text(path: str, argument: str) -> str:
     if "\0" in path:
         raise InvalidArgument(f"{argument} must not contain a NUL byte; received {path!r}")
     absolute = os.path.abspath(path)
-    existing = os.path.dirname(absolute)
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
+    existing = _first_existing(os.path.dirname(absolute))
     longest = _name_max(existing)
     for part in Path(absolute).parts:
         if len(os.fsencode(part)) > longest:
