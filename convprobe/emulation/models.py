@@ -538,7 +538,7 @@ _BOOL_KEYS = {"truncate"}
 def parse_model(spec: str) -> AccumulationModel:
     """Build a model from a spec string.
 
-    Grammar, three forms:
+    Grammar, four forms:
 
     * ``KIND[:ACCUMULATOR][:KEY=VALUE]...``, KIND one of sequential, pairwise, blocked,
       chunked, exact; ACCUMULATOR a format name (fp16, bf16, tf32, fp32, fp64, fp8_e4m3,
@@ -555,6 +555,8 @@ def parse_model(spec: str) -> AccumulationModel:
       a2, a30, ada, l40s, h100, h200, b200; `convprobe.emulation.gpus`), input fp16 (the
       default), bf16, tf32, fp8_e4m3 or fp8_e5m2, output fp32 (the default) or fp16;
       further keys override the preset's blocked parameters.
+    * ``tree(ROOT, accumulator=FORMAT[, product=...][, addition=...][, output=...])``: any
+      summation order with a format per node (`convprobe.emulation.tree`).
     * ``splitk(PARTS | length=N, INNER, combine=FORMAT | MODEL[, output=FORMAT])``,
       ``lanes(WIDTH, INNER, combine=MODEL)`` and ``reverse(INNER)``: composites around any inner spec
       (`convprobe.emulation.composites`); identify's ``lanes:FMT:w=W[:then=ORDER]`` is
@@ -570,6 +572,10 @@ def parse_model(spec: str) -> AccumulationModel:
     from convprobe.emulation import composites
 
     head = spec.strip().split(":")[0]
+    if head.strip().lower().startswith("tree("):
+        from convprobe.emulation import tree  # (tree builds on this module)
+
+        return tree.parse_tree_model(spec)
     if "(" in head:
         return composites.parse_composite(spec.strip(), parse_model)
     if head.strip().lower() == "lanes":

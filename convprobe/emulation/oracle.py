@@ -137,7 +137,7 @@ def round_to_format(values, fmt, rounding="nearest_even", *, subnormals="keep", 
     return np.array(out, dtype=np.float64).reshape(x.shape)
 
 
-def _mul(a: float, b: float) -> Value:
+def multiply_exact(a: float, b: float) -> Value:
     if not (math.isfinite(a) and math.isfinite(b)) or a == 0.0 or b == 0.0:
         return a * b
     return Fraction(a) * Fraction(b)
@@ -149,7 +149,7 @@ def _norm(v: Value) -> Value:
     return v
 
 
-def _add(x: Value, y: Value) -> Value:
+def add_exact(x: Value, y: Value) -> Value:
     x, y = _norm(x), _norm(y)
     fx, fy = isinstance(x, float), isinstance(y, float)
     if (fx and not math.isfinite(x)) or (fy and not math.isfinite(y)):
@@ -186,13 +186,13 @@ class _Stepper:
                            rbits=self.rbits)
 
     def product(self, a: float, b: float) -> Value:
-        p = _mul(a, b)
+        p = multiply_exact(a, b)
         if self.m.product != "exact":
             return self.rnd(p, self.m.product, "nearest_even")
         return p
 
     def accumulate(self, s: Value, t: Value, fmt: Format | None = None) -> float:
-        exact = _add(s, t)
+        exact = add_exact(s, t)
         if self.m.addition != "exact" and fmt is None:
             exact = self.rnd(exact, self.m.addition, "nearest_even")
         return self.rnd(exact, fmt or self.m.accumulator)
@@ -210,7 +210,7 @@ def _block_fma(s: Value, a: list[float], b: list[float], model: Blocked, st: _St
     if any(isinstance(v, float) and not math.isfinite(v) for v in (s, *prods)):
         out = s
         for t in prods:
-            out = _add(out, t)
+            out = add_exact(out, t)
         return float(out)
     acc = model.accumulator
     exps = []
@@ -251,7 +251,7 @@ def _blocked(a: list[float], b: list[float], c: float, model: Blocked, st: _Step
             j1 = min(j0 + model.b, s0 + model.step)
             s = _block_fma(s, a[j0:j1], b[j0:j1], model, st)
         if model.c_addition == CAddition.SEPARATE:
-            s = st.rnd(_add(s, c_in), model.accumulator, "nearest_even")
+            s = st.rnd(add_exact(s, c_in), model.accumulator, "nearest_even")
     return s
 
 
@@ -272,7 +272,7 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
             return st.rnd(reduce(parts, [1.0] * len(parts), model.combine), model.output, "nearest_even")
         total: Value = 0.0
         for part in parts:
-            total = st.rnd(_add(total, part), model.accumulator, "nearest_even")
+            total = st.rnd(add_exact(total, part), model.accumulator, "nearest_even")
         return st.rnd(total, model.output, "nearest_even")
     if isinstance(model, Reverse):
         return st.rnd(reduce(a[::-1], b[::-1], model.inner), model.output, "nearest_even")
@@ -309,13 +309,13 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
         for j, t in enumerate(terms):
             low = st.accumulate(low, t)
             if (j + 1) % model.chunk == 0 or j == len(terms) - 1:
-                total = st.rnd(_add(total, low), model.total)
+                total = st.rnd(add_exact(total, low), model.total)
                 low = 0.0
         s = total
     elif isinstance(model, Exact):
         s = 0.0
         for t in terms:
-            s = _add(s, t)
+            s = add_exact(s, t)
         if not (isinstance(s, float) and not math.isfinite(s)):
             s = st.rnd(s, model.accumulator)
     else:  # pragma: no cover - models are a closed set

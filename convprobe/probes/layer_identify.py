@@ -36,7 +36,8 @@ import threading
 
 import numpy as np
 
-from convprobe.probes.layers import Layer, LayerKind, op_confirmation_inputs, op_inputs, run_op
+from convprobe.identify.layer_trees import RecoveredTrees, recover_at_layer, tree_specs
+from convprobe.probes.layers import Layer, LayerKind, op_confirmation_inputs, op_inputs, op_result_shape, run_op
 
 __all__ = ["BASE_CANDIDATES", "DEPTHWISE_NOTE", "depthwise_candidates", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
 
@@ -114,11 +115,14 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
                     direct = DirectSum(None, note=f"not tested: {DEPTHWISE_NOTE}")
                     structure = Structure(note=f"not measured: {DEPTHWISE_NOTE}",
                                           derived=depthwise_candidates(layer, op))
+                    trees = RecoveredTrees(note=f"not recovered: {DEPTHWISE_NOTE}")
                 else:
                     direct = direct_sum.safely(direct_sum.probe, backend, layer, op, seed)
                     structure = measure(backend, layer, op, seed)
+                    trees = (recover_at_layer(backend, layer, op, seed) if direct.direct is not False
+                             else RecoveredTrees(note="not recovered: the op is not a direct sum of products"))
                 ops[op] = {"status": "ok", "bits": bits["uniform"], "confirmation_bits": bits["confirmation"],
-                           "direct": direct.to_dict(), "structure": structure.to_dict()}
+                           "direct": direct.to_dict(), "structure": structure.to_dict(), "trees": trees.to_dict()}
             except UnsupportedConfiguration as exc:
                 ops[op] = {"status": "unsupported", "error": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
@@ -171,6 +175,20 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         predicted = _predicted(spec, layer, op, seed)
         if predicted is not None:
             table[spec] = float(np.mean(bitwise_equal(predicted, observed)))
+    trees = RecoveredTrees.from_dict(result.get("trees"))
+    shape = op_result_shape(layer, op)
+    columns = sample_indices(int(np.prod(shape)), seed) % shape[-1]
+
+    def score(spec: str, chosen) -> float:
+        predicted = _predicted(spec, layer, op, seed)
+        if predicted is None:
+            return 0.0
+        keep = np.ones(len(observed), bool) if chosen is None else np.isin(columns, chosen)
+        return float(np.mean(bitwise_equal(predicted[keep], observed[keep]))) if keep.any() else 0.0
+
+    for spec in tree_specs(layer, op, trees, structure, score):  # after the grammar's: they win ties
+        if spec not in table:
+            table[spec] = score(spec, None)
     direct = DirectSum.from_dict(result["direct"]) if result.get("direct") else None  # older documents lack it
     confirmation = _confirm(table, layer, op, seed, result.get("confirmation_bits"))
     scores = {spec: min(fraction, confirmation["fractions"].get(spec, fraction)) for spec, fraction in table.items()}
@@ -188,7 +206,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     return {"best": best, "fractions": {k: fraction} if best else {},
             "stops_matching_at": None if best and fraction == 1.0 else k, "perfect": perfect,
             "direct": direct.to_dict() if direct else None,
-            "structure": structure.to_dict(), "measured_specs": measured, "table": table,
+            "structure": structure.to_dict(), "trees": trees.to_dict(), "measured_specs": measured, "table": table,
             "confirmation": confirmation, "outputs_compared": len(observed), "explanation": explanation}
 
 

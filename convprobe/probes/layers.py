@@ -18,7 +18,7 @@ import numpy as np
 
 from convprobe.errors import InvalidArgument, invalid_choice
 
-__all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "LayerKind", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_inputs",
+__all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "LayerKind", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_result_shape", "op_inputs",
            "op_confirmation_inputs", "CONFIRMATION_MIX", "op_call", "run_op",
            "run_ops",
            "keras_layers", "NotIdentified"]
@@ -172,6 +172,12 @@ def op_shapes(layer: Layer, op: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return {"forward": (layer.input_shape, layer.filter_shape),
             "input": (layer.output_shape, layer.filter_shape),
             "filter": (layer.input_shape, layer.output_shape)}[_role(layer, op)]
+
+
+def op_result_shape(layer: Layer, op: str) -> tuple[int, ...]:
+    """The shape of `op`'s result at this layer: y, dx or dw."""
+    return {"forward": layer.output_shape, "input": layer.input_shape,
+            "filter": layer.filter_shape}[_role(layer, op)]
 
 
 def op_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
