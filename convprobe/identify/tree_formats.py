@@ -1,20 +1,26 @@
 """The formats at a recovered summation tree's nodes, measured with crafted sums through
-the same op: which format each fold (chain) rounds to, whether products are rounded,
-whether an fp16 fold adds in fp32 first, and whether it rounds its first product alone.
+the same op.
 
-Each test puts a few values at chosen leaves, zeros elsewhere, and reads the op's
-output (s = 1 + 2**-10, the constant operand where a test needs inexact products):
+A fold (chain) of items i0, i1, ... computes, at each step t, the sum of the value so
+far and item t. Three roundings can happen there, and each is measured on its own:
 
-- **chain format**, per chain of three or more items: 1, 2**-12 and -1 at a leaf of its
-  first three items. A chain that keeps fp32 leaves 2**-12; an fp16 one rounds 1 + 2**-12
-  to 1 and leaves 0.
-- **products**, at a chain's first two leaves: -s and s**2 (operands -1 and s). An exact
-  product leaves 2**-10 + 2**-20; one rounded to fp16 leaves 2**-10.
-- **additions in fp32** (fp16 chains, exact products): 2048 s = 2050 then 1 - 2**-20
-  (operands 2048 and 1 - 2**-10). One fp16 rounding gives 2050; fp32 first rounds onto
-  the tie 2051, which fp16 sends to 2052.
-- **first product alone**: the same two terms the other way round. Rounded alone first,
-  1 - 2**-20 becomes 1 and the sum ties to 2052; in one rounding it is 2050.
+- **the step's rounding** (fp16 or wider): 2050 at item t-1 and 1 - 2**-20 at item t (a
+  product, operands 2048 and 1 - 2**-10 times s = 1 + 2**-10). Rounded to fp16 at once
+  the sum is 2050; rounded to fp32 first it is the tie 2051, which fp16 later sends to 2052.
+- **the value kept for the next step** (fp16 or fp32): 1 at item t-1, 2**-12 at item t
+  and -1 at item t+1 (for a chain's last step, at the item that meets the chain in its
+  parent chain). Kept in fp32, 1 + 2**-12 leaves 2**-12; stored in fp16 it leaves 0. A step
+  rounded wider but kept in fp16 is an fp32 addition stored to fp16 (CPU half arithmetic,
+  or a block's partial sum written to an fp16 buffer).
+- **an item rounded alone before it joins**: a partial sum (1 and 2**-12 inside it)
+  meeting -1 at the step that adds it leaves 2**-12 unless it was first rounded to fp16;
+  a fold's first product, rounded alone (an accumulator that starts at +0), shows as a
+  rounded product in one of two orders of -s and s**2 at its first two leaves (-s + s**2
+  is 2**-10 + 2**-20 from exact products, 2**-10 from s**2 rounded to fp16). Both orders
+  rounded means every product is.
+
+A test is placed only where its values reach the output intact; an untested step takes
+its neighbour's format.
 """
 
 from __future__ import annotations
@@ -27,32 +33,47 @@ import numpy as np
 from convprobe.emulation.tree import Chain, Item, Tree, leaves_of
 from convprobe.formats import FP16, FP32
 
-__all__ = ["TreeFormats", "measure_formats", "tree_models", "SCALE"]
+__all__ = ["ChainFormats", "TreeFormats", "measure_formats", "tree_models", "chains_of", "SCALE"]
 
 #: The constant operand of the tests that need inexact products.
 SCALE = 1.0 + 2.0 ** -10
+_FINE = (1 - 2.0 ** -10) * SCALE  # the product 1 - 2**-20
+_COARSE = 2048 * SCALE  # the product 2050
+_KEPT = 2.0 ** -12
+_FORMATS = {"fp16": FP16, "fp32": FP32}
+
+
+@dataclass(frozen=True)
+class ChainFormats:
+    """One chain's measurements; None where a test could not be placed or did not decide."""
+
+    steps: tuple[str | None, ...] = ()  # step t (1..n-1) rounds to: "fp16" or "fp32"
+    kept: tuple[str | None, ...] = ()  # the value after step t, as the next step sees it
+    alone: tuple[bool | None, ...] = ()  # item t (0..n-1) rounded to fp16 alone before it joins
+
+    def to_dict(self) -> dict:
+        return {"steps": list(self.steps), "kept": list(self.kept), "alone": list(self.alone)}
 
 
 @dataclass(frozen=True)
 class TreeFormats:
-    """What the tests showed; None where a test could not be placed or did not decide."""
+    """Per chain (depth first from the root) its `ChainFormats`, whether every product is
+    rounded to fp16, and notes on what could not be measured."""
 
-    chains: tuple[str | None, ...] = ()  # per chain, depth-first: "fp16", "fp32" or None
+    chains: tuple[ChainFormats, ...] = ()
     products_rounded: bool | None = None
-    additions_in_fp32: bool | None = None
-    first_alone: bool | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict:
-        return {"chains": list(self.chains), "products_rounded": self.products_rounded,
-                "additions_in_fp32": self.additions_in_fp32, "first_alone": self.first_alone,
+        return {"chains": [c.to_dict() for c in self.chains], "products_rounded": self.products_rounded,
                 "notes": list(self.notes)}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> TreeFormats:
         data = data or {}
-        return cls(tuple(data.get("chains", ())), data.get("products_rounded"), data.get("additions_in_fp32"),
-                   data.get("first_alone"), tuple(data.get("notes", ())))
+        chains = tuple(ChainFormats(tuple(c["steps"]), tuple(c["kept"]), tuple(c["alone"]))
+                       for c in data.get("chains", ()))
+        return cls(chains, data.get("products_rounded"), tuple(data.get("notes", ())))
 
 
 def chains_of(root: Item) -> list[Chain]:
@@ -69,10 +90,8 @@ def chains_of(root: Item) -> list[Chain]:
     return out
 
 
-def _leading_leaves(root: Item) -> tuple[int, int] | None:
-    """The first two items of the first chain that opens on two leaves."""
-    return next(((c.items[0], c.items[1]) for c in chains_of(root)
-                 if len(c.items) > 1 and isinstance(c.items[0], int) and isinstance(c.items[1], int)), None)
+def _first(item: Item) -> int:
+    return leaves_of(item)[0]
 
 
 def _row(k: int, values: dict[int, float]) -> np.ndarray:
@@ -82,89 +101,140 @@ def _row(k: int, values: dict[int, float]) -> np.ndarray:
     return row
 
 
+class _Plan:
+    """Rows to ask, each with where its answer goes."""
+
+    def __init__(self, k: int):
+        self.k, self.rows, self.keys = k, [], []
+
+    def add(self, key, values: dict[int, float]) -> None:
+        self.rows.append(_row(self.k, values))
+        self.keys.append(key)
+
+    def ask(self, sums, scale: float) -> dict:
+        if not self.rows:
+            return {}
+        return {key: float(v) for key, v in zip(self.keys, sums(np.stack(self.rows), scale))}
+
+
 def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item, k: int) -> TreeFormats:
-    """The formats of `root`'s nodes; `sums(rows, scale)` returns the op's sums of rows of
-    terms formed as fp16 operands (terms / scale) times the constant `scale`."""
-    notes = []
+    """The formats of `root`'s additions (module docstring); `sums(rows, scale)` returns the
+    op's sums of rows of terms formed as fp16 operands (terms / scale) times `scale`."""
     chains = chains_of(root)
-    tested = [c for c in chains if len(c.items) >= 3]
-    rows = [_row(k, {leaves_of(c.items[0])[0]: 1.0, leaves_of(c.items[1])[0]: 2.0 ** -12,
-                     leaves_of(c.items[2])[0]: -1.0}) for c in tested]
-    by_chain = {}
-    if rows:
-        got = sums(np.stack(rows), 1.0)
-        by_chain = {id(c): {2.0 ** -12: "fp32", 0.0: "fp16"}.get(float(v)) for c, v in zip(tested, got)}
-    chain_formats = tuple(by_chain.get(id(c)) for c in chains)
-    pair = _leading_leaves(root)
-    if pair is None:
-        notes.append("no chain opens on two products: product rounding and fp32 additions not measured")
-        return TreeFormats(chain_formats, notes=tuple(notes))
-    first, second = pair
-    s = SCALE
-    product_row = _row(k, {first: -s, second: s * s})
-    add_row = _row(k, {first: 2048 * s, second: (1 - 2.0 ** -10) * s})
-    alone_row = _row(k, {first: (1 - 2.0 ** -10) * s, second: 2048 * s})
-    product, added, alone = (float(v) for v in sums(np.stack([product_row, add_row, alone_row]), s))
-    rounded = {2.0 ** -10 + 2.0 ** -20: False, 2.0 ** -10: True}.get(product)
-    if rounded is None:
-        notes.append(f"the product test gave {product!r}, neither 2**-10 + 2**-20 nor 2**-10")
-    in_fp32 = first_alone = None
-    if rounded is False and all(f == "fp16" for f in chain_formats if f is not None) and any(chain_formats):
-        in_fp32 = {2050.0: False, 2052.0: True}.get(added)
-        if in_fp32 is False:
-            first_alone = {2050.0: False, 2052.0: True}.get(alone)
-    return TreeFormats(chain_formats, rounded, in_fp32, first_alone, tuple(notes))
+    # a chain's last step is seen where the chain joins its parent chain: -1 from the item
+    # before it there (or, for the parent's first item, the item after)
+    partner = {id(item): _first(parent.items[j - 1] if j else parent.items[1])
+               for parent in chains if len(parent.items) > 1
+               for j, item in enumerate(parent.items) if isinstance(item, Chain)}
+    unit, scaled = _Plan(k), _Plan(k)
+    for n, chain in enumerate(chains):
+        items = chain.items
+        for t in range(1, len(items)):
+            after = _first(items[t + 1]) if t + 1 < len(items) else partner.get(id(chain))
+            if after is not None:
+                unit.add(("kept", n, t), {_first(items[t - 1]): 1.0, _first(items[t]): _KEPT, after: -1.0})
+            if isinstance(items[t], int):
+                scaled.add(("step", n, t), {_first(items[t - 1]): _COARSE, items[t]: _FINE})
+        if len(items) > 1 and isinstance(items[0], int) and isinstance(items[1], int):
+            scaled.add(("product", n, 0), {items[0]: SCALE * SCALE, items[1]: -SCALE})
+            scaled.add(("product", n, 1), {items[0]: -SCALE, items[1]: SCALE * SCALE})
+    got = {**unit.ask(sums, 1.0), **scaled.ask(sums, SCALE)}
+    exact_sum, rounded_sum = 2.0 ** -10 + 2.0 ** -20, 2.0 ** -10
+    orders = [(got[("product", n, 0)], got[("product", n, 1)]) for n in range(len(chains)) if ("product", n, 0) in got]
+    products_rounded = (True if orders and all(o == (rounded_sum, rounded_sum) for o in orders)
+                        else False if any(exact_sum in o for o in orders) else None)
+    notes = [] if orders else ["no chain opens on two products: product rounding not measured"]
+    kept_of = {key[1:]: {_KEPT: "fp32", 0.0: "fp16"}.get(v) for key, v in got.items() if key[0] == "kept"}
+    # second pass: partial sums that join a chain, where their own folds keep fp32
+    joins, index = _Plan(k), {id(c): n for n, c in enumerate(chains)}
+    for n, chain in enumerate(chains):
+        for t, item in enumerate(chain.items):
+            other = chain.items[t - 1] if t else (chain.items[1] if len(chain.items) > 1 else None)
+            inner = index[id(item)] if isinstance(item, Chain) and len(item.items) > 1 else None
+            if other is None or inner is None or kept_of.get((inner, 1)) != "fp32":
+                continue
+            if any(kept_of.get((inner, s)) == "fp16" for s in range(1, len(item.items))):
+                continue
+            joins.add(("alone", n, t), {_first(item.items[0]): 1.0, _first(item.items[1]): _KEPT, _first(other): -1.0})
+    got.update(joins.ask(sums, 1.0))
+    out = []
+    for n, chain in enumerate(chains):
+        steps = tuple({2050.0: "fp16", 2052.0: "fp32"}.get(got.get(("step", n, t)))
+                      if products_rounded is False else None for t in range(1, len(chain.items)))
+        kept = tuple(kept_of.get((n, t)) for t in range(1, len(chain.items)))
+        alone = [{_KEPT: False, 0.0: True}.get(got.get(("alone", n, t))) for t in range(len(chain.items))]
+        if ("product", n, 0) in got and products_rounded is False:
+            first_rounded, second_rounded = (got[("product", n, i)] == rounded_sum for i in (0, 1))
+            alone[0], alone[1] = first_rounded, second_rounded
+            if second_rounded:  # its step test then read a rounded product, not the step
+                steps = (None, *steps[1:])
+        out.append(ChainFormats(steps, kept, tuple(alone)))
+    return TreeFormats(tuple(out), products_rounded, tuple(notes))
 
 
-def _starting_at_zero(item: Item) -> Item:
-    """`item` with every chain that opens on a product rounding it alone first (+0 + p)."""
-    if isinstance(item, int):
-        return item
-    items = tuple(_starting_at_zero(i) for i in item.items)
-    if isinstance(item, Chain) and isinstance(items[0], int) and len(items) > 1:
-        items = (Chain((items[0],)), *items[1:])
-    return type(item)(items, item.format)
+def _fold(chain: Chain, formats: ChainFormats, accumulator: str, addition: bool, build) -> Item:
+    """One chain as nested folds: a run of steps with one format is one fold; a value stored
+    to fp16 after a wider step closes its fold in a lone fp16 rounding; an item rounded alone
+    is wrapped in one (a fold's first product: written first)."""
+    items = [build(i) for i in chain.items]
+    alone = list(formats.alone) + [None] * (len(items) - len(formats.alone))
+    if len(items) > 1 and alone[1] and not alone[0] and isinstance(items[1], int):  # the second is rounded alone
+        items[0], items[1], alone[0], alone[1] = items[1], items[0], True, False
+    items = [Chain((item,), FP16) if alone[t] else item for t, item in enumerate(items)]
+    if len(items) == 1:
+        return items[0] if isinstance(items[0], Chain) else Chain((items[0],))
+    rounding, stores, last = [], [], accumulator
+    for t in range(1, len(items)):
+        step = formats.steps[t - 1] if t - 1 < len(formats.steps) else None
+        kept = formats.kept[t - 1] if t - 1 < len(formats.kept) else None
+        step = step or kept or last
+        if addition:  # every fold adds in fp32 and keeps fp16: the model's addition says so
+            step = "fp16" if step == "fp32" and kept in ("fp16", None) else step
+        rounding.append(step)
+        stores.append(step == "fp32" and kept == "fp16")
+        last = step
+    run, fmt = [items[0]], rounding[0]
+    for t in range(1, len(items)):
+        if rounding[t - 1] != fmt:
+            run, fmt = [_close(run, fmt, accumulator)], rounding[t - 1]
+        run.append(items[t])
+        if stores[t - 1] and t + 1 < len(items):
+            run, fmt = [Chain((_close(run, fmt, accumulator),), FP16)], rounding[t] if t < len(rounding) else fmt
+    return _close(run, fmt, accumulator)
 
 
-def _with_chain_formats(item: Item, formats: dict[int, str], default: str, chains: list[Chain]) -> Item:
-    """`item` with each measured chain's format written on it where it is not `default`."""
-    index = {id(c): n for n, c in enumerate(chains)}
+def _close(run: list[Item], fmt: str, accumulator: str) -> Chain:
+    return Chain(tuple(run), None if fmt == accumulator else _FORMATS[fmt])
 
-    def walk(node: Item) -> Item:
-        if isinstance(node, int):
-            return node
-        items = tuple(walk(i) for i in node.items)
-        own = formats.get(index.get(id(node), -1)) if isinstance(node, Chain) else None
-        fmt = {"fp16": FP16, "fp32": FP32}[own] if own and own != default else node.format
-        return type(node)(items, fmt)
 
-    return walk(item)
+def _adds_in_fp32(formats: TreeFormats) -> bool:
+    """Whether every measured step rounds wider and keeps fp16: an fp16 accumulator whose
+    additions are done in fp32 (the model's ``addition=fp32``)."""
+    pairs = [(s, k) for c in formats.chains for s, k in zip(c.steps, c.kept) if s and k]
+    return bool(pairs) and all(p == ("fp32", "fp16") for p in pairs)
 
 
 def tree_models(root: Item, formats: TreeFormats, fallback_accumulator: str | None = None) -> list[Tree]:
-    """The tree models the measured formats give (a few where a test did not decide): the
-    root chain's format (else the most common measured one) is the accumulator, other
-    chains that differ carry their own."""
+    """The tree model the measured formats give (two, with and without rounded products,
+    where that was not measured): the most common format the values are kept in is the
+    accumulator, other formats are written on their folds."""
     chains = chains_of(root)
-    measured = {n: f for n, f in enumerate(formats.chains) if f is not None}
-    if measured.get(0):
-        accumulators = [measured[0]]
-    elif measured:
-        values = list(measured.values())
-        accumulators = [max(("fp16", "fp32"), key=values.count)]
-    else:
-        accumulators = [fallback_accumulator] if fallback_accumulator in ("fp16", "fp32") else ["fp32", "fp16"]
+    if len(formats.chains) != len(chains):
+        formats = TreeFormats(tuple(ChainFormats() for _ in chains), formats.products_rounded, formats.notes)
+    index = {id(c): n for n, c in enumerate(chains)}
+    kept = [f for c in formats.chains for f in c.kept if f] or [f for c in formats.chains for f in c.steps if f]
+    accumulator = (max(("fp16", "fp32"), key=kept.count) if kept
+                   else fallback_accumulator if fallback_accumulator in ("fp16", "fp32") else "fp32")
+    addition = _adds_in_fp32(formats)
+
+    def build(item: Item) -> Item:
+        if isinstance(item, int):
+            return item
+        if isinstance(item, Chain):
+            return _fold(item, formats.chains[index[id(item)]], accumulator, addition, build)
+        return type(item)(tuple(build(i) for i in item.items), item.format)
+
+    tree_root = build(root)
     products = {True: ["fp16"], False: ["exact"]}.get(formats.products_rounded, ["exact", "fp16"])
-    out = []
-    for accumulator in accumulators:
-        tree_root = _with_chain_formats(root, measured, accumulator, chains)
-        for product in products:
-            fp16_exact = product == "exact" and (accumulator == "fp16" or "fp16" in measured.values())
-            additions = {True: ["fp32"], False: ["exact"]}.get(formats.additions_in_fp32,
-                                                               ["exact", "fp32"] if fp16_exact else ["exact"])
-            alone = {True: [True], False: [False]}.get(formats.first_alone, [False, True] if fp16_exact else [False])
-            for addition in additions:
-                for start in alone:
-                    r = _starting_at_zero(tree_root) if start else tree_root
-                    out.append(Tree(accumulator, product=product, addition=addition, output="fp16", root=r))
-    return list(dict.fromkeys(out))
+    return [Tree(accumulator, product=product, addition="fp32" if addition else "exact", output="fp16",
+                 root=tree_root) for product in products]

@@ -186,9 +186,9 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         keep = np.ones(len(observed), bool) if chosen is None else np.isin(columns, chosen)
         return float(np.mean(bitwise_equal(predicted[keep], observed[keep]))) if keep.any() else 0.0
 
-    for spec in tree_specs(layer, op, trees, structure, score):  # after the grammar's: they win ties
-        if spec not in table:
-            table[spec] = score(spec, None)
+    recovered = [spec for spec in tree_specs(layer, op, trees, structure, score) if spec not in table]
+    for spec in recovered:  # after the grammar's specs: a readable spec wins a tie
+        table[spec] = score(spec, None)
     direct = DirectSum.from_dict(result["direct"]) if result.get("direct") else None  # older documents lack it
     confirmation = _confirm(table, layer, op, seed, result.get("confirmation_bits"))
     scores = {spec: min(fraction, confirmation["fractions"].get(spec, fraction)) for spec, fraction in table.items()}
@@ -197,7 +197,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         best, explanation = None, f"{direct.reason}; no dot-product model applies; closest tried: {_closest(table)}"
     else:
         best = best_of(scores) if scores else None
-        explanation = _explain(structure, measured, scores, best, by_column, by_row, others)
+        explanation = _explain(structure, measured, scores, best, by_column, by_row, others, (recovered, trees))
         failed = [spec for spec, f in table.items() if f == 1.0 and scores[spec] < 1.0]
         if failed:
             explanation += ("; matched every output of the U[0, 1) inputs but not of the confirmation inputs: "
@@ -289,9 +289,15 @@ def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[
 
 
 def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: list[str] = (),
-             by_row: list[str] = (), others: list = ()) -> str:
+             by_row: list[str] = (), others: list = (), recovered: tuple = ((), None)) -> str:
     """One line: what was measured, and what was ruled out when nothing matched (`others`:
-    (specs, structure, how) of the op measured in another layout)."""
+    (specs, structure, how) of the op measured in another layout; `recovered`: the tree
+    specs and the `RecoveredTrees` they came from)."""
+    tree_specs_tried, trees = recovered
+    tree_found = (f"summation tree recovered from {trees.queries} crafted sums in {len(trees.runs)} class(es) of "
+                  f"columns" if trees is not None and not trees.note else (trees.note if trees is not None else ""))
+    if best is not None and table[best] == 1.0 and best in tree_specs_tried:
+        return f"{best} matches every compared output (the {tree_found})"
     if best is not None and table[best] == 1.0:
         layout = ""
         for specs, other, how in others:
@@ -314,7 +320,8 @@ def _explain(structure, measured: list[str], table: dict, best: str | None, by_c
              + f", products {'rounded' if structure.products_rounded else 'exact'}, partial sums start at "
              f"{structure.boundaries}" + (" (summed from K-1 down; positions mirrored)" if structure.backwards else "")
              ) if structure.accumulator else f"not measured ({structure.note})"
-    return f"no model matches every output; {found}; best tried: {_closest(table)}"
+    trees_part = f"; {tree_found}" if tree_found else ""
+    return f"no model matches every output; {found}{trees_part}; best tried: {_closest(table)}"
 
 
 def _closest(table: dict) -> str:
