@@ -176,14 +176,15 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         if predicted is not None:
             table[spec] = float(np.mean(bitwise_equal(predicted, observed)))
     trees = RecoveredTrees.from_dict(result.get("trees"))
-    shape = op_result_shape(layer, op)
-    columns = sample_indices(int(np.prod(shape)), seed) % shape[-1]
+    sampled = sample_indices(int(np.prod(op_result_shape(layer, op))), seed)
 
-    def score(spec: str, chosen) -> float:
+    def score(spec: str, cells=None) -> float:
+        """The share of sampled outputs `spec` matches, among `cells` (a (GEMM row, column)
+        mask of the result) where given."""
         predicted = _predicted(spec, layer, op, seed)
         if predicted is None:
             return 0.0
-        keep = np.ones(len(observed), bool) if chosen is None else np.isin(columns, chosen)
+        keep = np.ones(len(observed), bool) if cells is None else cells.reshape(-1)[sampled]
         return float(np.mean(bitwise_equal(predicted[keep], observed[keep]))) if keep.any() else 0.0
 
     recovered = [spec for spec in tree_specs(layer, op, trees, structure, score) if spec not in table]
@@ -294,8 +295,9 @@ def _explain(structure, measured: list[str], table: dict, best: str | None, by_c
     (specs, structure, how) of the op measured in another layout; `recovered`: the tree
     specs and the `RecoveredTrees` they came from)."""
     tree_specs_tried, trees = recovered
-    tree_found = (f"summation tree recovered from {trees.queries} crafted sums in {len(trees.runs)} class(es) of "
-                  f"columns" if trees is not None and not trees.note else (trees.note if trees is not None else ""))
+    tree_found = "" if trees is None else (
+        f"summation tree recovered from {trees.queries} crafted sums, {len(trees.classes)} class(es) of cells"
+        + (f"; {trees.note}" if trees.note else "") if any(trees.classes) else trees.note)
     if best is not None and table[best] == 1.0 and best in tree_specs_tried:
         return f"{best} matches every compared output (the {tree_found})"
     if best is not None and table[best] == 1.0:

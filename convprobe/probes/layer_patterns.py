@@ -25,7 +25,7 @@ from convprobe.probes.layers import Layer
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, measure_rows
 from convprobe.probes.tile_patterns import measure_tiles
 
-__all__ = ["measure", "pattern_rows", "pattern_outputs", "spot"]
+__all__ = ["measure", "pattern_rows", "pattern_outputs", "spot", "full_rows_and_leaves"]
 
 
 def _first(candidates, valid) -> int | None:
@@ -47,6 +47,41 @@ def spot(layer: Layer, op: str) -> tuple[int, int] | None:
     return None if None in spots else (spots[0], spots[1])
 
 
+def full_rows_and_leaves(layer: Layer, op: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the GEMM rows whose every term reads inside the operands, the terms (K indices) that
+    every row reads inside them), by the same window rules as `spot`: a forward output's
+    taps, an input gradient's dy positions (stride 1), a filter gradient's batch positions."""
+    rows, leaves = [], []
+    for size, k, out, s, d, top in layer.dimensions:
+        if op == "conv2d":
+            rows.append([o for o in range(out) if all(0 <= o * s - top + t * d < size for t in range(k))])
+            leaves.append([t for t in range(k) if all(0 <= o * s - top + t * d < size for o in range(out))])
+        elif op == "conv2d_backprop_input":  # leaf t' of the rotated filter is tap k-1-t'
+            rows.append([i for i in range(size) if all(0 <= i + top - t * d < out for t in range(k))])
+            leaves.append([k - 1 - t for t in range(k) if all(0 <= i + top - t * d < out for i in range(size))][::-1])
+        else:
+            rows.append([t for t in range(k) if all(0 <= o * s - top + t * d < size for o in range(out))])
+            leaves.append([o for o in range(out) if all(0 <= o * s - top + t * d < size for t in range(k))])
+    n, h, w, c = layer.input_shape
+    kh, kw, _, cout = layer.filter_shape
+    _, oh, ow, _ = layer.output_shape
+    (rh, rw), (lh, lw) = rows, leaves
+    if op == "conv2d":
+        row_grid, leaf_grid = (n, oh, ow), (kh, kw, c)
+        full = [(b, i, j) for b in range(n) for i in rh for j in rw]
+        terms = [(i, j, ch) for i in lh for j in lw for ch in range(c)]
+    elif op == "conv2d_backprop_input":
+        row_grid, leaf_grid = (n, h, w), (kh, kw, cout)
+        full = [(b, i, j) for b in range(n) for i in rh for j in rw]
+        terms = [(i, j, o) for i in lh for j in lw for o in range(cout)]
+    else:
+        row_grid, leaf_grid = (kh, kw, c), (n, oh, ow)
+        full = [(i, j, ch) for i in rh for j in rw for ch in range(c)]
+        terms = [(b, i, j) for b in range(n) for i in lh for j in lw]
+    flat = lambda cells, grid: np.asarray([np.ravel_multi_index(cell, grid) for cell in cells], np.int64)  # noqa: E731
+    return flat(full, row_grid), flat(terms, leaf_grid)
+
+
 def pattern_rows(layer: Layer, op: str) -> tuple[int, str]:
     """(test rows one call carries, '' or why this op cannot carry crafted rows)."""
     if op == "conv2d_backprop_input" and layer.strides != (1, 1):
@@ -56,9 +91,12 @@ def pattern_rows(layer: Layer, op: str) -> tuple[int, str]:
     return (layer.input_shape[3] if op == "conv2d_backprop_input" else layer.filter_shape[3]), ""
 
 
-def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: float) -> np.ndarray:
+def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: float,
+                    rows: np.ndarray | None = None) -> np.ndarray:
     """sum_k patterns[r, k] for each row r, computed by `op` at `layer`'s shape (see module
-    docstring); rows beyond one call's capacity take several calls, run together."""
+    docstring); rows beyond one call's capacity take several calls, run together. With
+    `rows` (GEMM row indices), each pattern's sum as every one of those GEMM rows computes
+    it: (patterns, rows)."""
     from convprobe.probes.layers import run_ops
 
     capacity, why = pattern_rows(layer, op)
@@ -79,6 +117,9 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
         else:  # positions (n, oh, ow) of the batch, in order
             operands.append((filled, np.ascontiguousarray(values.T).reshape(layer.output_shape)))
     outputs = run_ops(backend, layer, op, operands)
+    if rows is not None:  # the GEMM: (rows, columns) of each call's output
+        read = [y.reshape(-1, capacity)[rows].T for y in outputs]
+        return np.concatenate(read).astype(np.float64)[:len(patterns)]
     read = [y[0, ph, pw] if op != "conv2d_backprop_filter" else y[ph, pw, 0] for y in outputs]
     return np.concatenate(read).astype(np.float64)[:len(patterns)]
 
