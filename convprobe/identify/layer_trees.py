@@ -5,11 +5,12 @@ Crafted rows go where `layer_patterns` places them: one GEMM column (an output c
 an input channel for the input gradient) carries one row of terms over the other
 operand's constant. Every GEMM row of that column then sums the same terms, so one call
 shows how each (row, column) cell orders them. Kernels order cells differently (a tail
-of rows, a block of columns), so every cell first answers the same seeded queries, placed
-on terms that every row reads inside the operands; cells that answer alike form a class
-(`cell_classes`). Each class's tree is recovered at one of its rows whose every term
-reads inside the operands, from the class's columns there, and its formats measured
-the same way (`tree_formats`). The op's model then gives each cell its class's tree:
+of rows, a block of columns), so the rows are grouped by the terms they read inside the
+operands (`row_groups`: a border row reads padding), and every cell of a group answers
+the same seeded queries on its terms; cells that answer alike form a class. A class
+takes a tree found already where that tree predicts its answers; otherwise its tree is
+recovered at one of its rows, from its columns there, and its formats measured the same
+way (`tree_formats`). The op's model then gives each cell its class's tree:
 ``rows(columns(...))`` where the classes differ by row and column.
 """
 
@@ -22,19 +23,19 @@ import numpy as np
 
 from convprobe.emulation.composites import Columns, Rows
 from convprobe.emulation.models import AccumulationModel, parse_model
-from convprobe.emulation.tree import parse_tree, tree_text
+from convprobe.emulation.tree import Chain, Item, leaves_of, parse_tree, tree_text
 from convprobe.identify.tree_formats import TreeFormats, measure_formats, tree_models
-from convprobe.identify.tree_recovery import UNIT, NotRecovered, query_rows, recover
-from convprobe.probes.layer_patterns import full_rows_and_leaves, pattern_outputs, pattern_rows
+from convprobe.identify.tree_recovery import UNIT, NotRecovered, predicted, query_rows, recover
+from convprobe.probes.layer_patterns import pattern_outputs, pattern_rows, row_groups
 from convprobe.probes.layers import Layer, op_result_shape
 from convprobe.probes.structure import Structure
 
-__all__ = ["RecoveredTrees", "cell_classes", "recover_at_layer", "tree_specs"]
+__all__ = ["RecoveredTrees", "recover_at_layer", "tree_specs"]
 
 #: The longest reduction whose tree is recovered (the queries grow as K log K).
 MAX_TREE_K = 16384
 #: Seeded queries every cell answers, to group the cells by their order.
-SIGNATURE_QUERIES = 128
+SIGNATURE_QUERIES = 64
 #: Queries asked together when every GEMM row is read (bounds the memory of one read).
 _SIGNATURE_BATCH = 16
 
@@ -81,44 +82,55 @@ def _sums_at(backend, layer: Layer, op: str, row: int, carriers: list[int]) -> C
     return sums
 
 
-def cell_classes(backend, layer: Layer, op: str, seed: int = 0) -> np.ndarray:
-    """The class of every (GEMM row, column) cell of `op`: cells that answer the same
-    `SIGNATURE_QUERIES` seeded queries alike share one, numbered in order of first cell.
-    Queries sit on terms every row reads inside the operands (all terms, and the rows that
-    read every term inside, where fewer than 3 are). Raises `NotRecovered` on an answer
-    that is neither the unit nor 0."""
+@dataclass(frozen=True)
+class _Class:
+    """Cells that answered one group's signature queries alike: the group's terms, the
+    queries, the answers, and the cells ((row, column) pairs)."""
+
+    leaves: np.ndarray
+    queries: list
+    answers: tuple[bool, ...]
+    cells: list
+
+
+def _signature_classes(backend, layer: Layer, op: str, seed: int) -> list[_Class]:
+    """Every cell's answers to seeded queries on the terms its rows read inside the operands
+    (`row_groups`), grouped: cells of one group that answer alike form one class. Raises
+    `NotRecovered` on an answer that is neither the unit nor 0."""
     capacity, k = pattern_rows(layer, op)[0], layer.k(op)
-    shape = op_result_shape(layer, op)
-    total_rows = int(np.prod(shape)) // shape[-1]
-    full, leaves = full_rows_and_leaves(layer, op)
-    rows = np.arange(total_rows) if len(leaves) >= 3 else full
-    leaves = leaves if len(leaves) >= 3 else np.arange(k)
-    classes = np.full((total_rows, capacity), -1, np.int64)
-    if k < 3:
-        classes[rows] = 0
-        return classes
-    rng = np.random.default_rng([seed, k, 0x51C])
-    queries = [tuple(int(v) for v in rng.choice(leaves, 3, replace=False)) for _ in range(SIGNATURE_QUERIES)]
-    answers = []
-    for start in range(0, len(queries), _SIGNATURE_BATCH):
-        batch = query_rows(queries[start:start + _SIGNATURE_BATCH], k)
-        with np.errstate(over="ignore", invalid="ignore"):
-            got = pattern_outputs(backend, layer, op, np.repeat(batch, capacity, axis=0), 1.0, rows=rows)
-        if not np.isin(got, (0.0, UNIT)).all():
-            raise NotRecovered(f"a crafted sum gave {got[~np.isin(got, (0.0, UNIT))][0]!r}, neither the unit nor "
-                               f"0: the op is not one summation tree with M absorbing the unit")
-        answers.append((got == UNIT).reshape(len(batch), capacity, len(rows)))
-    signature = np.packbits(np.concatenate(answers), axis=0)  # (bytes, columns, rows)
-    keys = signature.transpose(2, 1, 0).reshape(len(rows) * capacity, -1)
-    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    order = np.argsort(np.argsort(first))  # classes numbered by their first cell
-    classes[rows] = order[inverse.reshape(-1)].reshape(len(rows), capacity)
-    return classes
+    out = []
+    for number, (leaves, rows) in enumerate(row_groups(layer, op)):
+        if len(leaves) < 3:
+            continue
+        rng = np.random.default_rng([seed, k, number, 0x51C])
+        queries = [tuple(int(v) for v in rng.choice(leaves, 3, replace=False)) for _ in range(SIGNATURE_QUERIES)]
+        answers = []
+        for start in range(0, len(queries), _SIGNATURE_BATCH):
+            batch = query_rows(queries[start:start + _SIGNATURE_BATCH], k)
+            with np.errstate(over="ignore", invalid="ignore"):
+                got = pattern_outputs(backend, layer, op, np.repeat(batch, capacity, axis=0), 1.0, rows=rows)
+            if not np.isin(got, (0.0, UNIT)).all():
+                raise NotRecovered(f"a crafted sum gave {got[~np.isin(got, (0.0, UNIT))][0]!r}, neither the unit "
+                                   f"nor 0: the op is not one summation tree with M absorbing the unit")
+            answers.append((got == UNIT).reshape(len(batch), capacity, len(rows)))
+        bits = np.concatenate(answers)  # (queries, columns, rows)
+        found: dict[bytes, _Class] = {}
+        for column in range(capacity):
+            for r, row in enumerate(rows.tolist()):
+                key = bits[:, column, r].tobytes()
+                if key not in found:
+                    found[key] = _Class(leaves, queries, tuple(bits[:, column, r].tolist()), [])
+                found[key].cells.append((row, column))
+        out += list(found.values())
+    return out
 
 
 def recover_at_layer(backend, layer: Layer, op: str, seed: int = 0) -> RecoveredTrees:
-    """The tree of each class of cells of `op` at `layer`; never raises for a layer it
-    cannot recover: the note says why."""
+    """The trees of `op` at `layer`, and which cell takes which; never raises for a layer it
+    cannot recover: the note says why. A class whose signature answers a tree found
+    already predicts takes that tree; any other is recovered at one of its rows, over the
+    terms that row reads inside the operands (a border row's tree is then completed with
+    its padding's zeros, `_completed`)."""
     capacity, why = pattern_rows(layer, op)
     k = layer.k(op)
     if not capacity:
@@ -126,31 +138,32 @@ def recover_at_layer(backend, layer: Layer, op: str, seed: int = 0) -> Recovered
     if k > MAX_TREE_K:
         return RecoveredTrees(note=f"not recovered: K = {k} is above {MAX_TREE_K}")
     try:
-        classes = cell_classes(backend, layer, op, seed)
+        classes = _signature_classes(backend, layer, op, seed)
     except NotRecovered as exc:
         return RecoveredTrees(note=f"not recovered: {exc}")
-    full = set(full_rows_and_leaves(layer, op)[0].tolist())
-    found, asked, notes = [], 0, []
-    for label in range(int(classes.max()) + 1):
-        rows, columns = np.nonzero(classes == label)
-        counts = {}
-        for row in rows[np.isin(rows, list(full))]:
-            counts[int(row)] = counts.get(int(row), 0) + 1
-        if not counts:
-            found.append(None)
-            notes.append(f"class {label} has no row whose every term reads inside the operands")
-            continue
-        row = max(counts, key=lambda r: (counts[r], -r))
-        carriers = [int(c) for c in np.flatnonzero(classes[row] == label)]
-        sums = _sums_at(backend, layer, op, row, carriers)
-        try:
-            tree, queries = recover(sums, k, seed)
-        except NotRecovered as exc:
-            return RecoveredTrees(tuple(found), _layout(classes), asked,
-                                  f"not recovered at GEMM row {row}, columns {_spans(carriers)}: {exc}")
-        found.append((tree_text(tree), measure_formats(sums, tree, k)))
-        asked += queries
-    return RecoveredTrees(tuple(found), _layout(classes), asked, "; ".join(notes))
+    shape = op_result_shape(layer, op)
+    labels = np.full((int(np.prod(shape)) // shape[-1], capacity), -1, np.int64)
+    found, roots, asked = [], [], 0
+    for group in classes:
+        label = next((n for n, root in enumerate(roots)
+                      if tuple(predicted(root, group.queries)) == group.answers), None)
+        if label is None:
+            row = group.cells[0][0]
+            carriers = sorted(column for r, column in group.cells if r == row)
+            sums = _sums_at(backend, layer, op, row, carriers)
+            leaves = None if len(group.leaves) == k else group.leaves.tolist()
+            try:
+                tree, queries = recover(sums, k, seed, leaves)
+            except NotRecovered as exc:
+                return RecoveredTrees(tuple(found), _layout(labels), asked,
+                                      f"not recovered at GEMM row {row}, columns {_spans(carriers)}: {exc}")
+            label, asked = len(roots), asked + queries
+            roots.append(tree)
+            found.append((tree_text(tree), measure_formats(sums, tree, k)))
+        for row, column in group.cells:
+            labels[row, column] = label
+    note = "" if (labels >= 0).all() else "some cells read fewer than 3 terms inside the operands: not recovered"
+    return RecoveredTrees(tuple(found), _layout(labels), asked, note)
 
 
 def _layout(classes: np.ndarray) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -197,6 +210,16 @@ def _composed(models: dict[int, AccumulationModel], layout) -> str:
     return Rows(models=tuple(per_gemm_row)).to_spec()
 
 
+def _completed(root: Item, k: int) -> Item:
+    """A tree recovered at a border row (over the terms it reads in bounds) with the other
+    terms, zeros there, added last to its root's fold, in the fold's last format: +0
+    changes no value."""
+    missing = sorted(set(range(k)) - set(leaves_of(root)))
+    if not missing:
+        return root
+    return Chain((*root.items, *missing), root.format) if isinstance(root, Chain) else Chain((root, *missing))
+
+
 def tree_specs(layer: Layer, op: str, trees: RecoveredTrees, structure: Structure,
                score: Callable[[str, np.ndarray], float]) -> list[str]:
     """The tree model specs to try at this op: each class's model in its measured formats
@@ -215,7 +238,8 @@ def tree_specs(layer: Layer, op: str, trees: RecoveredTrees, structure: Structur
         if found is None:
             continue
         text, formats = found
-        specs = [m.to_spec() for m in tree_models(parse_tree(text), formats, structure.accumulator)]
+        root = _completed(parse_tree(text), layer.k(op))
+        specs = [m.to_spec() for m in tree_models(root, formats, structure.accumulator)]
         everything += specs
         chosen[label] = parse_model(specs[0] if len(specs) == 1 else max(specs, key=lambda s: score(s, cells == label)))
     every_class = len(trees.classes) == 1 + max(label for _, labels in trees.layout for label in labels)

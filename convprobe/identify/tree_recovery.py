@@ -54,9 +54,22 @@ def query_rows(queries: list[Query], k: int) -> np.ndarray:
     return rows
 
 
-def recover(sums: Callable[[np.ndarray], np.ndarray], k: int, seed: int = 0) -> tuple[Item, int]:
+def recover(sums: Callable[[np.ndarray], np.ndarray], k: int, seed: int = 0,
+            leaves: list[int] | None = None) -> tuple[Item, int]:
     """(the summation tree of a sum of `k` terms, queries asked); `sums(rows)` returns the
-    black box's sum of each row of terms (fp16 values). Raises `NotRecovered`."""
+    black box's sum of each row of terms (fp16 values). With `leaves`, only those terms are
+    ordered (the others stay zero: a border output that reads padding there) and the tree
+    holds only them. Raises `NotRecovered`."""
+    if leaves is not None:
+        chosen = np.asarray(sorted(leaves), np.int64)
+
+        def on_chosen(rows: np.ndarray) -> np.ndarray:
+            full = np.zeros((len(rows), k))
+            full[:, chosen] = rows
+            return sums(full)
+
+        tree, asked = recover(on_chosen, len(chosen), seed)
+        return _renumbered(tree, chosen), asked
     asked = 0
 
     def ask(queries: list[Query]) -> list[bool]:
@@ -78,6 +91,12 @@ def recover(sums: Callable[[np.ndarray], np.ndarray], k: int, seed: int = 0) -> 
     tree = _drive(_subtree(0, list(range(1, k))), ask)
     _check(tree, k, ask, seed)
     return tree, asked
+
+
+def _renumbered(item: Item, names: np.ndarray) -> Item:
+    if isinstance(item, int):
+        return int(names[item])
+    return type(item)(tuple(_renumbered(i, names) for i in item.items), item.format)
 
 
 def _drive(gen: Asking, ask: Callable[[list[Query]], list[bool]]):

@@ -25,7 +25,7 @@ from convprobe.probes.layers import Layer
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, measure_rows
 from convprobe.probes.tile_patterns import measure_tiles
 
-__all__ = ["measure", "pattern_rows", "pattern_outputs", "spot", "full_rows_and_leaves"]
+__all__ = ["measure", "pattern_rows", "pattern_outputs", "spot", "row_groups"]
 
 
 def _first(candidates, valid) -> int | None:
@@ -47,39 +47,44 @@ def spot(layer: Layer, op: str) -> tuple[int, int] | None:
     return None if None in spots else (spots[0], spots[1])
 
 
-def full_rows_and_leaves(layer: Layer, op: str) -> tuple[np.ndarray, np.ndarray]:
-    """(the GEMM rows whose every term reads inside the operands, the terms (K indices) that
-    every row reads inside them), by the same window rules as `spot`: a forward output's
-    taps, an input gradient's dy positions (stride 1), a filter gradient's batch positions."""
-    rows, leaves = [], []
-    for size, k, out, s, d, top in layer.dimensions:
-        if op == "conv2d":
-            rows.append([o for o in range(out) if all(0 <= o * s - top + t * d < size for t in range(k))])
-            leaves.append([t for t in range(k) if all(0 <= o * s - top + t * d < size for o in range(out))])
-        elif op == "conv2d_backprop_input":  # leaf t' of the rotated filter is tap k-1-t'
-            rows.append([i for i in range(size) if all(0 <= i + top - t * d < out for t in range(k))])
-            leaves.append([k - 1 - t for t in range(k) if all(0 <= i + top - t * d < out for i in range(size))][::-1])
-        else:
-            rows.append([t for t in range(k) if all(0 <= o * s - top + t * d < size for o in range(out))])
-            leaves.append([o for o in range(out) if all(0 <= o * s - top + t * d < size for t in range(k))])
+def row_groups(layer: Layer, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The GEMM rows of `op` grouped by the terms they read inside the operands: (terms,
+    rows) per group, the group that reads the most terms first."""
     n, h, w, c = layer.input_shape
     kh, kw, _, cout = layer.filter_shape
     _, oh, ow, _ = layer.output_shape
-    (rh, rw), (lh, lw) = rows, leaves
-    if op == "conv2d":
-        row_grid, leaf_grid = (n, oh, ow), (kh, kw, c)
-        full = [(b, i, j) for b in range(n) for i in rh for j in rw]
-        terms = [(i, j, ch) for i in lh for j in lw for ch in range(c)]
-    elif op == "conv2d_backprop_input":
-        row_grid, leaf_grid = (n, h, w), (kh, kw, cout)
-        full = [(b, i, j) for b in range(n) for i in rh for j in rw]
-        terms = [(i, j, o) for i in lh for j in lw for o in range(cout)]
+    per_dim = []
+    for size, k, out, s, d, top in layer.dimensions:
+        if op == "conv2d":  # output o reads taps t
+            per_dim.append([tuple(t for t in range(k) if 0 <= o * s - top + t * d < size) for o in range(out)])
+        elif op == "conv2d_backprop_input":  # dx pixel i reads rotated taps k-1-t
+            per_dim.append([tuple(sorted(k - 1 - t for t in range(k) if 0 <= i + top - t * d < out))
+                            for i in range(size)])
+        else:  # tap t reads positions o
+            per_dim.append([tuple(o for o in range(out) if 0 <= o * s - top + t * d < size) for t in range(k)])
+    groups: dict[tuple, list[int]] = {}
+    if op == "conv2d_backprop_filter":
+        grid = (kh, kw, c)
+        for a in range(kh):
+            for b in range(kw):
+                key = (per_dim[0][a], per_dim[1][b])
+                groups.setdefault(key, []).extend(np.ravel_multi_index((a, b, np.arange(c)), grid).tolist())
     else:
-        row_grid, leaf_grid = (kh, kw, c), (n, oh, ow)
-        full = [(i, j, ch) for i in rh for j in rw for ch in range(c)]
-        terms = [(b, i, j) for b in range(n) for i in lh for j in lw]
-    flat = lambda cells, grid: np.asarray([np.ravel_multi_index(cell, grid) for cell in cells], np.int64)  # noqa: E731
-    return flat(full, row_grid), flat(terms, leaf_grid)
+        grid = (n, oh, ow) if op == "conv2d" else (n, h, w)
+        for i in range(grid[1]):
+            for j in range(grid[2]):
+                key = (per_dim[0][i], per_dim[1][j])
+                groups.setdefault(key, []).extend(np.ravel_multi_index((np.arange(n), i, j), grid).tolist())
+    out = []
+    for (first, second), rows in groups.items():
+        if op == "conv2d":
+            leaves = [(a * kw + b) * c + ch for a in first for b in second for ch in range(c)]
+        elif op == "conv2d_backprop_input":
+            leaves = [(a * kw + b) * cout + o for a in first for b in second for o in range(cout)]
+        else:
+            leaves = [np.ravel_multi_index((m, i, j), (n, oh, ow)) for m in range(n) for i in first for j in second]
+        out.append((np.asarray(leaves, np.int64), np.asarray(sorted(rows), np.int64)))
+    return sorted(out, key=lambda group: -len(group[0]))
 
 
 def pattern_rows(layer: Layer, op: str) -> tuple[int, str]:

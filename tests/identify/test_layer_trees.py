@@ -1,0 +1,58 @@
+"""Trees recovered at a conv layer's own ops, through the emulator as the backend (its
+arithmetic is known exactly): the classes of cells, and the composed model reproducing
+the op bit for bit on signed inputs."""
+
+import numpy as np
+import pytest
+
+from convprobe.backends.emulated import EmulatedBackend
+from convprobe.emulation import parse_model
+from convprobe.identify.layer_trees import recover_at_layer, tree_specs
+from convprobe.probes.layers import Layer, op_confirmation_inputs, run_op
+from convprobe.probes.structure import Structure
+
+#: Rows 0-3 and the rest differ; within the first rows, columns 0-2 and the rest.
+KERNEL = ("rows(columns(lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16) * 3, "
+          "sequential:fp16:addition=fp32) * 4, chunked:fp32:n=16:total=fp16:output=fp16)")
+
+
+def _reproduces(spec: str, backend, layer: Layer, op: str) -> float:
+    x, w = op_confirmation_inputs(layer, op, 11)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = run_op(backend, layer, op, x, w)
+        got = run_op(EmulatedBackend(spec), layer, op, x, w)
+    return float(np.mean(want.view(np.uint16) == got.view(np.uint16)))
+
+
+def test_cells_are_classed_by_row_and_column():
+    layer = Layer(input_shape=(1, 3, 3, 37), filter_shape=(1, 1, 37, 5))
+    trees = recover_at_layer(EmulatedBackend(KERNEL), layer, "conv2d")
+    assert not trees.note and len(trees.classes) == 3
+    (first, labels), (second, rest) = trees.layout
+    assert (first, second) == (0, 4)
+    assert labels[:3] == (labels[0],) * 3 and labels[3:] == (labels[3],) * 2 and labels[0] != labels[3]
+    assert set(rest) == {rest[0]} and rest[0] not in labels
+
+
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"])
+def test_composed_tree_model_reproduces_each_op(op):
+    layer = Layer(input_shape=(2, 5, 5, 7), filter_shape=(3, 3, 7, 6), padding="SAME")
+    backend = EmulatedBackend(KERNEL)
+    trees = recover_at_layer(backend, layer, op)
+    assert not trees.note, trees.note
+    specs = tree_specs(layer, op, trees, Structure(), lambda spec, cells: 0.0)
+    assert specs and _reproduces(specs[0], backend, layer, op) == 1.0, specs[0]
+    parse_model(specs[0])  # the document's spec reads back
+
+
+def test_a_strided_input_gradient_says_why_it_is_not_recovered():
+    layer = Layer(input_shape=(1, 6, 6, 4), filter_shape=(3, 3, 4, 5), strides=(2, 2), padding="SAME")
+    trees = recover_at_layer(EmulatedBackend("sequential:fp16"), layer, "conv2d_backprop_input")
+    assert trees.note.startswith("not recovered: a strided input gradient") and not trees.classes
+    assert tree_specs(layer, "conv2d_backprop_input", trees, Structure(), lambda s, c: 0.0) == []
+
+
+def test_an_exact_kernel_is_not_a_tree_and_says_so():
+    layer = Layer(input_shape=(1, 3, 3, 9), filter_shape=(1, 1, 9, 4))
+    trees = recover_at_layer(EmulatedBackend("exact:fp64:output=fp16"), layer, "conv2d")
+    assert "exact multi-term sum" in trees.note
