@@ -24,7 +24,7 @@ import numpy as np
 from convprobe.emulation.composites import Columns, Rows
 from convprobe.emulation.models import AccumulationModel, parse_model
 from convprobe.emulation.tree import Chain, Item, leaves_of, parse_tree, tree_text
-from convprobe.identify.tree_formats import TreeFormats, measure_formats, tree_models
+from convprobe.identify.tree_formats import SCALE, TreeFormats, measure_formats, tree_models
 from convprobe.identify.tree_recovery import UNIT, NotRecovered, predicted, query_rows, recover
 from convprobe.probes.layer_patterns import pattern_outputs, pattern_rows, row_groups
 from convprobe.probes.layers import Layer, op_result_shape
@@ -38,6 +38,8 @@ MAX_TREE_K = 16384
 SIGNATURE_QUERIES = 64
 #: Queries asked together when every GEMM row is read (bounds the memory of one read).
 _SIGNATURE_BATCH = 16
+#: Seeded rows of each kind that show formats in every cell's signature.
+_FORMAT_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -84,42 +86,95 @@ def _sums_at(backend, layer: Layer, op: str, row: int, carriers: list[int]) -> C
 
 @dataclass(frozen=True)
 class _Class:
-    """Cells that answered one group's signature queries alike: the group's terms, the
-    queries, the answers, and the cells ((row, column) pairs)."""
+    """Cells of one group of rows that read their signature rows alike: the group's terms,
+    the order queries and their answers, every signature row with its reading (at scale 1
+    and at `SCALE`), and the cells ((row, column) pairs)."""
 
     leaves: np.ndarray
     queries: list
     answers: tuple[bool, ...]
+    rows: tuple[np.ndarray, np.ndarray]
+    readings: tuple[np.ndarray, np.ndarray]
     cells: list
+
+    def predicted_by(self, model) -> bool:
+        """Whether `model` (an emulator model) reads every signature row as these cells did."""
+        for rows, reading, scale in zip(self.rows, self.readings, (1.0, SCALE)):
+            if not len(rows):
+                continue
+            operands = (rows / scale).astype(np.float16).astype(np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                got = np.asarray(model.reduce_rows(operands, np.full_like(operands, np.float16(scale)), None),
+                                 np.float16).astype(np.float64)
+            if not np.array_equal(got, reading, equal_nan=True):
+                return False
+        return True
+
+
+def _read_all(backend, layer: Layer, op: str, terms: np.ndarray, scale: float, rows: np.ndarray) -> np.ndarray:
+    """Each row of terms carried by every column at once, read at `rows`: (terms, columns, rows)."""
+    capacity = pattern_rows(layer, op)[0]
+    out = []
+    for start in range(0, len(terms), _SIGNATURE_BATCH):
+        batch = terms[start:start + _SIGNATURE_BATCH]
+        with np.errstate(over="ignore", invalid="ignore"):
+            got = pattern_outputs(backend, layer, op, np.repeat(batch, capacity, axis=0), scale, rows=rows)
+        out.append(got.reshape(len(batch), capacity, len(rows)))
+    return np.concatenate(out) if out else np.zeros((0, capacity, len(rows)))
+
+
+def _format_rows(leaves: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded rows whose sums show formats rather than order (`tree_formats`' readings at
+    random terms): (rows at scale 1: 1, 2**-12 and -1; rows at scale s: s**2 and -s, and
+    2050 and 1 - 2**-20)."""
+    unit, scaled = [], []
+    for _ in range(_FORMAT_ROWS):
+        if len(leaves) >= 3:
+            a, b, c = (int(v) for v in rng.choice(leaves, 3, replace=False))
+            unit.append(_terms(k, {a: 1.0, b: 2.0 ** -12, c: -1.0}))
+        pair = [int(v) for v in rng.choice(leaves, 2, replace=False)]
+        for a, b in (pair, pair[::-1]):  # both orders: which of the two is rounded alone
+            scaled.append(_terms(k, {a: SCALE * SCALE, b: -SCALE}))
+            scaled.append(_terms(k, {a: 2048 * SCALE, b: (1 - 2.0 ** -10) * SCALE}))
+    return np.asarray(unit).reshape(-1, k), np.asarray(scaled)
+
+
+def _terms(k: int, values: dict[int, float]) -> np.ndarray:
+    row = np.zeros(k)
+    for leaf, value in values.items():
+        row[leaf] = value
+    return row
 
 
 def _signature_classes(backend, layer: Layer, op: str, seed: int) -> list[_Class]:
-    """Every cell's answers to seeded queries on the terms its rows read inside the operands
-    (`row_groups`), grouped: cells of one group that answer alike form one class. Raises
-    `NotRecovered` on an answer that is neither the unit nor 0."""
+    """Every cell's answers to seeded rows on the terms its rows read inside the operands
+    (`row_groups`): order queries (three terms or more) and rows that show formats. Cells
+    of one group that answer alike form one class. Raises `NotRecovered` on an order
+    answer that is neither the unit nor 0."""
     capacity, k = pattern_rows(layer, op)[0], layer.k(op)
     out = []
     for number, (leaves, rows) in enumerate(row_groups(layer, op)):
-        if len(leaves) < 3:
+        if len(leaves) < min(k, 3):
             continue
         rng = np.random.default_rng([seed, k, number, 0x51C])
-        queries = [tuple(int(v) for v in rng.choice(leaves, 3, replace=False)) for _ in range(SIGNATURE_QUERIES)]
-        answers = []
-        for start in range(0, len(queries), _SIGNATURE_BATCH):
-            batch = query_rows(queries[start:start + _SIGNATURE_BATCH], k)
-            with np.errstate(over="ignore", invalid="ignore"):
-                got = pattern_outputs(backend, layer, op, np.repeat(batch, capacity, axis=0), 1.0, rows=rows)
-            if not np.isin(got, (0.0, UNIT)).all():
-                raise NotRecovered(f"a crafted sum gave {got[~np.isin(got, (0.0, UNIT))][0]!r}, neither the unit "
-                                   f"nor 0: the op is not one summation tree with M absorbing the unit")
-            answers.append((got == UNIT).reshape(len(batch), capacity, len(rows)))
-        bits = np.concatenate(answers)  # (queries, columns, rows)
+        queries = ([tuple(int(v) for v in rng.choice(leaves, 3, replace=False)) for _ in range(SIGNATURE_QUERIES)]
+                   if len(leaves) >= 3 else [])
+        order = _read_all(backend, layer, op, query_rows(queries, k), 1.0, rows)
+        if not np.isin(order, (0.0, UNIT)).all():
+            raise NotRecovered(f"a crafted sum gave {order[~np.isin(order, (0.0, UNIT))][0]!r}, neither the unit "
+                               f"nor 0: the op is not one summation tree with M absorbing the unit")
+        unit_rows, scaled_rows = _format_rows(leaves, k, rng)
+        unit_rows = np.concatenate([query_rows(queries, k), unit_rows])
+        unit_read = np.concatenate([order, _read_all(backend, layer, op, unit_rows[len(queries):], 1.0, rows)])
+        scaled_read = _read_all(backend, layer, op, scaled_rows, SCALE, rows)
         found: dict[bytes, _Class] = {}
         for column in range(capacity):
             for r, row in enumerate(rows.tolist()):
-                key = bits[:, column, r].tobytes()
+                answers = order[:, column, r] == UNIT
+                key = unit_read[:, column, r].tobytes() + scaled_read[:, column, r].tobytes()
                 if key not in found:
-                    found[key] = _Class(leaves, queries, tuple(bits[:, column, r].tolist()), [])
+                    found[key] = _Class(leaves, queries, tuple(answers.tolist()), (unit_rows, scaled_rows),
+                                        (unit_read[:, column, r], scaled_read[:, column, r]), [])
                 found[key].cells.append((row, column))
         out += list(found.values())
     return out
@@ -127,10 +182,10 @@ def _signature_classes(backend, layer: Layer, op: str, seed: int) -> list[_Class
 
 def recover_at_layer(backend, layer: Layer, op: str, seed: int = 0) -> RecoveredTrees:
     """The trees of `op` at `layer`, and which cell takes which; never raises for a layer it
-    cannot recover: the note says why. A class whose signature answers a tree found
-    already predicts takes that tree; any other is recovered at one of its rows, over the
-    terms that row reads inside the operands (a border row's tree is then completed with
-    its padding's zeros, `_completed`)."""
+    cannot recover: the note says why. A class whose order answers a tree found already
+    predicts takes that tree; any other is recovered at one of its rows, over the terms
+    that row reads inside the operands (a border row's tree is then completed with its
+    padding's zeros, `_completed`). Every class's formats are measured at its own cells."""
     capacity, why = pattern_rows(layer, op)
     k = layer.k(op)
     if not capacity:
@@ -143,25 +198,32 @@ def recover_at_layer(backend, layer: Layer, op: str, seed: int = 0) -> Recovered
         return RecoveredTrees(note=f"not recovered: {exc}")
     shape = op_result_shape(layer, op)
     labels = np.full((int(np.prod(shape)) // shape[-1], capacity), -1, np.int64)
-    found, roots, asked = [], [], 0
+    found, models, roots, asked = [], [], [], 0
     for group in classes:
-        label = next((n for n, root in enumerate(roots)
-                      if tuple(predicted(root, group.queries)) == group.answers), None)
+        label = next((n for n, variants in enumerate(models) if any(group.predicted_by(m) for m in variants)), None)
         if label is None:
             row = group.cells[0][0]
             carriers = sorted(column for r, column in group.cells if r == row)
             sums = _sums_at(backend, layer, op, row, carriers)
-            leaves = None if len(group.leaves) == k else group.leaves.tolist()
-            try:
-                tree, queries = recover(sums, k, seed, leaves)
-            except NotRecovered as exc:
-                return RecoveredTrees(tuple(found), _layout(labels), asked,
-                                      f"not recovered at GEMM row {row}, columns {_spans(carriers)}: {exc}")
-            label, asked = len(roots), asked + queries
-            roots.append(tree)
-            found.append((tree_text(tree), measure_formats(sums, tree, k)))
-        for row, column in group.cells:
-            labels[row, column] = label
+            known = Chain(tuple(range(k))) if k < 3 else next(
+                (root for root in roots if tuple(predicted(root, group.queries)) == group.answers), None)
+            if known is not None:
+                tree = _pruned(known, set(group.leaves.tolist()))
+            else:
+                leaves = None if len(group.leaves) == k else group.leaves.tolist()
+                try:
+                    tree, queries = recover(sums, k, seed, leaves)
+                except NotRecovered as exc:
+                    return RecoveredTrees(tuple(found), _layout(labels), asked,
+                                          f"not recovered at GEMM row {row}, columns {_spans(carriers)}: {exc}")
+                asked += queries
+                roots.append(_completed(tree, k))
+            formats = measure_formats(sums, tree, k)
+            label = len(found)
+            found.append((tree_text(tree), formats))
+            models.append(tree_models(_completed(tree, k), formats))
+        for cell_row, column in group.cells:
+            labels[cell_row, column] = label
     note = "" if (labels >= 0).all() else "some cells read fewer than 3 terms inside the operands: not recovered"
     return RecoveredTrees(tuple(found), _layout(labels), asked, note)
 
@@ -208,6 +270,17 @@ def _composed(models: dict[int, AccumulationModel], layout) -> str:
     for (first, model), following in zip(runs, [*(f for f, _ in runs[1:]), None]):
         per_gemm_row += [model] * ((following - first) if following is not None else 1)
     return Rows(models=tuple(per_gemm_row)).to_spec()
+
+
+def _pruned(item: Item, keep: set[int]) -> Item:
+    """`item` over the terms in `keep` only (a border row's terms): folds lose the others,
+    and a fold left with one item is that item."""
+    if isinstance(item, int):
+        return item
+    items = [_pruned(i, keep) for i in item.items if set(leaves_of(i)) & keep]
+    if len(items) == 1 and not isinstance(items[0], int):
+        return items[0]
+    return type(item)(tuple(items), item.format)
 
 
 def _completed(root: Item, k: int) -> Item:

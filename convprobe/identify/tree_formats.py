@@ -14,10 +14,10 @@ far and item t. Three roundings can happen there, and each is measured on its ow
   or a block's partial sum written to an fp16 buffer).
 - **an item rounded alone before it joins**: a partial sum (1 and 2**-12 inside it)
   meeting -1 at the step that adds it leaves 2**-12 unless it was first rounded to fp16;
-  a fold's first product, rounded alone (an accumulator that starts at +0), shows as a
-  rounded product in one of two orders of -s and s**2 at its first two leaves (-s + s**2
-  is 2**-10 + 2**-20 from exact products, 2**-10 from s**2 rounded to fp16). Both orders
-  rounded means every product is.
+  a product (s**2, operand s) meeting -s from the item before it (or, the first, after
+  it) leaves 2**-10 + 2**-20 if exact and 2**-10 if rounded to fp16 first: a fold that
+  starts at +0 rounds its first product alone, a scalar tail loop each of its products.
+  Every product rounded means the products are.
 
 A test is placed only where its values reach the output intact; an untested step takes
 its neighbour's format.
@@ -135,15 +135,15 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
                 unit.add(("kept", n, t), {_first(items[t - 1]): 1.0, _first(items[t]): _KEPT, after: -1.0})
             if isinstance(items[t], int):
                 scaled.add(("step", n, t), {_first(items[t - 1]): _COARSE, items[t]: _FINE})
-        if len(items) > 1 and isinstance(items[0], int) and isinstance(items[1], int):
-            scaled.add(("product", n, 0), {items[0]: SCALE * SCALE, items[1]: -SCALE})
-            scaled.add(("product", n, 1), {items[0]: -SCALE, items[1]: SCALE * SCALE})
+        for t, item in enumerate(items):  # each product: rounded alone before its step, or not
+            if isinstance(item, int) and len(items) > 1:
+                scaled.add(("product", n, t), {item: SCALE * SCALE, _first(items[t - 1] if t else items[1]): -SCALE})
     got = {**unit.ask(sums, 1.0), **scaled.ask(sums, SCALE)}
     exact_sum, rounded_sum = 2.0 ** -10 + 2.0 ** -20, 2.0 ** -10
-    orders = [(got[("product", n, 0)], got[("product", n, 1)]) for n in range(len(chains)) if ("product", n, 0) in got]
-    products_rounded = (True if orders and all(o == (rounded_sum, rounded_sum) for o in orders)
-                        else False if any(exact_sum in o for o in orders) else None)
-    notes = [] if orders else ["no chain opens on two products: product rounding not measured"]
+    readings = [v for key, v in got.items() if key[0] == "product"]
+    products_rounded = (True if readings and all(v == rounded_sum for v in readings)
+                        else False if exact_sum in readings else None)
+    notes = [] if readings else ["no product joins a fold with another item: product rounding not measured"]
     kept_of = {key[1:]: {_KEPT: "fp32", 0.0: "fp16"}.get(v) for key, v in got.items() if key[0] == "kept"}
     # second pass: partial sums that join a chain, where their own folds keep fp32
     joins, index = _Plan(k), {id(c): n for n, c in enumerate(chains)}
@@ -163,12 +163,13 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
                       if products_rounded is False else None for t in range(1, len(chain.items)))
         kept = tuple(kept_of.get((n, t)) for t in range(1, len(chain.items)))
         alone = [{_KEPT: False, 0.0: True}.get(got.get(("alone", n, t))) for t in range(len(chain.items))]
-        if ("product", n, 0) in got and products_rounded is False:
-            first_rounded, second_rounded = (got[("product", n, i)] == rounded_sum for i in (0, 1))
-            alone[0], alone[1] = first_rounded, second_rounded
-            if second_rounded:  # its step test then read a rounded product, not the step
-                steps = (None, *steps[1:])
-        out.append(ChainFormats(steps, kept, tuple(alone)))
+        steps = list(steps)
+        for t in range(len(chain.items)):
+            if ("product", n, t) in got and products_rounded is False:
+                alone[t] = {rounded_sum: True, exact_sum: False}.get(got[("product", n, t)])
+                if alone[t] and t:  # its step test read a rounded product, not the step
+                    steps[t - 1] = None
+        out.append(ChainFormats(tuple(steps), kept, tuple(alone)))
     return TreeFormats(tuple(out), products_rounded, tuple(notes))
 
 
@@ -178,8 +179,6 @@ def _fold(chain: Chain, formats: ChainFormats, accumulator: str, addition: bool,
     is wrapped in one (a fold's first product: written first)."""
     items = [build(i) for i in chain.items]
     alone = list(formats.alone) + [None] * (len(items) - len(formats.alone))
-    if len(items) > 1 and alone[1] and not alone[0] and isinstance(items[1], int):  # the second is rounded alone
-        items[0], items[1], alone[0], alone[1] = items[1], items[0], True, False
     items = [Chain((item,), FP16) if alone[t] else item for t, item in enumerate(items)]
     if len(items) == 1:
         return items[0] if isinstance(items[0], Chain) else Chain((items[0],))

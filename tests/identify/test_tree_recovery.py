@@ -65,6 +65,8 @@ MODELS = [
     ("splitk(length=12, sequential:fp32, combine=fp16, output=fp16)", 40),
     ("splitk(length=10, sequential:fp16:addition=fp32, combine=fp32, output=fp16)", 35),
     ("lanes(4, sequential:fp16, combine=pairwise:fp32, output=fp16)", 30),
+    # two fp16 lanes summed in fp32, then a scalar tail that rounds each product first
+    ("tree(((((0)@fp16 2 4) ((1)@fp16 3 5))@fp32 (6)@fp16 (7)@fp16 (8)@fp16), accumulator=fp16, addition=fp32)", 9),
 ]
 
 

@@ -489,7 +489,9 @@ def test_strict_xla_filter_gradients_sum_the_batch_innermost():
     assert summary["best"].endswith("positions=hwn)") and summary["stops_matching_at"] is None, summary["explanation"]
     assert "lanes(2," in summary["best"] and "rows laid out batch innermost" in summary["explanation"]
     assert summary["structure"]["batch_innermost"] is False and summary["structure"]["innermost"]["lanes"] == 2
-    assert max(f for spec, f in summary["table"].items() if "positions=hwn" not in spec) < 0.5
+    # the tree recovered over (n, oh, ow) holds the same order: it matches too; the readable spec is reported
+    assert max(f for spec, f in summary["table"].items() if "positions=hwn" not in spec and "tree(" not in spec) < 0.5
+    assert max(f for spec, f in summary["table"].items() if "tree(" in spec) == 1.0
 
 
 def test_lanes_over_the_batch_innermost_order_are_measured_in_that_order():
