@@ -4,14 +4,15 @@ tree models they give identify.
 Crafted rows go where `layer_patterns` places them: one GEMM column (an output channel;
 an input channel for the input gradient) carries one row of terms over the other
 operand's constant. Every GEMM row of that column then sums the same terms, so one call
-shows how each (row, column) cell orders them. Kernels order cells differently (a tail
+shows how each (row, column) cell orders and rounds them. Kernels differ by cell (a tail
 of rows, a block of columns), so the rows are grouped by the terms they read inside the
-operands (`row_groups`: a border row reads padding), and every cell of a group answers
-the same seeded queries on its terms; cells that answer alike form a class. A class
-takes a tree found already where that tree predicts its answers; otherwise its tree is
-recovered at one of its rows, from its columns there, and its formats measured the same
-way (`tree_formats`). The op's model then gives each cell its class's tree:
-``rows(columns(...))`` where the classes differ by row and column.
+operands (`row_groups`: a border row reads padding), and every cell of a group reads the
+same seeded signature rows on its terms: order queries, and rows that show formats.
+Cells that read them alike form a class. A class whose whole signature a model found
+already predicts takes that model; otherwise its tree is recovered at one of its rows
+(or, where a known order predicts its queries, that order pruned to the row's terms), and
+its formats are measured there (`tree_formats`). The op's model then gives each cell its
+class's tree: ``rows(columns(...))`` where the classes differ by row and column.
 """
 
 from __future__ import annotations
@@ -44,17 +45,17 @@ _FORMAT_ROWS = 8
 
 @dataclass(frozen=True)
 class RecoveredTrees:
-    """Each class's tree text and formats (None: the class has no row whose every term reads
-    inside the operands), which class each cell is in, as runs of GEMM rows with one class
-    per column ((first row, classes)), the queries asked, and a note on what failed."""
+    """Each class's tree text and formats, which class each cell is in, as runs of GEMM rows
+    with one class per column ((first row, classes); -1: not classed), the queries asked,
+    and a note on what failed."""
 
-    classes: tuple[tuple[str, TreeFormats] | None, ...] = ()
+    classes: tuple[tuple[str, TreeFormats], ...] = ()
     layout: tuple[tuple[int, tuple[int, ...]], ...] = ()
     queries: int = 0
     note: str = ""
 
     def to_dict(self) -> dict:
-        return {"classes": [None if c is None else {"tree": c[0], "formats": c[1].to_dict()} for c in self.classes],
+        return {"classes": [{"tree": text, "formats": formats.to_dict()} for text, formats in self.classes],
                 "layout": [[first, list(columns)] for first, columns in self.layout],
                 "queries": self.queries, "note": self.note}
 
@@ -62,8 +63,7 @@ class RecoveredTrees:
     def from_dict(cls, data: dict | None) -> RecoveredTrees:
         if not data:
             return cls(note="not recovered (the document predates tree recovery)")
-        classes = tuple(None if c is None else (str(c["tree"]), TreeFormats.from_dict(c.get("formats")))
-                        for c in data.get("classes", ()))
+        classes = tuple((str(c["tree"]), TreeFormats.from_dict(c.get("formats"))) for c in data.get("classes", ()))
         layout = tuple((int(first), tuple(int(c) for c in columns)) for first, columns in data.get("layout", ()))
         return cls(classes, layout, int(data.get("queries", 0)), str(data.get("note", "")))
 
@@ -307,10 +307,7 @@ def tree_specs(layer: Layer, op: str, trees: RecoveredTrees, structure: Structur
     for (first, labels), following in zip(trees.layout, [*(f for f, _ in trees.layout[1:]), rows_total]):
         cells[first:following] = labels
     chosen, everything = {}, []
-    for label, found in enumerate(trees.classes):
-        if found is None:
-            continue
-        text, formats = found
+    for label, (text, formats) in enumerate(trees.classes):
         root = _completed(parse_tree(text), layer.k(op))
         specs = [m.to_spec() for m in tree_models(root, formats, structure.accumulator)]
         everything += specs

@@ -32,14 +32,13 @@ def main(argv=None) -> int:
     args = experiment.parser(__doc__, HERE).parse_args(argv)
     config, output = experiment.load(args)
     rows, commands, provenance = [], [], None
-    for i, layer in enumerate(config["layers"]):
-        path = output / f"layer{i}.json"
+    runs = [(f"layer{i}", _layer_options(layer)) for i, layer in enumerate(config.get("layers", ()))]
+    runs += [(network["application"], _network_options(network, output, config["seed"]))
+             for network in config.get("networks", ())]
+    for name, options in runs:
+        path = output / f"{name}.json"
         command = ["convprobe", "identify", "--configs", config["configurations"], "--seed", str(config["seed"]),
-                   "--timeout", str(config["timeout_s"]), "--input-shape", layer["input_shape"],
-                   "--filter-shape", layer["filter_shape"]]
-        for option in ("strides", "dilation", "padding"):
-            if option in layer:
-                command += [f"--{option}", str(layer[option])]
+                   "--timeout", str(config["timeout_s"]), *options]
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "convprobe", *command[1:], "--output", str(path)], check=True,
                        stdout=subprocess.DEVNULL)
@@ -49,7 +48,11 @@ def main(argv=None) -> int:
         fresh_counts = _fresh_counts(fresh.stdout)
         document = results.read(path, kinds=("identify",))
         provenance = provenance or document["provenance"]
-        commands.append(" ".join([*command, "--output", path.name]))
+        commands.append(" ".join([*(Path(c).name if c.endswith(".keras") else c for c in command), "--output",
+                                  path.name]))
+        for item in document["params"].get("not_identified", []):
+            rows.append([f"`{item['name']}` ({item['kind']})", "every configuration", "-", "-",
+                         f"not identified: {item['reason']}", "-", "-", f"{wall:.0f} s"])
         for label, per_op in document["matches"].items():
             for op, entry in per_op.items():
                 summary = entry.get("summary") or {}
@@ -63,6 +66,29 @@ def main(argv=None) -> int:
     (output / "summary.md").write_text(_page(rows, commands, provenance, config, script), encoding="utf-8")
     print(output / "summary.md")
     return 0
+
+
+def _layer_options(layer: dict) -> list[str]:
+    """identify's options for one layer of the config."""
+    options = ["--input-shape", layer["input_shape"], "--filter-shape", layer["filter_shape"]]
+    for option in ("strides", "dilation", "padding"):
+        if option in layer:
+            options += [f"--{option}", str(layer[option])]
+    return options
+
+
+def _network_options(network: dict, output: Path, seed: int) -> list[str]:
+    """identify's options for a keras.applications network of the config, built with
+    weights=None and the config's seed, saved as OUTPUT/NAME.keras."""
+    import keras  # (only a config with networks pays for TensorFlow here)
+
+    keras.utils.set_random_seed(seed)
+    build = getattr(keras.applications, network["application"])
+    model = build(weights=None, input_shape=tuple(int(v) for v in network["input_shape"].split(",")),
+                  classes=int(network.get("classes", 10)))
+    path = output / f"{network['application']}.keras"
+    model.save(path)
+    return ["--keras-model", str(path), "--batch", str(network.get("batch", 2))]
 
 
 def _label(layer: dict) -> str:
