@@ -188,7 +188,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         return float(np.mean(bitwise_equal(predicted[keep], observed[keep]))) if keep.any() else 0.0
 
     recovered = [spec for spec in tree_specs(layer, op, trees, structure, score) if spec not in table]
-    for spec in recovered:  # after the grammar's specs: a readable spec wins a tie
+    for spec in recovered:  # after the grammar's specs: a readable spec wins a tie where it is the same arithmetic
         table[spec] = score(spec, None)
     direct = DirectSum.from_dict(result["direct"]) if result.get("direct") else None  # older documents lack it
     confirmation = _confirm(table, layer, op, seed, result.get("confirmation_bits"))
@@ -198,7 +198,18 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         best, explanation = None, f"{direct.reason}; no dot-product model applies; closest tried: {_closest(table)}"
     else:
         best = best_of(scores) if scores else None
+        disagree = []
+        tree_best = next((spec for spec in recovered if scores.get(spec) == 1.0), None)
+        if best is not None and tree_best is not None and best not in recovered:
+            # a readable spec is reported only where it is the recovered tree's arithmetic
+            disagree = [spec for spec in perfect if spec not in recovered
+                        and not _same_arithmetic(spec, tree_best, layer, op, seed)]
+            if best in disagree:
+                best = next((spec for spec in perfect if spec not in disagree and spec not in recovered), tree_best)
         explanation = _explain(structure, measured, scores, best, by_column, by_row, others, (recovered, trees))
+        if disagree:
+            explanation += ("; " + ", ".join(disagree[:3]) + " also matched both input sets, but the emulator shows "
+                            "it differs from the recovered tree on further inputs: the measured tree is reported")
         failed = [spec for spec, f in table.items() if f == 1.0 and scores[spec] < 1.0]
         if failed:
             explanation += ("; matched every output of the U[0, 1) inputs but not of the confirmation inputs: "
@@ -209,6 +220,25 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
             "direct": direct.to_dict() if direct else None,
             "structure": structure.to_dict(), "trees": trees.to_dict(), "measured_specs": measured, "table": table,
             "confirmation": confirmation, "outputs_compared": len(observed), "explanation": explanation}
+
+
+#: Further seeded confirmation input sets on which two specs must agree to be one arithmetic.
+SAME_ARITHMETIC_SETS = 3
+
+
+def _same_arithmetic(first: str, second: str, layer: Layer, op: str, seed: int) -> bool:
+    """Whether two specs give the same bits on `SAME_ARITHMETIC_SETS` further seeded
+    confirmation input sets, every output compared (the emulator alone: no TensorFlow)."""
+    from convprobe.backends.emulated import EmulatedBackend
+    from convprobe.probes.structure import bitwise_equal
+
+    for extra in range(1, SAME_ARITHMETIC_SETS + 1):
+        x, w = op_confirmation_inputs(layer, op, seed + 7919 * extra)
+        with np.errstate(over="ignore", invalid="ignore"):
+            a, b = (run_op(EmulatedBackend(spec), layer, op, x, w).view(np.uint16) for spec in (first, second))
+        if not bitwise_equal(a, b).all():
+            return False
+    return True
 
 
 def _confirm(table: dict, layer: Layer, op: str, seed: int, bits: list[str] | None) -> dict:
