@@ -336,6 +336,7 @@ def test_a_spec_that_fails_the_confirmation_inputs_is_not_reported_at_100_percen
 
 
 @pytest.mark.tensorflow
+@pytest.mark.slow  # four identify runs, two of K = 6144 whose trees are recovered: about 3 minutes
 def test_real_tensorflow_layers_are_reproduced_bit_for_bit(tmp_path):
     """onednn-off+fp16-acc at a 1x1 layer with K = 6144 and a 3x3 layer with 256 input
     channels: every op 100% at two seeds, with the same measured spec; --threads is in
