@@ -25,7 +25,7 @@ import numpy as np
 from convprobe.emulation.composites import Columns, Rows
 from convprobe.emulation.models import AccumulationModel, parse_model
 from convprobe.emulation.tree import Chain, Item, leaves_of, parse_tree, tree_text
-from convprobe.identify.tree_formats import SCALE, TreeFormats, measure_formats, tree_models
+from convprobe.identify.tree_formats import COARSE, FINE, KEPT, SCALE, TreeFormats, measure_formats, terms_row, tree_models
 from convprobe.identify.tree_recovery import UNIT, NotRecovered, predicted, query_rows, recover
 from convprobe.probes.layer_patterns import pattern_outputs, pattern_rows, row_groups
 from convprobe.probes.layers import Layer, op_result_shape
@@ -87,15 +87,19 @@ def _sums_at(backend, layer: Layer, op: str, row: int, carriers: list[int]) -> C
 @dataclass(frozen=True)
 class _Class:
     """Cells of one group of rows that read their signature rows alike: the group's terms,
-    the order queries and their answers, every signature row with its reading (at scale 1
+    the order queries, every signature row with its reading (at scale 1
     and at `SCALE`), and the cells ((row, column) pairs)."""
 
     leaves: np.ndarray
     queries: list
-    answers: tuple[bool, ...]
     rows: tuple[np.ndarray, np.ndarray]
     readings: tuple[np.ndarray, np.ndarray]
     cells: list
+
+    @property
+    def answers(self) -> tuple[bool, ...]:
+        """Whether the unit survived each order query (the first readings at scale 1)."""
+        return tuple((self.readings[0][:len(self.queries)] == UNIT).tolist())
 
     def predicted_by(self, model) -> bool:
         """Whether `model` (an emulator model) reads every signature row as these cells did."""
@@ -131,19 +135,12 @@ def _format_rows(leaves: np.ndarray, k: int, rng: np.random.Generator) -> tuple[
     for _ in range(_FORMAT_ROWS):
         if len(leaves) >= 3:
             a, b, c = (int(v) for v in rng.choice(leaves, 3, replace=False))
-            unit.append(_terms(k, {a: 1.0, b: 2.0 ** -12, c: -1.0}))
+            unit.append(terms_row(k, {a: 1.0, b: KEPT, c: -1.0}))
         pair = [int(v) for v in rng.choice(leaves, 2, replace=False)]
         for a, b in (pair, pair[::-1]):  # both orders: which of the two is rounded alone
-            scaled.append(_terms(k, {a: SCALE * SCALE, b: -SCALE}))
-            scaled.append(_terms(k, {a: 2048 * SCALE, b: (1 - 2.0 ** -10) * SCALE}))
+            scaled.append(terms_row(k, {a: SCALE * SCALE, b: -SCALE}))
+            scaled.append(terms_row(k, {a: COARSE, b: FINE}))
     return np.asarray(unit).reshape(-1, k), np.asarray(scaled)
-
-
-def _terms(k: int, values: dict[int, float]) -> np.ndarray:
-    row = np.zeros(k)
-    for leaf, value in values.items():
-        row[leaf] = value
-    return row
 
 
 def _signature_classes(backend, layer: Layer, op: str, seed: int) -> list[_Class]:
@@ -170,10 +167,9 @@ def _signature_classes(backend, layer: Layer, op: str, seed: int) -> list[_Class
         found: dict[bytes, _Class] = {}
         for column in range(capacity):
             for r, row in enumerate(rows.tolist()):
-                answers = order[:, column, r] == UNIT
                 key = unit_read[:, column, r].tobytes() + scaled_read[:, column, r].tobytes()
                 if key not in found:
-                    found[key] = _Class(leaves, queries, tuple(answers.tolist()), (unit_rows, scaled_rows),
+                    found[key] = _Class(leaves, queries, (unit_rows, scaled_rows),
                                         (unit_read[:, column, r], scaled_read[:, column, r]), [])
                 found[key].cells.append((row, column))
         out += list(found.values())

@@ -33,13 +33,14 @@ import numpy as np
 from convprobe.emulation.tree import Chain, Item, Tree, leaves_of
 from convprobe.formats import FP16, FP32
 
-__all__ = ["ChainFormats", "TreeFormats", "measure_formats", "tree_models", "chains_of", "SCALE"]
+__all__ = ["ChainFormats", "TreeFormats", "measure_formats", "tree_models", "chains_of", "terms_row", "SCALE", "FINE",
+           "COARSE", "KEPT"]
 
 #: The constant operand of the tests that need inexact products.
 SCALE = 1.0 + 2.0 ** -10
-_FINE = (1 - 2.0 ** -10) * SCALE  # the product 1 - 2**-20
-_COARSE = 2048 * SCALE  # the product 2050
-_KEPT = 2.0 ** -12
+FINE = (1 - 2.0 ** -10) * SCALE  # the product 1 - 2**-20
+COARSE = 2048 * SCALE  # the product 2050
+KEPT = 2.0 ** -12
 _FORMATS = {"fp16": FP16, "fp32": FP32}
 
 
@@ -94,7 +95,8 @@ def _first(item: Item) -> int:
     return leaves_of(item)[0]
 
 
-def _row(k: int, values: dict[int, float]) -> np.ndarray:
+def terms_row(k: int, values: dict[int, float]) -> np.ndarray:
+    """A row of k terms: `values` at their leaves, zeros elsewhere."""
     row = np.zeros(k)
     for leaf, value in values.items():
         row[leaf] = value
@@ -108,7 +110,7 @@ class _Plan:
         self.k, self.rows, self.keys = k, [], []
 
     def add(self, key, values: dict[int, float]) -> None:
-        self.rows.append(_row(self.k, values))
+        self.rows.append(terms_row(self.k, values))
         self.keys.append(key)
 
     def ask(self, sums, scale: float) -> dict:
@@ -132,9 +134,9 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
         for t in range(1, len(items)):
             after = _first(items[t + 1]) if t + 1 < len(items) else partner.get(id(chain))
             if after is not None:
-                unit.add(("kept", n, t), {_first(items[t - 1]): 1.0, _first(items[t]): _KEPT, after: -1.0})
+                unit.add(("kept", n, t), {_first(items[t - 1]): 1.0, _first(items[t]): KEPT, after: -1.0})
             if isinstance(items[t], int):
-                scaled.add(("step", n, t), {_first(items[t - 1]): _COARSE, items[t]: _FINE})
+                scaled.add(("step", n, t), {_first(items[t - 1]): COARSE, items[t]: FINE})
         for t, item in enumerate(items):  # each product: rounded alone before its step, or not
             if isinstance(item, int) and len(items) > 1:
                 scaled.add(("product", n, t), {item: SCALE * SCALE, _first(items[t - 1] if t else items[1]): -SCALE})
@@ -144,7 +146,7 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
     products_rounded = (True if readings and all(v == rounded_sum for v in readings)
                         else False if exact_sum in readings else None)
     notes = [] if readings else ["no product joins a fold with another item: product rounding not measured"]
-    kept_of = {key[1:]: {_KEPT: "fp32", 0.0: "fp16"}.get(v) for key, v in got.items() if key[0] == "kept"}
+    kept_of = {key[1:]: {KEPT: "fp32", 0.0: "fp16"}.get(v) for key, v in got.items() if key[0] == "kept"}
     # second pass: partial sums that join a chain, where their own folds keep fp32
     joins, index = _Plan(k), {id(c): n for n, c in enumerate(chains)}
     for n, chain in enumerate(chains):
@@ -155,14 +157,14 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
                 continue
             if any(kept_of.get((inner, s)) == "fp16" for s in range(1, len(item.items))):
                 continue
-            joins.add(("alone", n, t), {_first(item.items[0]): 1.0, _first(item.items[1]): _KEPT, _first(other): -1.0})
+            joins.add(("alone", n, t), {_first(item.items[0]): 1.0, _first(item.items[1]): KEPT, _first(other): -1.0})
     got.update(joins.ask(sums, 1.0))
     out = []
     for n, chain in enumerate(chains):
         steps = tuple({2050.0: "fp16", 2052.0: "fp32"}.get(got.get(("step", n, t)))
                       if products_rounded is False else None for t in range(1, len(chain.items)))
         kept = tuple(kept_of.get((n, t)) for t in range(1, len(chain.items)))
-        alone = [{_KEPT: False, 0.0: True}.get(got.get(("alone", n, t))) for t in range(len(chain.items))]
+        alone = [{KEPT: False, 0.0: True}.get(got.get(("alone", n, t))) for t in range(len(chain.items))]
         steps = list(steps)
         for t in range(len(chain.items)):
             if ("product", n, t) in got and products_rounded is False:
