@@ -3,7 +3,7 @@
 TensorFlow's Eigen conv2d (oneDNN off, TF_CONV2D_USE_FP16_ACCUMULATE=1) is one fp16 GEMM,
 patches (N*OH*OW, K) x filter (K, C_out), and its filter gradient one whose output is
 (KH*KW*C, C_out). `identify` measures the kernel of each output tile, row block and
-column block (`convprobe.probes.tile_patterns`); this script compares every row of real
+column block (`convprobe.identify.tile_patterns`); this script compares every row of real
 TensorFlow's output (an output pixel, or a (tap, channel) of the filter gradient) with
 each of the given specs and prints the rows that do not match, so a row block with a
 kernel of its own shows, and a measured ``rows(...)`` spec can be checked row by row.

@@ -8,7 +8,7 @@ whole blocks of 16 round each product to fp16 and add in fp16; a following block
 sums in two interleaved fp16 lanes; the last columns (fewer than 8) are an fp16 FMA-like
 chain. Each tap's partial sums come from the emulator with the filter zeroed elsewhere,
 are combined in fp16 in the emulator's tap order, and are compared with real TensorFlow.
-Last it measures the columns on TensorFlow itself (`convprobe.probes.column_patterns`)
+Last it measures the columns on TensorFlow itself (`convprobe.identify.column_patterns`)
 and runs the one spec they give through the emulator's input gradient.
 
 Run: python scripts/input_gradient_columns.py [N,H,W,C] [KH,KW,C,COUT] [seed]
@@ -24,7 +24,7 @@ os.environ.update({"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE"
 import numpy as np  # noqa: E402
 
 from convprobe import emulation as em  # noqa: E402
-from convprobe.probes.column_patterns import column_models, column_spec, measure_columns  # noqa: E402
+from convprobe.identify.column_patterns import column_models, column_spec, measure_columns  # noqa: E402
 from convprobe.probes.layers import Layer, op_inputs  # noqa: E402
 
 #: The hypothesis: the micro kernel of an fp16 GEMM column by block (whole blocks of 16,

@@ -17,8 +17,8 @@ os.environ.update({"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE"
 
 import numpy as np  # noqa: E402
 
-from convprobe.probes import tile_patterns  # noqa: E402
-from convprobe.probes.column_patterns import column_count, column_k  # noqa: E402
+from convprobe.identify import tile_patterns  # noqa: E402
+from convprobe.identify.column_patterns import column_count, column_k  # noqa: E402
 from convprobe.probes.layers import Layer  # noqa: E402
 
 LAYERS = [((1, 7, 7, 16), (3, 3, 16, 8), "conv2d"), ((1, 4, 4, 128), (3, 3, 128, 24), "conv2d"),

@@ -4,7 +4,7 @@ Two modes. The battery (default): seeded dot products of length K through each o
 the match fraction per K (`probes.identify`). A layer (`--input-shape` and
 `--filter-shape`) or a network's every distinct conv layer (`--keras-model`,
 `--resnet-size`): each layer's forward conv and both gradients measured at its
-own shape, then confirmed (`probes.layer_identify`). Everything is checked before
+own shape, then confirmed (`identify.layer_identify`). Everything is checked before
 any configuration starts.
 """
 
@@ -159,7 +159,8 @@ def run(args) -> int:
     from convprobe.emulation.composites import split_arguments
     from convprobe.errors import InvalidArgument
     from convprobe.probes import identify
-    from convprobe.probes.studies import run_identify, run_layer_identify
+    from convprobe.identify.layer_study import run_layer_identify
+    from convprobe.probes.studies import run_identify
 
     ops = matrix_ops(args)
     specs = None

@@ -25,13 +25,13 @@
   of 16 columns, sums the next block of 8 in two interleaved lanes, and adds the last
   columns' exact products in fp16; each dx channel then meets its taps' columns in turn
   (`columns(splitk(length=C_out, ..., first=...), ...)`, as ``identify`` measures it,
-  `convprobe.probes.column_patterns`).
+  `convprobe.identify.column_patterns`).
 * `Rows` - GEMM row r reduced by ``models[min(r, n - 1)]``, each a plain model or a
   `Columns`: a kernel picked by (row block, column block). The rows are the outputs'
   positions (forward: (n, oh, ow); filter gradient: the tap (i, j, c)). Eigen's fp16
   GEMM finishes the rows beyond its last whole block of 4 one at a time on another micro
   kernel (``rows(lanes(...) * 48, sequential:fp16:product=fp16)`` at 49 output pixels,
-  as ``identify`` measures it, `convprobe.probes.tile_patterns`).
+  as ``identify`` measures it, `convprobe.identify.tile_patterns`).
 * `Reverse` - the terms reduced by `inner` from the last to the first, as a fold that
   adds each accumulator into the next one's sum does (Eigen's inner product combines its
   packet accumulators as ``p0 + (p1 + (p2 + p3))``).

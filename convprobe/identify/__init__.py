@@ -1,3 +1,15 @@
-"""identify's machinery that works from the op alone, whatever its kernel: the summation
-tree recovered from crafted sums (`tree_recovery`) and its placement in a conv layer's
-ops (`layer_trees`)."""
+"""identify's machinery at a conv layer's own shape. It imports `convprobe.probes` (the
+layers, the structure and direct-sum measurements, the battery's encodings); nothing in
+`convprobe.probes` imports it.
+
+- `layer_identify`: the layer mode, a probe module of its own (`run` in the child,
+  `interpret`, `identify_observed`), run by module path from `layer_study`
+  (`convprobe identify`'s layer call).
+- `layer_patterns`: crafted rows in a layer's three ops, read at their `spot`;
+  `column_patterns` and `tile_patterns` measure the GEMM's columns and tiles;
+  `batch_order` and `input_gradient_layout` measure an op laid out the other way
+  (`rewritten_calls` is their frame).
+- The summation tree recovered from crafted sums (`tree_recovery`), the formats of its
+  additions (`tree_formats`) and its placement in a conv layer's ops (`layer_trees`):
+  these work from the op alone, whatever its kernel.
+"""

@@ -27,7 +27,7 @@ from convprobe.emulation.models import AccumulationModel, parse_model
 from convprobe.emulation.tree import Chain, Item, leaves_of, parse_tree, tree_text
 from convprobe.identify.tree_formats import COARSE, FINE, KEPT, SCALE, TreeFormats, measure_formats, terms_row, tree_models
 from convprobe.identify.tree_recovery import UNIT, NotRecovered, predicted, query_rows, recover
-from convprobe.probes.layer_patterns import pattern_outputs, pattern_rows, row_groups
+from convprobe.identify.layer_patterns import pattern_outputs, pattern_rows, row_groups
 from convprobe.probes.layers import Layer, op_result_shape
 from convprobe.probes.structure import Structure
 

@@ -158,15 +158,14 @@ def battery_ks(ops, ks=None) -> list[int]:
 def run(backend, *, ops="conv2d", ks=None, rows: int = DEFAULT_ROWS, seed: int = 0, layers=None,
         measure: bool = True, **_params) -> dict:
     """Child side: each op's outputs (fp16 bit patterns) on the seeded inputs for every K, and
-    (`measure`) its structure from crafted rows; with `layers`, the layer mode of
-    `convprobe.probes.layer_identify` instead."""
+    (`measure`) its structure from crafted rows. The layer mode (`layers`) is a probe of its
+    own, `convprobe.identify.layer_identify`, which `convprobe identify` runs by module path."""
     from convprobe.errors import UnsupportedConfiguration
     from convprobe.probes.encoding import encode_bits
 
     if layers is not None:
-        from convprobe.probes import layer_identify
-
-        return layer_identify.run(backend, layers=layers, seed=seed)
+        raise InvalidArgument("the identify battery takes no layers: the layer mode is the probe "
+                              "convprobe.identify.layer_identify")
 
     from convprobe.probes import direct_sum
     from convprobe.probes.structure import measure_rows
@@ -326,10 +325,6 @@ def _describe(summary: dict) -> str:
 
 
 def interpret(observed: dict) -> dict:
-    if "layers" in observed:
-        from convprobe.probes import layer_identify
-
-        return layer_identify.interpret(observed)
     per_op = identify_observed(observed)
     verdicts = {op: (_describe(r["summary"]) if r["status"] == "ok" else r["status"]) for op, r in per_op.items()}
     best = {r["summary"].get("best") for r in per_op.values() if r["status"] == "ok"}

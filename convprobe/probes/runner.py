@@ -22,8 +22,10 @@ from convprobe.probes.result import ProbeResult
 __all__ = ["run_probe", "run_one", "run_many", "annotate"]
 
 
-def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
-    """One probe on one configuration -> one result row (never raises for backend failures)."""
+def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float = DEFAULT_TIMEOUT_S,
+            name: str | None = None) -> ProbeResult:
+    """One probe on one configuration -> one result row (never raises for backend failures);
+    `name` is the probe's name in the row (default `probe`)."""
     task = {"probe": probe, "params": params}
     started = time.perf_counter()
     if config.backend == "tensorflow":
@@ -38,7 +40,7 @@ def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float =
         environment = provenance.precision_environment()
         wall = time.perf_counter() - started
     result = ProbeResult(
-        probe=probe, config=config, status=status, observed=payload.get("observed", {}),
+        probe=name or probe, config=config, status=status, observed=payload.get("observed", {}),
         error=error, runtime=payload.get("runtime", {}),
         environment=provenance.precision_environment(environment),
         provenance=payload.get("provenance") or provenance.collect(seed=params.get("seed"), device=config.device),
@@ -74,12 +76,14 @@ def run_probe(
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
     jobs: int | None = None,
+    name: str | None = None,
 ) -> list[ProbeResult]:
-    """Run `probe` on every configuration; results come back in the configs' order."""
+    """Run `probe` (a registered name or a dotted module path) on every configuration; results
+    come back in the configs' order, named `name` (default `probe`)."""
     get_probe(probe)  # validate the name before starting anything
     params = dict(params or {})
-    return run_many(lambda c: run_one(probe, c, params, timeout=timeout), configs, jobs=jobs,
-                    description=f"{probe}: configurations")
+    return run_many(lambda c: run_one(probe, c, params, timeout=timeout, name=name), configs, jobs=jobs,
+                    description=f"{name or probe}: configurations")
 
 
 def run_many(work, items: list, *, jobs: int | None, description: str) -> list:

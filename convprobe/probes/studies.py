@@ -4,6 +4,7 @@
 each return an `Outcome`: the results envelope (`convprobe.results`) to write, the
 rows and columns to display, the tidy frame behind a CSV, and the notes that go under
 a table. The command modules in `convprobe.cli` only parse, call one of these, render.
+identify's layer mode has its call with its machinery (`convprobe.identify.layer_study`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from convprobe import provenance, results
 from convprobe.options import Status
 
-__all__ = ["Outcome", "run_classic", "run_fingerprint", "run_identify", "run_layer_identify", "run_sweep",
+__all__ = ["Outcome", "envelope", "failure_notes", "run_classic", "run_fingerprint", "run_identify", "run_sweep",
            "run_replay",
            "CLASSIC_COLUMNS", "REPLAY_COLUMNS"]
 
@@ -44,7 +45,8 @@ class Outcome:
     summary: str | None = None  # a closing line under the table and its notes
 
 
-def _envelope(kind: str, params: dict, probe_results, *, seed: int | None, device: str, **fields) -> dict:
+def envelope(kind: str, params: dict, probe_results, *, seed: int | None, device: str, **fields) -> dict:
+    """The results envelope (`convprobe.results`) of a command's probe results."""
     return results.envelope(kind, params, provenance.collect(seed=seed, device=device),
                             results=[r.to_record() for r in probe_results], **fields)
 
@@ -53,7 +55,7 @@ def _table(frame, schema: str) -> dict:
     return {"schema": schema, "rows": json.loads(frame.to_json(orient="records"))}
 
 
-def _failure_notes(probe_results) -> list[str]:
+def failure_notes(probe_results) -> list[str]:
     """Lines under a table: each configuration's GPU-only-switch notes and failures."""
     notes = []
     for r in probe_results:
@@ -90,7 +92,7 @@ def run_classic(probe: str, configs, params: dict, *, device: str, timeout: floa
             notes.append(f"{result.config.label}: {result.evidence}")
         elif result.status != Status.OK and result.error:
             notes.append(f"{result.config.label}: {result.status}: {result.error}")
-    document = _envelope(probe, params, probe_results, seed=params["seed"], device=device)
+    document = envelope(probe, params, probe_results, seed=params["seed"], device=device)
     columns = CLASSIC_COLUMNS[probe]
     return Outcome(document, [{k: row[k] for k in columns} for row in rows], columns, notes,
                    csv_rows=rows, probe_results=probe_results)
@@ -125,9 +127,9 @@ def run_fingerprint(configs, ops, *, seed: int, device: str, timeout: float, job
     wide = fingerprint_table(frame, PROPERTIES)
     rows = [{FINGERPRINT_TITLES.get(k, k): v for k, v in row.items()} for row in wide.to_dict(orient="records")]
     columns = ["configuration", "op", *(FINGERPRINT_TITLES[p] for p in PROPERTIES)]
-    document = _envelope("fingerprint", params, probe_results, seed=seed, device=device,
+    document = envelope("fingerprint", params, probe_results, seed=seed, device=device,
                          table=_table(frame, "probe"))
-    return Outcome(document, rows, columns, _failure_notes(probe_results), frame, "probe",
+    return Outcome(document, rows, columns, failure_notes(probe_results), frame, "probe",
                    probe_results=probe_results, evidence=evidence)
 
 
@@ -167,14 +169,14 @@ def run_identify(configs, ops, *, specs, ks=None, rows: int, seed: int, device: 
     columns = ["configuration", "op", "status", "best model", "stops at K", *(f"K={k}" for k in ks), "ties",
                "every K (own model)"]
     ks_by_op = {op: identify.ks_for(op, params["ks"]) for op in ops}  # what "ks": null resolved to
-    document = _envelope("identify", {**params, "ks_by_op": ks_by_op}, probe_results, seed=seed, device=device,
+    document = envelope("identify", {**params, "ks_by_op": ks_by_op}, probe_results, seed=seed, device=device,
                          matches=matches)
     notes = ["(match = share of outputs bitwise equal to the best single model's, in brackets the K's own "
              "measured model where it does better; 'ties' = models matching at every K; 'every K (own "
              "model)' = Ks where the model measured at that K matches 100%: see per_k in the JSON; "
              "'not direct' = a K where the op is no direct sum of products: it gets no model, and the best "
              "model, its stop and its ties are over the other Ks)",
-             *(n for n in _failure_notes(probe_results) if ": note: " in n)]
+             *(n for n in failure_notes(probe_results) if ": note: " in n)]
     return Outcome(document, table_rows, columns, notes, frame, "probe", probe_results=probe_results)
 
 
@@ -219,78 +221,6 @@ def _battery_summary(row: dict, base: dict, summary: dict, rows: int) -> list[di
     return records
 
 
-#: The op column of a layer identify does not measure (its key names the layer's kind).
-NOT_IDENTIFIED = "not identified"
-
-
-def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeout: float,
-                       jobs: int | None, not_identified=()) -> Outcome:
-    """Each layer's three ops at its own shape: measured structure, confirmed bit for bit; the
-    model's conv-like layers identify cannot measure (`not_identified`) are rows that say why."""
-    from convprobe.analysis.tables import frame_from_records
-    from convprobe.probes import layer_identify
-    from convprobe.probes.direct_sum import not_direct
-    from convprobe.probes.runner import run_probe
-
-    params = {"layers": [layer.to_dict() for layer in layers], "seed": seed,
-              "not_identified": [item.to_dict() for item in not_identified]}
-    probe_results = run_probe("identify", configs, params, timeout=timeout, jobs=jobs)
-    single = len(layers) == 1 and not not_identified  # a model's map keys every entry by its layer
-    table_rows, records, matches = [], [], {}
-    for result in probe_results:
-        found = layer_identify.identify_observed(result.observed, specs) if result.status == Status.OK else [
-            (layer, op, {"status": result.status, "error": result.error, "summary": {}})
-            for layer in layers for op in layer.ops]
-        per_op = matches[result.config.label] = {}
-        for layer, op, entry in found:
-            per_op[layer_identify.key(layer, op, single)] = {**entry, "layer": layer.to_dict(), "op": op}
-            summary = entry["summary"]
-            row = {"configuration": result.config.label, "layer": layer.name or layer.label, "op": op,
-                   "K": layer.k(op), "status": entry["status"]}
-            table_rows.append(row)
-            base = {**result.identity(), "op": op, "probe": "identify", "seed": seed,
-                    "status": entry["status"], "detail": entry.get("error")}
-            if entry["status"] != Status.OK:
-                row["best model"] = entry.get("error") or entry["status"]
-                records.append({**base, "property": "status", "value": None, "evidence": None})
-                continue
-            fraction = summary["fractions"].get(layer.k(op), 0.0)
-            best = summary["best"] if fraction == 1.0 else f"none matches; closest {summary['best']}"
-            row.update({"best model": "none: not a direct sum of products" if not_direct(summary) else best,
-                        "match": f"{fraction:.1%}", "measured": _structure_text(summary["structure"])})
-            evidence = f"{layer.label}: {summary['outputs_compared']} outputs; {summary['explanation']}"
-            records.append({**base, "property": "best_model", "value": summary["best"], "evidence": evidence})
-            records.append({**base, "property": f"match_fraction_k{layer.k(op)}", "value": f"{fraction:.6g}",
-                            "evidence": evidence})
-        for item in not_identified:
-            reason = f"not identified: {item.reason}"
-            per_op[f"{item.name} / {item.kind}"] = {"status": Status.UNSUPPORTED.value, "error": reason, "summary": {},
-                                                   "layer": item.to_dict(), "op": NOT_IDENTIFIED}
-            table_rows.append({"configuration": result.config.label, "layer": item.name, "op": item.kind, "K": "-",
-                               "status": "not identified", "best model": item.reason})
-    frame = frame_from_records(records, "probe")
-    columns = ["configuration", "layer", "op", "K", "status", "best model", "match", "measured"]
-    document = _envelope("identify", params, probe_results, seed=seed, device=device, matches=matches)
-    notes = ["(match = share of compared outputs bitwise equal to the model's, the lower of two input sets: "
-             "U[0, 1) operands, and confirmation operands that are signed, spread over exponents, with subnormals, "
-             "ties and a cancelling +-M pair in each reduction; measured = crafted-input structure: accumulator, "
-             "lanes, partial-sum boundaries)",
-             *(n for n in _failure_notes(probe_results) if ": note: " in n)]
-    unmatched = [(c, k, e["summary"]["explanation"]) for c, per in matches.items() for k, e in per.items()
-                 if e["status"] == Status.OK and e["summary"].get("stops_matching_at") is not None]
-    notes += [f"{c} {k}: {why}" for c, k, why in unmatched]
-    return Outcome(document, table_rows, columns, notes, frame, "probe", probe_results=probe_results)
-
-
-def _structure_text(structure: dict) -> str:
-    if not structure.get("accumulator"):
-        return structure.get("note") or "-"
-    bounds = structure.get("boundaries") or []
-    shown = ", ".join(map(str, bounds[:4])) + (", ..." if len(bounds) > 4 else "")
-    order = ", batch innermost" if structure.get("batch_innermost") else ""
-    return f"{structure['accumulator']}, lanes {structure['lanes']}, starts [{shown}]{order}"
-
-
 # -- sweep -------------------------------------------------------------------------------
 
 
@@ -307,7 +237,7 @@ def run_sweep(configs, ops, *, ks, distributions, rows: int, bound_format: str, 
     frame = add_bounds(frame_from_records(records, "sweep"), bound_format)
     ulps = {r.config.label: {op: e.get("ulp_errors_at_largest_k", {}) for op, e in r.observed.get("ops", {}).items()}
             for r in probe_results if r.status == Status.OK}
-    document = _envelope("sweep", params, probe_results, seed=seed, device=device,
+    document = envelope("sweep", params, probe_results, seed=seed, device=device,
                          table=_table(frame, "sweep"), ulp_errors=ulps)
     for record in document["results"]:
         record["observed"] = {"summary": "see table"}  # the table holds every point; keep the file small
@@ -319,7 +249,7 @@ def run_sweep(configs, ops, *, ks, distributions, rows: int, bound_format: str, 
         "exceeds": _flag(rec["exceeds_probabilistic"]), "stagnated": _flag(rec["stagnated"]),
     } for rec in frame.to_dict(orient="records")]
     columns = list(table_rows[0]) if table_rows else []
-    return Outcome(document, table_rows, columns, _failure_notes(probe_results), frame, "sweep",
+    return Outcome(document, table_rows, columns, failure_notes(probe_results), frame, "sweep",
                    probe_results=probe_results)
 
 

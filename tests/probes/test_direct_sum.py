@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
-from convprobe.probes import direct_sum, identify, layer_identify, studies
+from convprobe.identify import layer_identify
+from convprobe.probes import direct_sum, identify, studies
 from convprobe.probes.fingerprint_ops import OPS
 from convprobe.probes.layers import LAYER_OPS, Layer, run_op
 from conftest import run_cli_json

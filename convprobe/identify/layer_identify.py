@@ -33,11 +33,23 @@ summary says plainly what was measured and ruled out when nothing matches.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 
+from convprobe.backends.emulated import EmulatedBackend
+from convprobe.emulation import parse_model
+from convprobe.errors import InvalidArgument, UnsupportedConfiguration
+from convprobe.identify.column_patterns import ColumnRun, column_models
+from convprobe.identify.input_gradient_layout import forward_layer
+from convprobe.identify.layer_patterns import measure
 from convprobe.identify.layer_trees import RecoveredTrees, recover_at_layer, tree_specs
+from convprobe.identify.tile_patterns import RowRun, dx_row_models, row_models
+from convprobe.probes import direct_sum
+from convprobe.probes.direct_sum import DirectSum, not_direct
+from convprobe.probes.encoding import encode_bits
 from convprobe.probes.layers import Layer, LayerKind, op_confirmation_inputs, op_inputs, op_result_shape, run_op
+from convprobe.probes.structure import Structure, best_of, bitwise_equal, candidate_specs
 
 __all__ = ["BASE_CANDIDATES", "DEPTHWISE_NOTE", "depthwise_candidates", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
 
@@ -93,13 +105,6 @@ def sample_indices(size: int, seed: int) -> np.ndarray:
 
 def run(backend, *, layers, seed: int = 0, **_params) -> dict:
     """Child side: per layer and op, the measured structure and sampled output bits."""
-    from convprobe.errors import UnsupportedConfiguration
-    from convprobe.probes import direct_sum
-    from convprobe.probes.direct_sum import DirectSum
-    from convprobe.probes.encoding import encode_bits
-    from convprobe.probes.layer_patterns import measure
-    from convprobe.probes.structure import Structure
-
     out = []
     for data in layers:
         layer = Layer.from_dict(data)
@@ -138,9 +143,6 @@ _LOCK = threading.Lock()
 def _predicted(spec: str, layer: Layer, op: str, seed: int, inputs: str = "uniform") -> np.ndarray | None:
     """The sampled fp16 bits of `spec` on the op's seeded inputs of one set (`INPUT_SETS`,
     cached across configurations); None if the model cannot take them."""
-    from convprobe.backends.emulated import EmulatedBackend
-    from convprobe.errors import InvalidArgument
-
     key = (spec, layer, op, seed, inputs)
     with _LOCK:
         if key not in _PREDICTIONS:
@@ -155,9 +157,6 @@ def _predicted(spec: str, layer: Layer, op: str, seed: int, inputs: str = "unifo
 
 
 def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dict:
-    from convprobe.probes.direct_sum import DirectSum
-    from convprobe.probes.structure import Structure, best_of, bitwise_equal
-
     k = layer.k(op)
     structure = Structure(**result["structure"])
     measured, by_column, by_row = _measured_specs(layer, op, structure)
@@ -229,9 +228,6 @@ SAME_ARITHMETIC_SETS = 3
 def _same_arithmetic(first: str, second: str, layer: Layer, op: str, seed: int) -> bool:
     """Whether two specs give the same bits on `SAME_ARITHMETIC_SETS` further seeded
     confirmation input sets, every output compared (the emulator alone: no TensorFlow)."""
-    from convprobe.backends.emulated import EmulatedBackend
-    from convprobe.probes.structure import bitwise_equal
-
     for extra in range(1, SAME_ARITHMETIC_SETS + 1):
         x, w = op_confirmation_inputs(layer, op, seed + 7919 * extra)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -247,8 +243,6 @@ def _confirm(table: dict, layer: Layer, op: str, seed: int, bits: list[str] | No
     the two sets):
     {"inputs", "fractions": {spec: share bitwise equal}, "outputs_compared"}. A document
     written before confirmation existed has no bits: it says so, and confirms nothing."""
-    from convprobe.probes.structure import bitwise_equal
-
     if bits is None:
         return {"inputs": None, "fractions": {}, "outputs_compared": 0,
                 "note": "not confirmed: the document holds no confirmation outputs (written by an older convprobe)"}
@@ -265,9 +259,6 @@ def _other_layouts(layer: Layer, structure) -> list[tuple]:
     """(structure, layer, op, spec for this op, how, first on a tie) of each other layout the
     op was measured in: a filter gradient batch innermost (first where the B / unit / -B
     probe saw that order), an input gradient as the forward conv of dy (XLA's GEMM)."""
-    from convprobe.probes.input_gradient_layout import forward_layer
-    from convprobe.probes.structure import Structure
-
     out = []
     if structure.innermost:
         out.append((Structure(**structure.innermost), layer, "conv2d_backprop_filter", _batch_innermost,
@@ -281,9 +272,6 @@ def _other_layouts(layer: Layer, structure) -> list[tuple]:
 def _measured_specs(layer: Layer, op: str, structure) -> tuple[list[str], list[str], list[str]]:
     """(every spec the structure gives, the columns' spec if any, the rows' specs): rows
     first, then columns (one row a channel measured a mixture where they differ)."""
-    from convprobe.probes.column_patterns import ColumnRun, column_models
-    from convprobe.probes.structure import candidate_specs
-
     measured = candidate_specs(structure, layer.k(op))
     by_column = column_models(layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
                               combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
@@ -294,19 +282,12 @@ def _measured_specs(layer: Layer, op: str, structure) -> tuple[list[str], list[s
 
 def _batch_innermost(spec: str) -> str:
     """`spec` summing a filter gradient's positions (oh, ow, n), the batch innermost."""
-    from dataclasses import replace
-
-    from convprobe.emulation import parse_model
-
     return replace(parse_model(spec), positions="hwn").to_spec()
 
 
 def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[str]:
     """Where the GEMM's rows differ (`tile_patterns`), a ``rows(...)`` spec for each reference
     spec of the rows the layer's structure was measured at."""
-    from convprobe.probes.column_patterns import ColumnRun
-    from convprobe.probes.tile_patterns import RowRun, dx_row_models, row_models
-
     runs = [RowRun.from_dict(run) for run in structure.rows or ()]
     combine = structure.total if structure.total in ("fp16", "fp32") else "fp16"
     columns = [ColumnRun.from_dict(run) for run in structure.columns or ()]
@@ -384,8 +365,6 @@ def identify_observed(observed: dict, extra_specs=None) -> list[tuple[Layer, str
 
 def interpret(observed: dict) -> dict:
     """The verdict row: accumulation from the measured accumulators, best specs per op."""
-    from convprobe.probes.direct_sum import not_direct
-
     # unmeasured ops, and ops that are not direct sums, say nothing
     accumulators = {r["structure"].get("accumulator") for e in observed.get("layers", [])
                     for r in e["ops"].values() if r.get("status") == "ok" and not not_direct(r)} - {None}

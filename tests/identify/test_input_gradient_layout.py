@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
-from convprobe.probes import layer_patterns
-from convprobe.probes.input_gradient_layout import AsForward, forward_layer
+from convprobe.identify import layer_patterns
+from convprobe.identify.input_gradient_layout import AsForward, forward_layer
 from convprobe.probes.layers import Layer
 
 from conftest import run_cli_json

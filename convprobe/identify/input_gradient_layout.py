@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from convprobe.identify.rewritten_calls import RewrittenCalls
 from convprobe.probes.layers import Layer
-from convprobe.probes.rewritten_calls import RewrittenCalls
 
 __all__ = ["AsForward", "forward_layer"]
 

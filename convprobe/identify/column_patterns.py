@@ -34,7 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convprobe.probes.layers import Layer
+from convprobe.emulation import parse_model
+from convprobe.identify.spot import spot
+from convprobe.probes.layers import Layer, run_ops
 from convprobe.probes.structure import Structure, blocks, candidate_specs, measure_rows
 
 __all__ = ["ColumnRun", "column_count", "column_k", "column_capacity", "column_calls", "column_outputs", "measure_columns",
@@ -131,8 +133,6 @@ def windows_in(layer: Layer, gemm_rows=None) -> tuple:
 
 def spot_rows(layer: Layer) -> range:
     """The filter gradient's GEMM rows its crafted rows pass through: the spot tap's channels."""
-    from convprobe.probes.layer_patterns import spot
-
     th, tw = spot(layer, "conv2d_backprop_filter")
     kw, c = layer.filter_shape[1], layer.filter_shape[2]
     return range((th * kw + tw) * c, (th * kw + tw + 1) * c)
@@ -141,8 +141,6 @@ def spot_rows(layer: Layer) -> range:
 def column_capacity(layer: Layer, op: str, gemm_rows=None) -> tuple[int, str]:
     """(rows one call carries, '' or why the columns cannot be measured), the crafted rows kept
     to the GEMM rows in `gemm_rows` (all where None)."""
-    from convprobe.probes.layer_patterns import spot
-
     if op == "conv2d_backprop_filter":
         if spot(layer, op) is None:
             return 0, "no tap is read inside the image at every position: columns not measured"
@@ -163,9 +161,6 @@ def column_calls(layer: Layer, op: str, capacity: int) -> int:
 def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: float, gemm_rows=None) -> np.ndarray:
     """(rows, columns): sum_k patterns[r, k] as column j of `op`'s GEMM computes it, for every
     pattern r and column j (see the module docstring), at GEMM rows in `gemm_rows` (all where None)."""
-    from convprobe.probes.layer_patterns import spot
-    from convprobe.probes.layers import run_ops
-
     capacity, why = column_capacity(layer, op, gemm_rows)
     if not capacity:
         raise ValueError(why)
@@ -280,6 +275,4 @@ def spec_by_column(layer: Layer, op: str, spec_of, combine: str = "fp16") -> str
         channels.pop()  # the last model serves every channel after it
     if len(channels) == 1:
         return channels[0]
-    from convprobe.emulation import parse_model
-
     return parse_model(f"columns({', '.join(channels)})").to_spec()  # runs written MODEL * N

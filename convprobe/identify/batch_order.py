@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from convprobe.probes.rewritten_calls import RewrittenCalls
+from convprobe.identify.rewritten_calls import RewrittenCalls
 
 __all__ = ["BatchInnermost", "batch_innermost_layout"]
 

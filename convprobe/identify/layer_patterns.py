@@ -18,33 +18,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from convprobe.probes.batch_order import BatchInnermost
-from convprobe.probes.column_patterns import column_k
-from convprobe.probes.input_gradient_layout import AsForward, forward_layer
-from convprobe.probes.layers import Layer
-from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, measure_rows
-from convprobe.probes.tile_patterns import measure_tiles
+from convprobe.identify.batch_order import BatchInnermost
+from convprobe.identify.column_patterns import column_k, column_spec
+from convprobe.identify.input_gradient_layout import AsForward, forward_layer
+from convprobe.identify.spot import spot
+from convprobe.identify.tile_patterns import measure_tiles
+from convprobe.probes.layers import Layer, run_ops
+from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, candidate_specs, measure_rows
 
-__all__ = ["measure", "pattern_rows", "pattern_outputs", "spot", "row_groups"]
-
-
-def _first(candidates, valid) -> int | None:
-    return next((c for c in candidates if all(valid(c))), None)
-
-
-def spot(layer: Layer, op: str) -> tuple[int, int] | None:
-    """Where the crafted rows are read: a forward output (or, for the input gradient, an
-    input position) whose window lies wholly inside the image, or for the filter gradient a
-    tap that every output reads inside it. None if the layer has none."""
-    spots = []
-    for size, k, out, s, d, top in layer.dimensions:
-        if op == "conv2d":
-            spots.append(_first(range(out), lambda o: (0 <= o * s - top + t * d < size for t in range(k))))
-        elif op == "conv2d_backprop_input":  # stride 1: dx[i] reads dy[i + top - t*d]
-            spots.append(_first(range(size), lambda i: (0 <= i + top - t * d < out for t in range(k))))
-        else:
-            spots.append(_first(range(k), lambda t: (0 <= o * s - top + t * d < size for o in range(out))))
-    return None if None in spots else (spots[0], spots[1])
+__all__ = ["measure", "pattern_rows", "pattern_outputs", "row_groups"]
 
 
 def row_groups(layer: Layer, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -102,8 +84,6 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
     docstring); rows beyond one call's capacity take several calls, run together. With
     `rows` (GEMM row indices), each pattern's sum as every one of those GEMM rows computes
     it: (patterns, rows)."""
-    from convprobe.probes.layers import run_ops
-
     capacity, why = pattern_rows(layer, op)
     if not capacity:
         raise ValueError(why)
@@ -136,9 +116,6 @@ def _layout_specs(layer: Layer, op: str, columns=()) -> tuple[str, ...]:
     strided layer shares one kernel (`columns`: one run), that kernel's model is tried over
     the whole K, zeros included (XLA's conv of the dilated dy), and tap by tap, the taps
     added in its accumulator (col2im)."""
-    from convprobe.probes.column_patterns import column_spec
-    from convprobe.probes.structure import candidate_specs
-
     if op != "conv2d_backprop_input":
         return ()
     n = layer.filter_shape[3]

@@ -41,11 +41,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from convprobe.emulation import parse_model
 from convprobe.errors import InvalidArgument
-from convprobe.probes.column_patterns import (MAX_CALLS as WINDOW_CALLS, ColumnRun, column_calls, column_capacity,
+from convprobe.identify.column_patterns import (MAX_CALLS as WINDOW_CALLS, ColumnRun, column_calls, column_capacity,
                                               column_count, column_k, column_spec, measure_columns,
                                               spec_by_column, window_row, window_sets)
-from convprobe.probes.layers import Layer
+from convprobe.probes.layers import Layer, run_ops
 from convprobe.probes.structure import Structure, blocks, measure_rows
 
 __all__ = ["RowRun", "Tiles", "Tiling", "SIGNATURE_CALLS", "MAX_CALLS", "proxy", "rows_read",
@@ -154,8 +155,6 @@ def column_layout_outputs(backend, layer: Layer, op: str, operand: np.ndarray, c
     """(calls, rows read, columns): for each call's fp16 column operand (columns, K), what
     every GEMM row read computes in every column, the other operand `constant`; the input
     gradient reads the positions of `windows` (one of `window_sets`; default the first)."""
-    from convprobe.probes.layers import run_ops
-
     kh, kw, c, cout = layer.filter_shape
     x = np.full(layer.input_shape, constant, np.float16)
     if op == "conv2d":  # taps (i, j, c) in order
@@ -325,8 +324,6 @@ def dx_row_models(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRun
 def _rows_spec(specs: list[str | None], counts: list[int]) -> str | None:
     if None in specs or len(set(specs)) < 2:
         return None
-    from convprobe.emulation import parse_model
-
     return parse_model(f"rows({', '.join(f'{s} * {n}' for s, n in zip(specs, counts))})").to_spec()
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import conv2d, conv2d_backprop_filter, conv2d_backprop_input, parse_model
-from convprobe.probes import column_patterns, layer_patterns, structure
+from convprobe.identify import column_patterns, layer_patterns
+from convprobe.probes import structure
 from convprobe.probes.layers import (DEPTHWISE_OPS, LAYER_OPS, Layer, LayerKind, op_confirmation_inputs, op_inputs,
                                      run_op)
 from conftest import run_cli, run_cli_json
@@ -322,7 +323,7 @@ def test_a_spec_that_fails_the_confirmation_inputs_is_not_reported_at_100_percen
     """pairwise:fp32 and sequential:fp32 round alike on U[0, 1) operands at this layer; the
     confirmation inputs (signed, a cancelling +-M pair) tell them apart, so pairwise is not
     reported as a match of a sequential fp32 configuration."""
-    from convprobe.probes import layer_identify
+    from convprobe.identify import layer_identify
 
     layer = Layer((2, 9, 9, 24), (3, 3, 24, 40))
     observed = layer_identify.run(EmulatedBackend("sequential:fp32:output=fp16"), layers=[layer.to_dict()], seed=0)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
-from convprobe.probes.batch_order import BatchInnermost, batch_innermost_layout
+from convprobe.identify.batch_order import BatchInnermost, batch_innermost_layout
 
 
 def test_a_kernel_summing_batch_innermost_meets_the_terms_in_order():
