@@ -128,16 +128,22 @@ def _read_all(backend, layer: Layer, op: str, terms: np.ndarray, scale: float, r
 
 
 def _format_rows(leaves: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded rows whose sums show formats rather than order (`tree_formats`' readings at
-    random terms): (rows at scale 1: 1, 2**-12 and -1; rows at scale s: s**2 and -s, and
-    2050 and 1 - 2**-20)."""
+    """Seeded rows whose sums show formats rather than order (`tree_formats`' readings):
+    (rows at scale 1: 1, 2**-12 and -1; rows at scale s: s**2 and -s, and 2050 and
+    1 - 2**-20). Half are at random terms, half at neighbouring ones: random terms mostly
+    meet across a stored partial sum, whose rounding hides how the products were rounded
+    (cells that round them differently would otherwise read alike)."""
     unit, scaled = [], []
-    for _ in range(_FORMAT_ROWS):
-        if len(leaves) >= 3:
-            a, b, c = (int(v) for v in rng.choice(leaves, 3, replace=False))
+    for number in range(2 * _FORMAT_ROWS):
+        if number % 2:
+            start = int(rng.integers(max(len(leaves) - 2, 1)))
+            picked = [int(v) for v in leaves[start:start + 3]]
+        else:
+            picked = [int(v) for v in rng.choice(leaves, min(3, len(leaves)), replace=False)]
+        if len(picked) >= 3:
+            a, b, c = picked
             unit.append(terms_row(k, {a: 1.0, b: KEPT, c: -1.0}))
-        pair = [int(v) for v in rng.choice(leaves, 2, replace=False)]
-        for a, b in (pair, pair[::-1]):  # both orders: which of the two is rounded alone
+        for a, b in (picked[:2], picked[1::-1]):  # both orders: which of the two is rounded alone
             scaled.append(terms_row(k, {a: SCALE * SCALE, b: -SCALE}))
             scaled.append(terms_row(k, {a: COARSE, b: FINE}))
     return np.asarray(unit).reshape(-1, k), np.asarray(scaled)

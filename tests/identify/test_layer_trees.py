@@ -7,7 +7,7 @@ import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import parse_model
-from convprobe.identify.layer_trees import recover_at_layer, tree_specs
+from convprobe.identify.layer_trees import _signature_classes, recover_at_layer, tree_specs
 from convprobe.probes.layers import Layer, op_confirmation_inputs, run_op
 from convprobe.probes.structure import Structure
 
@@ -56,3 +56,27 @@ def test_an_exact_kernel_is_not_a_tree_and_says_so():
     layer = Layer(input_shape=(1, 3, 3, 9), filter_shape=(1, 1, 9, 4))
     trees = recover_at_layer(EmulatedBackend("exact:fp64:output=fp16"), layer, "conv2d")
     assert "exact multi-term sum" in trees.note
+
+
+#: Columns 0-2 round their products, column 3 does not; every 8-term chunk is stored to
+#: fp16 before the chunks are added, which rounds any sum that crosses a chunk whatever
+#: the products were (strict XLA's input gradient: the column past the last vector of 16).
+_PRODUCTS_BY_COLUMN = ("columns(splitk(length=8, sequential:fp32:product=fp16:output=fp16, combine=fp16) * 3, "
+                       "splitk(length=8, sequential:fp32:output=fp16, combine=fp16))")
+_MANY_CHUNKS = Layer(input_shape=(1, 2, 2, 1024), filter_shape=(1, 1, 1024, 4))
+
+
+def test_cells_that_differ_only_in_how_they_round_products_are_classed_apart():
+    """Random terms mostly meet across a stored chunk; neighbouring ones show the products."""
+    classes = _signature_classes(EmulatedBackend(_PRODUCTS_BY_COLUMN), _MANY_CHUNKS, "conv2d", 0)
+    assert sorted(sorted({column for _, column in c.cells}) for c in classes) == [[0, 1, 2], [3]]
+
+
+@pytest.mark.slow
+def test_cells_that_differ_only_in_how_they_round_products_are_reproduced():
+    backend = EmulatedBackend(_PRODUCTS_BY_COLUMN)
+    trees = recover_at_layer(backend, _MANY_CHUNKS, "conv2d")
+    assert not trees.note, trees.note
+    assert [labels for _, labels in trees.layout] == [(0, 0, 0, 1)], trees.layout
+    specs = tree_specs(_MANY_CHUNKS, "conv2d", trees, Structure(), lambda spec, cells: 0.0)
+    assert _reproduces(specs[0], backend, _MANY_CHUNKS, "conv2d") == 1.0, specs[0]
