@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from convprobe.emulation import _kernels as K
+from convprobe.emulation import plan
 from convprobe.emulation.gpus import GPU_PRESETS, preset_spec, tensor_core_parameters
 from convprobe.emulation.rounding import (
     MODE_CODES,
@@ -250,17 +251,31 @@ class AccumulationModel:
         """out[:, col0:col0 + N] = the modelled reductions of a (M, K) against w (K, N), in
         the dtype `carrier` names."""
         fp, ic, seed = kernel_config(self)
-        K.gemm(a, w, fp, ic, seed, out, col0, inputs_fp16)
+        if a.dtype == np.float32 and not K.fp32_carriers(fp, ic, True):
+            plan.run(self.program(a.shape[1]), a, w, out, col0)
+        else:
+            K.gemm(a, w, fp, ic, seed, out, col0, inputs_fp16)
 
     def carrier(self, inputs_fp16: bool) -> type:
-        """The dtype `gemm_into` takes for a, w and out: float16 where the kernel reads and
-        writes fp16 (the CPU's fp16 arithmetic, or the direct kernel through F16C:
-        `_kernels.fp16_carriers`), float32 where the CPU's own float32 FMA or the exact
-        kernel computes this model on fp16 inputs (`fp32_carriers`), else float64."""
+        """The dtype `gemm_into` takes for a, w and out: float16 where the CPU's own fp16
+        arithmetic computes this model (`_kernels.native_fp16`), float32 where its float32
+        FMA or the exact kernel does (`fp32_carriers`) or, on fp16 inputs, the model's
+        program (`plan`); float16 where the direct kernels on fp16 bit patterns compute
+        it (`fp16_carriers`), else float64."""
         fp, ic, _ = kernel_config(self)
-        if K.fp16_carriers(fp, ic, inputs_fp16):
+        if K.native_fp16(fp, ic, inputs_fp16):
             return np.float16
-        return np.float32 if K.fp32_carriers(fp, ic, inputs_fp16) else np.float64
+        if K.fp32_carriers(fp, ic, inputs_fp16) or (inputs_fp16 and self.plannable()):
+            return np.float32
+        return np.float16 if K.fp16_carriers(fp, ic, inputs_fp16) else np.float64
+
+    def plannable(self) -> bool:
+        """Whether this model compiles into a kernel program (`plan`)."""
+        return False
+
+    def program(self, k: int) -> plan.Program:
+        """This model's sums of k products as a kernel program (`plan`)."""
+        raise plan.NotPlannable(f"{self.to_spec()} has no kernel program")
 
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         """out[r] = the modelled sum of terms[0, r], terms[1, r], ... (float64 (P, R)), as
@@ -281,6 +296,16 @@ class Sequential(AccumulationModel):
     def _describe_kind(self) -> str:
         return f"sequential sum in {self.accumulator} from +0"
 
+    def plannable(self) -> bool:
+        return plan.plannable(self)
+
+    def program(self, k: int) -> plan.Program:
+        steps = plan.ProgramBuilder(self)
+        steps.zero(0)
+        for leaf in range(k):
+            steps.add_leaf(0, leaf)
+        return steps.program()
+
 
 @dataclass(frozen=True)
 class Pairwise(AccumulationModel):
@@ -293,6 +318,36 @@ class Pairwise(AccumulationModel):
 
     def _describe_kind(self) -> str:
         return f"pairwise (tree) sum in {self.accumulator}"
+
+    def plannable(self) -> bool:
+        return plan.plannable(self)
+
+    def program(self, k: int) -> plan.Program:
+        """Level by level as a tree, run depth first: a node's left value in register d,
+        its right one in d + 1 (registers: the tree's depth)."""
+        steps = plan.ProgramBuilder(self)
+        if not k:
+            steps.zero(0)
+            return steps.program()
+        level: list = list(range(k))
+        while len(level) > 1:
+            level = [(level[j], level[j + 1]) for j in range(0, len(level) - 1, 2)] + (
+                [level[-1]] if len(level) % 2 else [])
+
+        def emit(item, register: int) -> None:
+            if isinstance(item, int):
+                steps.load(register, item)
+                return
+            left, right = item
+            emit(left, register)
+            if isinstance(right, int):
+                steps.add_leaf(register, right)
+            else:
+                emit(right, register + 1)
+                steps.add(register, register + 1)
+
+        emit(level[0], 0)
+        return steps.program()
 
 
 @dataclass(frozen=True)
@@ -505,6 +560,19 @@ class Chunked(AccumulationModel):
     def _describe_kind(self) -> str:
         return (f"chunks of {self.chunk} terms summed in {self.accumulator}, each chunk "
                 f"added to a {self.total} total")
+
+    def plannable(self) -> bool:
+        return plan.plannable(self)
+
+    def program(self, k: int) -> plan.Program:
+        steps = plan.ProgramBuilder(self)
+        steps.zero(0)
+        for start in range(0, k, self.chunk):
+            steps.zero(1)
+            for leaf in range(start, min(start + self.chunk, k)):
+                steps.add_leaf(1, leaf)
+            steps.add(0, 1, self.total, addition=False)
+        return steps.program()
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,14 @@ The exact rational reference is `convprobe.emulation.tree_reference`.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Union
 
 import numpy as np
 
+from convprobe.emulation import plan
 from convprobe.emulation.composites import split_arguments
 from convprobe.emulation.models import AccumulationModel, Exact
 from convprobe.emulation.rounding import resolve_format, round_to_format
@@ -229,7 +231,21 @@ class Tree(AccumulationModel):
                 f"nodes rounded to {self.accumulator} unless they name a format")
 
     def carrier(self, inputs_fp16: bool) -> type:
-        return np.float64
+        return np.float32 if inputs_fp16 and self.plannable() else np.float64
+
+    def plannable(self) -> bool:
+        """Whether the tree compiles into a kernel program (`plan`): its options, and every
+        node fp16 or fp32 and fused over at most two items."""
+        try:
+            self.program(self.k)
+        except plan.NotPlannable:
+            return False
+        return True
+
+    def program(self, k: int) -> plan.Program:
+        """The tree run depth first: a node's value in register d, a node item's in d + 1."""
+        self._check_k(k)
+        return _tree_program(self)
 
     def _round(self, values: np.ndarray, fmt: Format) -> np.ndarray:
         return round_to_format(values, fmt, Rounding.NEAREST_EVEN, subnormals=self.subnormals,
@@ -284,6 +300,9 @@ class Tree(AccumulationModel):
 
     def gemm_into(self, a, w, out, col0, inputs_fp16):
         self._check_k(a.shape[1])
+        if a.dtype == np.float32:
+            plan.run(self.program(a.shape[1]), a, w, out, col0)
+            return
         a64, w64 = np.asarray(a, np.float64), np.asarray(w, np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
             result = self._evaluate(self._products(a64.T[:, :, None], w64[:, None, :]))
@@ -292,6 +311,31 @@ class Tree(AccumulationModel):
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         terms = np.asarray(terms, np.float64)
         return self.reduce_rows(terms.T, np.ones_like(terms.T), None)
+
+
+@functools.lru_cache(maxsize=64)
+def _tree_program(model: Tree) -> plan.Program:
+    steps = plan.ProgramBuilder(model)
+
+    def emit(item: Item, register: int) -> None:
+        if isinstance(item, int):
+            steps.load(register, item)
+            return
+        if isinstance(item, Fused) and len(item.items) > 2:
+            raise plan.NotPlannable("a fused sum of more than two items")
+        first, *rest = item.items
+        emit(first, register)
+        if not rest:
+            steps.round(register, item.format)
+        for nxt in rest:
+            if isinstance(nxt, int):
+                steps.add_leaf(register, nxt, item.format)
+            else:
+                emit(nxt, register + 1)
+                steps.add(register, register + 1, item.format)
+
+    emit(model.root, 0)
+    return steps.program()
 
 
 def parse_tree_model(spec: str) -> Tree:

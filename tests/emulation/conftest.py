@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from convprobe.emulation import _native_fp16
+from convprobe.emulation.tree import Chain, Fused, parse_tree
 
 needs_fp16_fma = pytest.mark.skipif(not _native_fp16.available(),
                                     reason="no AVX512-FP16 kernel (CPU lacks it or CONVPROBE_NATIVE_FP16=0)")
@@ -86,3 +87,33 @@ def run_cases(count: int, body) -> None:
              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
         given(data=st.data())(counted))()
     assert len(ran) >= count, f"only {len(ran)} of {count} cases ran"
+
+
+def signed_fp16(rng, shape):
+    """Signed fp16 values over a wide exponent range, with subnormals and exact ties."""
+    values = rng.standard_normal(shape) * np.exp2(rng.integers(-16, 6, shape))
+    coarse = rng.random(shape) < 0.15  # small integers and halves: sums that tie
+    values[coarse] = rng.integers(-64, 64, shape)[coarse] / 2
+    tiny = rng.random(shape) < 0.05  # fp16 subnormals
+    values[tiny] = rng.integers(-1023, 1024, shape)[tiny] * 2.0 ** -24
+    return values.astype(np.float16)
+
+
+@st.composite
+def random_trees(draw, max_leaves=12):
+    """A random tree: leaves shuffled, split into chains and fused nodes, some with a format."""
+    k = draw(st.integers(1, max_leaves))
+    leaves = draw(st.permutations(list(range(k))))
+
+    def build(items):
+        if len(items) == 1 and draw(st.booleans()):
+            return items[0]
+        cuts = sorted(draw(st.sets(st.integers(1, max(1, len(items) - 1)), max_size=3))) if len(items) > 1 else []
+        parts = [items[i:j] for i, j in zip([0, *cuts], [*cuts, len(items)]) if items[i:j]]
+        children = tuple(build(part) for part in parts) if len(parts) > 1 else tuple(items)
+        node = Fused if draw(st.integers(0, 4)) == 0 and len(children) > 1 else Chain
+        fmt = draw(st.sampled_from([None, None, "fp16", "fp32", "bf16"]))
+        return node(children, None if fmt is None else parse_tree(f"(0)@{fmt}").format)
+
+    root = build(list(leaves))
+    return root if not isinstance(root, int) else Chain((root,))

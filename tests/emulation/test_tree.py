@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from convprobe.emulation import conv2d, dot, parse_model, tree_reference
-from convprobe.emulation.tree import Chain, Fused, Tree, leaves_of, parse_tree, tree_text
+from convprobe.emulation.tree import Tree, leaves_of, parse_tree, tree_text
 from convprobe.errors import InvalidArgument
 
-from .conftest import assert_same_bits
+from .conftest import assert_same_bits, random_trees, signed_fp16
 
 K = 29
 #: Grammar models and the tree spec that spells the same arithmetic over K terms.
@@ -29,22 +29,12 @@ SPELLED = [
 ]
 
 
-def _signed(rng, shape):
-    """Signed fp16 values over a wide exponent range, with subnormals and exact ties."""
-    values = rng.standard_normal(shape) * np.exp2(rng.integers(-16, 6, shape))
-    coarse = rng.random(shape) < 0.15  # small integers and halves: sums that tie
-    values[coarse] = rng.integers(-64, 64, shape)[coarse] / 2
-    tiny = rng.random(shape) < 0.05  # fp16 subnormals
-    values[tiny] = rng.integers(-1023, 1024, shape)[tiny] * 2.0 ** -24
-    return values.astype(np.float16)
-
-
 @pytest.mark.parametrize("grammar, spec", SPELLED)
 def test_tree_spells_the_grammar_model_bit_for_bit(grammar, spec):
     rng = np.random.default_rng(1)
-    a, b = _signed(rng, (400, K)), _signed(rng, (400, K))
+    a, b = signed_fp16(rng, (400, K)), signed_fp16(rng, (400, K))
     assert_same_bits(dot(a, b, parse_model(spec)), dot(a, b, parse_model(grammar)))
-    x, w = _signed(rng, (2, 5, 5, K)), _signed(rng, (1, 1, K, 3))
+    x, w = signed_fp16(rng, (2, 5, 5, K)), signed_fp16(rng, (1, 1, K, 3))
     assert_same_bits(conv2d(x, w, parse_model(spec)), conv2d(x, w, parse_model(grammar)))
 
 
@@ -95,8 +85,8 @@ def test_every_fp16_code_point_against_the_fraction_reference(formats):
     rng = np.random.default_rng(7)
     a = np.empty((codes.size, 5), np.float16)
     a[:, 0] = codes
-    a[:, 1:] = _signed(rng, (codes.size, 4))
-    b = _signed(rng, (codes.size, 5))
+    a[:, 1:] = signed_fp16(rng, (codes.size, 4))
+    b = signed_fp16(rng, (codes.size, 5))
     b[:, 0] = rng.choice(np.array([1, -1, 1.5, 2.0 ** -10, 3 * 2.0 ** -12, 2.0 ** 10], np.float16), codes.size)
     fast = dot(a, b, model)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
@@ -104,28 +94,8 @@ def test_every_fp16_code_point_against_the_fraction_reference(formats):
     assert_same_bits(fast, slow.astype(fast.dtype))
 
 
-@st.composite
-def _trees(draw, max_leaves=12):
-    """A random tree: leaves shuffled, split into chains and fused nodes, some with a format."""
-    k = draw(st.integers(1, max_leaves))
-    leaves = draw(st.permutations(list(range(k))))
-
-    def build(items):
-        if len(items) == 1 and draw(st.booleans()):
-            return items[0]
-        cuts = sorted(draw(st.sets(st.integers(1, max(1, len(items) - 1)), max_size=3))) if len(items) > 1 else []
-        parts = [items[i:j] for i, j in zip([0, *cuts], [*cuts, len(items)]) if items[i:j]]
-        children = tuple(build(part) for part in parts) if len(parts) > 1 else tuple(items)
-        node = Fused if draw(st.integers(0, 4)) == 0 and len(children) > 1 else Chain
-        fmt = draw(st.sampled_from([None, None, "fp16", "fp32", "bf16"]))
-        return node(children, None if fmt is None else parse_tree(f"(0)@{fmt}").format)
-
-    root = build(list(leaves))
-    return root if not isinstance(root, int) else Chain((root,))
-
-
 @settings(max_examples=60, deadline=None)
-@given(root=_trees(), seed=st.integers(0, 2**32 - 1),
+@given(root=random_trees(), seed=st.integers(0, 2**32 - 1),
        formats=st.sampled_from([dict(accumulator="fp16"), dict(accumulator="fp32", output="fp16"),
                                 dict(accumulator="fp16", addition="fp32", product="fp16"),
                                 dict(accumulator="bf16", output="fp32")]))
@@ -133,7 +103,7 @@ def test_random_trees_agree_with_the_fraction_reference(root, seed, formats):
     model = Tree(root=root, **formats)
     rng = np.random.default_rng(seed)
     k = len(leaves_of(root))
-    a, b = _signed(rng, (20, k)), _signed(rng, (20, k))
+    a, b = signed_fp16(rng, (20, k)), signed_fp16(rng, (20, k))
     fast = dot(a, b, model).astype(np.float64)
     slow = np.array([tree_reference.reduce(a[r].astype(np.float64).tolist(), b[r].astype(np.float64).tolist(), model)
                      for r in range(20)])

@@ -1,0 +1,112 @@
+"""The one kernel that runs every program of `plan`: a tile of GEMM rows at a time, each
+step one vector loop over the tile's outputs in float32 lanes (why that is exact: `plan`).
+
+Step codes are `plan.Op`'s; flags: `HALF` (the step rounds to fp16, else fp32) and `ADD32`
+(an fp16 step whose sum is rounded to fp32 first). The loops are written once
+(`_add_product`, `_add_register`) and called with constant flags, so each branch compiles
+to its own straight vector loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from convprobe.emulation._kernel_arithmetic import add_odd32, narrow, widen
+from convprobe.emulation._threads import over_tasks
+
+__all__ = ["HALF", "ADD32", "run_program"]
+
+HALF = 1
+ADD32 = 2
+_ZERO, _LOAD, _ADD_LEAF, _ADD, _ROUND = 0, 1, 2, 3, 4
+_ROWS = 8  # GEMM rows per tile: each step's loop covers 8 rows by every column
+
+
+@njit(cache=True, inline="always")
+def _fp16(x):
+    return widen(narrow(x))
+
+
+@njit(cache=True, inline="always")
+def _rounded(s, v, half, add32):
+    """s + v rounded once to fp16 (`half`) or fp32; `add32`: to fp32, then fp16."""
+    if not half:
+        return s + v
+    if add32:
+        return _fp16(s + v)
+    return _fp16(add_odd32(s, v))
+
+
+@njit(cache=True, inline="always")
+def _add_product(regs, r, a, w, m0, rows, k, product_fp16, half, add32):
+    for i in range(rows):
+        av = a[m0 + i, k]
+        for n in range(w.shape[1]):
+            p = av * w[k, n]
+            if product_fp16:
+                p = _fp16(p)
+            regs[r, i, n] = _rounded(regs[r, i, n], p, half, add32)
+
+
+@njit(cache=True, inline="always")
+def _add_register(regs, r, s, rows, half, add32):
+    for i in range(rows):
+        for n in range(regs.shape[2]):
+            regs[r, i, n] = _rounded(regs[r, i, n], regs[s, i, n], half, add32)
+
+
+@njit(cache=True, nogil=True)
+def _tiles(t0, t1, a, w, steps, registers, product_fp16, output_fp16, out, col0):
+    """Tiles t0 .. t1 - 1 (`_ROWS` rows each) of `run_program`."""
+    m_count, n_count = a.shape[0], w.shape[1]
+    regs = np.zeros((registers, _ROWS, n_count), np.float32)
+    for t in range(t0, t1):
+        m0 = t * _ROWS
+        rows = min(_ROWS, m_count - m0)
+        for j in range(steps.shape[0]):
+            op, r, x, flags = steps[j, 0], steps[j, 1], steps[j, 2], steps[j, 3]
+            half, add32 = (flags & HALF) != 0, (flags & ADD32) != 0
+            if op == _ADD_LEAF:
+                if product_fp16:
+                    if not half:
+                        _add_product(regs, r, a, w, m0, rows, x, True, False, False)
+                    elif add32:
+                        _add_product(regs, r, a, w, m0, rows, x, True, True, True)
+                    else:
+                        _add_product(regs, r, a, w, m0, rows, x, True, True, False)
+                elif not half:
+                    _add_product(regs, r, a, w, m0, rows, x, False, False, False)
+                elif add32:
+                    _add_product(regs, r, a, w, m0, rows, x, False, True, True)
+                else:
+                    _add_product(regs, r, a, w, m0, rows, x, False, True, False)
+            elif op == _ADD:
+                if not half:
+                    _add_register(regs, r, x, rows, False, False)
+                elif add32:
+                    _add_register(regs, r, x, rows, True, True)
+                else:
+                    _add_register(regs, r, x, rows, True, False)
+            elif op == _ZERO:
+                regs[r, :rows, :] = 0.0
+            elif op == _LOAD:
+                for i in range(rows):
+                    av = a[m0 + i, x]
+                    for n in range(n_count):
+                        p = av * w[x, n]
+                        regs[r, i, n] = _fp16(p) if product_fp16 else p
+            elif half:  # _ROUND to fp16 (to fp32: the values are float32 numbers already)
+                for i in range(rows):
+                    for n in range(n_count):
+                        regs[r, i, n] = _fp16(regs[r, i, n])
+        for i in range(rows):
+            for n in range(n_count):
+                v = regs[0, i, n]
+                out[m0 + i, col0 + n] = _fp16(v) if output_fp16 else v
+
+
+def run_program(a, w, steps, registers, product_fp16, output_fp16, out, col0):
+    """out[:, col0:col0 + N] = the program's sums of a (M, K) against w (K, N), float32."""
+    over_tasks(_tiles, a.shape[0], a, w, steps, registers, product_fp16, output_fp16, out, col0,
+               per_task=_ROWS)

@@ -1,0 +1,115 @@
+"""Kernel programs (`plan`) equal their references bit for bit: each grammar model's general
+kernel, and a tree's float64 evaluation (itself tested against the Fraction reference), on
+every fp16 code point and on hypothesis-drawn models, trees and inputs."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from convprobe import emulation as em
+from convprobe.emulation import _kernels as K
+from convprobe.emulation.models import kernel_config
+from convprobe.emulation.plan import NotPlannable, Op
+from convprobe.emulation.tree import Tree, leaves_of
+
+from .conftest import assert_same_bits, fp16_arrays, needs_f16c, random_trees, signed_fp16
+
+pytestmark = needs_f16c
+
+#: One model per step kind and flag: fp16 steps exact and after an fp32 addition, fp32
+#: steps, products rounded, register additions (pairwise), a total without the addition's
+#: rounding (chunked), loads and lone roundings (trees), fp16 and fp32 outputs.
+MODELS = [
+    "sequential:fp16:product=fp16",
+    "sequential:fp32:output=fp16",
+    "sequential:fp16:addition=fp32:output=fp32",
+    "chunked:fp16:n=3:addition=fp32:total=fp16",
+    "chunked:fp32:n=2:product=fp16:total=fp16:output=fp32",
+    "pairwise:fp16",
+    "pairwise:fp32:product=fp16:output=fp16",
+    "tree(((0)@fp16 1 (2 3)@fp32 {4 5}), accumulator=fp16, addition=fp32)",
+    "tree(((0 1)@fp32 (2) 3 4..5), accumulator=fp16, product=fp16, output=fp32)",
+]
+
+
+def planned(model, a, w) -> np.ndarray:
+    """The model's GEMM of a (M, K) against w (K, N) through its program, as float64."""
+    assert model.carrier(True) == np.float32, model.to_spec()
+    out = np.empty((a.shape[0], w.shape[1]), np.float32)
+    with np.errstate(all="ignore"):
+        model.gemm_into(a.astype(np.float32), w.astype(np.float32), out, 0, True)
+    return out.astype(np.float64)
+
+
+def reference(model, a, w) -> np.ndarray:
+    """The same GEMM by the model's reference: the general kernel, or a tree's evaluation."""
+    a64, w64 = a.astype(np.float64), w.astype(np.float64)
+    out = np.empty((a.shape[0], w.shape[1]))
+    with np.errstate(all="ignore"):
+        if isinstance(model, Tree):
+            model.gemm_into(a64, w64, out, 0, True)
+        else:
+            fp, ic, seed = kernel_config(model)
+            K.gemm(a64, w64, fp, ic, seed, out, 0, True, fast=False)
+    return out
+
+
+@pytest.mark.parametrize("spec", MODELS)
+def test_every_fp16_code_point_through_each_step(spec):
+    """All 65,536 fp16 code points (inf and NaN included) as the first product's operand,
+    beside signed terms of spread exponents, subnormals and ties, against eight columns
+    of operands that keep it, halve it into subnormals and tie it."""
+    model = em.parse_model(spec)
+    k = 6
+    rng = np.random.default_rng(3)
+    codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    a = signed_fp16(rng, (codes.size, k))
+    a[:, 0] = codes
+    w = signed_fp16(rng, (k, 8))
+    w[0] = np.float16([1, -1, 1.5, 2.0 ** -10, 3 * 2.0 ** -12, 2.0 ** 10, -0.75, 2.0 ** -24])
+    got, want = planned(model, a, w), reference(model, a, w)
+    assert_same_bits(got, want)
+    assert np.isnan(got).any() and np.isinf(got).any()  # the code points reach the results
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=st.sampled_from(MODELS[:7]), k=st.integers(0, 40), data=st.data())
+def test_grammar_models_equal_the_general_kernel(spec, k, data):
+    model = em.parse_model(spec)
+    a = data.draw(fp16_arrays((5, k)))
+    w = data.draw(fp16_arrays((k, 3)))
+    assert_same_bits(planned(model, a, w), reference(model, a, w))
+
+
+@settings(max_examples=60, deadline=None)
+@given(root=random_trees(), seed=st.integers(0, 2**32 - 1),
+       formats=st.sampled_from([dict(accumulator="fp16"), dict(accumulator="fp32", output="fp16"),
+                                dict(accumulator="fp16", addition="fp32", product="fp16")]))
+def test_random_trees_equal_their_evaluation(root, seed, formats):
+    """Trees whose nodes are all fp16 or fp32 and fused over at most two items run as
+    programs; the others say they cannot."""
+    model = Tree(root=root, **formats)
+    rng = np.random.default_rng(seed)
+    k = len(leaves_of(root))
+    a, w = signed_fp16(rng, (9, k)), signed_fp16(rng, (k, 4))
+    if not model.plannable():
+        assert model.carrier(True) == np.float64
+        with pytest.raises(NotPlannable):
+            model.program(k)
+        return
+    assert_same_bits(planned(model, a, w), reference(model, a, w))
+
+
+def test_pairwise_program_keeps_registers_to_the_tree_depth():
+    program = em.parse_model("pairwise:fp16").program(1000)
+    assert program.registers <= 10  # ceil(log2(1000)) levels
+    assert (program.steps[:, 0] == Op.LOAD).sum() + (program.steps[:, 0] == Op.ADD_LEAF).sum() == 1000
+
+
+@pytest.mark.parametrize("spec", ["sequential:bf16", "pairwise:fp16:subnormals=flush",
+                                  "chunked:fp16:n=4:rounding=toward_zero:total=fp16", "sequential:fp16:overflow=saturate",
+                                  "tree(((0 1)@bf16 2), accumulator=fp16)", "tree({0 1 2}, accumulator=fp16)"])
+def test_models_a_program_cannot_express_keep_their_kernels(spec):
+    model = em.parse_model(spec)
+    assert not model.plannable() and model.carrier(True) != np.float32
