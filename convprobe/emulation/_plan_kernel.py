@@ -1,8 +1,9 @@
 """The one kernel that runs every program of `plan`: a tile of GEMM rows at a time, each
 step one vector loop over the tile's outputs in float32 lanes (why that is exact: `plan`).
 
-Step codes are `plan.Op`'s; flags: `HALF` (the step rounds to fp16, else fp32) and `ADD32`
-(an fp16 step whose sum is rounded to fp32 first). The loops are written once
+Step codes are `plan.Op`'s; flags: `HALF` (the step rounds to fp16, else fp32), `ADD32`
+(an fp16 step whose sum is rounded to fp32 first) and `PRODUCT16` (the step's product is
+rounded to fp16 first). The loops are written once
 (`_add_product`, `_add_register`) and called with constant flags, so each branch compiles
 to its own straight vector loop.
 """
@@ -15,11 +16,12 @@ from numba import njit
 from convprobe.emulation._kernel_arithmetic import add_odd32, narrow, widen
 from convprobe.emulation._threads import over_tasks
 
-__all__ = ["HALF", "ADD32", "run_program"]
+__all__ = ["HALF", "ADD32", "PRODUCT16", "run_program"]
 
 HALF = 1
 ADD32 = 2
-_ZERO, _LOAD, _ADD_LEAF, _ADD, _ROUND = 0, 1, 2, 3, 4
+PRODUCT16 = 4
+_ZERO, _LOAD, _ADD_LEAF, _ADD, _ROUND, _MOVE = 0, 1, 2, 3, 4, 5
 _ROWS = 8  # GEMM rows per tile: each step's loop covers 8 rows by every column
 
 
@@ -57,7 +59,7 @@ def _add_register(regs, r, s, rows, half, add32):
 
 
 @njit(cache=True, nogil=True)
-def _tiles(t0, t1, a, w, steps, registers, product_fp16, output_fp16, out, col0):
+def _tiles(t0, t1, a, w, steps, registers, out, col0):
     """Tiles t0 .. t1 - 1 (`_ROWS` rows each) of `run_program`."""
     m_count, n_count = a.shape[0], w.shape[1]
     regs = np.zeros((registers, _ROWS, n_count), np.float32)
@@ -66,7 +68,7 @@ def _tiles(t0, t1, a, w, steps, registers, product_fp16, output_fp16, out, col0)
         rows = min(_ROWS, m_count - m0)
         for j in range(steps.shape[0]):
             op, r, x, flags = steps[j, 0], steps[j, 1], steps[j, 2], steps[j, 3]
-            half, add32 = (flags & HALF) != 0, (flags & ADD32) != 0
+            half, add32, product_fp16 = (flags & HALF) != 0, (flags & ADD32) != 0, (flags & PRODUCT16) != 0
             if op == _ADD_LEAF:
                 if product_fp16:
                     if not half:
@@ -90,6 +92,8 @@ def _tiles(t0, t1, a, w, steps, registers, product_fp16, output_fp16, out, col0)
                     _add_register(regs, r, x, rows, True, False)
             elif op == _ZERO:
                 regs[r, :rows, :] = 0.0
+            elif op == _MOVE:
+                regs[r, :rows, :] = regs[x, :rows, :]
             elif op == _LOAD:
                 for i in range(rows):
                     av = a[m0 + i, x]
@@ -102,11 +106,10 @@ def _tiles(t0, t1, a, w, steps, registers, product_fp16, output_fp16, out, col0)
                         regs[r, i, n] = _fp16(regs[r, i, n])
         for i in range(rows):
             for n in range(n_count):
-                v = regs[0, i, n]
-                out[m0 + i, col0 + n] = _fp16(v) if output_fp16 else v
+                out[m0 + i, col0 + n] = regs[0, i, n]
 
 
-def run_program(a, w, steps, registers, product_fp16, output_fp16, out, col0):
-    """out[:, col0:col0 + N] = the program's sums of a (M, K) against w (K, N), float32."""
-    over_tasks(_tiles, a.shape[0], a, w, steps, registers, product_fp16, output_fp16, out, col0,
-               per_task=_ROWS)
+def run_program(a, w, steps, registers, out, col0):
+    """out[:, col0:col0 + N] = the program's sums (register 0) of a (M, K) against w (K, N),
+    float32."""
+    over_tasks(_tiles, a.shape[0], a, w, steps, registers, out, col0, per_task=_ROWS)

@@ -58,7 +58,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from convprobe.emulation import _kernels as K
-from convprobe.emulation import _native_fp16, _native_fp32
+from convprobe.emulation import _native_fp16, _native_fp32, plan
 from convprobe.emulation._native_fp16 import convert
 from convprobe.emulation.models import (AccumulationModel, Chunked, Exact, Pairwise, Sequential, kernel_config,
                                        sum_terms_as_rows)
@@ -84,6 +84,15 @@ def _inner_gemm(model: AccumulationModel, a: np.ndarray, w: np.ndarray, inputs_f
     out = np.empty((a.shape[0], w.shape[1]), dtype=dtype)
     model.gemm_into(convert(a, dtype), convert(w, dtype), out, 0, inputs_fp16)
     return convert(out, np.float64)
+
+
+def _planned(model: AccumulationModel, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int) -> bool:
+    """Run the composite's whole program (`plan`) where it compiles, on float32 carriers
+    (fp16 values); whether it did."""
+    if a.dtype != np.float32 or out.dtype != np.float32 or not model.plannable():
+        return False
+    plan.run(model.program(a.shape[1]), a, w, out, col0)
+    return True
 
 
 def _check_inner(model: AccumulationModel, argument: str) -> None:
@@ -262,6 +271,19 @@ class SplitK(_Composite):
         fp, ic, _ = kernel_config(self.inner)
         return ic[K.IC_KIND] == K.SEQUENTIAL and ic[K.IC_MODE] == K.NEAREST_EVEN and K.native_fp16(fp, ic, inputs_fp16)
 
+    def emit(self, steps, items, register):
+        """Each range's sum in a register above `register`, then the combine over them in
+        the register above those."""
+        spans = ranges(len(items), self.parts, self.length)
+        for i, (j0, j1) in enumerate(spans):
+            self.range_model(i).emit(steps, items[j0:j1], register + 1 + i)
+        combine = self.combine if self.combine is not None else Sequential(
+            accumulator=self.accumulator, subnormals=self.subnormals, overflow=self.overflow)
+        top = register + 1 + len(spans)
+        combine.emit(steps, [plan.Partial(register + 1 + i) for i in range(len(spans))], top)
+        steps.take(self, register, plan.Partial(top))
+        steps.round(self, register, self.output)
+
     def gemm_into(self, a, w, out, col0, inputs_fp16):
         n = w.shape[1]
         if out.dtype == np.float32 and self._fp16_ranges_fp32_total(inputs_fp16):
@@ -270,6 +292,8 @@ class SplitK(_Composite):
             _native_fp16.chunked_gemm_fp32_total(convert(a, np.float16), convert(w, np.float16), totals, 0,
                                                  add32=add32, chunk=range_length(a.shape[1], self.parts, self.length))
             out[:, col0:col0 + n] = self._finish(totals)
+            return
+        if _planned(self, a, w, out, col0):
             return
         parts = [_inner_gemm(self.range_model(i), a[:, j0:j1], w[j0:j1], inputs_fp16)
                  for i, (j0, j1) in enumerate(ranges(a.shape[1], self.parts, self.length))]
@@ -366,6 +390,23 @@ class Lanes(_Composite):
         (fp, ic, _), (cfp, cic, _) = kernel_config(self.inner), kernel_config(self.combine)
         return K.native_fp32(fp, ic, inputs_fp16) and K.float32_sums(cfp, cic)
 
+    def emit(self, steps, items, register):
+        """Each lane's sum in a register above `register`, the combine over them in the
+        register above those, and the tail after it with the combined sum first."""
+        head = self._head(len(items))
+        top = register + 1 + self.width
+        if head:
+            for lane in range(self.width):
+                self.inner.emit(steps, items[lane:head:self.width], register + 1 + lane)
+            self.combine.emit(steps, [plan.Partial(register + 1 + lane) for lane in range(self.width)], top)
+        else:
+            steps.zero(top)
+        if head < len(items):
+            self.inner.emit(steps, [plan.Partial(top), *items[head:]], top + 1)
+            top += 1
+        steps.take(self, register, plan.Partial(top))
+        steps.round(self, register, self.output)
+
     def gemm_into(self, a, w, out, col0, inputs_fp16):
         m, n = a.shape[0], w.shape[1]
         head = self._head(a.shape[1])
@@ -381,6 +422,8 @@ class Lanes(_Composite):
                 sums, self.combine.output, Rounding.NEAREST_EVEN, subnormals=self.combine.subnormals,
                 overflow=self.combine.overflow)
             combined = np.asarray(combined, np.float64).reshape(-1)
+        elif _planned(self, a, w, out, col0):
+            return
         else:
             sums = [_inner_gemm(self.inner, a_head[:, lane::self.width], w_head[lane::self.width], inputs_fp16)
                     for lane in range(self.width)]
@@ -425,7 +468,13 @@ class Reverse(_Composite):
         out = self.inner.reduce_rows(np.ascontiguousarray(a[:, ::-1]), np.ascontiguousarray(b[:, ::-1]), None)
         return self._finish(np.asarray(out, np.float64))
 
+    def emit(self, steps, items, register):
+        self.inner.emit(steps, items[::-1], register)
+        steps.round(self, register, self.output)
+
     def gemm_into(self, a, w, out, col0, inputs_fp16):
+        if _planned(self, a, w, out, col0):
+            return
         out[:, col0:col0 + w.shape[1]] = self._finish(_inner_gemm(self.inner, a[:, ::-1], w[::-1], inputs_fp16))
 
 

@@ -25,6 +25,7 @@ Sequential and chunked sums start from +0. Spec strings: see `parse_model`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import KW_ONLY, dataclass, field, fields
 from itertools import permutations
@@ -271,11 +272,24 @@ class AccumulationModel:
 
     def plannable(self) -> bool:
         """Whether this model compiles into a kernel program (`plan`)."""
-        return False
+        try:
+            self.program(self._plan_probe_k())
+        except plan.NotPlannable:
+            return False
+        return True
+
+    def _plan_probe_k(self) -> int:
+        """A reduction length to try compiling at (a tree's own K)."""
+        return 2
 
     def program(self, k: int) -> plan.Program:
         """This model's sums of k products as a kernel program (`plan`)."""
-        raise plan.NotPlannable(f"{self.to_spec()} has no kernel program")
+        return _program(self, k)
+
+    def emit(self, steps: plan.ProgramBuilder, items: list[plan.Item], register: int) -> None:
+        """Write the steps that leave this model's sum of `items` in `register` (registers
+        above it are scratch); see `plan`."""
+        raise plan.NotPlannable(f"{self.kind} models have no kernel program")
 
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         """out[r] = the modelled sum of terms[0, r], terms[1, r], ... (float64 (P, R)), as
@@ -296,15 +310,11 @@ class Sequential(AccumulationModel):
     def _describe_kind(self) -> str:
         return f"sequential sum in {self.accumulator} from +0"
 
-    def plannable(self) -> bool:
-        return plan.plannable(self)
-
-    def program(self, k: int) -> plan.Program:
-        steps = plan.ProgramBuilder(self)
-        steps.zero(0)
-        for leaf in range(k):
-            steps.add_leaf(0, leaf)
-        return steps.program()
+    def emit(self, steps, items, register):
+        steps.zero(register)
+        for item in items:
+            steps.add(self, register, item)
+        steps.round(self, register, self.output)
 
 
 @dataclass(frozen=True)
@@ -319,35 +329,31 @@ class Pairwise(AccumulationModel):
     def _describe_kind(self) -> str:
         return f"pairwise (tree) sum in {self.accumulator}"
 
-    def plannable(self) -> bool:
-        return plan.plannable(self)
-
-    def program(self, k: int) -> plan.Program:
+    def emit(self, steps, items, register):
         """Level by level as a tree, run depth first: a node's left value in register d,
         its right one in d + 1 (registers: the tree's depth)."""
-        steps = plan.ProgramBuilder(self)
-        if not k:
-            steps.zero(0)
-            return steps.program()
-        level: list = list(range(k))
+        if not items:
+            steps.zero(register)
+            return
+        level: list = list(items)
         while len(level) > 1:
             level = [(level[j], level[j + 1]) for j in range(0, len(level) - 1, 2)] + (
                 [level[-1]] if len(level) % 2 else [])
 
-        def emit(item, register: int) -> None:
-            if isinstance(item, int):
-                steps.load(register, item)
+        def node(item, at: int) -> None:
+            if not isinstance(item, tuple):
+                steps.take(self, at, item)
                 return
             left, right = item
-            emit(left, register)
-            if isinstance(right, int):
-                steps.add_leaf(register, right)
+            node(left, at)
+            if isinstance(right, tuple):
+                node(right, at + 1)
+                steps.combine(self, at, at + 1)
             else:
-                emit(right, register + 1)
-                steps.add(register, register + 1)
+                steps.add(self, at, right)
 
-        emit(level[0], 0)
-        return steps.program()
+        node(level[0], register)
+        steps.round(self, register, self.output)
 
 
 @dataclass(frozen=True)
@@ -513,6 +519,11 @@ class Blocked(AccumulationModel):
         out[:, col0:col0 + w.shape[1]] = _block_fma.gemm(a, w, self, inputs_checked=True)
 
 
+@functools.lru_cache(maxsize=256)
+def _program(model: AccumulationModel, k: int) -> plan.Program:
+    return plan.compile_model(model, k)
+
+
 def sum_terms_as_rows(model: AccumulationModel, terms: np.ndarray) -> np.ndarray:
     """`sum_terms` by the model's own `reduce_rows` (models without scalar kernels)."""
     return model.reduce_rows(terms.T, np.ones_like(terms.T), None)
@@ -561,18 +572,14 @@ class Chunked(AccumulationModel):
         return (f"chunks of {self.chunk} terms summed in {self.accumulator}, each chunk "
                 f"added to a {self.total} total")
 
-    def plannable(self) -> bool:
-        return plan.plannable(self)
-
-    def program(self, k: int) -> plan.Program:
-        steps = plan.ProgramBuilder(self)
-        steps.zero(0)
-        for start in range(0, k, self.chunk):
-            steps.zero(1)
-            for leaf in range(start, min(start + self.chunk, k)):
-                steps.add_leaf(1, leaf)
-            steps.add(0, 1, self.total, addition=False)
-        return steps.program()
+    def emit(self, steps, items, register):
+        steps.zero(register)
+        for start in range(0, len(items), self.chunk):
+            steps.zero(register + 1)
+            for item in items[start:start + self.chunk]:
+                steps.add(self, register + 1, item)
+            steps.combine(self, register, register + 1, self.total, addition=False)
+        steps.round(self, register, self.output)
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,22 @@ A program is a list of steps on registers; each register holds a tile of outputs
 the GEMM by its columns), so every step runs as one vector loop:
 
 * ``ZERO r``: r = +0;
-* ``LOAD r k``: r = product k (rounded to the product format where it has one);
+* ``LOAD r k``: r = product k (rounded to fp16 first where the step says so);
+* ``MOVE r s``: r = s;
 * ``ADD_LEAF r k f``: r = round_f(r + product k);
 * ``ADD r s f``: r = round_f(r + s);
-* ``ROUND r f``: r = round_f(r), a lone rounding;
+* ``ROUND r f``: r = round_f(r), a lone rounding (an fp16 output, say);
 
-and the result is register 0 rounded to the output format. ``round_f`` is the exact sum
-rounded once to fp16 or fp32, nearest even, subnormals kept, overflow to inf; an fp16 step
-of a model with ``addition=fp32`` rounds the sum to fp32 first (CPU half arithmetic).
+and the result is register 0. ``round_f`` is the exact sum rounded once to fp16 or fp32,
+nearest even, subnormals kept, overflow to inf; an fp16 step of a model with
+``addition=fp32`` rounds the sum to fp32 first (CPU half arithmetic).
+
+A model writes its own steps (`emit`) over a list of items, each a product (its index) or
+a register holding a partial result (`Partial`), into a register of its choice, using
+registers above it as scratch. So a composite compiles whole: split-K and lanes emit their
+inner model over each range or lane into registers of their own, then their combine model
+over those `Partial`s; a pairwise sum or a recovered tree needs as many registers as it
+is deep.
 
 Why float32 lanes are exact here: on fp16 (or narrower) inputs every product has at most
 22 significand bits and is a float32 number, and every value a step leaves is an fp16 or
@@ -22,24 +30,23 @@ step is the sum rounded to odd in float32 (TwoSum, `add_odd32`), then converted:
 >= 11 + 2, so it is rounded once (Boldo & Melquiond). Every value is a multiple of 2**-48
 (the least fp16 product), far above float32's subnormals, which TwoSum needs.
 
-Models give their own programs (`Sequential`, `Chunked`, `Pairwise`, `Tree`); composites
-run their inner models' programs and add the parts as they always did. The reference
-for every program is the model's general kernel or the tree's exact evaluation (tested bit
-for bit, tests/emulation/test_plan.py).
+The references are each model's general kernel, composite evaluation or the tree's exact
+evaluation (tested bit for bit, tests/emulation/test_plan.py).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Union
 
 import numpy as np
 
 from convprobe.emulation import _native_fp16
-from convprobe.emulation._plan_kernel import HALF, ADD32, run_program
+from convprobe.emulation._plan_kernel import ADD32, HALF, PRODUCT16, run_program
 from convprobe.formats import FP16, FP32, Format
 
-__all__ = ["Op", "Program", "ProgramBuilder", "NotPlannable", "plannable", "run"]
+__all__ = ["Op", "Partial", "Program", "ProgramBuilder", "NotPlannable", "compile_model", "plannable", "run"]
 
 _EXACT = "exact"
 
@@ -52,23 +59,31 @@ class Op(enum.IntEnum):
     ADD_LEAF = 2
     ADD = 3
     ROUND = 4
+    MOVE = 5
 
 
 class NotPlannable(Exception):
     """A model (or a node of its tree) that a program cannot express: formats other than fp16
-    and fp32, rounding other than nearest even, flushed subnormals, saturation, or a fused
-    sum of more than two items."""
+    and fp32, rounding other than nearest even, flushed subnormals, saturation, a fused
+    sum of more than two items, or a model kind with no steps."""
+
+
+@dataclass(frozen=True)
+class Partial:
+    """An item that is a register's value (a partial result), not a product."""
+
+    register: int
+
+
+Item = Union[int, Partial]
 
 
 @dataclass(frozen=True)
 class Program:
-    """Steps (n, 4: op, register, leaf or register, flags), how many registers they use,
-    whether products are rounded to fp16 first, and whether the output is fp16."""
+    """Steps (n, 4: op, register, leaf or register, flags) and how many registers they use."""
 
     steps: np.ndarray
     registers: int
-    product_fp16: bool
-    output_fp16: bool
 
 
 def _format_code(fmt: Format) -> int:
@@ -80,10 +95,11 @@ def _format_code(fmt: Format) -> int:
 
 
 def plannable(model) -> bool:
-    """Whether `model`'s options fit a program (its tree's node formats are checked as the
-    program is built): nearest even, subnormals kept, overflow to inf, fp16 or fp32
-    accumulator, total and output, products exact or rounded to fp16 (or fp32, exact
-    anyway), additions exact or in fp32; and the CPU converts fp16 in hardware (F16C)."""
+    """Whether `model`'s own options fit a program (parts, such as a tree's nodes or a
+    composite's inner models, are checked as its steps are written): nearest even,
+    subnormals kept, overflow to inf, fp16 or fp32 accumulator, total and output, products
+    exact or rounded to fp16 (or fp32, exact anyway), additions exact or in fp32; and the
+    CPU converts fp16 in hardware (F16C)."""
     if not _native_fp16.available(fma=False):
         return False
     if (model.rounding, model.subnormals, model.overflow) != ("nearest_even", "keep", "inf"):
@@ -94,45 +110,77 @@ def plannable(model) -> bool:
 
 
 class ProgramBuilder:
-    """Steps written one by one; `program()` the finished program. Formats default to the
-    model's accumulator; `addition` applies to the model's own additions (not, say, a
-    chunked model's total)."""
+    """Steps written one by one, each for the model whose arithmetic it is (its accumulator
+    is the default format, its product and addition formats apply); `program()`, the
+    finished program."""
 
-    def __init__(self, model):
+    def __init__(self):
+        self._steps: list[tuple[int, int, int, int]] = []
+        self._registers = 1
+
+    @staticmethod
+    def _flags(model, fmt: Format | None, addition: bool) -> int:
         if not plannable(model):
             raise NotPlannable(f"{model.to_spec()} has options a program cannot express")
-        self._model, self._steps, self._registers = model, [], 1
-
-    def _flags(self, fmt: Format | None, addition: bool) -> int:
-        code = _format_code(fmt or self._model.accumulator)
-        return code | (ADD32 if code == HALF and addition and self._model.addition == FP32 else 0)
+        code = _format_code(fmt or model.accumulator)
+        if code == HALF and addition and model.addition == FP32:
+            code |= ADD32
+        return code | (PRODUCT16 if model.product == FP16 else 0)
 
     def _step(self, op: Op, register: int, argument: int = 0, flags: int = 0) -> None:
-        self._registers = max(self._registers, register + 1, (argument + 1) if op == Op.ADD else 0)
+        reads = argument if op in (Op.ADD, Op.MOVE) else 0
+        self._registers = max(self._registers, register + 1, reads + 1)
         self._steps.append((int(op), register, argument, flags))
 
     def zero(self, register: int) -> None:
         self._step(Op.ZERO, register)
 
-    def load(self, register: int, leaf: int) -> None:
-        self._step(Op.LOAD, register, leaf)
+    def take(self, model, register: int, item: Item) -> None:
+        """register = the item's value: a product or a partial, rounded as `model` rounds its
+        products (a composite's partial results enter its combine as products with 1)."""
+        flags = self._flags(model, None, False)
+        if isinstance(item, Partial):
+            if item.register != register:
+                self._step(Op.MOVE, register, item.register)
+            if flags & PRODUCT16:
+                self._step(Op.ROUND, register, 0, HALF)
+        else:
+            self._step(Op.LOAD, register, item, flags & PRODUCT16)
 
-    def add_leaf(self, register: int, leaf: int, fmt: Format | None = None) -> None:
-        self._step(Op.ADD_LEAF, register, leaf, self._flags(fmt, True))
+    def add(self, model, register: int, item: Item, fmt: Format | None = None, *, addition: bool = True) -> None:
+        """register = round(register + the item's value), in `fmt` (default: the model's
+        accumulator); `addition`: the model's addition format applies."""
+        flags = self._flags(model, fmt, addition)
+        if isinstance(item, Partial):
+            if flags & PRODUCT16:  # (each partial is read once: rounded where it is)
+                self._step(Op.ROUND, item.register, 0, HALF)
+            self._step(Op.ADD, register, item.register, flags & ~PRODUCT16)
+        else:
+            self._step(Op.ADD_LEAF, register, item, flags)
 
-    def add(self, register: int, other: int, fmt: Format | None = None, *, addition: bool = True) -> None:
-        self._step(Op.ADD, register, other, self._flags(fmt, addition))
+    def combine(self, model, register: int, other: int, fmt: Format | None = None, *, addition: bool = True) -> None:
+        """register = round(register + other register), a model's own partial results (no
+        product rounding)."""
+        self._step(Op.ADD, register, other, self._flags(model, fmt, addition) & ~PRODUCT16)
 
-    def round(self, register: int, fmt: Format | None = None) -> None:
-        self._step(Op.ROUND, register, 0, self._flags(fmt, True))
+    def round(self, model, register: int, fmt: Format | None = None) -> None:
+        """A lone rounding of the register to `fmt` (fp32: the values are float32 already)."""
+        if self._flags(model, fmt, False) & HALF:
+            self._step(Op.ROUND, register, 0, HALF)
 
     def program(self) -> Program:
-        steps = np.asarray(self._steps, np.int64).reshape(-1, 4)
-        return Program(steps, self._registers, self._model.product == FP16, self._model.output == FP16)
+        return Program(np.asarray(self._steps, np.int64).reshape(-1, 4), self._registers)
+
+
+def compile_model(model, k: int) -> Program:
+    """`model`'s sums of k products as a program (register 0 holds the result); raises
+    `NotPlannable` where a part of it cannot be expressed."""
+    steps = ProgramBuilder()
+    model.emit(steps, list(range(k)), 0)
+    return steps.program()
 
 
 def run(program: Program, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int) -> None:
     """out[:, col0:col0 + N] = the program's sums of a (M, K) against w (K, N): float32
     arrays holding fp16 (or narrower) values; out float32."""
-    run_program(np.ascontiguousarray(a), np.ascontiguousarray(w), program.steps, program.registers,
-                program.product_fp16, program.output_fp16, out, col0)
+    run_program(np.ascontiguousarray(a), np.ascontiguousarray(w), program.steps, program.registers, out, col0)

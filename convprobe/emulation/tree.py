@@ -27,7 +27,6 @@ The exact rational reference is `convprobe.emulation.tree_reference`.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Union
@@ -233,19 +232,35 @@ class Tree(AccumulationModel):
     def carrier(self, inputs_fp16: bool) -> type:
         return np.float32 if inputs_fp16 and self.plannable() else np.float64
 
-    def plannable(self) -> bool:
-        """Whether the tree compiles into a kernel program (`plan`): its options, and every
-        node fp16 or fp32 and fused over at most two items."""
-        try:
-            self.program(self.k)
-        except plan.NotPlannable:
-            return False
-        return True
+    def _plan_probe_k(self) -> int:
+        return self.k
 
     def program(self, k: int) -> plan.Program:
-        """The tree run depth first: a node's value in register d, a node item's in d + 1."""
         self._check_k(k)
-        return _tree_program(self)
+        return super().program(k)
+
+    def emit(self, steps, items, register):
+        """Depth first: a node's value in register d, a node item's in d + 1; leaf i is
+        `items[i]`. A fused sum of more than two items has no program."""
+        def node(item: Item, at: int) -> None:
+            if isinstance(item, int):
+                steps.take(self, at, items[item])
+                return
+            if isinstance(item, Fused) and len(item.items) > 2:
+                raise plan.NotPlannable("a fused sum of more than two items")
+            first, *rest = item.items
+            node(first, at)
+            if not rest:
+                steps.round(self, at, item.format)
+            for nxt in rest:
+                if isinstance(nxt, int):
+                    steps.add(self, at, items[nxt], item.format)
+                else:
+                    node(nxt, at + 1)
+                    steps.combine(self, at, at + 1, item.format)
+
+        node(self.root, register)
+        steps.round(self, register, self.output)
 
     def _round(self, values: np.ndarray, fmt: Format) -> np.ndarray:
         return round_to_format(values, fmt, Rounding.NEAREST_EVEN, subnormals=self.subnormals,
@@ -311,31 +326,6 @@ class Tree(AccumulationModel):
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         terms = np.asarray(terms, np.float64)
         return self.reduce_rows(terms.T, np.ones_like(terms.T), None)
-
-
-@functools.lru_cache(maxsize=64)
-def _tree_program(model: Tree) -> plan.Program:
-    steps = plan.ProgramBuilder(model)
-
-    def emit(item: Item, register: int) -> None:
-        if isinstance(item, int):
-            steps.load(register, item)
-            return
-        if isinstance(item, Fused) and len(item.items) > 2:
-            raise plan.NotPlannable("a fused sum of more than two items")
-        first, *rest = item.items
-        emit(first, register)
-        if not rest:
-            steps.round(register, item.format)
-        for nxt in rest:
-            if isinstance(nxt, int):
-                steps.add_leaf(register, nxt, item.format)
-            else:
-                emit(nxt, register + 1)
-                steps.add(register, register + 1, item.format)
-
-    emit(model.root, 0)
-    return steps.program()
 
 
 def parse_tree_model(spec: str) -> Tree:

@@ -1,6 +1,7 @@
-"""Kernel programs (`plan`) equal their references bit for bit: each grammar model's general
-kernel, and a tree's float64 evaluation (itself tested against the Fraction reference), on
-every fp16 code point and on hypothesis-drawn models, trees and inputs."""
+"""Kernel programs (`plan`) equal their references bit for bit: each model's `reduce_rows`
+(the general kernel for the grammar's plain models, their composition for composites,
+and a tree's float64 evaluation, each tested against the Fraction reference), on every
+fp16 code point and on hypothesis-drawn models, trees and inputs."""
 
 import numpy as np
 import pytest
@@ -8,8 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from convprobe import emulation as em
-from convprobe.emulation import _kernels as K
-from convprobe.emulation.models import kernel_config
 from convprobe.emulation.plan import NotPlannable, Op
 from convprobe.emulation.tree import Tree, leaves_of
 
@@ -30,6 +29,11 @@ MODELS = [
     "pairwise:fp32:product=fp16:output=fp16",
     "tree(((0)@fp16 1 (2 3)@fp32 {4 5}), accumulator=fp16, addition=fp32)",
     "tree(((0 1)@fp32 (2) 3 4..5), accumulator=fp16, product=fp16, output=fp32)",
+    "splitk(length=4, lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16), combine=fp16)",
+    "splitk(2, pairwise:fp32, combine=chunked:fp16:n=1:product=fp16:total=fp16)",
+    "lanes(4, sequential:fp32, combine=pairwise:fp16:addition=fp32, tail=3, output=fp16)",
+    "lanes(3, chunked:fp16:n=2, combine=sequential:fp32:product=fp16)",
+    "reverse(sequential:fp16:addition=fp32)",
 ]
 
 
@@ -43,16 +47,12 @@ def planned(model, a, w) -> np.ndarray:
 
 
 def reference(model, a, w) -> np.ndarray:
-    """The same GEMM by the model's reference: the general kernel, or a tree's evaluation."""
-    a64, w64 = a.astype(np.float64), w.astype(np.float64)
-    out = np.empty((a.shape[0], w.shape[1]))
+    """The same GEMM by the model's reference, `reduce_rows` over every (row, column) pair."""
+    m, n = a.shape[0], w.shape[1]
+    rows = np.repeat(a.astype(np.float64), n, axis=0)
+    columns = np.tile(w.astype(np.float64).T, (m, 1))
     with np.errstate(all="ignore"):
-        if isinstance(model, Tree):
-            model.gemm_into(a64, w64, out, 0, True)
-        else:
-            fp, ic, seed = kernel_config(model)
-            K.gemm(a64, w64, fp, ic, seed, out, 0, True, fast=False)
-    return out
+        return np.asarray(model.reduce_rows(rows, columns, None), np.float64).reshape(m, n)
 
 
 @pytest.mark.parametrize("spec", MODELS)
@@ -74,9 +74,11 @@ def test_every_fp16_code_point_through_each_step(spec):
 
 
 @settings(max_examples=40, deadline=None)
-@given(spec=st.sampled_from(MODELS[:7]), k=st.integers(0, 40), data=st.data())
-def test_grammar_models_equal_the_general_kernel(spec, k, data):
+@given(spec=st.sampled_from(MODELS), k=st.integers(0, 40), data=st.data())
+def test_models_equal_their_reference(spec, k, data):
     model = em.parse_model(spec)
+    if spec.startswith("tree("):
+        k = model.k
     a = data.draw(fp16_arrays((5, k)))
     w = data.draw(fp16_arrays((k, 3)))
     assert_same_bits(planned(model, a, w), reference(model, a, w))
@@ -109,7 +111,11 @@ def test_pairwise_program_keeps_registers_to_the_tree_depth():
 
 @pytest.mark.parametrize("spec", ["sequential:bf16", "pairwise:fp16:subnormals=flush",
                                   "chunked:fp16:n=4:rounding=toward_zero:total=fp16", "sequential:fp16:overflow=saturate",
-                                  "tree(((0 1)@bf16 2), accumulator=fp16)", "tree({0 1 2}, accumulator=fp16)"])
+                                  "tree(((0 1)@bf16 2), accumulator=fp16)", "tree({0 1 2}, accumulator=fp16)",
+                                  "splitk(2, sequential:bf16, combine=fp32)", "lanes(2, exact:fp32, combine=sequential:fp32)",
+                                  "columns(sequential:fp16 * 2, sequential:fp32:output=fp16)"])
 def test_models_a_program_cannot_express_keep_their_kernels(spec):
     model = em.parse_model(spec)
-    assert not model.plannable() and model.carrier(True) != np.float32
+    assert not model.plannable()
+    with pytest.raises(NotPlannable):
+        model.program(model.k if spec.startswith("tree(") else 3)
