@@ -1,5 +1,6 @@
-"""The one kernel that runs every program of `plan`: a tile of GEMM rows at a time, each
-step one vector loop over the tile's outputs in float32 lanes (why that is exact: `plan`).
+"""The one kernel that runs every program of `plan`: a tile of GEMM rows at a time (or of
+dot products, `run_pairs`), each step one vector loop over the tile's outputs in float32
+lanes (why that is exact: `plan`).
 
 Step codes are `plan.Op`'s; flags: `HALF` (the step rounds to fp16, else fp32), `ADD32`
 (an fp16 step whose sum is rounded to fp32 first) and `PRODUCT16` (the step's product is
@@ -16,13 +17,14 @@ from numba import njit
 from convprobe.emulation._kernel_arithmetic import add_odd32, narrow, widen
 from convprobe.emulation._threads import over_tasks
 
-__all__ = ["HALF", "ADD32", "PRODUCT16", "run_program"]
+__all__ = ["HALF", "ADD32", "PRODUCT16", "run_pairs", "run_program"]
 
 HALF = 1
 ADD32 = 2
 PRODUCT16 = 4
 _ZERO, _LOAD, _ADD_LEAF, _ADD, _ROUND, _MOVE = 0, 1, 2, 3, 4, 5
 _ROWS = 8  # GEMM rows per tile: each step's loop covers 8 rows by every column
+_LANES = 64  # dot products per pair tile: each step's loop covers 64 of them
 
 
 @njit(cache=True, inline="always")
@@ -41,11 +43,12 @@ def _rounded(s, v, half, add32):
 
 
 @njit(cache=True, inline="always")
-def _add_product(regs, r, a, w, m0, rows, k, product_fp16, half, add32):
+def _add_product(regs, r, a, w, m0, rows, k, pairs, product_fp16, half, add32):
+    """GEMM tiles: product (i, n) is a[m0 + i, k] * w[k, n]; pair tiles (`pairs`, one row of
+    lanes): a[k, n] * w[k, n], both operands transposed into the tile."""
     for i in range(rows):
-        av = a[m0 + i, k]
         for n in range(w.shape[1]):
-            p = av * w[k, n]
+            p = a[k, n] * w[k, n] if pairs else a[m0 + i, k] * w[k, n]
             if product_fp16:
                 p = _fp16(p)
             regs[r, i, n] = _rounded(regs[r, i, n], p, half, add32)
@@ -58,58 +61,87 @@ def _add_register(regs, r, s, rows, half, add32):
             regs[r, i, n] = _rounded(regs[r, i, n], regs[s, i, n], half, add32)
 
 
+@njit(cache=True, inline="always")
+def _run_steps(regs, steps, a, w, m0, rows, pairs):
+    """Every step of the program on one tile (registers regs[:, :rows])."""
+    for j in range(steps.shape[0]):
+        op, r, x, flags = steps[j, 0], steps[j, 1], steps[j, 2], steps[j, 3]
+        half, add32, product_fp16 = (flags & HALF) != 0, (flags & ADD32) != 0, (flags & PRODUCT16) != 0
+        if op == _ADD_LEAF:
+            if product_fp16:
+                if not half:
+                    _add_product(regs, r, a, w, m0, rows, x, pairs, True, False, False)
+                elif add32:
+                    _add_product(regs, r, a, w, m0, rows, x, pairs, True, True, True)
+                else:
+                    _add_product(regs, r, a, w, m0, rows, x, pairs, True, True, False)
+            elif not half:
+                _add_product(regs, r, a, w, m0, rows, x, pairs, False, False, False)
+            elif add32:
+                _add_product(regs, r, a, w, m0, rows, x, pairs, False, True, True)
+            else:
+                _add_product(regs, r, a, w, m0, rows, x, pairs, False, True, False)
+        elif op == _ADD:
+            if not half:
+                _add_register(regs, r, x, rows, False, False)
+            elif add32:
+                _add_register(regs, r, x, rows, True, True)
+            else:
+                _add_register(regs, r, x, rows, True, False)
+        elif op == _ZERO:
+            regs[r, :rows, :] = 0.0
+        elif op == _MOVE:
+            regs[r, :rows, :] = regs[x, :rows, :]
+        elif op == _LOAD:
+            for i in range(rows):
+                for n in range(w.shape[1]):
+                    p = a[x, n] * w[x, n] if pairs else a[m0 + i, x] * w[x, n]
+                    regs[r, i, n] = _fp16(p) if product_fp16 else p
+        elif half:  # _ROUND to fp16 (to fp32: the values are float32 numbers already)
+            for i in range(rows):
+                for n in range(regs.shape[2]):
+                    regs[r, i, n] = _fp16(regs[r, i, n])
+
+
 @njit(cache=True, nogil=True)
-def _tiles(t0, t1, a, w, steps, registers, out, col0):
-    """Tiles t0 .. t1 - 1 (`_ROWS` rows each) of `run_program`."""
+def _gemm_tiles(t0, t1, a, w, steps, registers, out, col0):
+    """Tiles t0 .. t1 - 1 (`_ROWS` GEMM rows by every column) of `run_program`."""
     m_count, n_count = a.shape[0], w.shape[1]
     regs = np.zeros((registers, _ROWS, n_count), np.float32)
     for t in range(t0, t1):
         m0 = t * _ROWS
         rows = min(_ROWS, m_count - m0)
-        for j in range(steps.shape[0]):
-            op, r, x, flags = steps[j, 0], steps[j, 1], steps[j, 2], steps[j, 3]
-            half, add32, product_fp16 = (flags & HALF) != 0, (flags & ADD32) != 0, (flags & PRODUCT16) != 0
-            if op == _ADD_LEAF:
-                if product_fp16:
-                    if not half:
-                        _add_product(regs, r, a, w, m0, rows, x, True, False, False)
-                    elif add32:
-                        _add_product(regs, r, a, w, m0, rows, x, True, True, True)
-                    else:
-                        _add_product(regs, r, a, w, m0, rows, x, True, True, False)
-                elif not half:
-                    _add_product(regs, r, a, w, m0, rows, x, False, False, False)
-                elif add32:
-                    _add_product(regs, r, a, w, m0, rows, x, False, True, True)
-                else:
-                    _add_product(regs, r, a, w, m0, rows, x, False, True, False)
-            elif op == _ADD:
-                if not half:
-                    _add_register(regs, r, x, rows, False, False)
-                elif add32:
-                    _add_register(regs, r, x, rows, True, True)
-                else:
-                    _add_register(regs, r, x, rows, True, False)
-            elif op == _ZERO:
-                regs[r, :rows, :] = 0.0
-            elif op == _MOVE:
-                regs[r, :rows, :] = regs[x, :rows, :]
-            elif op == _LOAD:
-                for i in range(rows):
-                    av = a[m0 + i, x]
-                    for n in range(n_count):
-                        p = av * w[x, n]
-                        regs[r, i, n] = _fp16(p) if product_fp16 else p
-            elif half:  # _ROUND to fp16 (to fp32: the values are float32 numbers already)
-                for i in range(rows):
-                    for n in range(n_count):
-                        regs[r, i, n] = _fp16(regs[r, i, n])
+        _run_steps(regs, steps, a, w, m0, rows, False)
         for i in range(rows):
             for n in range(n_count):
                 out[m0 + i, col0 + n] = regs[0, i, n]
 
 
+@njit(cache=True, nogil=True)
+def _pair_tiles(t0, t1, a, b, steps, registers, out):
+    """Tiles t0 .. t1 - 1 (`_LANES` rows each, transposed into lanes) of `run_pairs`."""
+    m_count, k_count = a.shape
+    regs = np.zeros((registers, 1, _LANES), np.float32)
+    at = np.zeros((k_count, _LANES), np.float32)
+    bt = np.zeros((k_count, _LANES), np.float32)
+    for t in range(t0, t1):
+        m0 = t * _LANES
+        rows = min(_LANES, m_count - m0)
+        for i in range(rows):
+            for k in range(k_count):
+                at[k, i] = a[m0 + i, k]
+                bt[k, i] = b[m0 + i, k]
+        _run_steps(regs, steps, at, bt, 0, 1, True)
+        for i in range(rows):
+            out[m0 + i] = regs[0, 0, i]
+
+
 def run_program(a, w, steps, registers, out, col0):
     """out[:, col0:col0 + N] = the program's sums (register 0) of a (M, K) against w (K, N),
     float32."""
-    over_tasks(_tiles, a.shape[0], a, w, steps, registers, out, col0, per_task=_ROWS)
+    over_tasks(_gemm_tiles, a.shape[0], a, w, steps, registers, out, col0, per_task=_ROWS)
+
+
+def run_pairs(a, b, steps, registers, out):
+    """out[m] = the program's sum of a[m, :] * b[m, :] (a, b (M, K) float32; out (M,))."""
+    over_tasks(_pair_tiles, a.shape[0], a, b, steps, registers, out, per_task=_LANES)

@@ -129,6 +129,14 @@ class _Composite(AccumulationModel):
     def _check_model(self, model: AccumulationModel) -> None:
         _check_inner(model, "inner")
 
+    def _parts(self) -> tuple[AccumulationModel, ...]:
+        """The models whose steps this composite's program writes."""
+        return (self.inner,)
+
+    def plannable(self) -> bool:
+        """Whether the whole composite compiles (`plan`): its own options and every part."""
+        return plan.plannable(self) and all(model.plannable() for model in self._parts())
+
     def _order(self) -> str:
         """The spec's ``, positions=hwn`` where the whole sum takes the batch innermost."""
         return "" if self.positions == Positions.NHW else f", positions={self.positions}"
@@ -255,9 +263,7 @@ class SplitK(_Composite):
         return self.accumulator if self.combine is None else self.combine.output
 
     def _combined(self, parts: list[np.ndarray]) -> np.ndarray:
-        combine = self.combine if self.combine is not None else Sequential(
-            accumulator=self.accumulator, subnormals=self.subnormals, overflow=self.overflow)
-        return _reduced_by(combine, parts).reshape(parts[0].shape)
+        return _reduced_by(self._combine_model(), parts).reshape(parts[0].shape)
 
     def _fp16_ranges_fp32_total(self, inputs_fp16: bool) -> bool:
         """Whether `_native_fp16.chunked_gemm_fp32_total` computes the partial sums and
@@ -271,16 +277,21 @@ class SplitK(_Composite):
         fp, ic, _ = kernel_config(self.inner)
         return ic[K.IC_KIND] == K.SEQUENTIAL and ic[K.IC_MODE] == K.NEAREST_EVEN and K.native_fp16(fp, ic, inputs_fp16)
 
+    def _combine_model(self) -> AccumulationModel:
+        return self.combine if self.combine is not None else Sequential(
+            accumulator=self.accumulator, subnormals=self.subnormals, overflow=self.overflow)
+
+    def _parts(self) -> tuple[AccumulationModel, ...]:
+        return (self.inner, *self.first, self._combine_model())
+
     def emit(self, steps, items, register):
         """Each range's sum in a register above `register`, then the combine over them in
         the register above those."""
         spans = ranges(len(items), self.parts, self.length)
         for i, (j0, j1) in enumerate(spans):
             self.range_model(i).emit(steps, items[j0:j1], register + 1 + i)
-        combine = self.combine if self.combine is not None else Sequential(
-            accumulator=self.accumulator, subnormals=self.subnormals, overflow=self.overflow)
         top = register + 1 + len(spans)
-        combine.emit(steps, [plan.Partial(register + 1 + i) for i in range(len(spans))], top)
+        self._combine_model().emit(steps, [plan.Partial(register + 1 + i) for i in range(len(spans))], top)
         steps.take(self, register, plan.Partial(top))
         steps.round(self, register, self.output)
 
@@ -389,6 +400,9 @@ class Lanes(_Composite):
         (`_kernels.native_fp32`), the combine float32 additions (`_kernels.float32_sums`)."""
         (fp, ic, _), (cfp, cic, _) = kernel_config(self.inner), kernel_config(self.combine)
         return K.native_fp32(fp, ic, inputs_fp16) and K.float32_sums(cfp, cic)
+
+    def _parts(self) -> tuple[AccumulationModel, ...]:
+        return (self.inner, self.combine)
 
     def emit(self, steps, items, register):
         """Each lane's sum in a register above `register`, the combine over them in the
@@ -507,6 +521,10 @@ class _ByIndex(_Composite):
 
     def _check_model(self, model: AccumulationModel) -> None:
         _check_inner(model, f"a {self.kind} model")
+
+    def plannable(self) -> bool:
+        """No: one program runs one model over every cell; each run of cells runs its own."""
+        return False
 
     def model_at(self, index: int) -> AccumulationModel:
         """The model of index `index` on this axis."""

@@ -29,7 +29,7 @@ from numba import njit
 
 from convprobe.emulation._threads import over_tasks
 from convprobe.emulation.models import AccumulationModel, kernel_config
-from convprobe.emulation.reduction import as_float64, check_exact_products, finish
+from convprobe.emulation.reduction import as_float64, check_exact_products, finish, fp16_or_narrower
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.options import Positions
 
@@ -225,14 +225,6 @@ def _conv_core(x: np.ndarray, w: np.ndarray, model: AccumulationModel, strides, 
         wg = w[:, :, :, g * og:(g + 1) * og].transpose(*axes, 3).reshape(-1, og)
         model.gemm_into(a, wg, out, g * og, fp16_inputs)
     return out.reshape(n, out_hw[0], out_hw[1], cout)
-
-
-_FP16_OR_NARROWER = ("float16", "float8_e4m3fn", "float8_e5m2")
-
-
-def fp16_or_narrower(*arrays) -> bool:
-    """Whether every array's dtype holds only fp16-representable values."""
-    return all(np.asarray(a).dtype.name in _FP16_OR_NARROWER for a in arrays)
 
 
 def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):

@@ -272,6 +272,8 @@ class AccumulationModel:
 
     def plannable(self) -> bool:
         """Whether this model compiles into a kernel program (`plan`)."""
+        if not plan.plannable(self):
+            return False
         try:
             self.program(self._plan_probe_k())
         except plan.NotPlannable:

@@ -43,10 +43,10 @@ from typing import Union
 import numpy as np
 
 from convprobe.emulation import _native_fp16
-from convprobe.emulation._plan_kernel import ADD32, HALF, PRODUCT16, run_program
+from convprobe.emulation._plan_kernel import ADD32, HALF, PRODUCT16, run_pairs, run_program
 from convprobe.formats import FP16, FP32, Format
 
-__all__ = ["Op", "Partial", "Program", "ProgramBuilder", "NotPlannable", "compile_model", "plannable", "run"]
+__all__ = ["Op", "Partial", "Program", "ProgramBuilder", "NotPlannable", "compile_model", "plannable", "run", "run_rows"]
 
 _EXACT = "exact"
 
@@ -184,3 +184,12 @@ def run(program: Program, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: i
     """out[:, col0:col0 + N] = the program's sums of a (M, K) against w (K, N): float32
     arrays holding fp16 (or narrower) values; out float32."""
     run_program(np.ascontiguousarray(a), np.ascontiguousarray(w), program.steps, program.registers, out, col0)
+
+
+def run_rows(program: Program, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The program's sums of a[m, :] * b[m, :] for each row m (`dot`): float32 arrays
+    holding fp16 (or narrower) values; float32 results."""
+    out = np.empty(a.shape[0], np.float32)
+    run_pairs(np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32), program.steps,
+              program.registers, out)
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from convprobe.emulation import plan
 from convprobe.emulation.models import AccumulationModel, kernel_config
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP64
@@ -19,6 +20,14 @@ from convprobe.formats import FP64
 __all__ = ["dot", "as_float64", "check_exact_products", "finish"]
 
 _NARROW = ("float16", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+_FP16_OR_NARROWER = ("float16", "float8_e4m3fn", "float8_e5m2")
+
+
+def fp16_or_narrower(*arrays) -> bool:
+    """Whether every array's dtype holds only fp16-representable values."""
+    return all(np.asarray(a).dtype.name in _FP16_OR_NARROWER for a in arrays)
 
 
 def as_float64(x: object, argument: str) -> tuple[np.ndarray, bool]:
@@ -103,5 +112,9 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
         except ValueError:
             raise InvalidArgument(f"c must broadcast to the result shape {lead}; received "
                                   f"shape {c64.shape}") from None
-    out = model.reduce_rows(aa, bb, cc)
+    if cc is None and fp16_or_narrower(a, b) and model.plannable():  # the kernel program, GEMM's fast path
+        with np.errstate(invalid="ignore"):  # (NaN operands: carried, not an error)
+            out = plan.run_rows(model.program(k), aa, bb).astype(np.float64)
+    else:
+        out = model.reduce_rows(aa, bb, cc)
     return finish(out.reshape(lead), model)

@@ -102,7 +102,7 @@ def test_fp8_inputs_take_the_native_kernel_and_agree(monkeypatch):
     w = rng.standard_normal((3, 3, 8, 4)).astype(FP8_E4M3.dtype)
     model = em.Sequential(FP16)
     fp, ic, _ = kernel_config(model)
-    assert K.native_fp16(fp, ic, em.conv.fp16_or_narrower(x, w))
+    assert K.native_fp16(fp, ic, em.reduction.fp16_or_narrower(x, w))
     native = em.conv2d(x, w, model, padding="SAME")
     assert_same_bits(native, em.oracle.conv2d(x, w, model, padding="SAME"))
     _float64_path(monkeypatch)

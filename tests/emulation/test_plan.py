@@ -119,3 +119,19 @@ def test_models_a_program_cannot_express_keep_their_kernels(spec):
     assert not model.plannable()
     with pytest.raises(NotPlannable):
         model.program(model.k if spec.startswith("tree(") else 3)
+
+
+@pytest.mark.parametrize("spec", MODELS)
+def test_dot_runs_the_program_on_every_fp16_code_point(spec):
+    """`dot` on fp16 operands takes the program row by row (pair tiles): the same bits as
+    the model's reduce_rows, all 65,536 code points in the first product."""
+    model = em.parse_model(spec)
+    k = model.k if spec.startswith("tree(") else 6
+    rng = np.random.default_rng(5)
+    codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    a, b = signed_fp16(rng, (codes.size, k)), signed_fp16(rng, (codes.size, k))
+    a[:, 0] = codes
+    with np.errstate(all="ignore"):
+        got = em.dot(a, b, model)
+        want = np.asarray(model.reduce_rows(a.astype(np.float64), b.astype(np.float64), None), np.float64)
+    assert_same_bits(got.astype(np.float64), want)
