@@ -129,8 +129,8 @@ def _pair_tiles(t0, t1, a, b, steps, registers, out):
         rows = min(_LANES, m_count - m0)
         for i in range(rows):
             for k in range(k_count):
-                at[k, i] = a[m0 + i, k]
-                bt[k, i] = b[m0 + i, k]
+                at[k, i] = widen(a[m0 + i, k])
+                bt[k, i] = widen(b[m0 + i, k])
         _run_steps(regs, steps, at, bt, 0, 1, True)
         for i in range(rows):
             out[m0 + i] = regs[0, 0, i]
@@ -143,5 +143,6 @@ def run_program(a, w, steps, registers, out, col0):
 
 
 def run_pairs(a, b, steps, registers, out):
-    """out[m] = the program's sum of a[m, :] * b[m, :] (a, b (M, K) float32; out (M,))."""
+    """out[m] = the program's sum of a[m, :] * b[m, :] (a, b (M, K) fp16 bit patterns, uint16;
+    out (M,) float32)."""
     over_tasks(_pair_tiles, a.shape[0], a, b, steps, registers, out, per_task=_LANES)

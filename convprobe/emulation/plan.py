@@ -187,9 +187,9 @@ def run(program: Program, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: i
 
 
 def run_rows(program: Program, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The program's sums of a[m, :] * b[m, :] for each row m (`dot`): float32 arrays
-    holding fp16 (or narrower) values; float32 results."""
+    """The program's sums of a[m, :] * b[m, :] for each row m (`dot`): float16 arrays (M, K),
+    widened by F16C in the kernel; float32 results."""
     out = np.empty(a.shape[0], np.float32)
-    run_pairs(np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32), program.steps,
-              program.registers, out)
+    run_pairs(np.ascontiguousarray(a, np.float16).view(np.uint16), np.ascontiguousarray(b, np.float16).view(np.uint16),
+              program.steps, program.registers, out)
     return out

@@ -70,6 +70,25 @@ def finish(out64: np.ndarray, model: AccumulationModel) -> np.ndarray:
     return out64.astype(model.output_dtype, copy=False)
 
 
+def _reduced_shapes(a_shape: tuple, b_shape: tuple) -> tuple[tuple[int, ...], int]:
+    """(the broadcast leading shape, K) of a reduction along the last axes."""
+    if len(a_shape) == 0 or len(b_shape) == 0:
+        raise InvalidArgument("a and b must have at least one axis to reduce")
+    if a_shape[-1] != b_shape[-1]:
+        raise InvalidArgument(f"a and b must have the same last axis length; received "
+                              f"{a_shape[-1]} and {b_shape[-1]}")
+    try:
+        return np.broadcast_shapes(a_shape[:-1], b_shape[:-1]), a_shape[-1]
+    except ValueError:
+        raise InvalidArgument(f"a and b leading shapes must broadcast; received "
+                              f"{a_shape[:-1]} and {b_shape[:-1]}") from None
+
+
+def _rows(x: np.ndarray, lead: tuple[int, ...], k: int) -> np.ndarray:
+    """x broadcast to (*lead, k), as C-contiguous rows."""
+    return np.ascontiguousarray(np.broadcast_to(x, (*lead, k))).reshape(-1, k)
+
+
 def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
         c: np.ndarray | None = None) -> np.ndarray:
     """Reduce ``c + a * b`` along the last axis, in index order, under `model`.
@@ -83,24 +102,19 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
     if np.ndim(a) == 0 or np.ndim(b) == 0:
         raise InvalidArgument(f"a and b must have at least one axis to reduce; received shapes "
                               f"{np.shape(a)} and {np.shape(b)}")
+    if c is None and fp16_or_narrower(a, b) and model.plannable():
+        # the model's kernel program on fp16 values as they are (F16C widens them in the kernel)
+        lead, k = _reduced_shapes(np.shape(a), np.shape(b))
+        a16, b16 = (np.asarray(x).astype(np.float16, copy=False) for x in (a, b))
+        with np.errstate(invalid="ignore"):  # (NaN operands: carried, not an error)
+            out = plan.run_rows(model.program(k), _rows(a16, lead, k), _rows(b16, lead, k))
+        return finish(out.reshape(lead), model)
     a64, a_narrow = as_float64(a, "a")
     b64, b_narrow = as_float64(b, "b")
-    if a64.ndim == 0 or b64.ndim == 0:
-        raise InvalidArgument("a and b must have at least one axis to reduce")
-    if a64.shape[-1] != b64.shape[-1]:
-        raise InvalidArgument(f"a and b must have the same last axis length; received "
-                              f"{a64.shape[-1]} and {b64.shape[-1]}")
+    lead, k = _reduced_shapes(a64.shape, b64.shape)
     check_exact_products(a64, a_narrow, model, "a")
     check_exact_products(b64, b_narrow, model, "b")
-    try:
-        lead = np.broadcast_shapes(a64.shape[:-1], b64.shape[:-1])
-    except ValueError:
-        raise InvalidArgument(f"a and b leading shapes must broadcast; received "
-                              f"{a64.shape[:-1]} and {b64.shape[:-1]}") from None
-    k = a64.shape[-1]
     rows = int(np.prod(lead, dtype=np.int64))
-    aa = np.ascontiguousarray(np.broadcast_to(a64, (*lead, k))).reshape(rows, k)
-    bb = np.ascontiguousarray(np.broadcast_to(b64, (*lead, k))).reshape(rows, k)
     cc = None
     if c is not None:
         c64 = np.asarray(c)
@@ -112,9 +126,5 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
         except ValueError:
             raise InvalidArgument(f"c must broadcast to the result shape {lead}; received "
                                   f"shape {c64.shape}") from None
-    if cc is None and fp16_or_narrower(a, b) and model.plannable():  # the kernel program, GEMM's fast path
-        with np.errstate(invalid="ignore"):  # (NaN operands: carried, not an error)
-            out = plan.run_rows(model.program(k), aa, bb).astype(np.float64)
-    else:
-        out = model.reduce_rows(aa, bb, cc)
+    out = model.reduce_rows(_rows(a64, lead, k), _rows(b64, lead, k), cc)
     return finish(out.reshape(lead), model)
