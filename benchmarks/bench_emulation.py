@@ -1,6 +1,13 @@
 """Benchmark: emulated conv2d on ResNet-20 layer shapes vs TensorFlow's native fp32 conv2d.
 
-Run: ``python benchmarks/bench_emulation.py [--repeat 3] [--models sequential:fp16 ...]``
+Run: ``python benchmarks/bench_emulation.py [--repeat 3] [--models sequential:fp16 ...]
+[--models-from FILE ...]``
+
+``--models-from`` adds every model an identify result reports: an identify document
+(``convprobe identify ... --output map.json``: each op's best and perfect specs) or a
+generated markdown page (``docs/battery-models-zen4.md``: every backticked spec). A
+recovered tree sums the K of its own layer only; the layers here have other Ks, so trees
+are listed as skipped.
 
 Prints, per layer and in total, the best-of-N wall time and process CPU time of
 each emulation model (timed round robin: N passes over all models) and of ``tf.nn.conv2d`` in fp32 on the same shapes, measured
@@ -43,6 +50,8 @@ with the rounding in float64, cost 65-91x.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import resource
 import time
 import tracemalloc
@@ -50,6 +59,7 @@ import tracemalloc
 import numpy as np
 
 from convprobe.emulation import conv2d, parse_model
+from convprobe.errors import InvalidArgument
 
 LAYERS = [  # (x NHWC, w HWIO): ResNet-20 stages at batch 32, 3x3, SAME
     ((32, 32, 32, 16), (3, 3, 16, 16)),
@@ -61,6 +71,31 @@ DEFAULT_MODELS = [  # the GPU presets and every model kind
     "sequential:fp16:rounding=toward_zero", "sequential:fp16:rounding=stochastic:seed=1", "exact:fp32",
     "chunked:fp16:n=64", "splitk(4, sequential:fp16, combine=fp32)", "lanes(8, sequential:fp32, combine=pairwise:fp32)",
 ]
+
+
+def reported_models(path: str) -> list[str]:
+    """Every model spec an identify document or a generated markdown page reports, in order."""
+    text = open(path, encoding="utf-8").read()
+    if path.endswith(".json"):
+        specs = []
+        for ops in json.loads(text).get("matches", {}).values():
+            for entry in ops.values():
+                summary = (entry or {}).get("summary") or {}
+                specs += [summary.get("best"), *summary.get("perfect", ())]
+                specs += [s for per_k in (summary.get("per_k") or {}).values() for s in
+                          ([per_k] if isinstance(per_k, str) else [per_k.get("best")] if isinstance(per_k, dict) else [])]
+    else:
+        specs = re.findall(r"`([^`]+)`", text)
+    out = []
+    for spec in specs:
+        if not spec or spec in out:
+            continue
+        try:
+            parse_model(spec)
+        except (InvalidArgument, ValueError, TypeError):
+            continue
+        out.append(spec)
+    return out
 
 
 def inputs(seed: int = 0):
@@ -89,10 +124,20 @@ def best(fn, repeat: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
+    parser.add_argument("--models", nargs="*", default=None)
+    parser.add_argument("--models-from", nargs="*", default=(), metavar="FILE")
     args = parser.parse_args()
     data = inputs()
-    models = {spec: parse_model(spec) for spec in args.models}
+    specs = list(args.models if args.models is not None else ([] if args.models_from else DEFAULT_MODELS))
+    for path in args.models_from:
+        specs += [spec for spec in reported_models(path) if spec not in specs]
+    models = {}
+    for spec in specs:
+        model = parse_model(spec)
+        if getattr(model, "kind", "") == "tree" or "tree(" in spec:
+            print(f"skipped (a tree of its own layer's K): {spec[:100]}")
+            continue
+        models[spec] = model
     peak_np: dict[str, int] = {}
     for spec, model in models.items():
         for x, w in data:  # compile / load the numba cache outside the timing

@@ -55,6 +55,17 @@ def _add_product(regs, r, a, w, m0, rows, k, pairs, product_fp16, half, add32):
 
 
 @njit(cache=True, inline="always")
+def _add_product_rounded(regs, r, a, w, m0, rows, k, pairs, product_fp16, half, add32):
+    """`_add_product` with the step's format as constants (one vector loop per branch)."""
+    if not half:
+        _add_product(regs, r, a, w, m0, rows, k, pairs, product_fp16, False, False)
+    elif add32:
+        _add_product(regs, r, a, w, m0, rows, k, pairs, product_fp16, True, True)
+    else:
+        _add_product(regs, r, a, w, m0, rows, k, pairs, product_fp16, True, False)
+
+
+@njit(cache=True, inline="always")
 def _add_register(regs, r, s, rows, half, add32):
     for i in range(rows):
         for n in range(regs.shape[2]):
@@ -69,18 +80,9 @@ def _run_steps(regs, steps, a, w, m0, rows, pairs):
         half, add32, product_fp16 = (flags & HALF) != 0, (flags & ADD32) != 0, (flags & PRODUCT16) != 0
         if op == _ADD_LEAF:
             if product_fp16:
-                if not half:
-                    _add_product(regs, r, a, w, m0, rows, x, pairs, True, False, False)
-                elif add32:
-                    _add_product(regs, r, a, w, m0, rows, x, pairs, True, True, True)
-                else:
-                    _add_product(regs, r, a, w, m0, rows, x, pairs, True, True, False)
-            elif not half:
-                _add_product(regs, r, a, w, m0, rows, x, pairs, False, False, False)
-            elif add32:
-                _add_product(regs, r, a, w, m0, rows, x, pairs, False, True, True)
+                _add_product_rounded(regs, r, a, w, m0, rows, x, pairs, True, half, add32)
             else:
-                _add_product(regs, r, a, w, m0, rows, x, pairs, False, True, False)
+                _add_product_rounded(regs, r, a, w, m0, rows, x, pairs, False, half, add32)
         elif op == _ADD:
             if not half:
                 _add_register(regs, r, x, rows, False, False)
