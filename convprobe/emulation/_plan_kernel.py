@@ -17,12 +17,13 @@ from numba import njit
 from convprobe.emulation._kernel_arithmetic import add_odd32, narrow, widen
 from convprobe.emulation._threads import over_tasks
 
-__all__ = ["HALF", "ADD32", "PRODUCT16", "run_pairs", "run_program"]
+__all__ = ["HALF", "ADD32", "PRODUCT16", "ZERO", "LOAD", "ADD_LEAF", "ADD", "ROUND", "MOVE", "run_pairs",
+           "run_program"]
 
 HALF = 1
 ADD32 = 2
 PRODUCT16 = 4
-_ZERO, _LOAD, _ADD_LEAF, _ADD, _ROUND, _MOVE = 0, 1, 2, 3, 4, 5
+ZERO, LOAD, ADD_LEAF, ADD, ROUND, MOVE = 0, 1, 2, 3, 4, 5  # step codes (`plan.Op`)
 _ROWS = 8  # GEMM rows per tile: each step's loop covers 8 rows by every column
 _LANES = 64  # dot products per pair tile: each step's loop covers 64 of them
 
@@ -78,28 +79,28 @@ def _run_steps(regs, steps, a, w, m0, rows, pairs):
     for j in range(steps.shape[0]):
         op, r, x, flags = steps[j, 0], steps[j, 1], steps[j, 2], steps[j, 3]
         half, add32, product_fp16 = (flags & HALF) != 0, (flags & ADD32) != 0, (flags & PRODUCT16) != 0
-        if op == _ADD_LEAF:
+        if op == ADD_LEAF:
             if product_fp16:
                 _add_product_rounded(regs, r, a, w, m0, rows, x, pairs, True, half, add32)
             else:
                 _add_product_rounded(regs, r, a, w, m0, rows, x, pairs, False, half, add32)
-        elif op == _ADD:
+        elif op == ADD:
             if not half:
                 _add_register(regs, r, x, rows, False, False)
             elif add32:
                 _add_register(regs, r, x, rows, True, True)
             else:
                 _add_register(regs, r, x, rows, True, False)
-        elif op == _ZERO:
+        elif op == ZERO:
             regs[r, :rows, :] = 0.0
-        elif op == _MOVE:
+        elif op == MOVE:
             regs[r, :rows, :] = regs[x, :rows, :]
-        elif op == _LOAD:
+        elif op == LOAD:
             for i in range(rows):
                 for n in range(w.shape[1]):
                     p = a[x, n] * w[x, n] if pairs else a[m0 + i, x] * w[x, n]
                     regs[r, i, n] = _fp16(p) if product_fp16 else p
-        elif half:  # _ROUND to fp16 (to fp32: the values are float32 numbers already)
+        elif half:  # ROUND to fp16 (to fp32: the values are float32 numbers already)
             for i in range(rows):
                 for n in range(regs.shape[2]):
                     regs[r, i, n] = _fp16(regs[r, i, n])

@@ -42,7 +42,7 @@ from typing import Union
 
 import numpy as np
 
-from convprobe.emulation import _native_fp16
+from convprobe.emulation import _native_fp16, _plan_kernel
 from convprobe.emulation._plan_kernel import ADD32, HALF, PRODUCT16, run_pairs, run_program
 from convprobe.formats import FP16, FP32, Format
 
@@ -52,14 +52,14 @@ _EXACT = "exact"
 
 
 class Op(enum.IntEnum):
-    """A program step's operation (module docstring); the kernel reads the same codes."""
+    """A program step's operation (module docstring): the kernel's step codes."""
 
-    ZERO = 0
-    LOAD = 1
-    ADD_LEAF = 2
-    ADD = 3
-    ROUND = 4
-    MOVE = 5
+    ZERO = _plan_kernel.ZERO
+    LOAD = _plan_kernel.LOAD
+    ADD_LEAF = _plan_kernel.ADD_LEAF
+    ADD = _plan_kernel.ADD
+    ROUND = _plan_kernel.ROUND
+    MOVE = _plan_kernel.MOVE
 
 
 class NotPlannable(Exception):
