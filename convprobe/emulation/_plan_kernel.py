@@ -24,7 +24,7 @@ HALF = 1
 ADD32 = 2
 PRODUCT16 = 4
 ZERO, LOAD, ADD_LEAF, ADD, ROUND, MOVE = 0, 1, 2, 3, 4, 5  # step codes (`plan.Op`)
-_ROWS = 8  # GEMM rows per tile: each step's loop covers 8 rows by every column
+TILE_ROWS = _ROWS = 8  # GEMM rows per tile: each step's loop covers 8 rows by every column
 _LANES = 64  # dot products per pair tile: each step's loop covers 64 of them
 
 

@@ -91,7 +91,10 @@ def _planned(model: AccumulationModel, a: np.ndarray, w: np.ndarray, out: np.nda
     (fp16 values); whether it did."""
     if a.dtype != np.float32 or out.dtype != np.float32 or not model.plannable():
         return False
-    plan.run(model.program(a.shape[1]), a, w, out, col0)
+    program = model.program(a.shape[1])
+    if not plan.fits_memory(program, w.shape[1]):  # (thousands of ranges: composed part by part)
+        return False
+    plan.run(program, a, w, out, col0)
     return True
 
 

@@ -46,7 +46,8 @@ from convprobe.emulation import _native_fp16, _plan_kernel
 from convprobe.emulation._plan_kernel import ADD32, HALF, PRODUCT16, run_pairs, run_program
 from convprobe.formats import FP16, FP32, Format
 
-__all__ = ["Op", "Partial", "Program", "ProgramBuilder", "NotPlannable", "compile_model", "plannable", "run", "run_rows"]
+__all__ = ["Op", "Partial", "Program", "ProgramBuilder", "NotPlannable", "compile_model", "fits_memory", "plannable", "run",
+           "run_rows"]
 
 _EXACT = "exact"
 
@@ -178,6 +179,17 @@ def compile_model(model, k: int) -> Program:
     steps = ProgramBuilder()
     model.emit(steps, list(range(k)), 0)
     return steps.program()
+
+
+#: The most memory one task's registers may take (split-K of thousands of ranges holds a
+#: register per range).
+REGISTER_BYTES = 64 * 2**20
+
+
+def fits_memory(program: Program, columns: int) -> bool:
+    """Whether a task's registers for this program over `columns` GEMM columns fit
+    `REGISTER_BYTES`."""
+    return program.registers * _plan_kernel.TILE_ROWS * columns * 4 <= REGISTER_BYTES
 
 
 def run(program: Program, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int) -> None:
