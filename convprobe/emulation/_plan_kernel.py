@@ -26,6 +26,7 @@ PRODUCT16 = 4
 ZERO, LOAD, ADD_LEAF, ADD, ROUND, MOVE = 0, 1, 2, 3, 4, 5  # step codes (`plan.Op`)
 TILE_ROWS = _ROWS = 8  # GEMM rows per tile: each step's loop covers 8 rows by every column
 _LANES = 64  # dot products per pair tile: each step's loop covers 64 of them
+NARROW = 8  # fewer GEMM columns than this: rows in lanes (a step's loop over the columns is too short)
 
 
 @njit(cache=True, inline="always")
@@ -139,10 +140,36 @@ def _pair_tiles(t0, t1, a, b, steps, registers, out):
             out[m0 + i] = regs[0, 0, i]
 
 
+@njit(cache=True, nogil=True)
+def _narrow_tiles(t0, t1, a, w, steps, registers, out, col0):
+    """Tiles t0 .. t1 - 1 of `run_program` for a few columns: `_LANES` GEMM rows transposed
+    into lanes, then each column as pair tiles against that column of w, broadcast."""
+    m_count, k_count = a.shape
+    regs = np.zeros((registers, 1, _LANES), np.float32)
+    at = np.zeros((k_count, _LANES), np.float32)
+    wt = np.zeros((k_count, _LANES), np.float32)
+    for t in range(t0, t1):
+        m0 = t * _LANES
+        rows = min(_LANES, m_count - m0)
+        for i in range(rows):
+            for k in range(k_count):
+                at[k, i] = a[m0 + i, k]
+        for n in range(w.shape[1]):
+            for k in range(k_count):
+                wt[k, :] = w[k, n]
+            _run_steps(regs, steps, at, wt, 0, 1, True)
+            for i in range(rows):
+                out[m0 + i, col0 + n] = regs[0, 0, i]
+
+
 def run_program(a, w, steps, registers, out, col0):
     """out[:, col0:col0 + N] = the program's sums (register 0) of a (M, K) against w (K, N),
-    float32."""
-    over_tasks(_gemm_tiles, a.shape[0], a, w, steps, registers, out, col0, per_task=_ROWS)
+    float32: tiles of GEMM rows by every column, or for fewer than `NARROW` columns, rows in
+    lanes column by column."""
+    if w.shape[1] < NARROW:
+        over_tasks(_narrow_tiles, a.shape[0], a, w, steps, registers, out, col0, per_task=_LANES)
+    else:
+        over_tasks(_gemm_tiles, a.shape[0], a, w, steps, registers, out, col0, per_task=_ROWS)
 
 
 def run_pairs(a, b, steps, registers, out):

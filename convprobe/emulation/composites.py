@@ -582,14 +582,12 @@ class Columns(_ByIndex):
         return self.model_at(column)
 
     def gemm_into(self, a, w, out, col0, inputs_fp16):
-        n, j0 = w.shape[1], 0
-        while j0 < n:  # runs of columns with one model, each one GEMM
-            model = self.column_model(col0 + j0)
-            j1 = j0 + 1
-            while j1 < n and self.column_model(col0 + j1) == model:
-                j1 += 1
-            out[:, col0 + j0:col0 + j1] = _inner_gemm(model, a, w[:, j0:j1], inputs_fp16)
-            j0 = j1
+        columns: dict[AccumulationModel, list[int]] = {}
+        for j in range(w.shape[1]):  # the columns of each model, wherever they are: one GEMM each
+            columns.setdefault(self.column_model(col0 + j), []).append(j)
+        for model, picked in columns.items():
+            index = np.asarray(picked)
+            out[:, col0 + index] = _inner_gemm(model, a, np.ascontiguousarray(w[:, index]), inputs_fp16)
 
 
 class Rows(_ByIndex):
