@@ -118,6 +118,7 @@ class ProgramBuilder:
     def __init__(self):
         self._steps: list[tuple[int, int, int, int]] = []
         self._registers = 1
+        self._fp16: dict[int, bool] = {}  # register -> it holds an fp16 value now
 
     @staticmethod
     def _flags(model, fmt: Format | None, addition: bool) -> int:
@@ -129,9 +130,20 @@ class ProgramBuilder:
         return code | (PRODUCT16 if model.product == FP16 else 0)
 
     def _step(self, op: Op, register: int, argument: int = 0, flags: int = 0) -> None:
+        """Append one step. An exact fp16 addition of two fp16 values takes the float32 sum
+        converted to fp16 (the `ADD32` step): double rounding through 24 bits >= 2 * 11 + 2
+        is innocuous for a sum (Figueroa, "When is double rounding innocuous?", SIGNUM
+        Newsletter 30(3), 1995), and it costs a third of the TwoSum route. Which registers
+        hold fp16 values is tracked step by step to know."""
+        if op in (Op.ADD_LEAF, Op.ADD) and flags & HALF and not flags & ADD32:
+            operand_fp16 = bool(flags & PRODUCT16) if op == Op.ADD_LEAF else self._fp16.get(argument, False)
+            if operand_fp16 and self._fp16.get(register, False):
+                flags |= ADD32
         reads = argument if op in (Op.ADD, Op.MOVE) else 0
         self._registers = max(self._registers, register + 1, reads + 1)
         self._steps.append((int(op), register, argument, flags))
+        self._fp16[register] = {Op.ZERO: True, Op.LOAD: bool(flags & PRODUCT16),
+                                Op.MOVE: self._fp16.get(argument, False)}.get(op, bool(flags & HALF))
 
     def zero(self, register: int) -> None:
         self._step(Op.ZERO, register)
