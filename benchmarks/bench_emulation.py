@@ -82,8 +82,7 @@ def reported_models(path: str) -> list[str]:
             for entry in ops.values():
                 summary = (entry or {}).get("summary") or {}
                 specs += [summary.get("best"), *summary.get("perfect", ())]
-                specs += [s for per_k in (summary.get("per_k") or {}).values() for s in
-                          ([per_k] if isinstance(per_k, str) else [per_k.get("best")] if isinstance(per_k, dict) else [])]
+                specs += [per_k.get("best") for per_k in (summary.get("per_k") or {}).values()]
     else:
         specs = re.findall(r"`([^`]+)`", text)
     out = []
