@@ -57,9 +57,24 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="run directory (default results/train_<dtype>_<scale>_seed<seed>)")
     p.add_argument("--compare-loss-scaling", action="store_true",
                    help="run none / static / dynamic side by side into DIR and write a table and figures")
-    p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
-                   help="compile the step with XLA (default on, with the XLA_FLAGS below; fp16 without "
-                        "XLA measured ~160x slower on a 2-core CPU)")
+    p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the step with XLA (default: on, with the XLA_FLAGS below; fp16 without "
+                        "XLA measured ~160x slower on a 2-core CPU; off under --arithmetic other than "
+                        "native; --config's own setting where one is named)")
+    p.add_argument("--arithmetic", default="native", metavar="native|twin|SPEC",
+                   help="what computes every conv layer's forward pass and both gradients: native "
+                        "(TensorFlow's kernels, the default); twin (per layer and op, the model identify "
+                        "measured in this configuration: it must reproduce TensorFlow's step bit for bit); "
+                        "or one emulated model or GPU preset as a counterfactual, e.g. v100:out=fp16 (fp16 "
+                        "accumulation on V100 tensor cores), a100, h100:in=fp8_e4m3, sequential:fp16")
+    p.add_argument("--arithmetic-map", default=None, metavar="FILE",
+                   help="with --arithmetic twin: an identify document of this run's layers (convprobe "
+                        "identify --resnet-size R --image-size I --batch B --configs C --output FILE); "
+                        "default: measured before the run, kept as DIR/identify.json")
+    p.add_argument("--config", default=None, metavar="NAME",
+                   help="TensorFlow configuration by its name in 'convprobe fingerprint --list-configs' "
+                        "(e.g. onednn-off+fp16-acc), set before TensorFlow starts and recorded; default: "
+                        "the environment as it is")
     p.add_argument("--distribute", default="none",
                    help="none; mirrored (tf.distribute.MirroredStrategy over --devices logical CPU devices "
                         "of this process); or multi-worker (tf.distribute.MultiWorkerMirroredStrategy: "
@@ -98,7 +113,8 @@ def config_from_args(args):
         learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every,
         eval_batches=args.eval_batches,
         dynamic_growth_steps=2000 if args.dynamic_growth_steps is None else args.dynamic_growth_steps,
-        progress=progress, bn_momentum=args.bn_momentum,
+        progress=progress, bn_momentum=args.bn_momentum, arithmetic=args.arithmetic,
+        arithmetic_map=args.arithmetic_map, configuration=args.config,
     )
     _refuse_what_does_not_apply(args, config)
     if config.output is None:
@@ -155,12 +171,46 @@ def run(args) -> int:
 def _train(config) -> int:
     from convprobe.training.trainer import train
 
-    result = train(config)
+    result = train(config, identify_map=_twin_map(config))
     print(f"{config.output}: {result.final_step}/{config.steps} steps, skipped {result.skipped_steps}, "
           f"non-finite {result.nonfinite_steps}, final loss {result.final_loss:.4f}, "
           f"final scale {result.final_loss_scale:g}, {result.images_per_second:.1f} img/s"
           + (f", eval accuracy {result.eval_accuracy:.4f}" if result.eval_accuracy is not None else ""))
     return 0
+
+
+def _twin_map(config) -> dict | None:
+    """The twin's identify map when none was named: the run directory's own (a resumed run),
+    or measured now by `convprobe identify` in a child process, in the run's configuration
+    and at its layers' shapes, before TensorFlow starts here."""
+    from pathlib import Path
+
+    from convprobe.training.arithmetic import ArithmeticKind, Arithmetic, read_identify_map
+    from convprobe.training.records import IDENTIFY_MAP_NAME, RunFiles
+
+    if Arithmetic.parse(config.arithmetic).kind is not ArithmeticKind.TWIN or config.arithmetic_map is not None:
+        return None
+    files = RunFiles(config.output)
+    files.plan(config.to_json())  # a bad run directory fails here, before identify runs
+    kept = Path(config.output) / IDENTIFY_MAP_NAME
+    if files.header_path.is_file() and kept.is_file():
+        return read_identify_map(kept)
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="convprobe-twin-") as scratch:
+        path = Path(scratch) / IDENTIFY_MAP_NAME
+        command = [sys.executable, "-m", "convprobe", "identify", "--resnet-size", str(config.resnet_size),
+                   "--image-size", str(config.image_size), "--batch", str(config.batch_size),
+                   "--configs", config.configuration or "default", "--output", str(path)]
+        print(f"twin: measuring this run's layers: {' '.join(['convprobe', *command[3:-2]])}", file=sys.stderr)
+        environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+        if subprocess.run(command, stdout=sys.stderr, env=environment).returncode != 0 or not path.is_file():
+            from convprobe.errors import InvalidArgument
+
+            raise InvalidArgument("--arithmetic twin: identify could not measure this run's layers (its "
+                                  "output is above); nothing was changed")
+        return read_identify_map(path)
 
 
 def _multi_worker(args, config) -> int:

@@ -16,10 +16,12 @@ import enum
 import math
 from dataclasses import asdict, dataclass, field
 
+from convprobe.backends.configurations import MATRIX
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.files import check_directory_path
 from convprobe.formats import FP32, Format, parse_format
 from convprobe.provenance import memory_limit
+from convprobe.training.arithmetic import Arithmetic, ArithmeticKind, read_identify_map
 from convprobe.training.data import CIFAR_IMAGE_SIZE
 
 __all__ = [
@@ -153,6 +155,12 @@ class TrainConfig:
     synthetic_noise: float = 1.0
     bn_momentum: float = 0.997
     progress: bool = False
+    #: native, twin, or a model spec / GPU preset (its canonical spec)
+    arithmetic: str = "native"
+    #: the twin's identify map (None: measured on the fly into the run directory)
+    arithmetic_map: str | None = None
+    #: TensorFlow configuration by its matrix name (None: the environment as it is)
+    configuration: str | None = None
 
     @property
     def format(self) -> Format:
@@ -197,13 +205,15 @@ def validate_config(
     *, dtype: str = "fp16", loss_scale: str | float | None = None, skip: bool = True,
     steps: int = 100, record_every: int = 10, batch_size: int = 128, resnet_size: int = 20,
     image_size: int = 32, seed: int = 0, data: str = "synthetic", data_dir: str | None = None,
-    output: str | None = None, jit: bool = True, distribute: str = "none",
+    output: str | None = None, jit: bool | None = None, distribute: str = "none",
     logical_devices: int = 2, learning_rate: float = 0.1, checkpoint_every: int = 50,
     eval_batches: int = 0, dynamic_growth_steps: int = 2000, synthetic_noise: float = 1.0,
     progress: bool = False, weight_decay: float = 2e-4, momentum: float = 0.9,
-    bn_momentum: float = 0.997,
+    bn_momentum: float = 0.997, arithmetic: str = "native", arithmetic_map: str | None = None,
+    configuration: str | None = None,
 ) -> TrainConfig:
-    """Check every user-facing value and return the run's `TrainConfig`."""
+    """Check every user-facing value and return the run's `TrainConfig`. `jit` None
+    chooses: the configuration's, off under an emulated arithmetic, on otherwise."""
     fmt = parse_format(dtype, argument="--dtype", allowed=DTYPES)
     spec = parse_loss_scale(loss_scale, fmt, skip=skip)
     for name, value in (("steps", steps), ("record_every", record_every),
@@ -250,7 +260,10 @@ def validate_config(
             raise InvalidArgument(f"{name} must be a non-negative number; received {value!r}")
     if not (isinstance(bn_momentum, (int, float)) and 0 <= bn_momentum < 1):
         raise InvalidArgument(f"--bn-momentum must be a number in [0, 1); received {bn_momentum!r}")
+    chosen = Arithmetic.parse(arithmetic)
+    jit = _check_arithmetic(chosen, arithmetic_map, configuration, jit, fmt, distribute)
     return TrainConfig(
+        arithmetic=chosen.text, arithmetic_map=arithmetic_map, configuration=configuration,
         dtype=fmt.name, bn_momentum=float(bn_momentum), loss_scale=spec, steps=steps, record_every=record_every,
         batch_size=batch_size, resnet_size=resnet_size, image_size=image_size, seed=seed,
         data=data, data_dir=data_dir, output=output, jit=bool(jit), distribute=distribute,
@@ -259,3 +272,32 @@ def validate_config(
         dynamic_growth_steps=dynamic_growth_steps, synthetic_noise=float(synthetic_noise),
         progress=progress, weight_decay=float(weight_decay), momentum=float(momentum),
     )
+
+
+def _check_arithmetic(chosen: Arithmetic, arithmetic_map: str | None, configuration: str | None,
+                      jit: bool | None, fmt: Format, distribute: str) -> bool:
+    """The rules of --arithmetic, --arithmetic-map and --config; returns the run's jit."""
+    if configuration is not None and configuration not in MATRIX["cpu"]:
+        raise invalid_choice("--config", configuration, tuple(MATRIX["cpu"]))
+    config_jit = None if configuration is None else MATRIX["cpu"][configuration][1]
+    if config_jit is not None and jit is not None and bool(jit) != config_jit:
+        raise InvalidArgument(f"--config {configuration} runs {'with' if config_jit else 'without'} XLA; "
+                              f"received {'--jit' if jit else '--no-jit'}")
+    if arithmetic_map is not None:
+        if chosen.kind is not ArithmeticKind.TWIN:
+            raise InvalidArgument(f"--arithmetic-map is read only with --arithmetic twin; received "
+                                  f"--arithmetic {chosen.text}")
+        read_identify_map(arithmetic_map)  # a missing or foreign file fails here, before TensorFlow
+    if not chosen.emulated:
+        return bool(True if jit is None and config_jit is None else (config_jit if jit is None else jit))
+    if fmt.name != "fp16":
+        raise InvalidArgument(f"--arithmetic {chosen.text} emulates fp16 convolutions; it applies to --dtype "
+                              f"fp16; received --dtype {fmt.name}")
+    if distribute != "none":
+        raise InvalidArgument(f"--arithmetic {chosen.text} runs in one process on one device; received "
+                              f"--distribute {distribute}")
+    if jit or config_jit:
+        raise InvalidArgument(f"--arithmetic {chosen.text} computes the convolutions in the emulator, which XLA "
+                              f"cannot compile: use --no-jit and a configuration without jit; received "
+                              f"{'--config ' + str(configuration) if config_jit else '--jit'}")
+    return False

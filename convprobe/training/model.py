@@ -20,9 +20,12 @@ by layer and weight by weight.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
+from convprobe.training.arithmetic import ConvShape
 from convprobe.training.config import resnet_blocks_per_stage
 
-__all__ = ["POLICIES", "build_resnet"]
+__all__ = ["POLICIES", "build_resnet", "conv_shapes", "route_convolutions"]
 
 #: Keras dtype policy per compute format (variables are fp32 in all three).
 POLICIES = {"fp16": "mixed_float16", "bf16": "mixed_bfloat16", "fp32": "float32"}
@@ -96,3 +99,24 @@ def build_resnet(resnet_size: int = 20, *, image_size: int = 32, num_classes: in
     model.tap_names = [t._keras_history.operation.name for t in taps]
     model.tap_same_gradient = same_gradient
     return model
+
+
+def conv_shapes(model, batch: int) -> dict[str, ConvShape]:
+    """Each Conv2D layer of `model` (in order) as identify keys it, at this batch size."""
+    import keras
+
+    out = {}
+    for layer in model.layers:
+        if type(layer) is keras.layers.Conv2D:
+            _, h, w, c = layer.input.shape
+            out[layer.name] = ConvShape((batch, h, w, c), tuple(layer.kernel.shape), tuple(layer.strides),
+                                        layer.padding.upper(), tuple(layer.dilation_rate))
+    return out
+
+
+def route_convolutions(model, convolutions: Mapping[str, Callable]) -> None:
+    """Compute the named conv layers' convolutions with the given functions of (inputs,
+    kernel): a Keras Conv2D's call computes `self.convolution_op(inputs, kernel)`, so the
+    layer keeps its weights, its dtype policy and everything around the convolution."""
+    for name, convolution in convolutions.items():
+        model.get_layer(name).convolution_op = convolution

@@ -48,6 +48,7 @@ __all__ = [
     "foreign_entries",
     "read_header",
     "read_summary",
+    "IDENTIFY_MAP_NAME",
     "save_checkpoint",
     "load_checkpoint",
 ]
@@ -172,7 +173,10 @@ def _truncate_csv(path: Path, keep_below_step: int, columns) -> None:
 
 
 #: The names convprobe writes in a run directory; nothing else there is ever touched.
-RUN_FILE_NAMES = ("header.json", "steps.csv", "telemetry.csv", "checkpoint.npz", "summary.json", files.LOCK_NAME)
+#: The twin's identify map, measured before the run, kept beside its records.
+IDENTIFY_MAP_NAME = "identify.json"
+RUN_FILE_NAMES = ("header.json", "steps.csv", "telemetry.csv", "checkpoint.npz", "summary.json", IDENTIFY_MAP_NAME,
+                  files.LOCK_NAME)
 
 
 def foreign_entries(directory: Path, own_names) -> list[str]:
@@ -272,7 +276,7 @@ class RunFiles:
         return ResumePlan(start, resumed + [start], state, rows, replicas if isinstance(replicas, int) else None)
 
     def start(self, plan: "ResumePlan", *, config_json: dict, seed: int, device: str, runtime: dict,
-              layer_names: dict) -> int:
+              layer_names: dict, arithmetic: dict | None = None) -> int:
         """Write the header and drop the rows the resume recomputes; returns the first step.
         Call only after the plan's checkpoint has been restored into the model."""
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -291,6 +295,7 @@ class RunFiles:
                 "everything at or above 2^e"
             ),
             layers=layer_names,
+            **({} if arithmetic is None else {"arithmetic": arithmetic}),
         )
         results.write(self.header_path, header)
         self.summary_path.unlink(missing_ok=True)  # a run extended past its end is not finished any more

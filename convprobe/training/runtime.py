@@ -27,12 +27,36 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["FAITHFUL_XLA_FLAGS", "SPEED_XLA_FLAGS", "ensure_xla_flags", "tensorflow", "runtime_facts", "xla_rounds_fp16"]
+from convprobe.backends.configurations import MANAGED_VARIABLES, MATRIX
+from convprobe.errors import InvalidArgument
+
+__all__ = ["FAITHFUL_XLA_FLAGS", "SPEED_XLA_FLAGS", "ensure_xla_flags", "apply_configuration", "tensorflow",
+           "runtime_facts", "xla_rounds_fp16"]
 
 FAITHFUL_XLA_FLAGS = ("--xla_allow_excess_precision=false", "--xla_cpu_max_isa=AVX2")
 SPEED_XLA_FLAGS = ("--xla_cpu_parallel_codegen_split_count=1", "--xla_cpu_use_thunk_runtime=false")
 
-_state: dict = {"flag_set_before_import": None, "logical_devices": None}
+_state: dict = {"flag_set_before_import": None, "logical_devices": None, "configuration": None}
+
+
+def apply_configuration(name: str, environ: dict | None = None) -> dict[str, str]:
+    """Set the environment of the TensorFlow configuration `name` (a row of `convprobe
+    fingerprint --list-configs`), as identify's child processes do: the switches the
+    matrix manages are removed, then the row's are set, and XLA_FLAGS is the row's plus
+    the compile-speed flags only, so the run computes in the configuration identify
+    measured. Must run before TensorFlow is imported; returns what was set."""
+    env = os.environ if environ is None else environ
+    if environ is None and "tensorflow" in sys.modules and _state["configuration"] != name:
+        raise InvalidArgument(f"--config {name} must be set before TensorFlow starts; this process already "
+                              f"imported it: run in a fresh process")
+    settings, _jit, _accumulate, _note = MATRIX["cpu"][name]
+    for variable in MANAGED_VARIABLES:
+        env.pop(variable, None)
+    env.update(settings)
+    env["XLA_FLAGS"] = " ".join([*settings.get("XLA_FLAGS", "").split(), *SPEED_XLA_FLAGS])
+    if environ is None:
+        _state["configuration"] = name
+    return {k: env[k] for k in sorted(set(settings) | {"XLA_FLAGS"})}
 
 
 def ensure_xla_flags(environ: dict | None = None) -> bool:
@@ -60,7 +84,8 @@ def tensorflow(logical_devices: int | None = None):
     RuntimeError otherwise.
     """
     already = "tensorflow" in sys.modules
-    present = ensure_xla_flags()  # idempotent; provenance reads os.environ
+    # idempotent; provenance reads os.environ. A named configuration keeps its own XLA flags.
+    present = ensure_xla_flags() if _state["configuration"] is None else False
     if _state["flag_set_before_import"] is None:
         _state["flag_set_before_import"] = present and not already
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -105,6 +130,7 @@ def runtime_facts() -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "xla_flag_set_before_tensorflow_import": _state["flag_set_before_import"],
         "logical_devices": _state["logical_devices"],
+        "configuration": _state["configuration"],
     }
     if "tensorflow" in sys.modules:
         tf = sys.modules["tensorflow"]

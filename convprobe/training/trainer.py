@@ -24,6 +24,7 @@ is measured once and reported under both names.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import random
 import time
@@ -31,11 +32,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from convprobe.emulation.gpus import GPU_PRESETS
 from convprobe.training import runtime
+from convprobe.training.arithmetic import GPU_PRESET_SCOPE, Arithmetic, ArithmeticKind, read_identify_map
 from convprobe.training.cluster import read_tf_config
 from convprobe.training.config import LossScaleMode, TrainConfig
 from convprobe.training.data import Batches, make_data
-from convprobe.training.records import STEP_COLUMNS, RunFiles, read_summary, save_checkpoint
+from convprobe.training.emulated_conv import emulated_convolution
+from convprobe.training.model import build_resnet, conv_shapes, route_convolutions
+from convprobe import results
+from convprobe.training.records import IDENTIFY_MAP_NAME, STEP_COLUMNS, RunFiles, read_summary, save_checkpoint
 from convprobe.training.telemetry import COUNT_FIELDS, Thresholds, batched_stats, encode_histogram
 
 __all__ = ["Trainer", "RunResult", "train"]
@@ -83,12 +89,16 @@ def _fixed_scale_optimizer(inner, scale: float):
 class Trainer:
     """Builds the model, its fp32 shadow, the optimizer and the compiled steps."""
 
-    def __init__(self, config: TrainConfig, data: Batches | None = None, *, eager: bool = False):
+    def __init__(self, config: TrainConfig, data: Batches | None = None, *, eager: bool = False,
+                 identify_map: dict | None = None):
         """`eager=True` runs the steps op by op without tracing a graph (same arithmetic
-        as the graph without XLA, no tracing cost: for tests and debugging)."""
+        as the graph without XLA, no tracing cost: for tests and debugging). `identify_map`
+        is the twin's map where `config.arithmetic_map` names none."""
         self.config = config
         self.eager = eager
         mirrored = config.distribute == "mirrored"
+        if config.configuration is not None:
+            runtime.apply_configuration(config.configuration)
         self.tf = tf = runtime.tensorflow(config.logical_devices if mirrored else None)
         self.cluster = None
         if config.distribute == "multi-worker":  # first, before any other op (TensorFlow's rule)
@@ -128,7 +138,6 @@ class Trainer:
             "each replica's forward and backward pass and telemetry statistics; the cross-replica sums "
             "and the optimizer's update run outside XLA (it cannot compile the Keras optimizer's "
             "cross-replica calls)")
-        from convprobe.training.model import build_resnet
 
         with self.strategy.scope():
             common = dict(image_size=self.data.image_size, num_classes=self.data.num_classes,
@@ -146,6 +155,14 @@ class Trainer:
             else:
                 self.optimizer = inner
             self.optimizer.build(self.model.trainable_variables)
+        self.arithmetic = Arithmetic.parse(config.arithmetic)
+        #: each conv layer's arithmetic, forward and both gradients (recorded in the header)
+        self.layer_arithmetic = self.arithmetic.layers(
+            conv_shapes(self.model, config.batch_size // self.replicas),
+            identify_map if config.arithmetic_map is None else read_identify_map(config.arithmetic_map),
+            config.configuration or "default")
+        route_convolutions(self.model, {name: emulated_convolution(tf, layer)
+                                        for name, layer in self.layer_arithmetic.items() if layer.emulated})
         self.weight_names = [v.path for v in self.model.trainable_variables]
         self.tap_names = list(self.model.tap_names)
         # Taps whose gradient is another tap's tensor are measured once and reported under both names.
@@ -405,6 +422,32 @@ class Trainer:
         for v, w in zip(self.optimizer.variables, optimizer_state):
             v.assign(w)
 
+    def arithmetic_record(self) -> dict:
+        """What each conv layer computed, for the run's header."""
+        ops = [op for layer in self.layer_arithmetic.values() for op in layer.ops.values()]
+        record = {
+            "arithmetic": self.arithmetic.text,
+            "kind": str(self.arithmetic.kind),
+            "configuration": self.config.configuration,
+            "arithmetic_map": self.config.arithmetic_map,
+            "emulated_ops": sum(op.model is not None for op in ops),
+            "tensorflow_ops": sum(op.model is None for op in ops),
+            "scope": ("the forward convolution and both gradients of every Conv2D layer; every other op "
+                      "(batch norm, the dense layer, the loss, the optimizer) runs TensorFlow's kernels"),
+            "layers": [layer.to_dict() for layer in self.layer_arithmetic.values()],
+        }
+        if self.arithmetic.kind is ArithmeticKind.SPEC and self.arithmetic.model.to_spec().split(":")[0] in GPU_PRESETS:
+            record["gpu_preset"] = GPU_PRESET_SCOPE
+        return record
+
+    def weights_sha256(self) -> str:
+        """SHA-256 of the fp32 master weights' bytes, in variable order: two runs that
+        trained bit for bit alike have the same."""
+        digest = hashlib.sha256()
+        for variable in self.model.trainable_variables:
+            digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
+        return digest.hexdigest()
+
     def device_description(self) -> str:
         return ", ".join(d.name for d in self.tf.config.list_logical_devices()) + \
             f" ({self.replicas} replica{'s' if self.replicas > 1 else ''})"
@@ -416,7 +459,7 @@ def _number(value) -> float:
 
 
 def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer | None = None,
-          stop_after: int | None = None, eager: bool = False) -> RunResult:
+          stop_after: int | None = None, eager: bool = False, identify_map: dict | None = None) -> RunResult:
     """Run (or resume) a training run, streaming records to `config.output` if set.
 
     `stop_after` ends the run early after that many steps in this call, leaving
@@ -424,10 +467,12 @@ def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer 
     `eager` runs without graph tracing (see `Trainer`).
     """
     files = RunFiles(config.output) if config.output else None
+    run = functools.partial(_run, config, files, data=data, trainer=trainer, stop_after=stop_after, eager=eager,
+                            identify_map=identify_map)
     if files is None or not _writes_records(config):
-        return _run(config, files, data=data, trainer=trainer, stop_after=stop_after, eager=eager)
+        return run()
     with files.locked():  # a second run on this directory is refused before it changes anything
-        return _run(config, files, data=data, trainer=trainer, stop_after=stop_after, eager=eager)
+        return run()
 
 
 def _writes_records(config: TrainConfig) -> bool:
@@ -437,7 +482,7 @@ def _writes_records(config: TrainConfig) -> bool:
 
 
 def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, trainer: Trainer | None,
-         stop_after: int | None, eager: bool) -> RunResult:
+         stop_after: int | None, eager: bool, identify_map: dict | None) -> RunResult:
     plan = files.plan(config.to_json()) if files is not None else None  # validates, writes nothing
     start = 0
     counters = {"skipped": 0, "nonfinite": 0}
@@ -449,7 +494,7 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
             final_loss_scale=_number(done["final_loss_scale"]), final_loss=_number(done["final_loss"]),
             eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
             jit=done["jit"], summary=done)
-    trainer = trainer or Trainer(config, data=data, eager=eager)
+    trainer = trainer or Trainer(config, data=data, eager=eager, identify_map=identify_map)
     if files is not None:
         if plan.replicas is not None and plan.replicas != trainer.replicas:
             from convprobe.errors import InvalidArgument
@@ -468,7 +513,10 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
                          cluster=None if trainer.cluster is None else list(trainer.cluster.workers))
             start = files.start(plan, config_json=config.to_json(), seed=config.seed,
                                 device=trainer.device_description(), runtime=facts,
-                                layer_names={"weight": trainer.weight_names, "activation": trainer.tap_names})
+                                layer_names={"weight": trainer.weight_names, "activation": trainer.tap_names},
+                                arithmetic=trainer.arithmetic_record())
+            if identify_map is not None and config.arithmetic_map is None:  # measured for this run: keep it
+                results.write(files.directory / IDENTIFY_MAP_NAME, identify_map)
         else:
             files = None
     speeds: list[float] = []
@@ -509,6 +557,8 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
             "eval_accuracy": eval_accuracy,
             "median_images_per_second": float(np.median(speeds)) if speeds else None,
             "jit": trainer.jit,
+            "arithmetic": trainer.arithmetic.text,
+            "weights_sha256": trainer.weights_sha256(),
         }
         if files is not None:
             if finished:

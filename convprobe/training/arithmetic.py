@@ -1,0 +1,205 @@
+"""Which arithmetic each convolution of a training run computes.
+
+Three answers (`ArithmeticKind`):
+
+- `native`: TensorFlow's own kernels, whatever they do;
+- a model spec or GPU preset (`v100:out=fp16`, `a100`, `sequential:fp16`): the exact
+  emulator computes every conv, forward and both gradients, under that one model. It
+  answers "what would this arithmetic do to my training" from a CPU;
+- `twin`: per layer and op, the model identify measured in this TensorFlow
+  configuration. A twin step must reproduce TensorFlow's own step bit for bit, which
+  turns identify's per-layer claims into one claim that can fail. An op identify found
+  no model for runs TensorFlow's own kernel, and the records say so.
+
+No TensorFlow here: this module decides, `emulated_conv` computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from convprobe import results
+from convprobe.emulation import AccumulationModel, parse_model
+from convprobe.errors import InvalidArgument
+
+__all__ = ["ArithmeticKind", "ConvOp", "ConvShape", "OpArithmetic", "LayerArithmetic", "Arithmetic",
+           "GPU_PRESET_SCOPE", "identify_command", "read_identify_map", "twin_layers"]
+
+
+class ArithmeticKind(StrEnum):
+    NATIVE = "native"
+    TWIN = "twin"
+    SPEC = "spec"
+
+
+class ConvOp(StrEnum):
+    """The three convolutions a conv layer's training step runs (identify's op names)."""
+
+    FORWARD = "conv2d"
+    INPUT_GRADIENT = "conv2d_backprop_input"
+    FILTER_GRADIENT = "conv2d_backprop_filter"
+
+
+#: What a GPU preset models, and what it does not: written into the run's header.
+GPU_PRESET_SCOPE = (
+    "a GPU preset models the tensor core's MMA instruction (products, alignment, accumulator "
+    "format, measured bit for bit on real GPUs) chained along K in order; it does not model "
+    "cuDNN's choice of algorithm per layer (split-K, Winograd, FFT, the order of its tiles)")
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A conv layer as identify keys it: NHWC input, HWIO filter, strides, padding, dilation."""
+
+    input_shape: tuple[int, int, int, int]
+    filter_shape: tuple[int, int, int, int]
+    strides: tuple[int, int]
+    padding: str
+    dilation: tuple[int, int]
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> ConvShape:
+        return cls(tuple(data["input_shape"]), tuple(data["filter_shape"]), tuple(data["strides"]),
+                   str(data["padding"]).upper(), tuple(data["dilation"]))
+
+    def to_dict(self) -> dict:
+        return {"input_shape": list(self.input_shape), "filter_shape": list(self.filter_shape),
+                "strides": list(self.strides), "padding": self.padding, "dilation": list(self.dilation)}
+
+
+@dataclass(frozen=True)
+class OpArithmetic:
+    """One op's arithmetic: an emulated model, or TensorFlow's kernel (model None), and why."""
+
+    model: AccumulationModel | None
+    source: str
+
+    @property
+    def label(self) -> str:
+        return "tensorflow" if self.model is None else self.model.to_spec()
+
+
+@dataclass(frozen=True)
+class LayerArithmetic:
+    name: str
+    shape: ConvShape
+    ops: Mapping[ConvOp, OpArithmetic]
+
+    @property
+    def emulated(self) -> bool:
+        return any(op.model is not None for op in self.ops.values())
+
+    def to_dict(self) -> dict:
+        return {"layer": self.name, **self.shape.to_dict(),
+                "ops": {str(op): {"arithmetic": a.label, "source": a.source} for op, a in self.ops.items()}}
+
+
+def identify_command(shapes: Mapping[str, ConvShape], configuration: str, resnet_size: int,
+                     image_size: int, output: str) -> str:
+    """The identify command that measures the map this run needs."""
+    batch = next(iter(shapes.values())).input_shape[0]
+    return (f"convprobe identify --resnet-size {resnet_size} --image-size {image_size} --batch {batch} "
+            f"--configs {configuration} --output {output}")
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """The run's arithmetic as the user named it (`text`), parsed once."""
+
+    kind: ArithmeticKind
+    model: AccumulationModel | None = None
+    text: str = field(default="native")
+
+    @classmethod
+    def parse(cls, text: str) -> Arithmetic:
+        value = str(text).strip()
+        if value in (ArithmeticKind.NATIVE, ArithmeticKind.TWIN):
+            return cls(ArithmeticKind(value), None, value)
+        try:
+            model = parse_model(value)
+        except InvalidArgument as error:
+            raise InvalidArgument(
+                f"--arithmetic must be native, twin, or a model spec or GPU preset (e.g. v100:out=fp16, "
+                f"a100, sequential:fp16); received {value!r} ({error})") from None
+        return cls(ArithmeticKind.SPEC, model, model.to_spec())
+
+    @property
+    def emulated(self) -> bool:
+        return self.kind is not ArithmeticKind.NATIVE
+
+    def layers(self, shapes: Mapping[str, ConvShape], identify_map: dict | None = None,
+               configuration: str = "default") -> dict[str, LayerArithmetic]:
+        """Each conv layer's arithmetic (`shapes`: layer name -> shape, in the network's order).
+        The twin reads `identify_map`, an identify document that measured these shapes in
+        `configuration`."""
+        if self.kind is ArithmeticKind.NATIVE:
+            return {name: LayerArithmetic(name, shape, {op: OpArithmetic(None, "native") for op in ConvOp})
+                    for name, shape in shapes.items()}
+        if self.kind is ArithmeticKind.SPEC:
+            source = f"--arithmetic {self.text}"
+            return {name: LayerArithmetic(name, shape, {op: OpArithmetic(self.model, source) for op in ConvOp})
+                    for name, shape in shapes.items()}
+        if identify_map is None:
+            raise InvalidArgument("--arithmetic twin needs an identify map of this run's layers")
+        return twin_layers(identify_map, shapes, configuration)
+
+
+def read_identify_map(path: str | Path) -> dict:
+    """An identify document (`convprobe identify ... --output FILE.json`), validated."""
+    try:
+        return results.read(path, kinds=(results.Kind.IDENTIFY,))
+    except InvalidArgument as error:
+        raise InvalidArgument(f"--arithmetic-map: {error}") from None
+
+
+def _configuration_result(document: dict, configuration: str) -> dict:
+    found = [r for r in document.get("results", []) if (r.get("config") or {}).get("name") == configuration]
+    names = sorted({(r.get("config") or {}).get("name") or "?" for r in document.get("results", [])})
+    if not found:
+        raise InvalidArgument(f"the identify map has no results for configuration {configuration!r}; it has "
+                              f"{', '.join(names) or 'none'}")
+    result = found[0]
+    if result.get("status") != "ok" or "layers" not in (result.get("observed") or {}):
+        raise InvalidArgument(f"the identify map's configuration {configuration!r} has no layer results "
+                              f"(status {result.get('status')!r}); measure it in layer mode")
+    return result
+
+
+def twin_layers(document: dict, shapes: Mapping[str, ConvShape], configuration: str) -> dict[str, LayerArithmetic]:
+    """The twin's arithmetic from an identify map: per layer and op, the first model that
+    matched every output on both input sets (identify's `perfect`); TensorFlow's own kernel
+    where none did."""
+    result = _configuration_result(document, configuration)
+    label = result["config"]["label"]
+    matches = (document.get("matches") or {}).get(label, {})
+    measured = {ConvShape.from_dict(entry["layer"]): entry["layer"].get("name", "")
+                for entry in result["observed"]["layers"]}
+    missing = [name for name, shape in shapes.items() if shape not in measured]
+    if missing:
+        have = sorted({f"{s.input_shape}x{s.filter_shape}" for s in measured})
+        raise InvalidArgument(
+            f"the identify map did not measure layer {missing[0]} ({shapes[missing[0]].input_shape} * "
+            f"{shapes[missing[0]].filter_shape}, strides {shapes[missing[0]].strides}) in configuration "
+            f"{configuration!r} ({len(missing)} of {len(shapes)} layers missing; it measured {len(have)} "
+            f"shapes): measure this run's layers at its batch size")
+    out = {}
+    for name, shape in shapes.items():
+        where = measured[shape]
+        ops = {}
+        for op in ConvOp:
+            summary = (matches.get(f"{where} / {op}") or {}).get("summary") or {}
+            perfect = summary.get("perfect") or []
+            if perfect:
+                ops[op] = OpArithmetic(parse_model(perfect[0]),
+                                       f"identify ({configuration}, layer {where}): every output of both "
+                                       f"input sets")
+            else:
+                best, fractions = summary.get("best"), summary.get("fractions") or {}
+                share = f" (closest {best}: {min(fractions.values()):.1%})" if best and fractions else ""
+                ops[op] = OpArithmetic(None, f"TensorFlow's own kernel: identify ({configuration}, layer "
+                                             f"{where}) found no model that matches every output{share}")
+        out[name] = LayerArithmetic(name, shape, ops)
+    return out
