@@ -22,7 +22,7 @@ from convprobe.files import check_directory_path
 from convprobe.formats import FP32, Format, parse_format
 from convprobe.provenance import memory_limit
 from convprobe.training.arithmetic import Arithmetic, ArithmeticKind, read_identify_map
-from convprobe.training.data import CIFAR_IMAGE_SIZE
+from convprobe.training.data import CIFAR_IMAGE_SIZE, DIGITS_IMAGE_SIZE
 
 __all__ = [
     "DTYPES",
@@ -36,7 +36,9 @@ __all__ = [
 
 #: The compute dtypes the trainer accepts (variables are always fp32).
 DTYPES = ("fp16", "bf16", "fp32")
-DATA_SOURCES = ("synthetic", "cifar10")
+DATA_SOURCES = ("synthetic", "cifar10", "digits")
+#: Each data source's image side when --image-size is not given; cifar10 and digits have only theirs.
+IMAGE_SIZES = {"synthetic": 32, "cifar10": CIFAR_IMAGE_SIZE, "digits": DIGITS_IMAGE_SIZE}
 DISTRIBUTE = ("none", "mirrored", "multi-worker")
 
 
@@ -204,7 +206,7 @@ def memory_estimate(batch_size: int, image_size: int, resnet_size: int) -> int:
 def validate_config(
     *, dtype: str = "fp16", loss_scale: str | float | None = None, skip: bool = True,
     steps: int = 100, record_every: int = 10, batch_size: int = 128, resnet_size: int = 20,
-    image_size: int = 32, seed: int = 0, data: str = "synthetic", data_dir: str | None = None,
+    image_size: int | None = None, seed: int = 0, data: str = "synthetic", data_dir: str | None = None,
     output: str | None = None, jit: bool | None = None, distribute: str = "none",
     logical_devices: int = 2, learning_rate: float = 0.1, checkpoint_every: int = 50,
     eval_batches: int = 0, dynamic_growth_steps: int = 2000, synthetic_noise: float = 1.0,
@@ -213,8 +215,13 @@ def validate_config(
     configuration: str | None = None,
 ) -> TrainConfig:
     """Check every user-facing value and return the run's `TrainConfig`. `jit` None
-    chooses: the configuration's, off under an emulated arithmetic, on otherwise."""
+    chooses: the configuration's, off under an emulated arithmetic, on otherwise. `image_size`
+    None is the data source's (`IMAGE_SIZES`)."""
     fmt = parse_format(dtype, argument="--dtype", allowed=DTYPES)
+    if data not in DATA_SOURCES:
+        raise invalid_choice("--data", data, DATA_SOURCES)
+    if image_size is None:
+        image_size = IMAGE_SIZES[data]
     spec = parse_loss_scale(loss_scale, fmt, skip=skip)
     for name, value in (("steps", steps), ("record_every", record_every),
                         ("batch_size", batch_size), ("image_size", image_size),
@@ -232,16 +239,15 @@ def validate_config(
         raise InvalidArgument(f"--seed must be an integer from 0 to 2**32 - 1; received {seed!r}")
     if isinstance(eval_batches, bool) or not isinstance(eval_batches, int) or eval_batches < 0:
         raise InvalidArgument(f"--eval-batches must be a non-negative integer; received {eval_batches!r}")
-    if data not in DATA_SOURCES:
-        raise invalid_choice("--data", data, DATA_SOURCES)
     if data == "cifar10" and not data_dir:
         raise InvalidArgument("--data-dir must name a directory of CIFAR-10 .bin files when --data is cifar10; received None")
     if data != "cifar10" and data_dir is not None:
         raise InvalidArgument(f"--data-dir is read only with --data cifar10; received --data-dir {data_dir!r} with "
                               f"--data {data}")
-    if data == "cifar10" and image_size != CIFAR_IMAGE_SIZE:
-        raise InvalidArgument(f"--image-size must be {CIFAR_IMAGE_SIZE} with --data cifar10 (its images are "
-                              f"{CIFAR_IMAGE_SIZE}x{CIFAR_IMAGE_SIZE}); received {image_size}")
+    if data in ("cifar10", "digits") and image_size != IMAGE_SIZES[data]:
+        side = IMAGE_SIZES[data]
+        raise InvalidArgument(f"--image-size must be {side} with --data {data} (its images are {side}x{side}; "
+                              f"leave --image-size out); received {image_size}")
     if output is not None:
         check_directory_path(output)
     if distribute not in DISTRIBUTE:

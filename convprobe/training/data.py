@@ -1,4 +1,4 @@
-"""Training data as a pure function of (seed, step): synthetic and CIFAR-10.
+"""Training data as a pure function of (seed, step): synthetic, digits and CIFAR-10.
 
 A batch depends only on the seed and the step number, never on iterator state,
 so a resumed run sees exactly the batches it would have seen, and an fp32 run
@@ -8,11 +8,18 @@ The CIFAR-10 loader reads the *binary* distribution (`data_batch_N.bin`,
 `test_batch.bin`: records of 1 label byte + 3072 pixel bytes, channel-major
 R, G, B planes of 32x32; https://www.cs.toronto.edu/~kriz/cifar.html). It never
 unpickles anything, and it rejects a truncated or corrupt file naming it.
+
+The digits are real data that ship with convprobe (`convprobe/data/digits.npz`,
+uint8 arrays read with `allow_pickle=False`; source and licences in DIGITS.md and
+DIGITS_LICENCE beside it): the 1797 8x8 handwritten digits scikit-learn distributes
+(UCI "Optical Recognition of Handwritten Digits", Alpaydin & Kaynak 1998), pixels 0..16.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +32,10 @@ __all__ = [
     "Batches",
     "SyntheticData",
     "CifarData",
+    "DigitsData",
+    "DIGITS_IMAGE_SIZE",
+    "DIGITS_EVAL_PER_CLASS",
+    "load_digits",
     "load_cifar10_file",
     "load_cifar10_dir",
     "write_cifar10_file",
@@ -36,6 +47,13 @@ CIFAR_RECORD_BYTES = 1 + 3 * CIFAR_IMAGE_SIZE * CIFAR_IMAGE_SIZE  # 3073
 # Per-channel statistics of the CIFAR-10 training set (commonly quoted values).
 _CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
 _CIFAR_STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)
+
+DIGITS_IMAGE_SIZE = 8
+DIGITS_FILE = "digits.npz"
+#: Images per class held out for evaluation (500 of 1797; the other 1297 train).
+DIGITS_EVAL_PER_CLASS = 50
+#: The split's own seed, derived from its name so that it never changes with --seed.
+_DIGITS_SPLIT_SEED = int.from_bytes(hashlib.sha256(b"convprobe digits split").digest()[:8], "little")
 
 # Streams of the seeded generator: (seed, stream, step).
 _TRAIN, _EVAL, _PROTOTYPES = 0, 1, 2
@@ -190,8 +208,74 @@ class CifarData(Batches):
         return self._standardise(images[idx]), labels[idx]
 
 
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The bundled digits: (uint8 images 1797 x 8 x 8, pixels 0..16; uint8 labels 0..9)."""
+    with resources.as_file(resources.files("convprobe.data") / DIGITS_FILE) as path:
+        with np.load(path, allow_pickle=False) as archive:
+            return archive["images"], archive["labels"]
+
+
+def _epoch_order(n: int, seed: int, start: int, size: int) -> np.ndarray:
+    """Indices start .. start+size-1 of the concatenated per-epoch permutations of range(n),
+    epoch e's permutation seeded by (seed, e): a pure function of its arguments."""
+    idx = np.empty(size, dtype=np.int64)
+    for k in range(size):  # batches may straddle an epoch boundary
+        epoch, pos = divmod(start + k, n)
+        if k == 0 or pos == 0:
+            perm = np.random.default_rng([seed, _TRAIN, epoch]).permutation(n)
+        idx[k] = perm[pos]
+    return idx
+
+
+class DigitsData(Batches):
+    """The bundled 8x8 handwritten digits, 10 classes.
+
+    Split (fixed, the same for every seed): per class, a permutation seeded by the
+    split's name puts `DIGITS_EVAL_PER_CLASS` (50) images into the evaluation split,
+    500 in all, in one fixed order; the other 1297 train. Training batch `step` is
+    images step*size ... of the concatenated per-epoch permutations seeded by
+    (seed, epoch), so it depends only on (seed, step); no augmentation. Evaluation
+    batch i is images i*size ... of the evaluation split, cycling: 8 batches of 128
+    read 1024 images, each of the 500 twice and the first 24 a third time.
+
+    Pixels (0..16) are divided by 16 and standardised with the training split's mean
+    and standard deviation; the grey image is replicated into 3 channels (the ResNet's
+    input is RGB).
+    """
+
+    num_classes = 10
+    image_size = DIGITS_IMAGE_SIZE
+
+    def __init__(self, seed: int = 0):
+        images, labels = load_digits()
+        rng = np.random.default_rng(_DIGITS_SPLIT_SEED)
+        held = np.zeros(len(labels), dtype=bool)
+        for digit in range(self.num_classes):
+            members = np.flatnonzero(labels == digit)
+            held[rng.permutation(members)[:DIGITS_EVAL_PER_CLASS]] = True
+        eval_order = rng.permutation(np.flatnonzero(held))
+        train = np.flatnonzero(~held)
+        scaled = images.astype(np.float32) / np.float32(16)
+        mean, std = scaled[train].mean(dtype=np.float64), scaled[train].std(dtype=np.float64)
+        standard = ((scaled - np.float32(mean)) / np.float32(std)).astype(np.float32)
+        rgb = np.repeat(standard[..., None], 3, axis=-1)
+        self.train_images, self.train_labels = rgb[train], labels[train].astype(np.int32)
+        self.eval_images, self.eval_labels = rgb[eval_order], labels[eval_order].astype(np.int32)
+        self.seed = seed
+
+    def batch(self, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = _epoch_order(len(self.train_labels), self.seed, step * size, size)
+        return self.train_images[idx], self.train_labels[idx]
+
+    def eval_batch(self, index: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = (np.arange(size) + index * size) % len(self.eval_labels)
+        return self.eval_images[idx], self.eval_labels[idx]
+
+
 def make_data(config) -> Batches:
     """The dataset a `TrainConfig` asks for."""
     if config.data == "cifar10":
         return CifarData(config.data_dir, seed=config.seed)
+    if config.data == "digits":
+        return DigitsData(seed=config.seed)
     return SyntheticData(seed=config.seed, image_size=config.image_size, noise=config.synthetic_noise)
