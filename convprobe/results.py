@@ -1,7 +1,8 @@
 """The results envelope: what every file convprobe writes looks like, and its history.
 
 Every command's document (overflow, compare, fingerprint, identify, sweep, replay,
-and train's ``header.json`` and ``summary.json``) is one JSON object::
+train's ``header.json`` and ``summary.json``, and a training comparison's
+``comparison.json``) is one JSON object::
 
     {"schema_version": 2, "kind": "...", "params": {...}, "provenance": {...}, ...}
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.options import Status
 
-__all__ = ["SCHEMA_VERSION", "SCHEMA_HISTORY", "Kind", "envelope", "validate", "read", "write", "upgrade",
+__all__ = ["SCHEMA_VERSION", "SCHEMA_HISTORY", "Kind", "COMPARISON_FILE", "envelope", "validate", "read", "write", "upgrade",
            "regular_file", "read_json", "reason", "show"]
 
 SCHEMA_VERSION = 2
@@ -38,7 +39,9 @@ SCHEMA_HISTORY = {
     2: "One envelope for every command: every document has schema_version, kind, params and "
        "provenance. train's header.json is kind 'train' with the run configuration in 'params' (was "
        "'config'); summary.json is kind 'train-summary' with the summary in 'summary'. Version-1 "
-       "documents are upgraded on read.",
+       "documents are upgraded on read. Later within version 2, a new kind and no layout change: "
+       "'train-comparison' (convprobe train --arm ..., DIR/comparison.json): per (arm, seed) run its "
+       "status and final numbers in 'runs', per arm mean and sample std in 'arms'.",
 }
 
 
@@ -53,7 +56,11 @@ class Kind(StrEnum):
     REPLAY = "replay"
     TRAIN = "train"
     TRAIN_SUMMARY = "train-summary"
+    TRAIN_COMPARISON = "train-comparison"
 
+
+#: Where a training comparison's document lives in its directory (`convprobe train --arm ... --output DIR`).
+COMPARISON_FILE = "comparison.json"
 
 #: The fields of a training summary and what each must hold.
 SUMMARY_FIELDS = {
@@ -418,10 +425,52 @@ def _train_summary(c: _Checker, document: dict) -> None:
         c.field(summary, key, kind, "summary")
 
 
+#: What each run row and each arm row of a training comparison must hold.
+COMPARISON_RUN_FIELDS = {
+    "arm": "str", "seed": "count", "directory": "str", "error": "str?", "reused": "bool", "jit": "bool",
+    "eval_accuracy": "fraction?", "final_loss": "number?", "skipped_steps": "count?", "nonfinite_steps": "count?",
+    "final_step": "count?", "underflow": "object?", "seconds": "number?",
+}
+COMPARISON_ARM_FIELDS = {
+    "arm": "str", "runs": "count", "finished": "count", "eval_accuracy_mean": "fraction?",
+    "eval_accuracy_std": "number?", "final_loss_mean": "number?", "final_loss_std": "number?",
+    "skipped_steps": "count",
+}
+COMPARISON_UNDERFLOW_FIELDS = {"step": "count", "weight_mean": "fraction?", "activation_mean": "fraction?",
+                               "worst": "fraction", "worst_tensor": "str"}
+
+
+def _train_comparison(c: _Checker, document: dict) -> None:
+    arms = c.field(document["params"], "arms", "strings", "params")
+    c.field(document["params"], "seeds", "ints", "params")
+    for i, row in enumerate(c.field(document, "runs", "list")):
+        path = f"runs[{i}]"
+        c.check(row, "object", path)
+        for key, kind in COMPARISON_RUN_FIELDS.items():
+            c.field(row, key, kind, path)
+        c.choice(row, "status", tuple(Status), path)
+        if row["arm"] not in arms:
+            c.fail(f"{path}.arm", f"one of params.arms ({', '.join(arms)})", row["arm"])
+        if row["underflow"] is not None:
+            for key, kind in COMPARISON_UNDERFLOW_FIELDS.items():
+                c.field(row["underflow"], key, kind, f"{path}.underflow")
+    listed = []
+    for i, row in enumerate(c.field(document, "arms", "list")):
+        path = f"arms[{i}]"
+        c.check(row, "object", path)
+        for key, kind in COMPARISON_ARM_FIELDS.items():
+            c.field(row, key, kind, path)
+        if row["finished"] > row["runs"]:
+            c.fail(f"{path}.finished", f"at most runs ({row['runs']})", row["finished"])
+        listed.append(row["arm"])
+    if listed != arms:
+        c.fail("arms", f"one row per arm of params.arms, in order ({', '.join(arms)})", listed)
+
+
 _VALIDATORS = {
     Kind.OVERFLOW: _probe_records, Kind.COMPARE: _probe_records, Kind.FINGERPRINT: _fingerprint,
     Kind.IDENTIFY: _identify, Kind.SWEEP: _sweep, Kind.REPLAY: _replay, Kind.TRAIN: _train,
-    Kind.TRAIN_SUMMARY: _train_summary,
+    Kind.TRAIN_SUMMARY: _train_summary, Kind.TRAIN_COMPARISON: _train_comparison,
 }
 
 assert set(_VALIDATORS) == set(Kind), "every kind needs its validator"

@@ -12,6 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
+from pathlib import Path
+
+from convprobe.errors import InvalidArgument
+from convprobe.options import Status
 
 __all__ = ["register", "run", "config_from_args"]
 
@@ -38,7 +43,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             "TF_CPP_MIN_LOG_LEVEL=2 unless set."
         ),
     )
-    p.add_argument("--dtype", default="fp16", help="compute dtype: fp16, bf16 or fp32 (default fp16)")
+    p.add_argument("--dtype", default=None, help="compute dtype: fp16, bf16 or fp32 (default fp16)")
     p.add_argument("--loss-scale", default=None, metavar="{none,dynamic,NUMBER}",
                    help="none, dynamic, or a static scale; default: the dtype's default "
                         "(128 for fp16 as in the reference ResNet, none otherwise)")
@@ -49,19 +54,38 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--record-every", type=int, default=10, help="telemetry every K steps (default 10)")
     p.add_argument("--batch-size", type=int, default=128, help="global batch size (default 128)")
     p.add_argument("--resnet-size", type=int, default=20, help="depth 6n+2: 20, 32, 56, ... (default 20)")
-    p.add_argument("--image-size", type=int, default=32, help="synthetic image side (default 32)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, data and every RNG (default 0)")
-    p.add_argument("--data", default="synthetic", help="synthetic or cifar10 (default synthetic)")
-    p.add_argument("--data-dir", default=None, help="directory with the CIFAR-10 binary files (data_batch_*.bin)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="image side: synthetic any (default 32); cifar10 and digits only their own (32, 8), "
+                        "the default")
+    p.add_argument("--seed", type=int, default=None, help="seed of weights, data and every RNG (default 0)")
+    p.add_argument("--data", default="synthetic",
+                   help="synthetic (a learnable random task, the default); digits (the 1797 8x8 handwritten "
+                        "digits bundled with convprobe: 1297 train, 500 evaluation); or cifar10 (the binary "
+                        "files you have: --data cifar10 --data-dir DIR, DIR holding data_batch_1.bin ... "
+                        "data_batch_5.bin and test_batch.bin, or their cifar-10-batches-bin/ folder, from "
+                        "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="with --data cifar10: the directory of CIFAR-10 binary files (data_batch_*.bin)")
     p.add_argument("--output", default=None, metavar="DIR",
                    help="run directory (default results/train_<dtype>_<scale>_seed<seed>)")
+    p.add_argument("--arm", action="append", default=None, metavar="ARM",
+                   help="repeatable: compare arms, each DTYPE[/LOSS_SCALE][@ARITHMETIC] (fp32, fp16/128, "
+                        "fp16/dynamic, fp16/none, fp16/128@v100:out=fp16), every arm at every --seeds, each "
+                        "run `convprobe train` in its own process into DIR/<arm>_seed<k>/, then "
+                        "DIR/comparison.json (kind train-comparison: per run eval accuracy, final loss, "
+                        "skipped steps, underflow; per arm mean and sample std) and comparison.txt; "
+                        "`convprobe report DIR` draws it. Rerunning resumes, reusing finished runs")
+    p.add_argument("--seeds", default=None, metavar="S,S,...",
+                   help="with --arm or --compare-loss-scaling: the seeds every arm runs at (default: --seed)")
     p.add_argument("--compare-loss-scaling", action="store_true",
-                   help="run none / static / dynamic side by side into DIR and write a table and figures")
+                   help="shorthand for --arm DTYPE/none --arm DTYPE/S --arm DTYPE/dynamic (DTYPE --dtype, "
+                        "default fp16; S --loss-scale's number or 128; @--arithmetic where given); also writes "
+                        "the per-layer underflow table (underflow.txt) and figures")
     p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the step with XLA (default: on, with the XLA_FLAGS below; fp16 without "
                         "XLA measured ~160x slower on a 2-core CPU; off under --arithmetic other than "
                         "native; --config's own setting where one is named)")
-    p.add_argument("--arithmetic", default="native", metavar="native|twin|SPEC",
+    p.add_argument("--arithmetic", default=None, metavar="native|twin|SPEC",
                    help="what computes every conv layer's forward pass and both gradients: native "
                         "(TensorFlow's kernels, the default); twin (per layer and op, the model identify "
                         "measured in this configuration: it must reproduce TensorFlow's step bit for bit); "
@@ -89,7 +113,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--bn-momentum", type=float, default=0.997,
                    help="batch-norm moving-average momentum (default 0.997, the reference ResNet's; "
                         "use ~0.9 for runs of a few hundred steps)")
-    p.add_argument("--eval-batches", type=int, default=0, help="evaluation batches at the end (default 0)")
+    p.add_argument("--eval-batches", type=int, default=None,
+                   help="evaluation batches of --batch-size images at the end (default 0; 8 with --arm or "
+                        "--compare-loss-scaling). digits cycles through its 500 evaluation images")
     p.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint every N steps (default 50)")
     p.add_argument("--dynamic-growth-steps", type=int, default=None,
                    help="dynamic scaling: double the scale after N finite steps (default 2000)")
@@ -99,35 +125,65 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def comparing(args) -> bool:
+    """Whether the command runs a comparison of arms rather than one run."""
+    return bool(args.arm) or args.compare_loss_scaling
+
+
 def config_from_args(args):
-    """Validate the parsed arguments into a `TrainConfig` (raises InvalidArgument)."""
-    from convprobe.training.config import validate_config
+    """Validate the parsed arguments into a `TrainConfig` (raises InvalidArgument). For a
+    comparison it is the runs' shared settings (each arm sets its dtype, loss scale and
+    arithmetic)."""
+    from convprobe.training.config import validate_config  # the training package: not for --help
 
     progress = sys.stderr.isatty() if args.progress is None else bool(args.progress)
+    compare = comparing(args)
+    if args.arm:
+        _refuse_with_arms(args)
+    if args.seeds is not None and not compare:
+        raise InvalidArgument(f"--seeds applies to --arm or --compare-loss-scaling; received --seeds {args.seeds} "
+                              f"for a single run (use --seed)")
+    if args.seeds is not None and args.seed is not None:
+        raise InvalidArgument(f"--seed and --seeds name the seeds twice; received --seed {args.seed} and "
+                              f"--seeds {args.seeds}")
     config = validate_config(
-        dtype=args.dtype, loss_scale=args.loss_scale, skip=not args.no_skip, steps=args.steps,
+        dtype=args.dtype or "fp16", loss_scale=args.loss_scale, skip=not args.no_skip, steps=args.steps,
         record_every=args.record_every, batch_size=args.batch_size, resnet_size=args.resnet_size,
-        image_size=args.image_size, seed=args.seed, data=args.data, data_dir=args.data_dir,
-        output=args.output, jit=args.jit, distribute=args.distribute,
+        image_size=args.image_size, seed=0 if args.seed is None else args.seed, data=args.data,
+        data_dir=args.data_dir, output=args.output, jit=args.jit, distribute=args.distribute,
         logical_devices=2 if args.devices is None else args.devices,
         learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every,
-        eval_batches=args.eval_batches,
+        eval_batches=(COMPARISON_EVAL_BATCHES if compare else 0) if args.eval_batches is None else args.eval_batches,
         dynamic_growth_steps=2000 if args.dynamic_growth_steps is None else args.dynamic_growth_steps,
-        progress=progress, bn_momentum=args.bn_momentum, arithmetic=args.arithmetic,
-        arithmetic_map=args.arithmetic_map, configuration=args.config,
+        progress=progress, bn_momentum=args.bn_momentum, arithmetic=args.arithmetic or "native",
+        arithmetic_map=None if compare else args.arithmetic_map, configuration=args.config,
     )
-    _refuse_what_does_not_apply(args, config)
+    if not args.arm:
+        _refuse_what_does_not_apply(args, config)
     if config.output is None:
-        from dataclasses import replace
-
-        name = "compare" if args.compare_loss_scaling else config.loss_scale.label
-        config = replace(config, output=f"results/train_{config.dtype}_{name}_seed{config.seed}")
+        name = "arms" if args.arm else "compare" if args.compare_loss_scaling else config.loss_scale.label
+        config = replace(config, output=f"results/train_{'' if args.arm else config.dtype + '_'}{name}"
+                                        f"{'' if args.arm else f'_seed{config.seed}'}")
     return config
+
+
+#: Evaluation batches of a comparison when --eval-batches is not given: comparisons answer accuracy.
+COMPARISON_EVAL_BATCHES = 8
+
+
+def _refuse_with_arms(args) -> None:
+    """What an arm sets is refused beside --arm, not silently overridden."""
+    for flag, value in (("--dtype", args.dtype), ("--loss-scale", args.loss_scale),
+                        ("--arithmetic", args.arithmetic)):
+        if value is not None:
+            raise InvalidArgument(f"{flag} is set by each --arm (DTYPE[/LOSS_SCALE][@ARITHMETIC]); received "
+                                  f"{flag} {value} with --arm")
+    if args.compare_loss_scaling:
+        raise InvalidArgument("--compare-loss-scaling is shorthand for three arms; give it or --arm, not both")
 
 
 def _refuse_what_does_not_apply(args, config) -> None:
     """An option the run would not use is refused, not recorded as if it had acted."""
-    from convprobe.errors import InvalidArgument
     from convprobe.training.config import LossScaleMode
 
     mode = config.loss_scale.mode
@@ -151,21 +207,50 @@ def run(args) -> int:
         load_cifar10_dir(config.data_dir)
     if args.local_workers is not None or config.distribute == "multi-worker":
         return _multi_worker(args, config)
-    if args.compare_loss_scaling:
-        from convprobe.training.compare import run_comparison
-
-        static = config.loss_scale.scale if args.loss_scale not in (None, "none", "dynamic") else None
-        runs, _ = run_comparison(config, config.output, static_scale=static)
-        from pathlib import Path
-
-        print((Path(config.output) / "comparison.txt").read_text(encoding="utf-8"), end="")
-        for label, result in runs.items():
-            print(f"{label}: {result.final_step} steps, skipped {result.skipped_steps}, "
-                  f"final loss {result.final_loss:.4f}, final scale {result.final_loss_scale:g}, "
-                  f"{result.images_per_second:.1f} img/s")
-        print(f"wrote {config.output}/comparison.csv, comparison.txt and figures")
-        return 0
+    if comparing(args):
+        return _compare(args, config)
     return _train(config)
+
+
+def _compare(args, config) -> int:
+    """Every arm at every seed, each run in its own process; prints the comparison's table."""
+    # imported here, as every command imports its library: `convprobe --help` loads neither pandas nor TensorFlow
+    from convprobe.training.arms import loss_scaling_arms, parse_arms, parse_seeds
+    from convprobe.training.compare import COMPARISON_NAME, format_comparison, plan_arms, run_arms
+    from convprobe.training.config import LossScaleMode
+
+    if args.arm:
+        arms = parse_arms(args.arm)
+    else:
+        static = config.loss_scale.scale if config.loss_scale.mode is LossScaleMode.STATIC else None
+        arms = loss_scaling_arms(config.dtype, static, config.arithmetic)
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else [config.seed]
+    planned = plan_arms(config, arms, seeds, config.output, jit=args.jit, skip=not args.no_skip,
+                        arithmetic_map=args.arithmetic_map)
+    if args.arm:
+        _refuse_options_no_arm_reads(args, planned)
+    document = run_arms(planned, config.output, figures=args.compare_loss_scaling)
+    print(format_comparison(document), end="")
+    print(f"wrote {Path(config.output) / COMPARISON_NAME} and comparison.txt; draw it with: convprobe report "
+          f"{config.output}")
+    failed = [row["directory"] for row in document["runs"] if row["status"] != Status.OK]
+    if failed:
+        print(f"{len(failed)} of {len(document['runs'])} runs did not finish: {', '.join(failed)} (their "
+              f"errors are above and in DIR/<run>.log); rerun the command to retry them", file=sys.stderr)
+    return 0  # as a sweep: every run is a row with its status, the comparison is written
+
+
+def _refuse_options_no_arm_reads(args, planned) -> None:
+    """--no-skip and --dynamic-growth-steps act only on arms with a static or dynamic scale."""
+    from convprobe.training.config import LossScaleMode
+
+    modes = {run.config.loss_scale.mode for run in planned}
+    if args.no_skip and LossScaleMode.STATIC_NO_SKIP not in modes:
+        raise InvalidArgument("--no-skip applies to an arm with a static loss scale (DTYPE/NUMBER); received it "
+                              "with arms " + ", ".join(dict.fromkeys(run.arm.label for run in planned)))
+    if args.dynamic_growth_steps is not None and LossScaleMode.DYNAMIC not in modes:
+        raise InvalidArgument("--dynamic-growth-steps applies to an arm with DTYPE/dynamic; received it with "
+                              "arms " + ", ".join(dict.fromkeys(run.arm.label for run in planned)))
 
 
 def _train(config) -> int:
@@ -223,9 +308,9 @@ def _multi_worker(args, config) -> int:
     if config.distribute != "multi-worker":
         raise InvalidArgument(f"--local-workers needs --distribute multi-worker; received --distribute "
                               f"{config.distribute}")
-    if args.compare_loss_scaling:
-        raise InvalidArgument("--compare-loss-scaling runs in one process; it cannot be combined with "
-                              "--distribute multi-worker")
+    if comparing(args):
+        raise InvalidArgument(f"{'--arm' if args.arm else '--compare-loss-scaling'} runs each arm in one "
+                              f"process; it cannot be combined with --distribute multi-worker")
     RunFiles(config.output).plan(config.to_json())  # a bad run directory fails here, once
     if args.local_workers is None:
         cluster.read_tf_config()

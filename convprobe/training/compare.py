@@ -1,71 +1,363 @@
-"""`--compare-loss-scaling`: the same run without scaling, static and dynamic.
+"""Training comparisons: every (arm, seed) a run of its own, one `train-comparison` document.
 
-Three runs with the same seed, so the same initial weights and the same
-batches, differ only in the loss scale. `summarise` reduces their telemetry to
-one table (per layer, per kind, per scale: mean fractions over the recorded
-steps, routing zeros apart) and `plot_comparison` draws the figures:
-underflow per layer per scale, the magnitude histogram of the fp32 shadow
-gradients with the format's representable range marked, and the loss-scale
-trajectory.
+`convprobe train --arm ARM ... --seeds 0,1,2 --output DIR` (`run_arms`) runs each arm
+(`convprobe.training.arms`: dtype, loss scale, arithmetic) at each seed as its own child
+process, ``python -m convprobe train`` with the arm's options and the shared ones, into
+``DIR/<arm name>_seed<k>/``; the child's output goes to ``DIR/<arm name>_seed<k>.log``.
+The same seed gives the same initial weights and the same batches in every arm, so arms
+differ only in arithmetic. Every run and its directory is checked before the first one
+starts. A run that fails or crashes is a row with its status and the last line of its
+output, never a lost comparison; rerunning the command reuses finished runs and resumes
+interrupted ones (as `convprobe train` does on its own directory).
+
+`DIR/comparison.json` (kind `train-comparison`, `convprobe.results`) holds per run the
+final evaluation accuracy, the final training loss, skipped steps, jit, status and an
+underflow summary (`underflow_summary`), and per arm the mean and the sample standard
+deviation (ddof = 1) over its finished runs; `DIR/comparison.txt` the same as text.
+`--compare-loss-scaling` is the arms DTYPE/none, DTYPE/S, DTYPE/dynamic
+(`arms.loss_scaling_arms`). Beside the accuracy, `summarise` reduces the runs' telemetry
+to one per-layer table (`underflow.csv`, `underflow.txt`) and `plot_comparison` draws
+underflow per layer, the magnitude histogram of the fp32 shadow gradients with the
+format's representable range marked, and the loss-scale trajectory.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from convprobe import files
-from convprobe.training.config import LossScaleMode, LossScaleSpec, TrainConfig
-from convprobe.training.records import RunFiles, claim_directory
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-__all__ = ["comparison_specs", "run_comparison", "summarise", "overview", "plot_comparison", "format_table"]
+from convprobe import children, files, provenance, results
+from convprobe.errors import InvalidArgument
+from convprobe.formats import parse_format
+from convprobe.options import Status
+from convprobe.training.arms import Arm, loss_scaling_arms
+from convprobe.training.config import LossScaleMode, TrainConfig
+from convprobe.training.records import RunFiles, claim_directory, read_header, read_summary
+from convprobe.training.telemetry import decode_histogram
 
-#: What a comparison writes at its top level, beside one run directory per loss scale.
-COMPARISON_FILES = ("comparison.csv", "comparison.txt", "underflow_per_layer.png", "gradient_histogram.png",
-                    "scale_trajectory.png")
+__all__ = ["COMPARISON_NAME", "PlannedRun", "plan_arms", "run_arms", "child_arguments", "underflow_summary",
+           "arm_statistics", "format_comparison", "run_comparison", "summarise", "overview", "plot_comparison",
+           "format_table"]
+
+COMPARISON_NAME = results.COMPARISON_FILE
+#: What a comparison writes at its top level, beside one run directory (and its .log) per run.
+COMPARISON_FILES = (COMPARISON_NAME, "comparison.txt", "underflow.csv", "underflow.txt", "underflow_per_layer.png",
+                    "gradient_histogram.png", "scale_trajectory.png")
 
 FRACTIONS = ("flushed_fraction", "subnormal_fraction", "routing_zero_fraction", "lost_fraction",
              "underflow_fraction", "shadow_underflow_fraction")
 
+#: What the statistics per arm are (written into comparison.json).
+STATISTICS_NOTE = ("per arm, over its finished runs: mean and sample standard deviation (ddof = 1; null with "
+                   "fewer than 2 runs) of the final evaluation accuracy and of the final training loss")
+UNDERFLOW_NOTE = ("underflow = share of a gradient tensor's elements that are zero in the low-precision "
+                  "backward pass while their fp32 shadow (same weights, same batch) is not (flushed or lost; "
+                  "telemetry.csv's underflow_fraction). At the run's last recorded telemetry step, over the "
+                  "tensors computed in the compute dtype, each gradient counted once: weight_mean and "
+                  "activation_mean are the means over weight and activation gradients, worst the largest "
+                  "share of any one tensor (worst_tensor)")
+LOSS_NOTE = "final_loss: the training loss (mean cross-entropy of the batch) of the last step"
 
-def comparison_specs(config: TrainConfig, static_scale: float | None = None) -> list[LossScaleSpec]:
-    """none, static (the format's default scale, or 128 where that default is 1), dynamic."""
-    fmt = config.format
-    static = static_scale or (fmt.default_loss_scale if fmt.default_loss_scale > 1 else 128.0)
-    return [LossScaleSpec(LossScaleMode.NONE, 1.0), LossScaleSpec(LossScaleMode.STATIC, float(static)),
-            LossScaleSpec(LossScaleMode.DYNAMIC, 2.0**15)]
+#: TrainConfig fields without a command-line option: an arm's child runs them at their default.
+_NO_FLAG = ("synthetic_noise", "weight_decay", "momentum")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One (arm, seed) run: its validated configuration and directory name."""
+
+    arm: Arm
+    seed: int
+    config: TrainConfig
+
+    @property
+    def name(self) -> str:
+        return self.arm.run_name(self.seed)
+
+
+def _number(value: float) -> str:
+    """A float as text that reads back to the same float."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
+
+
+def child_arguments(config: TrainConfig) -> list[str]:
+    """`convprobe train` arguments that validate into `config` (progress off): every setting
+    spelled out, jit included, so the child runs exactly the run planned here."""
+    spec = config.loss_scale
+    scale = spec.mode.value if spec.mode in (LossScaleMode.NONE, LossScaleMode.DYNAMIC) else _number(spec.scale)
+    argv = ["train", "--dtype", config.dtype, "--loss-scale", scale, "--steps", str(config.steps),
+            "--record-every", str(config.record_every), "--batch-size", str(config.batch_size),
+            "--resnet-size", str(config.resnet_size), "--image-size", str(config.image_size),
+            "--seed", str(config.seed), "--data", config.data, "--output", str(config.output),
+            "--jit" if config.jit else "--no-jit", "--distribute", config.distribute,
+            "--learning-rate", _number(config.learning_rate), "--bn-momentum", _number(config.bn_momentum),
+            "--eval-batches", str(config.eval_batches), "--checkpoint-every", str(config.checkpoint_every),
+            "--arithmetic", config.arithmetic, "--no-progress"]
+    if spec.mode is LossScaleMode.STATIC_NO_SKIP:
+        argv.append("--no-skip")
+    if spec.mode is LossScaleMode.DYNAMIC:
+        argv += ["--dynamic-growth-steps", str(config.dynamic_growth_steps)]
+    if config.distribute == "mirrored":
+        argv += ["--devices", str(config.logical_devices)]
+    if config.data_dir is not None:
+        argv += ["--data-dir", str(config.data_dir)]
+    if config.arithmetic_map is not None:
+        argv += ["--arithmetic-map", str(config.arithmetic_map)]
+    if config.configuration is not None:
+        argv += ["--config", config.configuration]
+    return argv
+
+
+def plan_arms(base: TrainConfig, arms: list[Arm], seeds: list[int], output: str | Path, *,
+              jit: bool | None = None, skip: bool = True, arithmetic_map: str | None = None) -> list[PlannedRun]:
+    """Every (arm, seed) run validated and its directory checked, changing nothing: a bad arm,
+    a foreign or inconsistent run directory is one InvalidArgument line before any run starts."""
+    defaults = TrainConfig()
+    for name in _NO_FLAG:
+        if getattr(base, name) != getattr(defaults, name):
+            raise InvalidArgument(f"{name} has no command-line option, and every arm runs as `convprobe train` "
+                                  f"in a child process: keep its default ({getattr(defaults, name)!r}); received "
+                                  f"{getattr(base, name)!r}")
+    if base.distribute == "multi-worker":
+        raise InvalidArgument("--arm and --compare-loss-scaling run each arm in one process; they cannot be "
+                              "combined with --distribute multi-worker")
+    output = Path(output)
+    planned = [PlannedRun(arm, seed, arm.config(base, seed=seed, output=str(output / arm.run_name(seed)),
+                                                jit=jit, skip=skip, arithmetic_map=arithmetic_map))
+               for arm in arms for seed in seeds]
+    if arithmetic_map is not None and not any(run.config.arithmetic_map for run in planned):
+        raise InvalidArgument("--arithmetic-map is read only by an arm with @twin; received it with arms "
+                              + ", ".join(arm.label for arm in arms))
+    names = [run.name for run in planned]
+    document = output / COMPARISON_NAME
+    if document.is_file() and not document.is_symlink():
+        results.read(document, kinds=(results.Kind.TRAIN_COMPARISON,))  # a user's own file is refused
+    recorded = document.is_file() or any((output / name / "header.json").is_file() for name in names)
+    claim_directory(output, (*COMPARISON_FILES, *(f"{name}.log" for name in names)), own_directories=names,
+                    what="a convprobe comparison", recorded=recorded)
+    for run in planned:
+        RunFiles(run.config.output).plan(run.config.to_json())
+    return planned
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError as error:
+        return f"(its output could not be read: {results.reason(error)})"
+    lines = [line for line in lines if line]
+    return lines[-1][:500] if lines else "(no output)"
+
+
+def _finished(config: TrainConfig) -> bool:
+    files_ = RunFiles(config.output)
+    if not files_.summary_path.is_file():
+        return False
+    try:
+        summary = read_summary(config.output)
+    except InvalidArgument:
+        return False
+    return bool(summary["finished"]) and summary["final_step"] >= config.steps
+
+
+def _execute(run: PlannedRun, log: Path) -> tuple[Status, str | None, float]:
+    """Run one planned run in a child process; its status, the last line of its output when it
+    did not succeed, and its wall time."""
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    began = time.perf_counter()
+    with files.open_append(log) as handle:
+        handle.write(f"$ convprobe {' '.join(child_arguments(run.config))}\n")
+        handle.flush()
+        process = children.run("convprobe", child_arguments(run.config), env=environment,
+                               stdin=subprocess.DEVNULL, stdout=handle, stderr=handle)
+    seconds = time.perf_counter() - began
+    if process.returncode == 0 and _finished(run.config):
+        return Status.OK, None, seconds
+    status = Status.CRASHED if process.returncode < 0 else Status.FAILED
+    return status, f"exit status {process.returncode}: {_last_line(log)}", seconds
+
+
+def underflow_summary(directory: str | Path) -> dict | None:
+    """The run's underflow at its last recorded telemetry step (`UNDERFLOW_NOTE`); None
+    without telemetry."""
+    path = Path(directory) / "telemetry.csv"
+    if not path.is_file():
+        return None
+    t = pd.read_csv(path, keep_default_na=False, dtype={"same_gradient_as": str})
+    if t.empty:
+        return None
+    last = t[t["step"] == t["step"].max()]
+    compute = last.loc[last["kind"] == "activation", "precision"]
+    counted = last[(last["same_gradient_as"] == "")
+                   & ((last["precision"] == compute.iloc[0]) if len(compute) else True)]
+    worst = counted.loc[counted["underflow_fraction"].idxmax()]
+
+    def mean(kind: str) -> float | None:
+        part = counted.loc[counted["kind"] == kind, "underflow_fraction"]
+        return float(part.mean()) if len(part) else None
+
+    return {"step": int(last["step"].iloc[0]), "weight_mean": mean("weight"), "activation_mean": mean("activation"),
+            "worst": float(worst["underflow_fraction"]), "worst_tensor": f"{worst['kind']} {worst['layer']}",
+            "tensors": int(len(counted))}
+
+
+def _row(run: PlannedRun, status: Status, error: str | None, seconds: float | None, reused: bool) -> dict:
+    row = {"arm": run.arm.label, "seed": run.seed, "directory": run.name, "status": str(status), "error": error,
+           "reused": reused, "dtype": run.arm.dtype, "loss_scale": run.arm.scale_text,
+           "arithmetic": run.arm.arithmetic, "jit": run.config.jit, "eval_accuracy": None, "final_loss": None,
+           "skipped_steps": None, "nonfinite_steps": None, "final_step": None, "final_loss_scale": None,
+           "underflow": None, "seconds": seconds,
+           "command": "convprobe " + " ".join(child_arguments(run.config))}
+    if status == Status.OK:
+        summary = read_summary(run.config.output)
+        row.update(eval_accuracy=summary["eval_accuracy"], final_loss=summary["final_loss"],
+                   skipped_steps=summary["skipped_steps"], nonfinite_steps=summary["nonfinite_steps"],
+                   final_step=summary["final_step"], final_loss_scale=summary["final_loss_scale"],
+                   jit=summary["jit"], underflow=underflow_summary(run.config.output))
+    return row
+
+
+def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def arm_statistics(rows: list[dict], arms: list[str]) -> list[dict]:
+    """Per arm: runs, finished runs, mean and sample std (ddof = 1) of eval accuracy and final
+    loss over the finished runs, skipped steps in all, mean underflow (`UNDERFLOW_NOTE`)."""
+    table = []
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        ok = [r for r in mine if r["status"] == Status.OK]
+        accuracy, accuracy_std = _mean_std([r["eval_accuracy"] for r in ok])
+        loss, loss_std = _mean_std([r["final_loss"] for r in ok])
+        flows = [r["underflow"] for r in ok if r["underflow"] is not None]
+        table.append({
+            "arm": arm, "runs": len(mine), "finished": len(ok),
+            "eval_accuracy_mean": accuracy, "eval_accuracy_std": accuracy_std,
+            "final_loss_mean": loss, "final_loss_std": loss_std,
+            "skipped_steps": sum(r["skipped_steps"] for r in ok),
+            "underflow_activation_mean": _mean_std([f["activation_mean"] for f in flows])[0],
+            "underflow_weight_mean": _mean_std([f["weight_mean"] for f in flows])[0],
+            "underflow_worst": max((f["worst"] for f in flows), default=None),
+        })
+    return table
+
+
+def _percent(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return "-"
+    return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if std is not None else "") + " %"
+
+
+def format_comparison(document: dict) -> str:
+    """The comparison as text: mean ± std per arm, then one line per run."""
+    lines = [f"{'arm':<28} {'runs':>5}  {'eval accuracy, mean ± std':>26}  {'final loss':>18}  {'skipped':>7}  "
+             f"{'underflow act/weight (worst)':>30}"]
+    for a in document["arms"]:
+        loss = "-" if a["final_loss_mean"] is None else (
+            f"{a['final_loss_mean']:.4f}" + (f" ± {a['final_loss_std']:.4f}" if a["final_loss_std"] is not None else ""))
+        flow = "-" if a["underflow_activation_mean"] is None else (
+            f"{a['underflow_activation_mean']:.2%}/{a['underflow_weight_mean'] or 0:.2%} ({a['underflow_worst']:.2%})")
+        lines.append(f"{a['arm']:<28} {str(a['finished']) + '/' + str(a['runs']):>5}  {_percent(a['eval_accuracy_mean'], a['eval_accuracy_std']):>26}"
+                     f"  {loss:>18}  {a['skipped_steps']:>7}  {flow:>30}")
+    lines += ["", "std: sample standard deviation (ddof = 1) over the arm's finished runs; underflow: "
+                  "mean share of activation/weight gradient elements flushed or lost at the last recorded "
+                  "step, worst one tensor", ""]
+    lines.append(f"{'run':<40} {'status':<8} {'jit':<5} {'eval acc':>8} {'final loss':>10} {'skipped':>7} {'seconds':>8}")
+    for r in document["runs"]:
+        accuracy = "-" if r["eval_accuracy"] is None else f"{100 * r['eval_accuracy']:.2f}%"
+        loss = "-" if r["final_loss"] is None else f"{r['final_loss']:.4f}"
+        seconds = "reused" if r["reused"] else ("-" if r["seconds"] is None else f"{r['seconds']:.0f}")
+        lines.append(f"{r['directory']:<40} {r['status']:<8} {str(r['jit']).lower():<5} {accuracy:>8} {loss:>10} "
+                     f"{'-' if r['skipped_steps'] is None else r['skipped_steps']:>7} {seconds:>8}")
+        if r["error"]:
+            lines.append(f"    {r['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def _shared_params(planned: list[PlannedRun]) -> dict:
+    """The settings every run shares (the first run's, less what an arm or a seed sets)."""
+    params = planned[0].config.to_json()
+    for key in ("dtype", "loss_scale", "arithmetic", "seed", "output", "jit", "progress", "arithmetic_map"):
+        params.pop(key, None)
+    return params
+
+
+def run_arms(planned: list[PlannedRun], output: str | Path, *, figures: bool = True,
+             echo=None) -> dict:
+    """Run every planned run not yet finished, each in its own child process, then write
+    comparison.json (returned) and comparison.txt; with `figures`, where every arm has one
+    dtype, also the per-layer underflow table (underflow.csv, underflow.txt) and figures."""
+    output = Path(output)
+    echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
+    arms = list(dict.fromkeys(run.arm.label for run in planned))
+    seeds = list(dict.fromkeys(run.seed for run in planned))
+    rows = []
+    with files.directory_lock(output):
+        for i, run in enumerate(planned, start=1):
+            if _finished(run.config):
+                echo(f"[{i}/{len(planned)}] {run.name}: finished before, reused")
+                rows.append(_row(run, Status.OK, None, None, reused=True))
+                continue
+            echo(f"[{i}/{len(planned)}] {run.name}: training ({'XLA' if run.config.jit else 'no XLA'}), "
+                 f"output in {run.name}.log")
+            status, error, seconds = _execute(run, output / f"{run.name}.log")
+            row = _row(run, status, error, seconds, reused=False)
+            rows.append(row)
+            accuracy = "" if row["eval_accuracy"] is None else f", eval accuracy {row['eval_accuracy']:.4f}"
+            echo(f"[{i}/{len(planned)}] {run.name}: {status}{accuracy} ({seconds:.0f} s)"
+                 + (f": {error}" if error else ""))
+        document = results.envelope(
+            results.Kind.TRAIN_COMPARISON,
+            {"arms": arms, "seeds": seeds, "shared": _shared_params(planned)},
+            provenance.collect(seed=None, device="cpu"),
+            runs=rows, arms=arm_statistics(rows, arms),
+            notes={"statistics": STATISTICS_NOTE, "underflow": UNDERFLOW_NOTE, "final_loss": LOSS_NOTE},
+        )
+        results.write(output / COMPARISON_NAME, document)
+        files.write_atomic(output / "comparison.txt", format_comparison(document))
+        recorded = [r["directory"] for r in rows if r["status"] == Status.OK]
+        if figures and recorded and len({r["dtype"] for r in rows}) == 1:  # per layer: one dtype's tensors
+            table = summarise(output, recorded)
+            files.write_atomic(output / "underflow.csv", table.to_csv(index=False))
+            files.write_atomic(output / "underflow.txt", format_table(table))
+            plot_comparison(output, recorded)
+    return results.read(output / COMPARISON_NAME, kinds=(results.Kind.TRAIN_COMPARISON,))
 
 
 def run_comparison(config: TrainConfig, output: str | Path, *, static_scale: float | None = None,
-                   figures: bool = True, eager: bool = False):
-    """Run the three trainings into output/<label>/ and write the table and figures."""
-    from convprobe.training.trainer import train
-
-    output = Path(output)
-    specs = comparison_specs(config, static_scale)
-    labels = [spec.label for spec in specs]
-    claim_directory(output, COMPARISON_FILES, own_directories=labels, what="a convprobe comparison",
-                    recorded=any((output / label / "header.json").is_file() for label in labels))
-    configs = [replace(config, loss_scale=spec, output=str(output / spec.label)) for spec in specs]
-    with files.directory_lock(output):
-        for run_config in configs:  # every run checked before the first one trains
-            RunFiles(run_config.output).plan(run_config.to_json())
-        runs = {}
-        for spec, run_config in zip(specs, configs):
-            runs[spec.label] = train(run_config, eager=eager)
-        table = summarise(output, list(runs))
-        files.write_atomic(output / "comparison.csv", table.to_csv(index=False))
-        files.write_atomic(output / "comparison.txt", format_table(table))
-        if figures:
-            plot_comparison(output, list(runs))
-    return runs, table
+                   figures: bool = True, seeds: list[int] | None = None, jit: bool | None = None):
+    """`--compare-loss-scaling` as a library call: `config`'s run under the arms DTYPE/none,
+    DTYPE/S and DTYPE/dynamic (S `static_scale`, else the dtype's default or 128) at `seeds`
+    (default: the config's seed), through `plan_arms` and `run_arms`. Returns the comparison's
+    run rows keyed by run directory (output/fp16-none_seed0, fp16-128_seed0, fp16-dynamic_seed0)
+    and the per-layer underflow table (`summarise`) of the finished runs."""
+    arms = loss_scaling_arms(config.dtype, static_scale, config.arithmetic)
+    planned = plan_arms(config, arms, seeds or [config.seed], output, jit=config.jit if jit is None else jit,
+                        arithmetic_map=config.arithmetic_map)
+    document = run_arms(planned, output, figures=figures)
+    runs = {row["directory"]: row for row in document["runs"]}
+    finished = [name for name, row in runs.items() if row["status"] == Status.OK]
+    return runs, (summarise(output, finished) if finished else None)
 
 
 def summarise(output: str | Path, labels: list[str]):
     """Long table: scale, kind, index, layer, precision, same_gradient_as, mean fractions over
     the recorded steps."""
-    import pandas as pd
-
     frames = []
     keys = ["kind", "index", "layer", "precision", "same_gradient_as"]
     for label in labels:
@@ -86,8 +378,6 @@ def overview(table):
     gradient counted once: mean and worst-tensor share flushed, mean 'flushed or lost',
     mean subnormal. fp32-only tensors (batch-norm parameters) and taps that repeat another
     tap's gradient are left out; `tensors` says how many were averaged."""
-    import pandas as pd
-
     compute = _compute_precision(table)
     counted = table[(table["same_gradient_as"] == "") & (table["precision"] == compute)]
     rows = []
@@ -139,21 +429,11 @@ def format_table(table) -> str:
 
 def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     """Write underflow_per_layer.png, gradient_histogram.png, scale_trajectory.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    import pandas as pd
-
-    from convprobe.formats import parse_format
-    from convprobe.training.records import read_header
-    from convprobe.training.telemetry import decode_histogram
-
     output = Path(output)
     paths = []
     table = summarise(output, labels)
-    fig, axes = plt.subplots(2, 1, figsize=(14, 10), sharey=False)
+    fig = Figure(figsize=(14, 10))
+    axes = fig.subplots(2, 1, sharey=False)
     markers = "osD^v"
     for ax, kind in zip(axes, ("weight", "activation")):
         names = []
@@ -174,10 +454,10 @@ def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     fig.tight_layout()
     paths.append(output / "underflow_per_layer.png")
     files.save_figure(fig, paths[-1], dpi=100)
-    plt.close(fig)
 
     fmt = parse_format(read_header(output / labels[0])["params"]["dtype"])
-    fig, ax = plt.subplots(figsize=(10, 5))
+    fig = Figure(figsize=(10, 5))
+    ax = fig.subplots()
     for label in labels:
         t = pd.read_csv(output / label / "telemetry.csv")
         first = t[t["step"] == t["step"].min()]
@@ -201,9 +481,9 @@ def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     fig.tight_layout()
     paths.append(output / "gradient_histogram.png")
     files.save_figure(fig, paths[-1], dpi=100)
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig = Figure(figsize=(8, 4))
+    ax = fig.subplots()
     for label in labels:
         s = pd.read_csv(output / label / "steps.csv")
         ax.step(s["step"], s["loss_scale"], where="post", label=label)
@@ -216,5 +496,4 @@ def plot_comparison(output: str | Path, labels: list[str]) -> list[Path]:
     fig.tight_layout()
     paths.append(output / "scale_trajectory.png")
     files.save_figure(fig, paths[-1], dpi=100)
-    plt.close(fig)
     return paths
