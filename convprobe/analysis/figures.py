@@ -30,6 +30,8 @@ __all__ = [
     "compare_figure",
     "replay_figure",
     "training_run_figure",
+    "comparison_figure",
+    "comparison_table",
     "DEFAULT_HIGHLIGHT",
 ]
 
@@ -470,4 +472,62 @@ def training_run_figure(steps: pd.DataFrame, telemetry: pd.DataFrame, *, title: 
         if len(means):
             ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def _accuracy_text(mean, std) -> str:
+    if mean is None:
+        return "-"
+    return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if std is not None else "") + " %"
+
+
+def comparison_table(arms: list[dict]) -> pd.DataFrame:
+    """A training comparison's arms (`train-comparison` 'arms' rows) as a display table: eval
+    accuracy and final loss as mean ± sample std (ddof = 1), runs finished of runs, skipped steps
+    and the mean underflow of activation and weight gradients at the last recorded step."""
+    rows = []
+    for a in arms:
+        loss = "-" if a["final_loss_mean"] is None else f"{a['final_loss_mean']:.4f}" + (
+            f" ± {a['final_loss_std']:.4f}" if a["final_loss_std"] is not None else "")
+        act, weight = a.get("underflow_activation_mean"), a.get("underflow_weight_mean")
+        rows.append({"arm": a["arm"], "runs": f"{a['finished']}/{a['runs']}",
+                     "eval accuracy (mean ± std)": _accuracy_text(a["eval_accuracy_mean"], a["eval_accuracy_std"]),
+                     "final loss (mean ± std)": loss, "skipped steps": a["skipped_steps"],
+                     "underflow act / weight": "-" if act is None else f"{act:.3%} / {weight or 0:.3%}"})
+    return pd.DataFrame(rows)
+
+
+def comparison_figure(runs: list[dict], arms: list[dict], *, chance: float | None = None,
+                      title: str | None = None) -> Figure:
+    """A training comparison: final evaluation accuracy per arm, each seed's run a point and the
+    arm's mean ± sample standard deviation (ddof = 1) beside them; `chance` a dashed line. Runs
+    that did not finish are counted in the arm's label."""
+    labels = [a["arm"] for a in arms]
+    seeds = sorted({r["seed"] for r in runs})
+    markers = "osD^v<>pP*"
+    fig = Figure(figsize=(max(6.0, 1.6 * len(labels) + 2.5), 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    for i, arm in enumerate(arms):
+        for j, seed in enumerate(seeds):
+            for r in runs:
+                if r["arm"] == arm["arm"] and r["seed"] == seed and r["eval_accuracy"] is not None:
+                    ax.plot(i - 0.12, 100 * r["eval_accuracy"], marker=markers[j % len(markers)], ls="none",
+                            color=_SERIES_COLOURS[j % len(_SERIES_COLOURS)], alpha=0.8,
+                            label=f"seed {seed}" if i == 0 or not ax.get_legend_handles_labels()[1].count(
+                                f"seed {seed}") else None)
+        if arm["eval_accuracy_mean"] is not None:
+            std = arm["eval_accuracy_std"]
+            ax.errorbar(i + 0.12, 100 * arm["eval_accuracy_mean"], yerr=None if std is None else 100 * std,
+                        fmt="_", ms=18, mew=2, capsize=6, color="black",
+                        label="mean ± std (ddof = 1)" if i == 0 else None)
+    names = [f"{a['arm']}\n{a['finished']}/{a['runs']} runs" if a["finished"] < a["runs"] else a["arm"]
+             for a in arms]
+    ax.set_xticks(np.arange(len(labels)), names, fontsize=8)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    if chance is not None:
+        ax.axhline(100 * chance, color="grey", ls="--", lw=1, label=f"chance ({100 * chance:.0f} %)")
+    ax.set_ylabel("final evaluation accuracy (%)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(title or "final evaluation accuracy per arm", fontsize=11)
     return fig

@@ -1,8 +1,10 @@
 """`convprobe report`'s library: read any result, validate it completely, draw its figures.
 
 A result is a JSON envelope of any kind (`convprobe.results`), a tidy CSV or JSON
-table of the analysis schemas, or a training run directory (its header.json and
-CSVs, or a `--compare-loss-scaling` directory of runs). `draw` loads and checks every
+table of the analysis schemas, a training run directory (its header.json and
+CSVs), or a training comparison's directory (`convprobe train --arm ...` or
+`--compare-loss-scaling`: its comparison.json, drawn as a table of mean ± std accuracy
+per arm and a figure of every run's accuracy). `draw` loads and checks every
 input and builds every figure before it writes a single file: a malformed input is
 one InvalidArgument line naming the file and the field, and nothing is written.
 """
@@ -64,6 +66,9 @@ def load(path: str) -> list[Loaded]:
     if os.path.isdir(p):  # False, not an OSError, for a name too long or with a NUL byte: named below
         if os.path.lexists(p / "header.json"):  # a header that is a directory or a link loop is named by results.read
             return [_load_run(p)]
+        if os.path.lexists(p / results.COMPARISON_FILE):  # a training comparison: its document, not its runs one by one
+            document = results.read(p / results.COMPARISON_FILE, kinds=(results.Kind.TRAIN_COMPARISON,))
+            return [Loaded(p.name, document["kind"], document)]
         runs = sorted(d for d in p.iterdir() if os.path.lexists(d / "header.json"))
         if not runs:
             raise InvalidArgument(f"{path} is a directory without a training run (no header.json in it or "
@@ -131,6 +136,8 @@ def figures_for(item: Loaded):
     kind, document, frame = item.kind, item.document, item.frame
     if kind in ("overflow", "compare"):
         yield from _classic_figures(kind, document)
+    elif kind == results.Kind.TRAIN_COMPARISON:
+        yield from _comparison_figures(item.name, document)
     elif kind == "replay":
         yield "match", figures.replay_figure(document["results"])
     elif kind == "train":
@@ -153,6 +160,22 @@ def figures_for(item: Loaded):
             yield f"match-{op}", figures.match_fraction_figure(matches, op)
     else:
         yield from _sweep_figures(document, frame)
+
+
+#: Classes of every data source `convprobe train` reads (synthetic, digits, cifar10): chance is 1/10.
+_TRAIN_CLASSES = 10
+
+
+def _comparison_figures(name: str, document: dict):
+    shared = document["params"].get("shared", {})
+    what = ", ".join(f"{key} {shared[key]}" for key in ("data", "resnet_size", "steps", "batch_size", "eval_batches")
+                     if key in shared)
+    yield "table", figures.table_figure(
+        figures.comparison_table(document["arms"]),
+        title=f"{name}: final evaluation accuracy per arm, mean ± sample std (ddof = 1) over seeds "
+              f"{', '.join(map(str, document['params']['seeds']))}")
+    yield "accuracy", figures.comparison_figure(document["runs"], document["arms"], chance=1 / _TRAIN_CLASSES,
+                                                title=f"{name}: final evaluation accuracy per arm\n({what})")
 
 
 def _classic_figures(kind: str, document: dict):
