@@ -5,7 +5,11 @@ o's terms over the taps (i, j, c). Input gradient (stride 1): dy is the constant
 and the 180-degree rotated filter carries input channel c's row over (i, j, o),
 the order `convprobe.emulation.conv2d_backprop_input` reduces. Filter gradient: x
 is the constant and dy's channel o carries the row over the batch positions
-(n, oh, ow). Rows are read at an output whose window lies inside the image.
+(n, oh, ow). Rows are read at an output whose window lies inside the image. Where no forward output
+has one (a 3x3 SAME conv of a 2x2 image), the rows are read at the output that reads the
+most in-bounds taps, on those taps alone (`partial_window`): padded taps add zeros, which
+change no partial sum, so the order and formats measured there are the kernel's over the
+whole K, and the measured partial-sum starts are mapped back to K positions.
 
 One row a channel measures a mixture where the GEMM's tiles differ, so `measure`
 also groups the GEMM's rows and columns by kernel and measures each
@@ -26,7 +30,7 @@ from convprobe.identify.tile_patterns import measure_tiles
 from convprobe.probes.layers import Layer, run_ops
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, candidate_specs, measure_rows
 
-__all__ = ["measure", "pattern_rows", "pattern_outputs", "row_groups"]
+__all__ = ["measure", "pattern_rows", "pattern_outputs", "row_groups", "partial_window"]
 
 
 def row_groups(layer: Layer, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -78,16 +82,36 @@ def pattern_rows(layer: Layer, op: str) -> tuple[int, str]:
     return (layer.input_shape[3] if op == "conv2d_backprop_input" else layer.filter_shape[3]), ""
 
 
+def partial_window(layer: Layer, op: str) -> tuple[np.ndarray, tuple[int, int]] | None:
+    """For a forward conv none of whose outputs reads only in-bounds inputs: the K positions
+    (taps, channels) that the output reading the most of them reads, and where that output
+    is; None for a layer with such an output, and for the gradients."""
+    if op != "conv2d" or spot(layer, op) is not None:
+        return None
+    leaves, rows = row_groups(layer, op)[0]
+    _, oh, ow = np.unravel_index(int(rows[0]), layer.output_shape[:3])
+    return leaves, (int(oh), int(ow))
+
+
 def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: float,
-                    rows: np.ndarray | None = None) -> np.ndarray:
+                    rows: np.ndarray | None = None, window: tuple[np.ndarray, tuple[int, int]] | None = None
+                    ) -> np.ndarray:
     """sum_k patterns[r, k] for each row r, computed by `op` at `layer`'s shape (see module
     docstring); rows beyond one call's capacity take several calls, run together. With
     `rows` (GEMM row indices), each pattern's sum as every one of those GEMM rows computes
-    it: (patterns, rows)."""
-    capacity, why = pattern_rows(layer, op)
-    if not capacity:
-        raise ValueError(why)
-    ph, pw = spot(layer, op)
+    it: (patterns, rows). With `window` (`partial_window`), the patterns are over its K
+    positions and read at its output."""
+    if window is not None:
+        leaves, (ph, pw) = window
+        capacity = layer.filter_shape[3]
+        spread = np.zeros((len(patterns), layer.k(op)), dtype=np.asarray(patterns).dtype)
+        spread[:, leaves] = patterns
+        patterns = spread
+    else:
+        capacity, why = pattern_rows(layer, op)
+        if not capacity:
+            raise ValueError(why)
+        ph, pw = spot(layer, op)
     c, (kh, kw, _, cout) = layer.input_shape[3], layer.filter_shape
     constant = {"conv2d": layer.input_shape, "conv2d_backprop_input": layer.output_shape,
                 "conv2d_backprop_filter": layer.input_shape}[op]
@@ -156,6 +180,12 @@ def _measure_in_order(backend, layer: Layer, op: str, seed: int, window_probe: b
     tiles = {"columns": [run.to_dict() for run in tiling.columns] or None, "columns_note": tiling.columns_note,
              "rows": [run.to_dict() for run in tiling.rows] or None, "rows_note": tiling.rows_note}
     capacity, why = pattern_rows(layer, op)
+    window = partial_window(layer, op)
+    if window is not None:
+        on_window = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale,
+                                                                         window=window), len(window[0]))
+        full = on_full_k(on_window, window)
+        return replace(full, derived=(*_layout_specs(layer, op), *_window_specs(full, window, layer.k(op))), **tiles)
     if not capacity:
         return Structure(note=why, derived=_layout_specs(layer, op, tiling.columns), **tiles)
     runs = tiling.columns
@@ -165,6 +195,40 @@ def _measure_in_order(backend, layer: Layer, op: str, seed: int, window_probe: b
         measured = measure_rows(lambda patterns, scale: pattern_outputs(backend, layer, op, patterns, scale),
                                 layer.k(op))
     return replace(measured, derived=_layout_specs(layer, op), **tiles)
+
+
+def on_full_k(measured: Structure, window: tuple[np.ndarray, tuple[int, int]]) -> Structure:
+    """A structure measured on a window's K positions (`partial_window`), in K positions:
+    a partial sum that starts at the window's i-th position starts at that K position (where
+    a run of padded taps lies before it, the start may lie anywhere in the run: the first
+    in-bounds position is taken, and the confirmation decides). Lanes keep their meaning
+    only where every run of in-bounds positions starts and ends on a lane boundary."""
+    leaves, (oh, ow) = window
+    where = f"measured on the {len(leaves)} in-bounds terms of output ({oh}, {ow}), the most any output reads"
+    note = "; ".join(part for part in (measured.note, where) if part)
+    runs = np.split(leaves, np.flatnonzero(np.diff(leaves) != 1) + 1)
+    lanes = measured.lanes
+    if lanes and lanes > 1 and any(run[0] % lanes or len(run) % lanes for run in runs):
+        return replace(measured, lanes=None, note=f"{note}; {lanes} lanes over in-bounds runs that do not "
+                                                  f"align with them: not mapped")
+    bounds = None if measured.boundaries is None else [int(leaves[b]) for b in measured.boundaries if 0 < b < len(leaves)]
+    return replace(measured, boundaries=bounds, note=note)
+
+
+def _window_specs(measured: Structure, window, k: int) -> list[str]:
+    """Readings of an fp16 kernel's starts that a window cannot tell apart. From B at its
+    start, a kernel split once (K sharded over two threads) reads like chunks every n added
+    in fp32 (`structure._fp16_structure` then takes every n as a start, counted from the
+    window's first term): the single split is tried, and chunks every n counted from K's
+    first term where the window starts on one."""
+    if measured.accumulator != "fp16" or measured.total != "fp32" or not measured.boundaries:
+        return []
+    first, start = measured.boundaries[0], int(window[0][0])
+    specs = candidate_specs(replace(measured, boundaries=[first], total="fp16"), k)
+    period = first - start
+    if period > 0 and start % period == 0:
+        specs += candidate_specs(replace(measured, boundaries=list(range(period, k, period))), k)
+    return list(dict.fromkeys(specs))
 
 
 def _spot_row(layer: Layer, op: str) -> int | None:

@@ -513,3 +513,23 @@ def test_one_image_is_measured_in_one_order():
     measured = layer_patterns.measure(EmulatedBackend("sequential:fp16"), Layer((1, 6, 6, 8), (3, 3, 8, 4)),
                                       "conv2d_backprop_filter")
     assert measured.innermost is None and measured.batch_innermost is None
+
+PADDED = Layer((8, 2, 2, 64), (3, 3, 64, 16))  # 3x3 SAME on 2x2: every output reads padding
+
+
+@pytest.mark.parametrize("spec", [
+    "splitk(parts=2, sequential:fp16:product=fp16, combine=fp16)",  # Eigen's K sharded over two threads
+    "chunked:fp32:n=288:total=fp32:output=fp16",
+    "sequential:fp16:product=fp16",
+    "chunked:fp16:n=64:product=fp16",  # fp16 chunks every 64 added in fp32
+    "sequential:fp32:output=fp16",
+])
+def test_a_layer_whose_every_output_reads_padding_is_measured_on_its_widest_window(spec):
+    backend = EmulatedBackend(spec)
+    measured = layer_patterns.measure(backend, PADDED, "conv2d")
+    assert "in-bounds terms of output" in measured.note, measured
+    specs = [*structure.candidate_specs(measured, PADDED.k("conv2d")), *measured.derived]
+    x, w = op_confirmation_inputs(PADDED, "conv2d", 3)
+    truth = run_op(backend, PADDED, "conv2d", x, w)
+    assert any(np.array_equal(run_op(EmulatedBackend(s), PADDED, "conv2d", x, w).view(np.uint16),
+                              truth.view(np.uint16)) for s in specs), (measured, specs)
