@@ -323,14 +323,15 @@ def test_a_comparison_refuses_a_bad_run_directory_before_any_run_trains(tmp_path
     comparison = tmp_path / "cmp"
     comparison.mkdir()
     if plant == "link":
-        (comparison / "dynamic").symlink_to(user)
+        (comparison / "fp16-dynamic_seed0").symlink_to(user)
     else:
-        (comparison / "dynamic").mkdir()
-        (comparison / "dynamic" / "notes.txt").write_text("mine")
-        (comparison / "none").mkdir()
-        (comparison / "none" / "header.json").write_text("{}")  # a comparison that looks recorded
+        (comparison / "fp16-dynamic_seed0").mkdir()
+        (comparison / "fp16-dynamic_seed0" / "notes.txt").write_text("mine")
+        (comparison / "fp16-none_seed0").mkdir()
+        (comparison / "fp16-none_seed0" / "header.json").write_text("{}")  # a comparison that looks recorded
     before = _digest(tmp_path)
     code, out, err = main_in_process(["train", *TINY_RUN, "--compare-loss-scaling", "--output", str(comparison)])
-    assert code == 2 and ("dynamic is a symbolic link" in _one_line(err) or "not a convprobe run" in err
-                          or "header.json" in err), err
+    said = _one_line(err)
+    assert code == 2 and ("fp16-dynamic_seed0 is a symbolic link" in said if plant == "link"
+                          else "fp16-none_seed0/header.json" in said), err
     assert _digest(tmp_path) == before

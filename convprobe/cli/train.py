@@ -309,8 +309,8 @@ def _multi_worker(args, config) -> int:
         raise InvalidArgument(f"--local-workers needs --distribute multi-worker; received --distribute "
                               f"{config.distribute}")
     if comparing(args):
-        raise InvalidArgument(f"{'--arm' if args.arm else '--compare-loss-scaling'} runs each arm in one "
-                              f"process; it cannot be combined with --distribute multi-worker")
+        raise InvalidArgument(f"{'--arm' if args.arm else '--compare-loss-scaling'} runs in one process per "
+                              f"run; it cannot be combined with --distribute multi-worker")
     RunFiles(config.output).plan(config.to_json())  # a bad run directory fails here, once
     if args.local_workers is None:
         cluster.read_tf_config()

@@ -99,15 +99,17 @@ class Arm:
 
     @property
     def name(self) -> str:
-        """The label as a directory name: '/', '@', ':' and '=' become '-' ('@' doubled), any
-        other character outside [A-Za-z0-9._+-] '_'; a long one is cut and given a digest."""
-        name = self.label.replace("@", "--")
-        name = re.sub(r"[/:=]", "-", name)
+        """The label as a directory name: '/', '@', ':' and '=' become '-' ('@' doubled).
+        A label with any other character outside [A-Za-z0-9.] (a tree spec's brackets, a
+        format's '_') has them as '_' and a digest of the label appended, so that two arms never
+        share a name; a long one is cut before its digest."""
+        name = re.sub(r"[/:=]", "-", self.label.replace("@", "--"))
+        if re.fullmatch(r"[A-Za-z0-9.]*", self.label.replace("@", "").replace("/", "").replace(":", "")
+                        .replace("=", "")):
+            return name
         name = re.sub(r"[^A-Za-z0-9._+-]", "_", name)
-        if len(name) > _MAX_NAME:
-            digest = hashlib.sha256(self.label.encode()).hexdigest()[:12]
-            name = f"{name[:_MAX_NAME - 13]}-{digest}"
-        return name
+        digest = hashlib.sha256(self.label.encode()).hexdigest()[:8]
+        return f"{name[:_MAX_NAME]}-{digest}"
 
     def run_name(self, seed: int) -> str:
         """The run directory of this arm at `seed`: `<name>_seed<k>`."""
@@ -120,6 +122,11 @@ class Arm:
         choose: XLA unless its arithmetic is emulated). `arithmetic_map` applies to a twin arm."""
         shared = {f.name: getattr(base, f.name) for f in fields(TrainConfig)}
         shared.pop("loss_scale")
+        defaults = TrainConfig()
+        if self.loss_scale.mode is not LossScaleMode.DYNAMIC:  # what the run's own command line would hold
+            shared["dynamic_growth_steps"] = defaults.dynamic_growth_steps
+        if base.distribute != "mirrored":
+            shared["logical_devices"] = defaults.logical_devices
         shared.update(dtype=self.dtype, loss_scale=self.scale_text, skip=skip, arithmetic=self.arithmetic,
                       seed=seed, output=output, jit=jit,
                       arithmetic_map=arithmetic_map if self.arithmetic == ArithmeticKind.TWIN else None)

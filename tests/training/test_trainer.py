@@ -141,32 +141,32 @@ def test_records_stream_and_resume_reproduces_uninterrupted_run(tmp_path, tiny):
         train(replace(interrupted, seed=8), eager=True)
 
 
+@pytest.mark.slow
 def test_compare_loss_scaling_writes_table_and_figures(tmp_path, tiny):
-    from convprobe.training.compare import run_comparison
+    """The library call behind --compare-loss-scaling: three arms, each run in its own process
+    (tests/training/test_comparison.py runs the command)."""
+    from convprobe.training.compare import overview, run_comparison
 
     config = validate_config(steps=2, record_every=1, **tiny)
-    runs, table = run_comparison(config, tmp_path / "cmp", eager=True)
-    assert list(runs) == ["none", "static-128", "dynamic"]
-    assert set(table["scale"]) == {"none", "static-128", "dynamic"}
+    runs, table = run_comparison(config, tmp_path / "cmp")
+    labels = ["fp16-none_seed0", "fp16-128_seed0", "fp16-dynamic_seed0"]
+    assert list(runs) == labels and all(run["status"] == "ok" for run in runs.values())
+    assert set(table["scale"]) == set(labels)
     assert set(table["kind"]) == {"weight", "activation"}
     assert (table["recorded_steps"] == 2).all()
-    for name in ("comparison.csv", "comparison.txt", "underflow_per_layer.png", "gradient_histogram.png",
-                 "scale_trajectory.png"):
+    for name in ("comparison.json", "comparison.txt", "underflow.csv", "underflow.txt", "underflow_per_layer.png",
+                 "gradient_histogram.png", "scale_trajectory.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 0
-    text = (tmp_path / "cmp" / "comparison.txt").read_text()
-    assert "routing0" in text and "initial_conv" in text and "flush|lost:none" in text and "(fp32)" in text
-    from convprobe.training.compare import overview
-
+    text = (tmp_path / "cmp" / "underflow.txt").read_text()
+    assert "routing0" in text and "initial_conv" in text and "flush|lost:fp16-none_seed0" in text and "(fp32)" in text
     view = overview(table)
     assert list(view["gradients"]) == ["activation"] * 3 + ["weight"] * 3
-    counted = table[(table["scale"] == "none") & (table["kind"] == "weight") & (table["precision"] == "fp16")]
-    assert view.iloc[3]["tensors"] == len(counted) < (table[(table["scale"] == "none")
-                                                             & (table["kind"] == "weight")]).shape[0]
-    taps = table[(table["scale"] == "none") & (table["kind"] == "activation")]
+    none, static = table[table["scale"] == labels[0]], table[table["scale"] == labels[1]]
+    counted = none[(none["kind"] == "weight") & (none["precision"] == "fp16")]
+    assert view.iloc[3]["tensors"] == len(counted) < (none[none["kind"] == "weight"]).shape[0]
+    taps = none[none["kind"] == "activation"]
     assert view.iloc[0]["tensors"] == (taps["same_gradient_as"] == "").sum() < len(taps)
     assert (view["flushed_or_lost_mean"] >= view["flushed_mean"]).all()
-    none = table[table["scale"] == "none"]
-    static = table[table["scale"] == "static-128"]
     assert none["subnormal_fraction"].sum() > static["subnormal_fraction"].sum()
 
 
