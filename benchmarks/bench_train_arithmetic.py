@@ -1,0 +1,100 @@
+"""Benchmark: a training step under an emulated arithmetic against the native fp32 step.
+
+Run: ``python benchmarks/bench_train_arithmetic.py [--resnet-size 20] [--batch-size 32]
+[--steps 5] [--arithmetic v100:out=fp16 a100 twin ...]``
+
+The goal (issue 41): a step whose every conv, forward and both gradients, runs in the
+emulator costs at most 25x the native fp32 step of the same model and batch. Each arm
+runs in its own process (a configuration and XLA are chosen before TensorFlow starts),
+builds the harness's `Trainer` on synthetic data, runs two warm-up steps, then times
+`--steps` plain steps (no telemetry). It prints process CPU time per step (every thread
+of the process) and its ratio to the floor, native fp32 with XLA as the harness runs it
+by default, measured in this same run; wall time is printed beside it. The twin's
+identify map is measured once, before the timing, by `convprobe identify`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+#: (label, dtype, arithmetic, jit): the floor first.
+FLOOR = ("native fp32 (XLA)", "fp32", "native", True)
+NATIVE = [("native fp32 (no XLA)", "fp32", "native", False), ("native fp16 (XLA)", "fp16", "native", True),
+          ("native fp16 (no XLA)", "fp16", "native", False)]
+
+
+def child(args) -> None:
+    """Time one arm in this (fresh) process and print one JSON line."""
+    from convprobe.training.config import validate_config
+    from convprobe.training.trainer import Trainer
+    from convprobe.training.arithmetic import read_identify_map
+
+    config = validate_config(dtype=args.dtype, arithmetic=args.arm, jit=args.jit == "on",
+                             resnet_size=args.resnet_size, batch_size=args.batch_size, steps=args.steps + 2)
+    trainer = Trainer(config, identify_map=None if args.map is None else read_identify_map(args.map))
+    for step in range(2):
+        trainer.step(step, telemetry=False)
+    cpu, wall = time.process_time(), time.perf_counter()
+    for step in range(2, 2 + args.steps):
+        trainer.step(step, telemetry=False)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    emulated = sum(op.model is not None for layer in trainer.layer_arithmetic.values() for op in layer.ops.values())
+    print(json.dumps({"cpu": cpu / args.steps, "wall": wall / args.steps, "emulated_ops": emulated}))
+
+
+def run_arm(args, dtype: str, arithmetic: str, jit: bool, identify_map: str | None) -> dict:
+    command = [sys.executable, __file__, "--child", arithmetic, "--dtype", dtype, "--jit", "on" if jit else "off",
+               "--resnet-size", str(args.resnet_size), "--batch-size", str(args.batch_size), "--steps", str(args.steps)]
+    if identify_map is not None:
+        command += ["--map", identify_map]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--resnet-size", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--arithmetic", nargs="*", default=["v100:out=fp16", "a100", "sequential:fp32:output=fp16", "twin"])
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default="fp16", help=argparse.SUPPRESS)
+    parser.add_argument("--jit", default="off", help=argparse.SUPPRESS)
+    parser.add_argument("--map", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        return child(args)
+    print(f"ResNet-{args.resnet_size}, batch {args.batch_size}, synthetic 32x32, {args.steps} timed steps after 2 "
+          f"warm-up steps, each arm in its own process; CPU = process CPU seconds per step (all threads)")
+    with tempfile.TemporaryDirectory(prefix="bench-twin-") as scratch:
+        identify_map = None
+        if "twin" in args.arithmetic:
+            identify_map = str(Path(scratch) / "identify.json")
+            subprocess.run([sys.executable, "-m", "convprobe", "identify", "--resnet-size", str(args.resnet_size),
+                            "--batch", str(args.batch_size), "--configs", "default", "--output", identify_map],
+                           capture_output=True, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        floor = run_arm(args, *FLOOR[1:], None)
+        print(f"{'arm':34s} {'CPU s/step':>11s} {'wall s/step':>12s} {'emulated ops':>13s} {'x floor CPU':>12s}")
+        rows = [(FLOOR[0], floor)] + [(label, run_arm(args, d, a, j, None)) for label, d, a, j in NATIVE]
+        rows += [(f"fp16 @ {arm}", run_arm(args, "fp16", arm, False, identify_map if arm == "twin" else None))
+                 for arm in args.arithmetic]
+        for label, row in rows:
+            if "error" in row:
+                print(f"{label:34s} failed: {row['error']}")
+                continue
+            ratio = row["cpu"] / floor["cpu"]
+            print(f"{label:34s} {row['cpu']:11.3f} {row['wall']:12.3f} {row['emulated_ops']:13d} {ratio:11.1f}x")
+
+
+if __name__ == "__main__":
+    main()
