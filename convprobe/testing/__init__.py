@@ -16,6 +16,7 @@ markers: `gpu`, `tensorflow`, `conv_backends(...)`; options:
 from convprobe.testing.assertions import (
     ACCUMULATIONS,
     BOUND_KINDS,
+    UnderflowClass,
     assert_accumulates_in,
     assert_all_finite,
     assert_no_gradient_underflow,
@@ -28,6 +29,7 @@ __all__ = [
     "ACCUMULATIONS",
     "BOUND_KINDS",
     "ConvBackend",
+    "UnderflowClass",
     "assert_accumulates_in",
     "assert_all_finite",
     "assert_no_gradient_underflow",

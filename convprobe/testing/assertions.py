@@ -20,6 +20,7 @@ import math
 import numbers
 import os
 import reprlib
+from enum import StrEnum
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -321,8 +322,35 @@ def assert_within_error_bound(
 
 # --------------------------------------------------------------------------- underflow
 
-#: Columns `assert_no_gradient_underflow` needs from the harness's telemetry records.
-_REQUIRED_COLUMNS = ("layer", "n", "flushed")
+class UnderflowClass(StrEnum):
+    """What `assert_no_gradient_underflow` counts: both kinds of underflow (the default, as
+    the README defines underflow: zero in low precision, nonzero in fp32), or one of them."""
+
+    UNDERFLOW = "underflow"  # flushed + lost
+    FLUSHED = "flushed"      # the shadow |S*g| is at most half the smallest subnormal: rounded to zero
+    LOST = "lost"            # the shadow value is representable: an upstream flush or cancellation
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("flushed", "lost") if self is UnderflowClass.UNDERFLOW else (str(self),)
+
+
+_CLASS_TEXT = {
+    UnderflowClass.UNDERFLOW: ("underflowed (flushed or lost)",
+                               "underflow = zero in the low-precision run while the fp32 shadow |S*g| is nonzero: "
+                               "flushed (the shadow is at most half the smallest subnormal, 2**-25 for fp16) or lost "
+                               "(the shadow is representable: an upstream flush or cancellation)"),
+    UnderflowClass.FLUSHED: ("were flushed to zero",
+                             "flushed = zero in the low-precision run while the fp32 shadow |S*g| is nonzero and at "
+                             "most half the smallest subnormal (2**-25 for fp16)"),
+    UnderflowClass.LOST: ("were lost",
+                          "lost = zero in the low-precision run while the fp32 shadow |S*g| is representable "
+                          "(an upstream flush or cancellation)"),
+}
+
+#: Columns `assert_no_gradient_underflow` always needs from the harness's telemetry records
+#: (plus the counted class's: flushed and lost by default).
+_REQUIRED_COLUMNS = ("layer", "n")
 
 #: What the columns it reads must hold (rules of `analysis.tables.VALUE_RULES`; optional ones when present).
 _COLUMN_RULES = {"n": "count", "flushed": "count", "lost": "count", "subnormal": "count", "routing_zero": "count",
@@ -357,24 +385,28 @@ def _telemetry_frame(records):
     raise InvalidArgument(f"records must be {_RECORD_FORMS}; received {_received(records)}")
 
 
-def _checked(frame):
+def _checked(frame, counted: UnderflowClass):
     """`frame` if it holds the telemetry the assertion reads, counts as counts; one line otherwise."""
     from convprobe.analysis.tables import check_values
 
-    missing = [c for c in _REQUIRED_COLUMNS if c not in frame.columns]
+    required = (*_REQUIRED_COLUMNS, *counted.columns)
+    missing = [c for c in required if c not in frame.columns]
     if missing:
         raise InvalidArgument(
-            f"records must have the telemetry columns {', '.join(_REQUIRED_COLUMNS)}; missing {', '.join(missing)} "
+            f"records must have the telemetry columns {', '.join(required)}; missing {', '.join(missing)} "
             f"(columns present: {', '.join(map(str, frame.columns)) or 'none'})"
         )
     if frame.empty:
         raise InvalidArgument("records hold no telemetry rows: nothing was recorded, so nothing can be asserted")
     check_values(frame, _COLUMN_RULES, where="records")
-    over = frame["flushed"].astype("float64") > frame["n"].astype("float64")
+    counted_sum = sum(frame[c].astype("float64") for c in counted.columns)
+    over = counted_sum > frame["n"].astype("float64")
     if over.any():
         row = int(np.flatnonzero(over.to_numpy())[0])
-        raise InvalidArgument(f"records: column 'flushed' must be at most n (values counted); row {row} holds "
-                              f"flushed {frame['flushed'].iloc[row]} of n {frame['n'].iloc[row]}")
+        what = " + ".join(counted.columns)
+        raise InvalidArgument(f"records: column{'s' if len(counted.columns) > 1 else ''} {what} must be at most n "
+                              f"(values counted); row {row} holds {what} {int(counted_sum.iloc[row])} of n "
+                              f"{frame['n'].iloc[row]}")
     return frame
 
 
@@ -384,25 +416,30 @@ def assert_no_gradient_underflow(
     layer: str | Sequence[str] | None = None,
     tolerance: float = 0.0,
     kind: str | None = None,
+    counting: str = "underflow",
 ) -> None:
     """Assert that no more than `tolerance` of each layer's gradient values underflowed.
 
-    `records` is the training harness's per-layer telemetry (a DataFrame, a
-    list of row dicts, a `telemetry.csv` or the run directory holding it); the
-    columns used are layer, n and flushed (plus kind, step, loss_scale, lost,
-    subnormal and routing_zero when present, for the message). A value
-    *underflowed* when it is zero in the low-precision run while its fp32
-    shadow |S g| is nonzero and below half the format's smallest subnormal
-    (2**-25 for fp16): it was flushed to zero. Routing zeros (ReLU, pooling)
-    are not underflow. The fraction is flushed / n summed over every recorded
-    step, per layer (and kind). `layer` selects layers by name or glob
-    ("stage1*"); `kind` is "weight" or "activation"; `tolerance` is a fraction
-    in [0, 1] (0: no value may underflow).
+    `records` is per-layer telemetry (a DataFrame, a list of row dicts, a
+    `telemetry.csv` or the run directory holding it: `convprobe train`'s or the
+    `UnderflowTelemetry` callback's). A value *underflowed* when it is zero in
+    the low-precision run while its fp32 shadow |S g| is nonzero, as the README
+    defines underflow: `counting="underflow"` (the default) counts flushed + lost;
+    `"flushed"` only values the format itself rounded to zero (shadow at most half
+    the smallest subnormal, 2**-25 for fp16), `"lost"` only those whose shadow was
+    representable (an upstream flush or cancellation). Routing zeros (ReLU,
+    pooling) never count. The fraction is counted / n summed over every recorded
+    step, per layer (and kind); the message lists the worst layers first.
+    `layer` selects layers by name or glob ("stage1*"); `kind` is "weight" or
+    "activation"; `tolerance` is a fraction in [0, 1] (0: no value may underflow).
     """
     __tracebackhide__ = True
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance <= 1.0:
         raise InvalidArgument(f"tolerance must be a fraction in [0, 1]; received {tolerance!r}")
-    frame = _checked(_telemetry_frame(records))
+    if counting not in set(UnderflowClass):
+        raise invalid_choice("counting", counting, list(UnderflowClass))
+    counted = UnderflowClass(counting)
+    frame = _checked(_telemetry_frame(records), counted)
     if layer is not None and not (isinstance(layer, str) or (
             isinstance(layer, Iterable) and all(isinstance(p, str) for p in layer))):
         raise InvalidArgument(f"layer must be a layer name or glob, or a list of them; received {_received(layer)}")
@@ -424,15 +461,15 @@ def assert_no_gradient_underflow(
             raise invalid_choice("kind", kind, kinds)
         frame = frame[frame["kind"].astype(str) == kind]
     keys = ["layer"] + (["kind"] if "kind" in frame.columns else [])
-    extra = [c for c in ("lost", "subnormal", "routing_zero") if c in frame.columns]
-    grouped = frame.groupby(keys, sort=False)[["n", "flushed", *extra]].sum()
-    grouped["fraction"] = grouped["flushed"] / grouped["n"].where(grouped["n"] > 0)
-    grouped["fraction"] = grouped["fraction"].fillna(0.0)
-    bad = grouped[grouped["fraction"] > tolerance].sort_values("fraction", ascending=False)
+    shown_columns = [c for c in ("flushed", "lost", "subnormal", "routing_zero") if c in frame.columns]
+    grouped = frame.groupby(keys, sort=False)[["n", *shown_columns]].sum()
+    grouped["counted"] = sum(grouped[c] for c in counted.columns)
+    grouped["fraction"] = (grouped["counted"] / grouped["n"].where(grouped["n"] > 0)).fillna(0.0)
+    bad = grouped[grouped["fraction"] > tolerance].sort_values("fraction", ascending=False, kind="stable")
     if bad.empty:
         return
     total_n = int(grouped["n"].sum())
-    total_flushed = int(grouped["flushed"].sum())
+    total = int(grouped["counted"].sum())
     scope = ("all layers" if layer is None else f"layer {layer!r}") + (f", {kind} gradients" if kind else "")
     steps = ""
     if "step" in frame.columns:
@@ -441,22 +478,22 @@ def assert_no_gradient_underflow(
     if "loss_scale" in frame.columns:
         values = sorted(set(float(s) for s in frame["loss_scale"]))
         scales = f", loss scale {', '.join(f'{s:g}' for s in values[:4])}{', ...' if len(values) > 4 else ''}"
+    verb, definition = _CLASS_TEXT[counted]
+    name = "+".join(counted.columns)
+    worst = ", ".join(" ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
+                      for key in bad.index[:3])
     lines = [
         f"gradients underflowed in {len(bad)} of {len(grouped)} (layer, kind) groups of {scope}"
-        f"{steps}{scales}: "
-        + ("some of their values were flushed to zero " if tolerance == 0 else
-           f"more than {tolerance:.3g} of their values were flushed to zero ")
-        + f"({total_flushed} of {total_n} values overall).",
-        "  flushed = zero in the low-precision run while the fp32 shadow |S*g| is nonzero and below half "
-        "the smallest subnormal (2**-25 for fp16); routing zeros (ReLU, pooling) are not counted.",
-        "  worst groups (layer [kind]: flushed / n = fraction" + (", " + ", ".join(extra) if extra else "") + "):",
+        f"{steps}{scales}, worst {worst}: "
+        + (f"some of their values {verb} " if tolerance == 0 else f"more than {tolerance:.3g} of their values {verb} ")
+        + f"({total} of {total_n} values overall).",
+        f"  {definition}; routing zeros (ReLU, pooling) are not counted.",
+        f"  worst groups (layer [kind]: {name} / n = fraction; " + ", ".join(shown_columns) + "):",
     ]
     for key, row in bad.head(2 * _SHOWN).iterrows():
-        name = " ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
-        more = ", ".join(f"{c} {int(row[c])}" for c in extra)
-        lines.append(
-            f"    {name}: {int(row['flushed'])} / {int(row['n'])} = {row['fraction']:.4g}" + (f"; {more}" if more else "")
-        )
+        label = " ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
+        more = ", ".join(f"{c} {int(row[c])}" for c in shown_columns)
+        lines.append(f"    {label}: {int(row['counted'])} / {int(row['n'])} = {row['fraction']:.4g}; {more}")
     if len(bad) > 2 * _SHOWN:
         lines.append(f"    ... and {len(bad) - 2 * _SHOWN} more")
     lines.append("  a larger loss scale S moves gradients up, out of the flush range.")

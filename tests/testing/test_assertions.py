@@ -161,15 +161,15 @@ def test_error_bound_rejects_bad_arguments():
 # --------------------------------------------------------------------------- assert_no_gradient_underflow
 
 
-def _records(flushed_conv2: int = 0) -> pd.DataFrame:
+def _records(flushed_conv2: int = 0, lost_dense: int = 0) -> pd.DataFrame:
     rows = []
     for step in (0, 10):
-        for layer, flushed in (("conv1", 0), ("stage1/conv2", flushed_conv2), ("dense", 0)):
+        for layer, flushed, lost in (("conv1", 0, 0), ("stage1/conv2", flushed_conv2, 0), ("dense", 0, lost_dense)):
             for kind in ("weight", "activation"):
                 rows.append({
                     "step": step, "loss_scale": 128.0, "kind": kind, "layer": layer, "n": 1000,
                     "routing_zero": 300, "flushed": flushed if kind == "activation" else 0,
-                    "lost": 0, "subnormal": 5,
+                    "lost": lost if kind == "activation" else 0, "subnormal": 5,
                 })
     return pd.DataFrame(rows)
 
@@ -184,9 +184,40 @@ def test_underflow_tolerance_is_a_fraction_with_an_exact_edge():
     with pytest.raises(AssertionError) as info:
         assert_no_gradient_underflow(records, tolerance=0.0099)
     message = str(info.value)
-    assert "gradients underflowed in 1 of 6 (layer, kind) groups of all layers over steps 0..10, loss scale 128" in message
-    assert "stage1/conv2 activation: 20 / 2000 = 0.01; lost 0, subnormal 10, routing_zero 600" in message
+    assert ("gradients underflowed in 1 of 6 (layer, kind) groups of all layers over steps 0..10, loss scale 128, "
+            "worst stage1/conv2 activation") in message
+    assert "stage1/conv2 activation: 20 / 2000 = 0.01; flushed 20, lost 0, subnormal 10, routing_zero 600" in message
     assert "routing zeros (ReLU, pooling) are not counted" in message
+
+
+def test_underflow_counts_lost_values_by_default_and_one_class_on_request():
+    """The README's underflow is flushed or lost: a run whose values were only lost fails by default."""
+    records = _records(0, lost_dense=3)  # dense activations: 6 lost of 2000
+    with pytest.raises(AssertionError) as info:
+        assert_no_gradient_underflow(records)
+    message = str(info.value)
+    assert "worst dense activation: some of their values underflowed (flushed or lost) (6 of 12000 values" in message
+    assert "dense activation: 6 / 2000 = 0.003; flushed 0, lost 6" in message
+    assert_no_gradient_underflow(records, counting="flushed")
+    with pytest.raises(AssertionError, match="lost / n"):
+        assert_no_gradient_underflow(records, counting="lost")
+    both = _records(4, lost_dense=1)  # stage1/conv2: 8 flushed; dense: 2 lost
+    with pytest.raises(AssertionError) as info:
+        assert_no_gradient_underflow(both)
+    assert "2 of 6 (layer, kind) groups" in str(info.value)
+    assert "worst stage1/conv2 activation, dense activation:" in str(info.value)
+    with pytest.raises(AssertionError) as info:
+        assert_no_gradient_underflow(both, counting="flushed")
+    assert "1 of 6 (layer, kind) groups" in str(info.value) and "were flushed to zero (8 of" in str(info.value)
+    with pytest.raises(InvalidArgument, match="counting must be one of underflow, flushed, lost; received 'subnormal'"):
+        assert_no_gradient_underflow(both, counting="subnormal")
+    with pytest.raises(InvalidArgument, match="missing lost"):
+        assert_no_gradient_underflow(both.drop(columns="lost"))
+    assert_no_gradient_underflow(both.drop(columns="lost"), counting="flushed", tolerance=0.004)
+    bad = both.copy()
+    bad.loc[0, ["flushed", "lost"]] = [600, 600]
+    with pytest.raises(InvalidArgument, match="flushed \\+ lost must be at most n"):
+        assert_no_gradient_underflow(bad)
 
 
 def test_underflow_selects_layers_by_name_glob_and_kind():
@@ -249,3 +280,8 @@ def test_underflow_reads_the_training_harness_schema(tmp_path):
     with pytest.raises(AssertionError, match="initial_conv activation: 3 / 4096 = 0.0007324"):
         assert_no_gradient_underflow(tmp_path)
     assert_no_gradient_underflow(tmp_path, tolerance=3 / 4096)
+    row["lost"] = 1
+    pd.DataFrame([row], columns=list(TELEMETRY_COLUMNS)).to_csv(tmp_path / "telemetry.csv", index=False)
+    with pytest.raises(AssertionError, match="initial_conv activation: 4 / 4096"):
+        assert_no_gradient_underflow(tmp_path, tolerance=3 / 4096)
+    assert_no_gradient_underflow(tmp_path, tolerance=3 / 4096, counting="flushed")
