@@ -499,33 +499,44 @@ def comparison_table(arms: list[dict]) -> pd.DataFrame:
 
 def comparison_figure(runs: list[dict], arms: list[dict], *, chance: float | None = None,
                       title: str | None = None) -> Figure:
-    """A training comparison: final evaluation accuracy per arm, each seed's run a point and the
-    arm's mean ± sample standard deviation (ddof = 1) beside them; `chance` a dashed line. Runs
-    that did not finish are counted in the arm's label."""
-    labels = [a["arm"] for a in arms]
+    """A training comparison: final evaluation accuracy per arm, each seed's run a point (seeds
+    side by side) and the arm's mean ± sample standard deviation (ddof = 1) beside them. The axis
+    spans the runs' accuracies; `chance` is a dashed line where it falls inside, else named in
+    the legend. Runs that did not finish are counted under the arm's name."""
     seeds = sorted({r["seed"] for r in runs})
     markers = "osD^v<>pP*"
-    fig = Figure(figsize=(max(6.0, 1.6 * len(labels) + 2.5), 4.8), layout="constrained")
+    fig = Figure(figsize=(max(6.0, 1.8 * len(arms) + 2.5), 4.8), layout="constrained")
     ax = fig.add_subplot()
+    values = []
     for i, arm in enumerate(arms):
         for j, seed in enumerate(seeds):
-            for r in runs:
-                if r["arm"] == arm["arm"] and r["seed"] == seed and r["eval_accuracy"] is not None:
-                    ax.plot(i - 0.12, 100 * r["eval_accuracy"], marker=markers[j % len(markers)], ls="none",
-                            color=_SERIES_COLOURS[j % len(_SERIES_COLOURS)], alpha=0.8,
-                            label=f"seed {seed}" if i == 0 or not ax.get_legend_handles_labels()[1].count(
-                                f"seed {seed}") else None)
+            found = [r["eval_accuracy"] for r in runs
+                     if r["arm"] == arm["arm"] and r["seed"] == seed and r["eval_accuracy"] is not None]
+            x = i - 0.3 + 0.3 * j / max(1, len(seeds) - 1)
+            for accuracy in found:
+                values.append(100 * accuracy)
+                ax.plot(x, 100 * accuracy, marker=markers[j % len(markers)], ls="none", ms=7,
+                        color=_SERIES_COLOURS[j % len(_SERIES_COLOURS)], alpha=0.85,
+                        label=f"seed {seed}" if i == 0 else None)
         if arm["eval_accuracy_mean"] is not None:
             std = arm["eval_accuracy_std"]
-            ax.errorbar(i + 0.12, 100 * arm["eval_accuracy_mean"], yerr=None if std is None else 100 * std,
+            ax.errorbar(i + 0.2, 100 * arm["eval_accuracy_mean"], yerr=None if std is None else 100 * std,
                         fmt="_", ms=18, mew=2, capsize=6, color="black",
                         label="mean ± std (ddof = 1)" if i == 0 else None)
     names = [f"{a['arm']}\n{a['finished']}/{a['runs']} runs" if a["finished"] < a["runs"] else a["arm"]
              for a in arms]
-    ax.set_xticks(np.arange(len(labels)), names, fontsize=8)
-    ax.set_xlim(-0.6, len(labels) - 0.4)
+    ax.set_xticks(np.arange(len(arms)), names, fontsize=8)
+    ax.set_xlim(-0.6, len(arms) - 0.4)
+    if values:
+        low, high = min(values), max(values)
+        pad = max(0.5, 0.15 * (high - low))
+        ax.set_ylim(max(0.0, low - pad), min(100.0, high + pad) + (0.2 if high + pad >= 100 else 0))
     if chance is not None:
-        ax.axhline(100 * chance, color="grey", ls="--", lw=1, label=f"chance ({100 * chance:.0f} %)")
+        bottom, top = ax.get_ylim()
+        inside = bottom <= 100 * chance <= top
+        ax.axhline(100 * chance, color="grey", ls="--", lw=1,
+                   label=f"chance ({100 * chance:.0f} %)" + ("" if inside else ", below the axis"))
+        ax.set_ylim(bottom, top)
     ax.set_ylabel("final evaluation accuracy (%)")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="best")

@@ -78,7 +78,6 @@ def test_every_arm_at_every_seed_runs_and_a_rerun_reuses_them(tmp_path):
     assert all((tmp_path / "fig" / f"cmp-{name}.png").stat().st_size > 5000 for name in ("table", "accuracy"))
 
 
-@pytest.mark.slow
 @pytest.mark.tensorflow
 def test_a_run_that_fails_is_a_row_and_the_others_still_count(tmp_path):
     base = validate_config(data="digits", resnet_size=8, batch_size=8, steps=2, record_every=1, eval_batches=2,
