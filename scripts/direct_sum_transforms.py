@@ -1,7 +1,7 @@
 """How many outputs of Winograd and FFT convolutions each direct-sum test changes.
 
 Runs `convprobe.probes.direct_sum.probe` on the transform convolutions of
-`tests/transform_convs.py` (F(2x2, 3x3) and F(4x4, 3x3) with fp16, fp32 or fp64
+`convprobe/backends/transformed.py` (F(2x2, 3x3) and F(4x4, 3x3) with fp16, fp32 or fp64
 transforms; FFTs in fp32 and fp64) at a few layers, for the forward conv and the
 gradients, over seeds, and prints each test's counts per seed:
 
@@ -9,16 +9,12 @@ gradients, over seeds, and prints each test's counts per seed:
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from transform_convs import FFTBackend, WinogradBackend  # noqa: E402
-
-from convprobe.probes import direct_sum  # noqa: E402
-from convprobe.probes.layers import Layer  # noqa: E402
+from convprobe.backends.transformed import FFTBackend, WinogradBackend
+from convprobe.probes import direct_sum
+from convprobe.probes.layers import Layer
 
 FORWARD = [Layer((1, 10, 10, 16), (3, 3, 16, 8), padding="VALID"), Layer((1, 6, 6, 64), (3, 3, 64, 2), padding="VALID"),
            Layer((2, 14, 14, 32), (3, 3, 32, 1), padding="VALID")]

@@ -1,6 +1,6 @@
 """The direct-sum probe: direct convolutions pass its three tests, Winograd and FFT ones fail one or more.
 
-The transform convolutions (`transform_convs.py`) are real algorithms, written from
+The transform convolutions (`convprobe.backends.transformed`) are real algorithms, written from
 their definitions (Lavin and Gray, CVPR 2016, for Winograd's F(m x m, 3 x 3) matrices;
 NumPy's pocketfft for the FFT), and checked here to compute the convolution. They stand
 for what cuDNN's WINOGRAD and FFT algorithms do on a GPU.
@@ -17,7 +17,7 @@ from convprobe.probes import direct_sum, identify, studies
 from convprobe.probes.fingerprint_ops import OPS
 from convprobe.probes.layers import LAYER_OPS, Layer, run_op
 from conftest import run_cli_json
-from transform_convs import FFTBackend, WinogradBackend
+from convprobe.backends.transformed import FFTBackend, WinogradBackend
 
 TRANSFORM_LAYER = Layer((1, 10, 10, 16), (3, 3, 16, 8), padding="VALID")
 
