@@ -44,6 +44,7 @@ CLI_CASES = [
     (["identify", *EMU, "--output", "{tmp}/x.png"], "--output must end in .json or .csv"),
     (["sweep", *EMU, "--output", "/proc/s.csv"], "cannot be written"),
     (["report", "{tmp}/missing.json", "--out-dir", "{tmp}/file"], "is a file; it must be a directory"),
+    (["report", "{tmp}/missing.json", "--output", "{tmp}/file"], "--output '"),
     (["replay", "--output", "{tmp}/r.csv"], "ends in .csv but the output format is json"),
     # study commands
     (["fingerprint", "--op", "warp", *EMU], "op must be one of conv2d"),

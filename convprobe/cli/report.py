@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("results", nargs="+", metavar="RESULTS",
                         help="result files (.json, .csv) or training run directories")
-    parser.add_argument("--out-dir", default="figures", metavar="DIR", help="where figures go (default: figures)")
+    parser.add_argument("--output", "--out-dir", dest="out_dir", default="figures", metavar="DIR",
+                        help="where figures go (default: figures); --out-dir is the same option's older name")
     parser.add_argument("--formats", default="png,svg", metavar="FMTS", help="png, svg or both (default: png,svg)")
     parser.set_defaults(handler=run)
 
@@ -34,7 +35,7 @@ def run(args) -> int:
     from convprobe.analysis.report import check_formats, draw
 
     formats = check_formats(args.formats)
-    check_directory_path(args.out_dir, "--out-dir", what="a directory")
+    check_directory_path(args.out_dir, "--output", what="a directory")
     for target in draw(args.results, args.out_dir, formats):
         print(target)
     return 0
