@@ -24,8 +24,11 @@ cores) and do not change the arithmetic, which `xla_rounds_fp16` re-checks:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
+import tempfile
 
 from convprobe.backends.configurations import MANAGED_VARIABLES, MATRIX
 from convprobe.errors import InvalidArgument
@@ -76,7 +79,37 @@ def ensure_xla_flags(environ: dict | None = None) -> bool:
     return all(w in flags for w in FAITHFUL_XLA_FLAGS)
 
 
-def tensorflow(logical_devices: int | None = None):
+#: TensorFlow's start-up notices on a CPU machine: nothing a user can act on.
+_START_UP_NOTICES = re.compile(
+    rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR|"
+    rb"^[IWE]\d{4} [\d:.]+ +\d+ \w+\.cc:\d+\] (Could not find cuda drivers|failed call to cuInit|oneDNN custom "
+    rb"operations are on|This TensorFlow binary is optimized|Unable to register cu(DNN|FFT|BLAS) factory|"
+    rb"oneDNN supports DT_HALF only on platforms with AVX-512)|"
+    rb"^To enable the following instructions:|^All log messages before absl::InitializeLog")
+
+
+@contextlib.contextmanager
+def _start_up_notices_dropped():
+    """Run the block with file descriptor 2 captured, then write back every line but
+    TensorFlow's start-up notices (which its C++ runtime prints before TF_CPP_MIN_LOG_LEVEL
+    applies): an error, a warning of substance and a traceback still reach stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured if not _START_UP_NOTICES.search(line)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
+def tensorflow(logical_devices: int | None = None, *, initialise: bool = True):
     """Import TensorFlow with faithful-fp16 XLA flags; optionally split the CPU.
 
     `logical_devices` > 1 configures that many logical CPU devices; it only works
@@ -89,16 +122,22 @@ def tensorflow(logical_devices: int | None = None):
     if _state["flag_set_before_import"] is None:
         _state["flag_set_before_import"] = present and not already
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    with _start_up_notices_dropped() if not already else contextlib.nullcontext():
+        import keras  # noqa: F401  (its import starts TensorFlow's runtime too)
+        import tensorflow as tf
 
-    if logical_devices and logical_devices > 1 and _state["logical_devices"] != logical_devices:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        existing = tf.config.get_logical_device_configuration(cpu)
-        if existing is None or len(existing) != logical_devices:
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(logical_devices)]
-            )
-        _state["logical_devices"] = logical_devices
+        if logical_devices and logical_devices > 1 and _state["logical_devices"] != logical_devices:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            existing = tf.config.get_logical_device_configuration(cpu)
+            if existing is None or len(existing) != logical_devices:
+                tf.config.set_logical_device_configuration(
+                    cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(logical_devices)]
+                )
+            _state["logical_devices"] = logical_devices
+        if initialise and not already:  # not before a MultiWorkerMirroredStrategy: it must come first
+            tf.config.list_logical_devices()  # initialises the devices: the CUDA probe prints here
+            half = tf.zeros([1, 1, 1, 1], tf.float16)  # the first fp16 conv: oneDNN's notice about this CPU
+            tf.nn.conv2d(half, half, 1, "VALID")
     return tf
 
 

@@ -99,7 +99,8 @@ class Trainer:
         mirrored = config.distribute == "mirrored"
         if config.configuration is not None:
             runtime.apply_configuration(config.configuration)
-        self.tf = tf = runtime.tensorflow(config.logical_devices if mirrored else None)
+        self.tf = tf = runtime.tensorflow(config.logical_devices if mirrored else None,
+                                          initialise=config.distribute != "multi-worker")
         self.cluster = None
         if config.distribute == "multi-worker":  # first, before any other op (TensorFlow's rule)
             self.cluster = read_tf_config()
