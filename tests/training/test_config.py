@@ -83,7 +83,7 @@ def test_resnet_size():
 
 
 def test_choices_and_combinations():
-    with pytest.raises(InvalidArgument, match="^--data must be one of synthetic, cifar10; received 'imagenet'$"):
+    with pytest.raises(InvalidArgument, match="^--data must be one of synthetic, cifar10, digits; received 'imagenet'$"):
         validate_config(data="imagenet")
     with pytest.raises(InvalidArgument, match="^--distribute must be one of none, mirrored, multi-worker; received 'tpu'$"):
         validate_config(distribute="tpu")
