@@ -67,6 +67,13 @@ def test_notebook_runs_top_to_bottom(name, tmp_path):
     assert set(expected_figures) <= set(written), written
     for figure in expected_figures:
         assert (tmp_path / "figures" / figure).stat().st_size > 10_000  # a real image, not an empty canvas
+    if name.startswith("01-"):  # the conclusion is computed from this run, switch by switch
+        last = [c for c in notebook.cells if c.cell_type == "code"][-1]
+        text = "".join(o.get("text", "") for o in last.outputs if o.output_type == "stream")
+        for switch in ("TF_CONV2D_USE_FP16_ACCUMULATE=1", "The same switch with oneDNN on",
+                       "TF_FP16_CONV_USE_FP32_COMPUTE=0 on this CPU", "--xla_cpu_strict_dot_conv_math"):
+            assert switch in text, text
+        assert "did not run" not in text, text
 
 
 def test_every_notebook_is_tested():
