@@ -41,7 +41,12 @@ SCHEMA_HISTORY = {
        "'config'); summary.json is kind 'train-summary' with the summary in 'summary'. Version-1 "
        "documents are upgraded on read. Later within version 2, a new kind and no layout change: "
        "'train-comparison' (convprobe train --arm ..., DIR/comparison.json): per (arm, seed) run its "
-       "status and final numbers in 'runs', per arm mean and sample std in 'arms'.",
+       "status and final numbers in 'runs', per arm mean and sample std in 'arms'. Later still, no "
+       "layout change: a 'train' run's steps.csv gained nonfinite_tensors and first_nonfinite, its "
+       "telemetry.csv the counterfactual columns bf16_/fp8_e4m3_/fp8_e5m2_{flushed,subnormal}_fraction "
+       "(header.json's 'columns' lists what a run holds; an older run is still read, not resumed); a "
+       "'train' header may come from the Keras callback convprobe.training.UnderflowTelemetry "
+       "(params.source 'keras-callback').",
 }
 
 

@@ -217,6 +217,23 @@ def test_a_link_planted_in_a_run_directory_is_refused_never_followed(tmp_path, p
     assert _digest(tmp_path) == before
 
 
+@pytest.mark.parametrize("planted", ["link", "file"])
+def test_a_run_s_tensorboard_directory_must_be_its_own(tmp_path, planted):
+    """The run's event-file directory is refused, untouched, when it is a link or a file."""
+    run = recorded_run(tmp_path)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    if planted == "link":
+        (run / "tensorboard").symlink_to(outside, target_is_directory=True)
+    else:
+        (run / "tensorboard").write_text("mine")
+    before = _digest(tmp_path)
+    code, out, err = main_in_process(["train", "--steps", "6", *RECORDED_ARGS, "--output", str(run)])
+    what = "a symbolic link" if planted == "link" else "a file"
+    assert code == 2 and f"tensorboard is {what}" in _one_line(err), err
+    assert _digest(tmp_path) == before
+
+
 def test_a_run_directory_whose_record_is_a_directory_is_refused(tmp_path):
     run = recorded_run(tmp_path)
     (run / "steps.csv").unlink()

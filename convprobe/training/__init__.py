@@ -11,6 +11,9 @@ use it, after `runtime` has set the XLA flags):
 - `trainer`: the loop, loss scaling, checkpoints;
 - `records`: run directory layout, streaming CSV + JSON header;
 - `compare`: none / static / dynamic side by side, table and figures;
+- `tensorboard`: the telemetry as TensorBoard event files;
+- `callback`: `UnderflowTelemetry`, the telemetry for any Keras model's `fit`
+  (imported on first use of the name: it imports Keras);
 - `command`: the `convprobe train` subcommand.
 """
 
@@ -24,6 +27,15 @@ from convprobe.training.config import (
 )
 from convprobe.training.data import CifarData, SyntheticData, load_cifar10_dir, load_cifar10_file
 from convprobe.training.telemetry import COUNT_FIELDS, Thresholds
+
+
+def __getattr__(name):
+    """`UnderflowTelemetry` subclasses a Keras callback: Keras is imported only when it is used."""
+    if name == "UnderflowTelemetry":
+        from convprobe.training.callback import UnderflowTelemetry
+
+        return UnderflowTelemetry
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def train(config, **kwargs):
@@ -55,4 +67,5 @@ __all__ = [
     "Thresholds",
     "train",
     "run_comparison",
+    "UnderflowTelemetry",
 ]

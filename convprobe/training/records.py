@@ -35,7 +35,12 @@ import numpy as np
 
 from convprobe import files, provenance, results
 from convprobe.errors import InvalidArgument
-from convprobe.training.telemetry import COUNT_FIELDS, histogram_edges
+from convprobe.training.telemetry import (
+    COUNT_FIELDS,
+    COUNTERFACTUAL_FIELDS,
+    encode_histogram,
+    histogram_edges,
+)
 
 __all__ = [
     "STEP_COLUMNS",
@@ -44,6 +49,11 @@ __all__ = [
     "RunFiles",
     "ResumePlan",
     "RUN_FILE_NAMES",
+    "RUN_DIRECTORY_NAMES",
+    "TENSORBOARD_DIRECTORY",
+    "TensorNames",
+    "telemetry_rows",
+    "nonfinite_fields",
     "claim_directory",
     "foreign_entries",
     "read_header",
@@ -55,12 +65,14 @@ __all__ = [
 
 STEP_COLUMNS = (
     "step", "loss", "accuracy", "loss_scale", "finite", "skipped", "telemetry",
-    "step_seconds", "images_per_second",
+    "step_seconds", "images_per_second", "nonfinite_tensors", "first_nonfinite",
 )
 TELEMETRY_COLUMNS = (
     "step", "loss_scale", "kind", "index", "layer", "precision", "same_gradient_as", *COUNT_FIELDS,
     "routing_zero_fraction", "flushed_fraction", "lost_fraction", "underflow_fraction", "subnormal_fraction",
-    "class_mismatch_fraction", "shadow_underflow_fraction", "min_abs", "max_abs", "hist_low", "hist_shadow",
+    "class_mismatch_fraction", "shadow_underflow_fraction",
+    *(f"{field}_fraction" for field in COUNTERFACTUAL_FIELDS),
+    "min_abs", "max_abs", "hist_low", "hist_shadow",
 )
 
 #: What each column holds (written into header.json and the README). S is the loss scale;
@@ -76,6 +88,11 @@ COLUMN_DEFINITIONS = {
         "telemetry": "this step recorded telemetry rows",
         "step_seconds": "wall time of the step",
         "images_per_second": "global batch / step_seconds",
+        "nonfinite_tensors": "on a step with non-finite gradients, the tensors whose gradients held inf or NaN "
+                             "('kind:name', ';'-separated, in backward-pass order; activations only on telemetry "
+                             "steps); empty otherwise",
+        "first_nonfinite": "the first of nonfinite_tensors in the backward pass (nearest the output): where the "
+                           "overflow started; empty on a finite step",
     },
     "telemetry": {
         "step": "step index", "loss_scale": "S of that step",
@@ -100,6 +117,18 @@ COLUMN_DEFINITIONS = {
                               "as a user means it)",
         "subnormal_fraction": "subnormal / n", "class_mismatch_fraction": "class_mismatch / n",
         "shadow_underflow_fraction": "shadow_underflow / n",
+        "bf16_flushed_fraction": "share of the fp32 shadow values |S*g| that would flush to zero in bf16 at this S "
+                                "(from the shadow, no second run)",
+        "bf16_subnormal_fraction": "share of the fp32 shadow values |S*g| that would land subnormal in bf16 at this S "
+                                "(from the shadow, no second run)",
+        "fp8_e4m3_flushed_fraction": "share of the fp32 shadow values |S*g| that would flush to zero in fp8_e4m3 at this S "
+                                "(from the shadow, no second run)",
+        "fp8_e4m3_subnormal_fraction": "share of the fp32 shadow values |S*g| that would land subnormal in fp8_e4m3 at this S "
+                                "(from the shadow, no second run)",
+        "fp8_e5m2_flushed_fraction": "share of the fp32 shadow values |S*g| that would flush to zero in fp8_e5m2 at this S "
+                                "(from the shadow, no second run)",
+        "fp8_e5m2_subnormal_fraction": "share of the fp32 shadow values |S*g| that would land subnormal in fp8_e5m2 at this S "
+                                "(from the shadow, no second run)",
         "min_abs": "smallest nonzero |S*g|", "max_abs": "largest finite |S*g|",
         "hist_low": "log2-magnitude histogram of the low-precision |S*g| (see histogram_note)",
         "hist_shadow": "the same for the fp32 shadow",
@@ -175,8 +204,79 @@ def _truncate_csv(path: Path, keep_below_step: int, columns) -> None:
 #: The names convprobe writes in a run directory; nothing else there is ever touched.
 #: The twin's identify map, measured before the run, kept beside its records.
 IDENTIFY_MAP_NAME = "identify.json"
+#: TensorBoard event files (`convprobe.training.tensorboard`), a directory of the run's own.
+TENSORBOARD_DIRECTORY = "tensorboard"
 RUN_FILE_NAMES = ("header.json", "steps.csv", "telemetry.csv", "checkpoint.npz", "summary.json", IDENTIFY_MAP_NAME,
                   files.LOCK_NAME)
+#: The directories convprobe writes in a run directory (never a link or a file of a user's).
+RUN_DIRECTORY_NAMES = (TENSORBOARD_DIRECTORY,)
+
+
+@dataclass(frozen=True)
+class TensorNames:
+    """The recorded tensors of a model, weights then activations, as their rows name them."""
+
+    weights: list
+    activations: list
+    precision: list  # per tensor: the format its gradient is computed in
+    same_gradient_as: list  # per tensor: the tap whose tensor it repeats, or ""
+
+    @property
+    def rows(self) -> list[tuple[str, int, str]]:
+        """(kind, index, name) per tensor."""
+        return [("weight", i, n) for i, n in enumerate(self.weights)] + \
+               [("activation", i, n) for i, n in enumerate(self.activations)]
+
+
+def telemetry_rows(step: int, loss_scale: float, names: TensorNames, stats: dict) -> list[dict]:
+    """One telemetry.csv record per tensor of a telemetry step, from the statistics of
+    `telemetry.batched_stats` and `telemetry.counterfactual_stats` (NumPy arrays, one row
+    per tensor of `names`: "counts", "min_abs", "max_abs", "hist_low", "hist_shadow",
+    "counterfactual"). `convprobe train` and the Keras callback both write through here."""
+    rows = []
+    for t, (kind, index, name) in enumerate(names.rows):
+        c = dict(zip(COUNT_FIELDS, (int(x) for x in stats["counts"][t])))
+        n = max(c["n"], 1)
+        counterfactual = {f"{field}_fraction": int(x) / n
+                          for field, x in zip(COUNTERFACTUAL_FIELDS, stats["counterfactual"][t])}
+        rows.append({
+            "step": step, "loss_scale": loss_scale, "kind": kind,
+            "index": index, "layer": name, "precision": names.precision[t],
+            "same_gradient_as": names.same_gradient_as[t], **c,
+            "routing_zero_fraction": c["routing_zero"] / n,
+            "flushed_fraction": c["flushed"] / n,
+            "lost_fraction": c["lost"] / n,
+            "underflow_fraction": (c["flushed"] + c["lost"]) / n,
+            "subnormal_fraction": c["subnormal"] / n,
+            "class_mismatch_fraction": c["class_mismatch"] / n,
+            "shadow_underflow_fraction": c["shadow_underflow"] / n,
+            **counterfactual,
+            "min_abs": float(stats["min_abs"][t]), "max_abs": float(stats["max_abs"][t]),
+            "hist_low": encode_histogram(stats["hist_low"][t]),
+            "hist_shadow": encode_histogram(stats["hist_shadow"][t]),
+        })
+    return rows
+
+
+def nonfinite_fields(names: TensorNames, nonfinite, order, *, measured=None) -> dict:
+    """The steps.csv fields nonfinite_tensors and first_nonfinite: the tensors whose
+    `nonfinite` count is positive, in backward-pass `order` (`telemetry.backward_order`);
+    `measured` (a count per tensor, default all) leaves out tensors not measured this step."""
+    labels = [f"{kind}:{name}" for kind, _, name in names.rows]
+    bad = [labels[k] for k in order if k < len(nonfinite) and int(nonfinite[k]) > 0
+           and (measured is None or measured[k])]
+    return {"nonfinite_tensors": ";".join(bad), "first_nonfinite": bad[0] if bad else ""}
+
+
+def refuse_foreign_directories(directory: Path, names) -> None:
+    """Refuse a directory whose own subdirectories `names` are links or files: convprobe writes
+    its event files only into a directory of its own."""
+    for name in names:
+        path = directory / name
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise InvalidArgument(f"--output {str(directory)!r}: {name} is {'a symbolic link' if path.is_symlink() else 'a file'}; "
+                                  f"convprobe writes its runs only into directories of its own; nothing was changed: "
+                                  f"use a new directory")
 
 
 def foreign_entries(directory: Path, own_names) -> list[str]:
@@ -198,12 +298,7 @@ def claim_directory(directory: Path, own_names, *, recorded: bool, what: str = "
     if not directory.is_dir():
         return
     files.refuse_links(directory, own_names)
-    for name in own_directories:
-        path = directory / name
-        if path.is_symlink() or (path.exists() and not path.is_dir()):
-            raise InvalidArgument(f"--output {str(directory)!r}: {name} is {'a symbolic link' if path.is_symlink() else 'a file'}; "
-                                  f"convprobe writes its runs only into directories of its own; nothing was changed: "
-                                  f"use a new directory")
+    refuse_foreign_directories(directory, own_directories)
     foreign = foreign_entries(directory, (*own_names, *own_directories) if recorded else ())
     if foreign:
         shown = ", ".join(repr(name) for name in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
@@ -221,6 +316,7 @@ class RunFiles:
         self.telemetry_path = self.directory / "telemetry.csv"
         self.checkpoint_path = self.directory / "checkpoint.npz"
         self.summary_path = self.directory / "summary.json"
+        self.tensorboard_path = self.directory / TENSORBOARD_DIRECTORY
         self._steps = self._telemetry = None
         self._identity: dict = {}
 
@@ -238,6 +334,7 @@ class RunFiles:
         if self.header_path.is_file():  # a recorded run: files a user put beside it are left alone
             files.check_directory_path(str(self.directory))
             files.refuse_links(self.directory, RUN_FILE_NAMES)
+            refuse_foreign_directories(self.directory, RUN_DIRECTORY_NAMES)
             read_header(self.directory)  # a user's own header.json is refused before anything is written
         else:
             claim_directory(self.directory, RUN_FILE_NAMES, recorded=False)

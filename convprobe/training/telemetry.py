@@ -24,6 +24,12 @@ in fp32 on the same scaled loss), the elements are sorted into:
 
 The thresholds come from `convprobe.formats`, so bf16 and fp32 runs report in
 the same terms (nothing flushes in fp32 by construction).
+
+Counterfactual formats (`counterfactual_stats`): from the same fp32 shadow, at the
+same loss scale, how many elements would flush or land subnormal had the gradient
+been held in bf16, fp8_e4m3 or fp8_e5m2 (Transformer Engine's "what would another
+recipe underflow"), with no second run. They say nothing of what the other format's
+own forward and backward arithmetic would have changed upstream.
 """
 
 from __future__ import annotations
@@ -44,7 +50,17 @@ __all__ = [
     "numpy_tensor_stats",
     "encode_histogram",
     "decode_histogram",
+    "COUNTERFACTUAL_FORMATS",
+    "COUNTERFACTUAL_FIELDS",
+    "counterfactual_stats",
+    "nonfinite_counts",
+    "backward_order",
 ]
+
+#: Formats the shadow is measured against besides the run's own (`counterfactual_stats`).
+COUNTERFACTUAL_FORMATS = ("bf16", "fp8_e4m3", "fp8_e5m2")
+#: Counts per tensor of `counterfactual_stats`, in this order: per format, flushed then subnormal.
+COUNTERFACTUAL_FIELDS = tuple(f"{fmt}_{what}" for fmt in COUNTERFACTUAL_FORMATS for what in ("flushed", "subnormal"))
 
 #: Integer counts per tensor, in this order.
 COUNT_FIELDS = (
@@ -218,3 +234,70 @@ def decode_histogram(text) -> dict[int, int]:
     if not isinstance(text, str) or not text:
         return {}
     return {int(k): int(v) for k, v in (item.split(":") for item in text.split(";"))}
+
+
+def _fp32_bits(value: float) -> int:
+    return int(np.array(value, dtype=np.float32).view(np.int32))
+
+
+def counterfactual_stats(shadows):
+    """int32 [T, len(COUNTERFACTUAL_FIELDS)]: per tensor, how many fp32 shadow values |S*g|
+    would flush (0 < |s| <= half the smallest subnormal) or land subnormal (up to the
+    smallest normal) in each of `COUNTERFACTUAL_FORMATS`.
+
+    Compared on the fp32 bit patterns (for non-negative floats their order is the
+    numbers'): bf16's thresholds are fp32 subnormals, which TensorFlow's CPU threads
+    (denormals-are-zero) would compare as 0. On such a CPU the shadow itself holds no
+    fp32 subnormal, so bf16 (fp32's exponent range) counts only what fp32 kept.
+    """
+    import tensorflow as tf
+
+    from convprobe.formats import parse_format
+
+    limits = []
+    for name in COUNTERFACTUAL_FORMATS:
+        t = Thresholds.of(parse_format(name))
+        limits.append((_fp32_bits(t.flush_below), _fp32_bits(t.smallest_normal)))
+    rows = []
+    for shadow in shadows:
+        bits = tf.bitwise.bitwise_and(tf.bitcast(tf.reshape(tf.cast(shadow, tf.float32), [-1]), tf.int32),
+                                      0x7FFFFFFF)
+        row = []
+        for flush, normal in limits:
+            flushed = tf.logical_and(bits > 0, bits <= flush)
+            subnormal = tf.logical_and(bits > flush, bits < normal)
+            row += [tf.reduce_sum(tf.cast(flushed, tf.int32)), tf.reduce_sum(tf.cast(subnormal, tf.int32))]
+        rows.append(tf.stack(row))
+    return tf.stack(rows)
+
+
+def nonfinite_counts(grads):
+    """int32 [T]: non-finite elements of each gradient (None counts 0): which tensors overflowed."""
+    import tensorflow as tf
+
+    return tf.stack([tf.constant(0, tf.int32) if g is None else
+                     tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.int32)) for g in grads])
+
+
+def backward_order(model, variables, activation_layers) -> list[int]:
+    """Positions of the tensors (`variables`, then the outputs of `activation_layers`, by
+    name) in the order the backward pass computes their gradients: layers from the output
+    back (the model's layer order, topological for a functional model), a layer's output
+    gradient before its weights'. A tensor of no layer of `model` goes last."""
+    position: dict[int, int] = {}
+    named: dict[str, int] = {}
+    for i, layer in enumerate(_all_layers(model)):
+        named.setdefault(layer.name, i)
+        for v in layer.trainable_weights:
+            position.setdefault(id(v), i)
+    rank = [(-position.get(id(v), -1), 1) for v in variables] + \
+           [(-named.get(name, -1), 0) for name in activation_layers]
+    return sorted(range(len(rank)), key=lambda k: (rank[k][0] == 1, rank[k]))
+
+
+def _all_layers(model):
+    """Every layer, nested models' layers in place of the model (depth first)."""
+    for layer in getattr(model, "layers", []):
+        if getattr(layer, "layers", None):
+            yield from _all_layers(layer)
+        yield layer

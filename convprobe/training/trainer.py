@@ -41,8 +41,25 @@ from convprobe.training.data import Batches, make_data
 from convprobe.training.emulated_conv import emulated_convolution
 from convprobe.training.model import build_resnet, conv_shapes, route_convolutions
 from convprobe import results
-from convprobe.training.records import IDENTIFY_MAP_NAME, STEP_COLUMNS, RunFiles, read_summary, save_checkpoint
-from convprobe.training.telemetry import COUNT_FIELDS, Thresholds, batched_stats, encode_histogram
+from convprobe.training.records import (
+    IDENTIFY_MAP_NAME,
+    STEP_COLUMNS,
+    RunFiles,
+    TensorNames,
+    nonfinite_fields,
+    read_summary,
+    save_checkpoint,
+    telemetry_rows,
+)
+from convprobe.training.tensorboard import TensorBoardWriter
+from convprobe.training.telemetry import (
+    COUNT_FIELDS,
+    Thresholds,
+    backward_order,
+    batched_stats,
+    counterfactual_stats,
+    nonfinite_counts,
+)
 
 __all__ = ["Trainer", "RunResult", "train"]
 
@@ -180,6 +197,9 @@ class Trainer:
             [compute] * len(self.tap_names)
         self.same_gradient_as = [""] * n_weights + [
             self.tap_names[same[i]] if i in same else "" for i in range(len(self.tap_names))]
+        self.names = TensorNames(self.weight_names, self.tap_names, self.precision, self.same_gradient_as)
+        #: the reported tensors in the order the backward pass computes their gradients
+        self.backward = backward_order(self.model, self.model.trainable_variables, self.tap_names)
         self._compile()
 
     # -- compiled pieces ---------------------------------------------------------------
@@ -206,10 +226,11 @@ class Trainer:
         targets = list(variables) + (taps if with_telemetry else [])
         grads = tape.gradient(scaled, targets)
         wgrads = grads[: len(variables)]
+        bad_each = tf.cast(nonfinite_counts(wgrads), tf.float32)
         part = {
             "loss": loss,
-            "bad": tf.add_n([tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.float32))
-                             for g in wgrads]),
+            "bad": tf.reduce_sum(bad_each),
+            "bad_each": bad_each,
             "correct": tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
                                                       tf.cast(labels, tf.int32)), tf.float32)),
             "wgrads": list(wgrads),
@@ -226,6 +247,7 @@ class Trainer:
         wgrads = part["wgrads"]
         finite = self.tf.equal(self._sum_over_replicas(part["bad"]), 0.0)
         out = {
+            "nonfinite": self._sum_over_replicas(part["bad_each"]),
             "loss": self._sum_over_replicas(part["loss"]),  # each replica's share is over the global batch
             "correct": self._sum_over_replicas(part["correct"]),
             "scale": scale,
@@ -265,12 +287,15 @@ class Trainer:
         histograms summed, extremes the smallest minimum and largest maximum."""
         tf = self.tf
         counts, extremes, hist_low, hist_shadow = self._batched_stats(lows, shadows)
+        counterfactual = counterfactual_stats(shadows)
         ctx = tf.distribute.get_replica_context()
         if ctx is not None and self.replicas > 1:
-            counts, hist_low, hist_shadow = (self._sum_over_replicas(x) for x in (counts, hist_low, hist_shadow))
+            counts, hist_low, hist_shadow, counterfactual = (
+                self._sum_over_replicas(x) for x in (counts, hist_low, hist_shadow, counterfactual))
             every = ctx.all_gather(extremes[None], axis=0)  # [replicas, tensors, 2]
             extremes = tf.stack([tf.reduce_min(every[..., 0], axis=0), tf.reduce_max(every[..., 1], axis=0)], axis=-1)
-        return {"counts": counts, "extremes": extremes, "hist_low": hist_low, "hist_shadow": hist_shadow}
+        return {"counts": counts, "extremes": extremes, "hist_low": hist_low, "hist_shadow": hist_shadow,
+                "counterfactual": counterfactual}
 
     def _compile(self):
         tf = self.tf
@@ -358,6 +383,9 @@ class Trainer:
             "images_per_second": self.config.batch_size / seconds if seconds > 0 else math.inf,
             "telemetry": telemetry,
         }
+        n_weights = len(self.weight_names)
+        nonfinite = np.zeros(n_weights + len(self.tap_names), dtype=np.int64)
+        nonfinite[:n_weights] = first["nonfinite"]
         if telemetry:
             rows = self.report_rows
             result["counts"] = first["counts"][rows]
@@ -365,34 +393,18 @@ class Trainer:
             result["max_abs"] = first["extremes"][:, 1][rows]
             result["hist_low"] = first["hist_low"][rows]
             result["hist_shadow"] = first["hist_shadow"][rows]
+            result["counterfactual"] = first["counterfactual"][rows]
+            fields = {name: i for i, name in enumerate(COUNT_FIELDS)}
+            nonfinite[n_weights:] = (result["counts"][:, fields["inf"]] + result["counts"][:, fields["nan"]])[n_weights:]
+        measured = [True] * n_weights + [telemetry] * len(self.tap_names)
+        result.update(nonfinite_fields(self.names, nonfinite, self.backward, measured=measured))
         mode = self.config.loss_scale.mode
         result["skipped"] = (not result["finite"]) and mode in (LossScaleMode.STATIC, LossScaleMode.DYNAMIC)
         return result
 
     def telemetry_rows(self, result: dict) -> list[dict]:
-        """One record per tensor of a telemetry step."""
-        rows = []
-        names = [("weight", i, n) for i, n in enumerate(self.weight_names)] + \
-                [("activation", i, n) for i, n in enumerate(self.tap_names)]
-        for t, (kind, index, name) in enumerate(names):
-            c = dict(zip(COUNT_FIELDS, (int(x) for x in result["counts"][t])))
-            n = max(c["n"], 1)
-            rows.append({
-                "step": result["step"], "loss_scale": result["loss_scale"], "kind": kind,
-                "index": index, "layer": name, "precision": self.precision[t],
-                "same_gradient_as": self.same_gradient_as[t], **c,
-                "routing_zero_fraction": c["routing_zero"] / n,
-                "flushed_fraction": c["flushed"] / n,
-                "lost_fraction": c["lost"] / n,
-                "underflow_fraction": (c["flushed"] + c["lost"]) / n,
-                "subnormal_fraction": c["subnormal"] / n,
-                "class_mismatch_fraction": c["class_mismatch"] / n,
-                "shadow_underflow_fraction": c["shadow_underflow"] / n,
-                "min_abs": float(result["min_abs"][t]), "max_abs": float(result["max_abs"][t]),
-                "hist_low": encode_histogram(result["hist_low"][t]),
-                "hist_shadow": encode_histogram(result["hist_shadow"][t]),
-            })
-        return rows
+        """One record per tensor of a telemetry step (`records.telemetry_rows`)."""
+        return telemetry_rows(result["step"], result["loss_scale"], self.names, result)
 
     def evaluate(self, batches: int) -> float | None:
         if batches <= 0:
@@ -496,6 +508,7 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
             eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
             jit=done["jit"], summary=done)
     trainer = trainer or Trainer(config, data=data, eager=eager, identify_map=identify_map)
+    board = None  # the run's TensorBoard event files, where it writes records
     if files is not None:
         if plan.replicas is not None and plan.replicas != trainer.replicas:
             from convprobe.errors import InvalidArgument
@@ -518,6 +531,7 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
                                 arithmetic=trainer.arithmetic_record())
             if identify_map is not None and config.arithmetic_map is None:  # measured for this run: keep it
                 results.write(files.directory / IDENTIFY_MAP_NAME, identify_map)
+            board = TensorBoardWriter(files.tensorboard_path, trainer.format)
         else:
             files = None
     speeds: list[float] = []
@@ -540,8 +554,11 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
                     speeds.append(last["images_per_second"])
                 if files is not None:
                     files.write_step({k: last[k] for k in STEP_COLUMNS})
+                    board.write_step(step, last["loss_scale"], counters["skipped"])
                     if telemetry:
-                        files.write_telemetry(trainer.telemetry_rows(last))
+                        rows = trainer.telemetry_rows(last)
+                        files.write_telemetry(rows)
+                        board.write_records(step, rows)
                     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                         save_checkpoint(files.checkpoint_path, step + 1, *trainer.state(), counters)
                 advance(f"loss {last['loss']:.4f}  scale {last['loss_scale']:g}  "
@@ -569,6 +586,8 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
     finally:
         if files is not None:
             files.close()
+        if board is not None:
+            board.close()
     return RunResult(
         directory=config.output, steps_run=steps_run, final_step=start + steps_run,
         skipped_steps=counters["skipped"], nonfinite_steps=counters["nonfinite"],

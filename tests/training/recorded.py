@@ -35,7 +35,7 @@ def recorded_run(tmp_path):
         writer = csv.writer(handle)
         writer.writerow(STEP_COLUMNS)
         for step in range(4):
-            writer.writerow([step, 2.3, 0.1, 128, True, False, True, 0.1, 80.0])
+            writer.writerow([step, 2.3, 0.1, 128, True, False, True, 0.1, 80.0, "", ""])
     with (out / "telemetry.csv").open("w", newline="") as handle:
         csv.writer(handle).writerow(TELEMETRY_COLUMNS)
     np.savez(out / "checkpoint.npz", w0=np.zeros(3), o0=np.zeros(1), next_step=np.array(4),

@@ -11,7 +11,7 @@ import pytest
 
 from convprobe import cli
 from convprobe.training.config import validate_config
-from convprobe.training.records import RUN_FILE_NAMES
+from convprobe.training.records import IDENTIFY_MAP_NAME, RUN_DIRECTORY_NAMES, RUN_FILE_NAMES
 from convprobe.training.trainer import train
 
 from .conftest import TINY
@@ -29,9 +29,13 @@ def run_dir(tmp_path_factory):
 
 
 def test_every_record_of_a_run_is_0644_under_umask_022(run_dir):
-    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir()}
-    assert set(modes) == set(RUN_FILE_NAMES)  # the records and the run's lock
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir() if p.is_file()}
+    assert set(modes) == set(RUN_FILE_NAMES) - {IDENTIFY_MAP_NAME}  # the records and the run's lock (no twin here)
     assert set(modes.values()) == {0o644}, modes
+    directories = [p for p in run_dir.iterdir() if p.is_dir()]
+    assert {p.name for p in directories} == set(RUN_DIRECTORY_NAMES)  # the TensorBoard event files
+    inside = {stat.S_IMODE(p.stat().st_mode) for d in directories for p in d.iterdir()}
+    assert inside == {0o644}, inside
 
 
 @pytest.mark.parametrize("target", ["directory", "header.json", "summary.json"])

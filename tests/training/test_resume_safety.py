@@ -133,7 +133,8 @@ def test_a_changed_configuration_is_refused(tmp_path):
 
 def test_truncation_drops_malformed_rows_and_rows_past_the_checkpoint(tmp_path):
     path = tmp_path / "steps.csv"
-    rows = [list(STEP_COLUMNS), [0] + ["1"] * 8, ["1", "2.0"], ["x"] + ["1"] * 8, [2] + ["1"] * 8]
+    width = len(STEP_COLUMNS) - 1
+    rows = [list(STEP_COLUMNS), [0] + ["1"] * width, ["1", "2.0"], ["x"] + ["1"] * width, [2] + ["1"] * width]
     with path.open("w", newline="") as handle:
         csv.writer(handle).writerows(rows)
     _truncate_csv(path, 2, STEP_COLUMNS)

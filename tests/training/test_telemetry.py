@@ -95,3 +95,52 @@ def test_fp32_never_flushes():
     got = numpy_tensor_stats(x, x, t32)
     assert got["flushed"] == 0 and got["shadow_underflow"] == 0 and got["class_mismatch"] == 0
     assert got["subnormal"] == 1 and got["routing_zero"] == 1
+
+
+def test_counterfactual_formats_agree_with_ml_dtypes_casts():
+    """A shadow value flushes in a format exactly when ml_dtypes rounds it to zero there, and
+    lands subnormal when the rounded value is nonzero and below the format's smallest normal
+    (the bit-pattern comparison sees fp32 subnormals that a DAZ CPU would compare as 0)."""
+    import ml_dtypes
+    import tensorflow as tf
+
+    from convprobe.formats import parse_format
+    from convprobe.training.telemetry import COUNTERFACTUAL_FIELDS, COUNTERFACTUAL_FORMATS, counterfactual_stats
+
+    exponents = np.arange(-148, 12)
+    magnitudes = np.concatenate([2.0**exponents * m for m in (1.0, 1.25, 1.5)] + [[0.0, np.inf, np.nan]])
+    values = (magnitudes * np.where(np.arange(magnitudes.size) % 2, -1, 1)).astype(np.float32)
+    got = counterfactual_stats([tf.constant(values)]).numpy()[0]
+    dtypes = {"bf16": ml_dtypes.bfloat16, "fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
+    finite = values[np.isfinite(values) & (values != 0)]
+    for name in COUNTERFACTUAL_FORMATS:
+        fmt = parse_format(name)
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = np.abs(finite.astype(dtypes[name]).astype(np.float64))
+        # below the band [tiny - half a subnormal step, tiny) that rounds up to the smallest normal
+        # (none of the values above lies in it, so the count is the cast's exactly)
+        inside = np.abs(finite) < fmt.tiny - fmt.smallest_subnormal / 2
+        assert not np.any((np.abs(finite) >= fmt.tiny - fmt.smallest_subnormal / 2) & (np.abs(finite) < fmt.tiny))
+        expected = {f"{name}_flushed": int(np.sum(cast == 0)),
+                    f"{name}_subnormal": int(np.sum(inside & (cast != 0) & (cast < fmt.tiny)))}
+        for field, count in expected.items():
+            assert got[COUNTERFACTUAL_FIELDS.index(field)] == count, (field, count)
+        assert expected[f"{name}_flushed"] > 0 and expected[f"{name}_subnormal"] > 0
+
+
+def test_nonfinite_counts_and_backward_order_name_the_output_side_first():
+    import keras
+    import tensorflow as tf
+
+    from convprobe.training.telemetry import backward_order, nonfinite_counts
+
+    counts = nonfinite_counts([tf.constant([1.0, np.inf, np.nan]), None, tf.constant([0.0])]).numpy()
+    assert counts.tolist() == [2, 0, 0]
+    x = keras.Input((4,))
+    h = keras.layers.Dense(3, name="first")(x)
+    y = keras.layers.Dense(2, name="second")(h)
+    model = keras.Model(x, y)
+    variables = model.trainable_variables  # first/kernel, first/bias, second/kernel, second/bias
+    order = backward_order(model, variables, ["first", "second"])
+    # second's output gradient, second's weights, first's output gradient, first's weights
+    assert order == [5, 2, 3, 4, 0, 1]

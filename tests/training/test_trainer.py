@@ -89,9 +89,20 @@ def test_step_with_inf_gradients(tiny, mode):
     else:
         assert result["skipped"] is True
         assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(before, after))
+    # The record names the overflowing tensors, the first in the backward pass first: the
+    # dense layer's output gradient (the logits' fp16 input), before any weight gradient.
+    named = result["nonfinite_tensors"].split(";")
+    assert result["first_nonfinite"] == named[0] == "activation:" + trainer.tap_names[-1]
+    inf = COUNT_FIELDS.index("inf")
+    n_weights = len(trainer.weight_names)
+    expected = {f"weight:{name}" for name, c in zip(trainer.weight_names, result["counts"][:n_weights, inf]) if c}
+    assert expected and expected <= set(named)
+    assert named.index("weight:dense/kernel") < named.index(f"weight:{trainer.weight_names[0]}")
     second = trainer.step(1, telemetry=False)
     expected_scale = 2.0**23 if mode == "dynamic" else 2.0**24
     assert second["loss_scale"] == expected_scale
+    if not second["finite"]:  # no activation is measured on a plain step: weights only
+        assert second["first_nonfinite"].startswith("weight:")
 
 
 def _rows(path):

@@ -1,0 +1,355 @@
+"""`UnderflowTelemetry`: convprobe's gradient-underflow telemetry for any Keras model's `fit`.
+
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), loss=...)
+    model.fit(x, y, callbacks=[UnderflowTelemetry("runs/mine", every=10)])
+
+Every `every` steps it measures the gradients of the user's compiled loss, on the
+current batch, scaled by the current loss scale, with respect to the trainable
+weights and the outputs of the watched layers, once in the model's compute dtype
+and once in an fp32 shadow, and classifies every element as `convprobe train`
+does (`telemetry.batched_stats`, `counterfactual_stats`; rows through
+`records.telemetry_rows`, the same code path). It writes a run directory that
+`convprobe report DIR` and `assert_no_gradient_underflow(DIR)` read (header.json,
+steps.csv, telemetry.csv, summary.json) and TensorBoard event files in
+DIR/tensorboard/.
+
+How it sees the batch: Keras 3's `fit` does not hand callbacks the batch, so the
+callback wraps the model's `train_step` (an instance attribute, restored at the
+end of `fit`; the train function is rebuilt). Inside the compiled step, before
+the user's update, a `tf.cond` on the callback's step counter measures the batch
+the update is about to use, at the weights it is about to change. No sample batch
+to pass, nothing in the user's data pipeline changes, and it works with
+`steps_per_execution` and XLA. A step whose update a `LossScaleOptimizer` skipped
+(non-finite gradients) is measured too, after the skip (the weights are those the
+step saw, the scale the one it used), so its record names the overflowing tensors.
+
+The measurement runs on two clones, not on the user's model: one in the model's
+own dtype policy, one under float32; both receive the model's weights first. The
+user's model, its batch-norm statistics and its random state are not touched.
+Supported: functional and Sequential models with one replica (a subclassed model,
+or a `tf.distribute` strategy with more than one replica, is refused in one line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import math
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from convprobe.errors import InvalidArgument, is_integer
+from convprobe.formats import format_of_dtype
+from convprobe.training.records import (
+    STEP_COLUMNS,
+    ResumePlan,
+    RunFiles,
+    TensorNames,
+    nonfinite_fields,
+    telemetry_rows,
+)
+from convprobe.training.tensorboard import TensorBoardWriter
+from convprobe.training.telemetry import (
+    COUNT_FIELDS,
+    COUNTERFACTUAL_FIELDS,
+    N_BINS,
+    Thresholds,
+    backward_order,
+    batched_stats,
+    counterfactual_stats,
+    nonfinite_counts,
+)
+
+__all__ = ["UnderflowTelemetry"]
+
+#: Layers that compute in fp32 under a mixed policy (Keras upcasts their inputs): their weight
+#: gradients cannot flush, as batch-norm parameters in `convprobe train`.
+_FP32_LAYERS = ("BatchNormalization", "LayerNormalization", "GroupNormalization")
+
+
+def _clone(model, dtype):
+    """A copy of a functional or Sequential `model`; `dtype` None keeps each layer's policy."""
+    def clone_layer(layer):
+        config = layer.get_config()
+        if dtype is not None:
+            config["dtype"] = dtype
+        return layer.__class__.from_config(config)
+
+    return keras.models.clone_model(model, clone_function=clone_layer)
+
+
+class UnderflowTelemetry(keras.callbacks.Callback):
+    """Per-layer gradient underflow of a mixed-precision `fit`, against an fp32 shadow.
+
+    `directory`: a new or empty directory (or one this callback wrote); `every`: measure
+    steps 0, every, 2*every, ... (positive integer); `watch`: layer names or globs whose
+    weights and outputs are measured (None: every layer with trainable weights, and every
+    layer's output).
+    """
+
+    def __init__(self, directory, every: int = 100, watch=None):
+        super().__init__()
+        if not isinstance(directory, (str, Path)) or not str(directory):
+            raise InvalidArgument(f"directory must be a path (str or Path); received {directory!r}")
+        if not is_integer(every) or every < 1:
+            raise InvalidArgument(f"every must be a positive integer (measure every N steps); received {every!r}")
+        if watch is not None and (isinstance(watch, str) or not all(isinstance(w, str) for w in watch)):
+            watch = [watch] if isinstance(watch, str) else watch
+            if not all(isinstance(w, str) for w in watch):
+                raise InvalidArgument(f"watch must be None or a list of layer names or globs; received {watch!r}")
+        self.directory = Path(directory)
+        self.every = int(every)
+        self.watch = None if watch is None else list(watch)
+        self._prepared_for = None
+        self._files: RunFiles | None = None
+        self._board = None
+        self._stack = contextlib.ExitStack()
+        self._skipped = 0
+        self._nonfinite_steps = 0
+        self._last = {}
+
+    # -- preparation (before fit builds its train function) ---------------------------------
+    def set_model(self, model):
+        super().set_model(model)
+        if getattr(model, "optimizer", None) is None or self._prepared_for is model:
+            return
+        self._prepare(model)
+        self._prepared_for = model
+
+    def _prepare(self, model):
+        import tensorflow as tf
+
+        if model.distribute_strategy.num_replicas_in_sync > 1:
+            raise InvalidArgument("UnderflowTelemetry measures one replica; this model's strategy has "
+                                  f"{model.distribute_strategy.num_replicas_in_sync}: use it without a "
+                                  "multi-replica tf.distribute strategy")
+        try:
+            inputs = model.inputs
+        except (AttributeError, ValueError):
+            inputs = None
+        if not inputs:
+            raise InvalidArgument("UnderflowTelemetry needs a functional or Sequential Keras model with defined "
+                                  f"inputs (it clones the model); received a {type(model).__name__}")
+        layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+        names = [layer.name for layer in layers]
+        if self.watch is None:
+            watched = layers
+        else:
+            unknown = [w for w in self.watch if not any(fnmatch.fnmatchcase(n, w) for n in names)]
+            if unknown:
+                raise InvalidArgument(f"watch must name layers of the model; received {unknown[0]!r}; "
+                                      f"layers: {', '.join(names)}")
+            watched = [layer for layer in layers if any(fnmatch.fnmatchcase(layer.name, w) for w in self.watch)]
+        policy = model.dtype_policy
+        self.format = format_of_dtype(np.dtype(policy.compute_dtype))
+        self.thresholds = Thresholds.of(self.format)
+        self.low = _clone(model, None)
+        self.shadow = _clone(model, "float32")
+        watched_ids = {id(layer) for layer in watched}
+        variables = model.trainable_variables
+        owner = {}
+        for layer in layers:
+            for v in layer.trainable_variables:
+                owner.setdefault(id(v), layer)
+        self._weight_index = [i for i, v in enumerate(variables) if id(owner.get(id(v))) in watched_ids]
+        tap_layers = [layer for layer in watched if _single_output(layer)]
+        self._tap_names = [layer.name for layer in tap_layers]
+        outputs = list(self.low.outputs)
+        self._n_outputs = len(outputs)
+        self.low_taps = keras.Model(self.low.inputs, outputs + [self.low.get_layer(n).output for n in self._tap_names])
+        self.shadow_taps = keras.Model(self.shadow.inputs, list(self.shadow.outputs) +
+                                       [self.shadow.get_layer(n).output for n in self._tap_names])
+        for clone in (self.low, self.shadow):
+            clone.compile(loss=model.loss)  # the user's loss, on each clone's own predictions
+        weight_names = [variables[i].path for i in self._weight_index]
+        fp32_layer = [type(owner[id(variables[i])]).__name__ in _FP32_LAYERS or
+                      owner[id(variables[i])].compute_dtype == "float32" for i in self._weight_index]
+        precision = ["fp32" if f else self.format.name for f in fp32_layer] + \
+            [format_of_dtype(np.dtype(model.get_layer(n).output.dtype)).name for n in self._tap_names]
+        self.names = TensorNames(weight_names, self._tap_names, precision, [""] * len(precision))
+        self.backward = backward_order(model, [variables[i] for i in self._weight_index], self._tap_names)
+        count = len(self._weight_index) + len(self._tap_names)
+        if count == 0:
+            raise InvalidArgument("watch selects no trainable weight and no layer output; nothing to measure")
+
+        def var(shape, dtype, value=0):
+            return tf.Variable(tf.fill(shape, tf.constant(value, dtype)), trainable=False)
+
+        self._counter = var([], tf.int64)
+        self._recorded = var([], tf.int64, -1)  # the step of the last measurement
+        self._v = {"counts": var([count, len(COUNT_FIELDS)], tf.int32),
+                   "extremes": var([count, 2], tf.float32),
+                   "hist_low": var([count, N_BINS], tf.int32), "hist_shadow": var([count, N_BINS], tf.int32),
+                   "counterfactual": var([count, len(COUNTERFACTUAL_FIELDS)], tf.int32),
+                   "nonfinite": var([count], tf.int32), "scale": var([], tf.float32, 1.0)}
+        self._original_step = model.train_step
+        model.train_step = self._train_step
+        model.train_function = None  # rebuilt by fit around the wrapped step
+
+    # -- the compiled part ---------------------------------------------------------------------
+    def _scale(self):
+        import tensorflow as tf
+
+        return tf.cast(self.model.optimizer.scale_loss(tf.constant(1.0, tf.float32)), tf.float32)
+
+    def _inner_iterations(self):
+        optimizer = self.model.optimizer
+        return getattr(optimizer, "inner_optimizer", optimizer).iterations
+
+    def _measure(self, data, step, scale):
+        """Both clones' gradients on `data` at the model's weights, classified into the variables."""
+        import tensorflow as tf
+        from keras.src.trainers.data_adapters import data_adapter_utils
+
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        model = self.model
+        for clone in (self.low, self.shadow):
+            for target, source in zip(clone.weights, model.weights):
+                target.assign(tf.cast(source, target.dtype))
+
+        def gradients(clone, taps_model):
+            with tf.GradientTape() as tape:
+                outs = taps_model(x, training=True)
+                outs = outs if isinstance(outs, (list, tuple)) else [outs]
+                y_pred = outs[0] if self._n_outputs == 1 else list(outs[: self._n_outputs])
+                loss = clone.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+                scaled = tf.cast(loss, tf.float32) * scale
+            variables = [clone.trainable_variables[i] for i in self._weight_index]
+            grads = tape.gradient(scaled, variables + list(outs[self._n_outputs:]))
+            return [tf.zeros_like(t) if g is None else g for g, t in zip(grads, variables + list(outs[self._n_outputs:]))]
+
+        lows = gradients(self.low, self.low_taps)
+        shadows = gradients(self.shadow, self.shadow_taps)
+        counts, extremes, hist_low, hist_shadow = batched_stats(lows, shadows, self.thresholds)
+        v = self._v
+        v["counts"].assign(counts)
+        v["extremes"].assign(extremes)
+        v["hist_low"].assign(hist_low)
+        v["hist_shadow"].assign(hist_shadow)
+        v["counterfactual"].assign(counterfactual_stats(shadows))
+        v["nonfinite"].assign(nonfinite_counts(lows))
+        v["scale"].assign(scale)
+        self._recorded.assign(step)
+        return tf.constant(True)
+
+    def _train_step(self, data):
+        """The user's step, with a measurement before it on every `every`-th step and after it
+        on a step whose update was skipped (weights unchanged, scale as the step used it)."""
+        import tensorflow as tf
+
+        step = self._counter.read_value()
+        scale = self._scale()
+        due = tf.equal(step % self.every, 0)
+        tf.cond(due, lambda: self._measure(data, step, scale), lambda: tf.constant(False))
+        before = tf.identity(self._inner_iterations()) if self._skips else None
+        logs = self._original_step(data)
+        if self._skips:
+            skipped = tf.equal(self._inner_iterations(), before)
+            tf.cond(tf.logical_and(skipped, tf.logical_not(due)),
+                    lambda: self._measure(data, step, scale), lambda: tf.constant(False))
+        self._counter.assign_add(1)
+        return logs
+
+    @property
+    def _skips(self) -> bool:
+        return isinstance(self.model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+    # -- records (Python, between steps) -----------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        if self._prepared_for is not self.model:
+            self.set_model(self.model)
+        if self._files is None:
+            self._open()
+        self._restore_on_end = True
+
+    def _open(self):
+        directory = self.directory
+        if (directory / "header.json").exists():
+            raise InvalidArgument(f"directory {str(directory)!r} holds a recorded run already; nothing was changed: "
+                                  f"give UnderflowTelemetry a new or empty directory")
+        files = RunFiles(directory)  # locked() refuses a directory of a user's files, untouched
+        self._stack.enter_context(files.locked())
+        params = self.params or {}
+        planned = (params.get("epochs") or 0) * (params.get("steps") or 0)
+        optimizer = self.model.optimizer
+        dynamic = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        factor = getattr(optimizer, "loss_scale_factor", None)
+        mode = "dynamic" if dynamic else ("static-no-skip" if factor else "none")
+        config = {
+            "source": "keras-callback", "model": self.model.name, "dtype": self.format.name,
+            "policy": self.model.dtype_policy.name, "steps": int(planned),
+            "loss_scale": {"mode": mode, "scale": float(self._scale().numpy())},
+            "optimizer": type(optimizer).__name__, "every": self.every, "watch": self.watch,
+        }
+        files.start(ResumePlan(0, []), config_json=config, seed=None, device="keras fit", runtime={},
+                    layer_names={"weight": list(self.names.weights), "activation": list(self.names.activations)})
+        self._files = files
+        self._board = TensorBoardWriter(files.tensorboard_path, self.format)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._started = time.perf_counter()
+        self._scale_before = float(self._scale().numpy())
+        self._iterations_before = int(self._inner_iterations().numpy())
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = logs or {}
+        seconds = time.perf_counter() - self._started
+        step = int(self._counter.numpy()) - 1
+        skipped = self._skips and int(self._inner_iterations().numpy()) == self._iterations_before
+        recorded = int(self._recorded.numpy()) == step
+        self._skipped += int(skipped)
+        row = {"step": step, "loss": float(logs.get("loss", math.nan)),
+               "accuracy": logs.get("accuracy", logs.get("sparse_categorical_accuracy", "")),
+               "loss_scale": self._scale_before, "finite": (not skipped) if self._skips else "",
+               "skipped": skipped, "telemetry": recorded, "step_seconds": seconds,
+               "images_per_second": "", "nonfinite_tensors": "", "first_nonfinite": ""}
+        rows = None
+        if recorded:
+            stats = {key: v.numpy() for key, v in self._v.items()}
+            stats["min_abs"], stats["max_abs"] = stats["extremes"][:, 0], stats["extremes"][:, 1]
+            rows = telemetry_rows(step, float(stats["scale"]), self.names, stats)
+            row.update(nonfinite_fields(self.names, stats["nonfinite"], self.backward))
+            if not self._skips:
+                row["finite"] = not row["nonfinite_tensors"]
+        if row["nonfinite_tensors"] or skipped:
+            self._nonfinite_steps += 1
+        self._files.write_step({c: row[c] for c in STEP_COLUMNS})
+        self._board.write_step(step, self._scale_before, self._skipped)
+        if rows is not None:
+            self._files.write_telemetry(rows)
+            self._board.write_records(step, rows)
+        self._last = row
+
+    def on_train_end(self, logs=None):
+        model = self.model
+        try:
+            if self._files is not None:
+                last = self._last
+                self._files.finish({
+                    "finished": True, "final_step": int(self._counter.numpy()),
+                    "skipped_steps": self._skipped, "nonfinite_steps": self._nonfinite_steps,
+                    "final_loss_scale": last.get("loss_scale"), "final_loss": last.get("loss"),
+                    "eval_accuracy": None, "median_images_per_second": None, "jit": model.jit_compile is True,
+                })
+        finally:
+            if self._board is not None:
+                self._board.close()
+            self._stack.close()
+            self._files = self._board = None
+            if "train_step" in model.__dict__:  # the wrapped step goes; fit rebuilds the user's own
+                del model.train_step
+                model.train_function = None
+            self._prepared_for = None
+
+
+def _single_output(layer) -> bool:
+    """Whether a layer has one symbolic output (its gradient can be tapped)."""
+    try:
+        output = layer.output
+    except (AttributeError, ValueError):
+        return False
+    return not isinstance(output, (list, tuple, dict))
+

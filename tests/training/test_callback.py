@@ -1,0 +1,215 @@
+"""`UnderflowTelemetry` on a user's own Keras model (not convprobe's ResNet): its records are
+`convprobe train`'s, `report` and the assertions read them, TensorBoard gets per-layer tags,
+a skipped step names its overflowing tensors, and the user's training is left exactly as it was."""
+
+from __future__ import annotations
+
+import csv
+import glob
+
+import numpy as np
+import pytest
+
+from convprobe import cli
+from convprobe.errors import InvalidArgument
+from convprobe.formats import FP16
+from convprobe.testing import assert_no_gradient_underflow
+from convprobe.training.records import STEP_COLUMNS, TELEMETRY_COLUMNS
+from convprobe.training.telemetry import Thresholds, numpy_tensor_stats
+
+BATCH = 8
+
+
+def _model(scale: float | None = 2.0**15):
+    """Conv2D, BatchNormalization, Dense under mixed_float16 (logits in fp32), compiled with a
+    LossScaleOptimizer at `scale` (None: plain SGD, no loss scaling)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x = keras.Input((8, 8, 3))
+        h = keras.layers.Conv2D(4, 3, padding="same", name="conv")(x)
+        h = keras.layers.BatchNormalization(name="bn")(h)
+        h = keras.layers.ReLU(name="relu")(h)
+        h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+        h = keras.layers.Dense(10, name="dense")(h)
+        y = keras.layers.Activation("linear", dtype="float32", name="logits")(h)
+        model = keras.Model(x, y)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    sgd = keras.optimizers.SGD(0.01)
+    optimizer = sgd if scale is None else keras.optimizers.LossScaleOptimizer(sgd, initial_scale=scale)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=False)
+    return model
+
+
+def _data(scale_inputs: float = 1.0):
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(6 * BATCH, 8, 8, 3)) * scale_inputs).astype("float32"), rng.integers(0, 10, 6 * BATCH)
+
+
+def _rows(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _events(directory):
+    import tensorflow as tf
+
+    tags = {}
+    for path in glob.glob(str(directory / "tensorboard" / "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                tags.setdefault(value.tag, []).append((event.step, value.metadata.plugin_data.plugin_name,
+                                                       tf.make_ndarray(value.tensor)))
+    return tags
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """The issue's must-show: 6 steps with callbacks=[UnderflowTelemetry(dir, every=2)], and the
+    same fit without the callback."""
+    from convprobe.training import UnderflowTelemetry
+
+    out = tmp_path_factory.mktemp("cb") / "tb"
+    xs, ys = _data()
+    model = _model()
+    first = [w.copy() for w in model.get_weights()]
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, shuffle=False,
+              callbacks=[UnderflowTelemetry(out, every=2)])
+    plain = _model()
+    plain.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+    return out, model, plain, first
+
+
+def test_the_callback_leaves_the_user_s_training_bit_for_bit_as_it_was(fitted):
+    _, model, plain, _ = fitted
+    for a, b in zip(model.get_weights(), plain.get_weights()):  # moving statistics included
+        assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+    assert "train_step" not in model.__dict__  # the wrapped step is gone after fit
+
+
+def test_records_are_convprobe_train_s_and_report_reads_them(fitted, tmp_path, capsys):
+    out, _, _, _ = fitted
+    steps, telemetry = _rows(out / "steps.csv"), _rows(out / "telemetry.csv")
+    assert list(steps[0]) == list(STEP_COLUMNS) and list(telemetry[0]) == list(TELEMETRY_COLUMNS)
+    assert [r["telemetry"] for r in steps] == ["True", "False"] * 3
+    assert sorted({int(r["step"]) for r in telemetry}) == [0, 2, 4]
+    layers = {(r["kind"], r["layer"]) for r in telemetry}
+    assert {("weight", "conv/kernel"), ("weight", "bn/gamma"), ("weight", "dense/kernel"),
+            ("activation", "conv"), ("activation", "bn"), ("activation", "dense")} <= layers
+    precision = {r["layer"]: r["precision"] for r in telemetry if r["kind"] == "weight"}
+    assert precision["bn/gamma"] == "fp32" and precision["conv/kernel"] == "fp16"
+    assert all(float(r["loss_scale"]) == 2.0**15 for r in telemetry)
+    assert cli.main(["report", str(out), "--out-dir", str(tmp_path), "--formats", "png"]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "tb-run.png")]
+    assert_no_gradient_underflow(out, kind="weight", layer="bn/*")  # fp32 parameters cannot flush
+
+
+def test_tensorboard_has_per_layer_scalars_and_log2_histograms(fitted):
+    out, _, _, _ = fitted
+    tags = _events(out)
+    for layer in ("weight/conv/kernel", "activation/bn", "activation/dense"):
+        for field in ("flushed_fraction", "lost_fraction", "subnormal_fraction"):
+            seen = tags[f"underflow/{layer}/{field}"]
+            assert [step for step, _, _ in seen] == [0, 2, 4] and {p for _, p, _ in seen} == {"scalars"}
+        histograms = tags[f"log2_abs_grad/{layer}"]
+        assert {p for _, p, _ in histograms} == {"histograms"}
+        table = histograms[0][2]  # rows of (left edge, right edge, count): one binade each
+        assert table.shape[1] == 3 and np.all(table[:, 1] - table[:, 0] == 1) and table[:, 2].sum() > 0
+    assert [s for s, _, _ in tags["loss_scale"]] == list(range(6))
+    assert float(tags["loss_scale"][0][2]) == 2.0**15 and float(tags["skipped_steps"][-1][2]) == 0
+    assert float(tags["format/log2_smallest_subnormal"][0][2]) == -24
+
+
+def test_step_zero_counts_match_an_independent_numpy_classification(fitted):
+    """The callback's step-0 counts of the weight gradients, recomputed here: the user's own
+    fp16 model and an fp32 copy, same weights and batch, S = 2^15, classified in NumPy."""
+    import keras
+    import tensorflow as tf
+
+    out, _, _, first = fitted
+    xs, ys = _data()
+    low = _model()
+    low.set_weights(first)
+    shadow = keras.Model.from_config(low.get_config())  # same layers ...
+    for layer in shadow.layers:
+        layer.dtype_policy = keras.DTypePolicy("float32")  # ... all in fp32
+    shadow.set_weights(first)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    grads = []
+    for model in (low, shadow):
+        with tf.GradientTape() as tape:
+            scaled = tf.cast(loss(ys[:BATCH], model(xs[:BATCH], training=True)), tf.float32) * 2.0**15
+        grads.append([g.numpy() for g in tape.gradient(scaled, model.trainable_variables)])
+    rows = {r["layer"]: r for r in _rows(out / "telemetry.csv") if r["step"] == "0" and r["kind"] == "weight"}
+    names = [v.path for v in low.trainable_variables]
+    for name, g_low, g_shadow in zip(names, *grads):
+        expected = numpy_tensor_stats(g_low, g_shadow, Thresholds.of(FP16))
+        assert {k: int(rows[name][k]) for k in expected} == expected, name
+
+
+def test_a_skipped_step_names_its_overflowing_tensors_first_in_backward_order(tmp_path):
+    """S = 2^24: the logits' gradient S*(p - y)/8 reaches fp16 at the dense layer's output as inf;
+    every step skips (the scale halves each time, still too large), recorded or not."""
+    from convprobe.training import UnderflowTelemetry
+
+    xs, ys = _data()
+    model = _model(scale=2.0**24)
+    model.fit(xs[: 3 * BATCH], ys[: 3 * BATCH], batch_size=BATCH, verbose=0, shuffle=False,
+              callbacks=[UnderflowTelemetry(tmp_path / "run", every=4)])
+    steps = _rows(tmp_path / "run" / "steps.csv")
+    assert [r["skipped"] for r in steps] == ["True"] * 3
+    assert [float(r["loss_scale"]) for r in steps] == [2.0**24, 2.0**23, 2.0**22]
+    assert [r["telemetry"] for r in steps] == ["True"] * 3  # a skipped step is measured after the skip
+    for row in steps:
+        named = row["nonfinite_tensors"].split(";")
+        assert row["first_nonfinite"] == named[0] == "activation:dense"
+        assert "weight:dense/kernel" in named and "activation:logits" not in named  # fp32 logits stay finite
+    telemetry = _rows(tmp_path / "run" / "telemetry.csv")
+    dense = [r for r in telemetry if r["layer"] == "dense" and r["kind"] == "activation"]
+    assert [int(r["inf"]) + int(r["nan"]) > 0 for r in dense] == [True] * 3
+
+
+def test_without_loss_scaling_counterfactual_columns_are_written(tmp_path):
+    """S = 1 (Keras wraps any optimizer of a mixed_float16 model in a LossScaleOptimizer: a
+    scale of 1 is its "no scaling"): unscaled gradients flush in fp8 formats, never in bf16."""
+    from convprobe.training import UnderflowTelemetry
+
+    xs, ys = _data()
+    model = _model(scale=1.0)
+    model.fit(xs[:BATCH], ys[:BATCH], batch_size=BATCH, verbose=0,
+              callbacks=[UnderflowTelemetry(tmp_path / "run", every=1, watch=["conv", "dense"])])
+    telemetry = _rows(tmp_path / "run" / "telemetry.csv")
+    assert {r["layer"] for r in telemetry} == {"conv/kernel", "conv/bias", "dense/kernel", "dense/bias",
+                                               "conv", "dense"}
+    assert all(float(r["loss_scale"]) == 1.0 for r in telemetry)
+    for fmt in ("fp8_e4m3", "fp8_e5m2"):
+        assert max(float(r[f"{fmt}_flushed_fraction"]) for r in telemetry) > 0, fmt
+    e4m3 = [float(r["fp8_e4m3_flushed_fraction"]) + float(r["fp8_e4m3_subnormal_fraction"]) for r in telemetry]
+    e5m2 = [float(r["fp8_e5m2_flushed_fraction"]) + float(r["fp8_e5m2_subnormal_fraction"]) for r in telemetry]
+    assert all(a >= b for a, b in zip(e4m3, e5m2))  # e4m3's range ends 6 binades above e5m2's
+    for r in telemetry:  # bf16 has fp32's range: what fp32 holds, bf16 does not flush
+        assert float(r["bf16_flushed_fraction"]) == 0
+
+
+def test_bad_arguments_and_a_user_s_directory_are_refused(tmp_path):
+    from convprobe.training import UnderflowTelemetry
+
+    with pytest.raises(InvalidArgument, match="every must be a positive integer"):
+        UnderflowTelemetry(tmp_path / "a", every=0)
+    with pytest.raises(InvalidArgument, match="watch must be None or a list"):
+        UnderflowTelemetry(tmp_path / "a", watch=[3])
+    xs, ys = _data()
+    model = _model()
+    with pytest.raises(InvalidArgument, match="watch must name layers of the model; received 'nope'"):
+        model.fit(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[UnderflowTelemetry(tmp_path / "a", watch=["nope"])])
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    model = _model()
+    with pytest.raises(InvalidArgument, match="holds files that are not"):
+        model.fit(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[UnderflowTelemetry(mine)])
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
