@@ -14,7 +14,8 @@ from typing import TypeVar
 from convprobe.errors import invalid_choice
 
 __all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "OutputFormat",
-           "FigureFormat", "Status", "Device", "parse_option"]
+           "FigureFormat", "Status", "Device", "parse_option", "names_or_all",
+           "comma_integers"]
 
 
 class Rounding(StrEnum):
@@ -140,3 +141,31 @@ def parse_option(argument: str, value: object, options: type[E],
         return options(key)
     except ValueError:
         raise invalid_choice(argument, value, [m.value for m in options]) from None
+
+
+def names_or_all(value, choices, argument: str) -> tuple[str, ...]:
+    """The names a user chose from `choices`: 'all', a comma-separated list or a list of
+    names, in the user's order without repeats; one error naming the allowed names for an
+    unknown or empty choice."""
+    allowed = (*choices, "all")
+    if isinstance(value, str):
+        value = list(choices) if value.strip() == "all" else value.split(",")
+    chosen = [str(name).strip() for name in value if str(name).strip()]
+    if chosen == ["all"]:
+        chosen = list(choices)
+    if not chosen:
+        raise invalid_choice(argument, "", allowed)
+    for name in chosen:
+        if name not in choices:
+            raise invalid_choice(argument, name, allowed)
+    return tuple(dict.fromkeys(chosen))
+
+
+def comma_integers(text) -> tuple[int, ...] | None:
+    """'8,32,32,16' -> (8, 32, 32, 16); None where a part is not an integer or nothing is
+    given (each caller says what it allows)."""
+    try:
+        values = tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        return None
+    return values or None

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 
 from convprobe.errors import InvalidArgument, invalid_choice
-from convprobe.options import Device
+from convprobe.options import Device, names_or_all
 
 __all__ = [
     "ACCUMULATE_CHOICES",
@@ -332,16 +332,9 @@ def matrix_configs(device: str = "cpu", names: list[str] | str | None = None) ->
     """TensorFlow configurations of the matrix, by name ('all' or None = the default rows)."""
     resolved = resolve_device(device)
     table = MATRIX[resolved]
-    if names is None or names == "all" or names == ["all"]:
-        chosen = list(MATRIX_DEFAULT[resolved]) if names is None else list(table)
-    else:
-        chosen = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
-        if not chosen:
-            raise invalid_choice("configuration", "", (*table, "all"))
+    chosen = MATRIX_DEFAULT[resolved] if names is None else names_or_all(names, tuple(table), "configuration")
     configs = []
-    for name in dict.fromkeys(chosen):
-        if name not in table:
-            raise invalid_choice("configuration", name, (*table, "all"))
+    for name in chosen:
         env, jit, accumulate, note = table[name]
         configs.append(BackendConfig("tensorflow", accumulate, resolved, env=dict(env), jit_compile=jit, note=note, name=name))
     return configs

@@ -13,6 +13,7 @@ from __future__ import annotations
 from convprobe.cli.options import (MAX_K, MAX_ROWS, add_matrix_options, announce_inherited_switches,
                                    bounded_int, emit, int_list, list_configs, matrix_configs,
                                    matrix_ops)
+from convprobe.options import comma_integers
 
 __all__ = ["register"]
 
@@ -64,10 +65,7 @@ def register(subparsers) -> None:
 def _pair(text: str, argument: str) -> tuple[int, int]:
     from convprobe.errors import InvalidArgument
 
-    try:
-        values = tuple(int(v) for v in str(text).split(","))
-    except ValueError:
-        values = ()
+    values = comma_integers(text) or ()
     if len(values) == 1:
         values = values * 2
     if len(values) != 2 or min(values) < 1:

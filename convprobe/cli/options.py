@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from convprobe.backends.configurations import DEVICE_CHOICES
+from convprobe.options import comma_integers
 from convprobe.render import FORMATS
 
 __all__ = ["positive_int", "bounded_int", "int_list", "seed", "add_running_options",
@@ -50,10 +51,7 @@ def bounded_int(low: int, high: int):
 def int_list(low: int, high: int):
     """An argparse type: comma-separated integers, each in [low, high], at least one."""
     def convert(text: str) -> list[int]:
-        try:
-            values = [int(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            values = []
+        values = list(comma_integers(text) or ())
         if not values or min(values) < low or max(values) > high:
             raise argparse.ArgumentTypeError(
                 f"must be comma-separated integers from {low} to {high}; received {text!r}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from convprobe.errors import UnsupportedConfiguration, invalid_choice
+from convprobe.options import names_or_all
 
 __all__ = [
     "OPS", "CONV2D_OPS", "QUADRATIC_LIMIT", "QUADRATIC_OPS", "base_op", "check_ops", "op_call", "reduce_rows",
@@ -49,17 +50,8 @@ def base_op(op: str) -> str:
 
 
 def check_ops(ops) -> tuple[str, ...]:
-    """Validate op names (a list, or 'all'); returns them in the caller's order."""
-    if isinstance(ops, str):
-        ops = OPS if ops == "all" else [o.strip() for o in ops.split(",") if o.strip()]
-    out = []
-    for op in ops:
-        if op not in OPS:
-            raise invalid_choice("op", op, (*OPS, "all"))
-        out.append(op)
-    if not out:
-        raise invalid_choice("op", "", (*OPS, "all"))
-    return tuple(dict.fromkeys(out))
+    """Validate op names (a comma list, a list, or 'all'); returns them in the caller's order."""
+    return names_or_all(ops, OPS, "op")
 
 
 def op_call(op: str, a: np.ndarray, b: np.ndarray, channel: np.ndarray | None = None):

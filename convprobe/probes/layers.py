@@ -17,6 +17,7 @@ from enum import StrEnum
 import numpy as np
 
 from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.options import comma_integers
 
 __all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "LayerKind", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_result_shape", "op_inputs",
            "op_confirmation_inputs", "CONFIRMATION_MIX", "op_call", "run_op",
@@ -45,10 +46,7 @@ MAX_LAYER_ELEMENTS = 2**24
 
 def parse_shape(text: str, argument: str, length: int) -> tuple[int, ...]:
     """'8,32,32,16' -> (8, 32, 32, 16): exactly `length` positive integers."""
-    try:
-        values = tuple(int(v) for v in str(text).split(","))
-    except ValueError:
-        values = ()
+    values = comma_integers(text) or ()
     if len(values) != length or min(values) < 1:
         raise InvalidArgument(f"{argument} must be {length} comma-separated positive integers; received {text!r}")
     return values

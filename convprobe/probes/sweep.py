@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from convprobe.errors import InvalidArgument
+from convprobe.options import names_or_all
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
 from convprobe.provenance import memory_limit
 from convprobe.render import json_clean
@@ -35,18 +36,8 @@ HEAVY_CLIP = 64.0  # |x| <= 64 keeps every product (<= 4096) and most sums insid
 
 
 def check_distributions(names) -> tuple[str, ...]:
-    from convprobe.errors import invalid_choice
-
-    if isinstance(names, str):
-        names = DISTRIBUTIONS if names == "all" else [n.strip() for n in names.split(",") if n.strip()]
-    out = []
-    for name in names:
-        if name not in DISTRIBUTIONS:
-            raise invalid_choice("distribution", name, (*DISTRIBUTIONS, "all"))
-        out.append(name)
-    if not out:
-        raise invalid_choice("distribution", "", (*DISTRIBUTIONS, "all"))
-    return tuple(dict.fromkeys(out))
+    """Validate distribution names (a comma list, a list, or 'all')."""
+    return names_or_all(names, DISTRIBUTIONS, "distribution")
 
 
 #: Filters per call; row m reads filter m % CHANNELS (as in `identify`: TensorFlow picks other

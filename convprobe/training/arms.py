@@ -17,6 +17,7 @@ from enum import StrEnum
 
 from convprobe.errors import InvalidArgument, is_integer
 from convprobe.formats import parse_format
+from convprobe.options import comma_integers
 from convprobe.training.arithmetic import Arithmetic, ArithmeticKind
 from convprobe.training.config import (
     DTYPES,
@@ -160,11 +161,7 @@ def parse_arms(texts: list[str]) -> list[Arm]:
 def parse_seeds(text: str) -> list[int]:
     """`0,1,2` -> [0, 1, 2]: integers from 0 to 2**32 - 1, each once."""
     seeds: list[int] = []
-    for part in str(text).split(","):
-        try:
-            seed = int(part.strip())
-        except ValueError:
-            seed = None
+    for seed in comma_integers(text) or (None,):
         if seed is None or not is_integer(seed) or not 0 <= seed <= MAX_SEED:
             raise InvalidArgument(f"--seeds must be a comma-separated list of integers from 0 to 2**32 - 1 "
                                   f"(e.g. 0,1,2); received {text!r}")

@@ -1,0 +1,32 @@
+"""The two list parsers every command shares: names from a closed set (or 'all'), and
+comma-separated integers."""
+
+import pytest
+
+from convprobe.errors import InvalidArgument
+from convprobe.options import comma_integers, names_or_all
+
+CHOICES = ("conv2d", "matmul", "einsum")
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("all", CHOICES), (" all ", CHOICES), (["all"], CHOICES), ("matmul,conv2d", ("matmul", "conv2d")),
+    ("matmul, matmul ,conv2d", ("matmul", "conv2d")), (["einsum"], ("einsum",)),
+])
+def test_names_are_taken_in_the_users_order_once(value, expected):
+    assert names_or_all(value, CHOICES, "op") == expected
+
+
+@pytest.mark.parametrize("value, received", [("", "''"), (",", "''"), ([], "''"), ("conv3d", "'conv3d'"),
+                                             ("conv2d,all", "'all'")])
+def test_an_unknown_or_empty_choice_is_one_line_naming_the_allowed(value, received):
+    with pytest.raises(InvalidArgument) as error:
+        names_or_all(value, CHOICES, "op")
+    assert str(error.value) == f"op must be one of conv2d, matmul, einsum, all; received {received}"
+
+
+@pytest.mark.parametrize("text, expected", [("8,32,32,16", (8, 32, 32, 16)), ("3", (3,)), (" 2 , 2", (2, 2)),
+                                            ("-1,0", (-1, 0)), ("", None), ("8,,3", None), ("2.5", None),
+                                            ("x", None), ("3,", None)])
+def test_comma_integers_are_all_integers_or_none(text, expected):
+    assert comma_integers(text) == expected
