@@ -13,19 +13,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from convprobe.emulation.conv import pair
+
 __all__ = ["AbstractBackend", "Padding", "normalize_pair"]
 
 Padding = str | Sequence[tuple[int, int]]
 
 
 def normalize_pair(value: int | Sequence[int], argument: str) -> tuple[int, int]:
-    """Strides/dilations as an (h, w) pair of positive ints."""
-    from convprobe.errors import InvalidArgument
-
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, (int, np.integer)) and v > 0 for v in pair):
-        raise InvalidArgument(f"{argument} must be a positive int or a pair of them; received {value!r}")
-    return int(pair[0]), int(pair[1])
+    """Strides/dilations as an (h, w) pair of positive ints: the emulator's rule
+    (`emulation.conv.pair`), so a backend and the emulator accept the same values."""
+    return pair(value, argument)
 
 
 class AbstractBackend(abc.ABC):
