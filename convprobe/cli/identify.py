@@ -76,8 +76,8 @@ def _pair(text: str, argument: str) -> tuple[int, int]:
 def layers_from_args(args) -> tuple[list, list] | None:
     """The layers to identify and the model's conv-like layers it cannot measure, each with its
     reason (None in battery mode); every check happens here, before work."""
-    from convprobe.errors import InvalidArgument, invalid_choice
-    from convprobe.probes.layers import PADDINGS, Layer, parse_shape
+    from convprobe.errors import InvalidArgument
+    from convprobe.probes.layers import Layer, parse_shape
 
     modes = [name for name, given in (("--input-shape/--filter-shape", args.input_shape or args.filter_shape),
                                       ("--keras-model", args.keras_model),
@@ -105,9 +105,7 @@ def layers_from_args(args) -> tuple[list, list] | None:
                                   + ("--input-shape" if args.input_shape else "--filter-shape"))
         if args.batch is not None:
             raise InvalidArgument("--batch applies to --keras-model and --resnet-size; put N in --input-shape")
-        padding = str(args.padding).upper()
-        if padding not in PADDINGS:
-            raise invalid_choice("padding", args.padding, PADDINGS)
+        padding = str(args.padding).upper()  # Layer checks it, with the shapes
         return [Layer(parse_shape(args.input_shape, "--input-shape", 4), parse_shape(args.filter_shape, "--filter-shape", 4),
                       _pair(args.strides, "--strides"), padding, _pair(args.dilation, "--dilation"))], []
     if args.strides != "1" or args.padding != "SAME" or args.dilation != "1":
