@@ -110,6 +110,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._skipped = 0
         self._nonfinite_steps = 0
         self._last = {}
+        self._shown = None  # the (loss scale, skipped steps) TensorBoard holds last
 
     # -- preparation (before fit builds its train function) ---------------------------------
     def set_model(self, model):
@@ -180,11 +181,18 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
         self._counter = var([], tf.int64)
         self._recorded = var([], tf.int64, -1)  # the step of the last measurement
+        # the last step's (step, loss scale it used, skipped, measured): one read per step
+        self._status = var([4], tf.float64)
         self._v = {"counts": var([count, len(COUNT_FIELDS)], tf.int32),
                    "extremes": var([count, 2], tf.float32),
                    "hist_low": var([count, N_BINS], tf.int32), "hist_shadow": var([count, N_BINS], tf.int32),
                    "counterfactual": var([count, len(COUNTERFACTUAL_FIELDS)], tf.int32),
                    "nonfinite": var([count], tf.int32), "scale": var([], tf.float32, 1.0)}
+        # The statistics always under XLA, the user's step or not: its scatter-adds run about
+        # twice as fast compiled (measured on CPU; `telemetry.batched_stats` is written for it).
+        self._statistics = tf.function(
+            lambda lows, shadows: (batched_stats(lows, shadows, self.thresholds), counterfactual_stats(shadows),
+                                   nonfinite_counts(lows)), jit_compile=True)
         self._original_step = model.train_step
         model.train_step = self._train_step
         model.train_function = None  # rebuilt by fit around the wrapped step
@@ -223,14 +231,14 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
         lows = gradients(self.low, self.low_taps)
         shadows = gradients(self.shadow, self.shadow_taps)
-        counts, extremes, hist_low, hist_shadow = batched_stats(lows, shadows, self.thresholds)
+        (counts, extremes, hist_low, hist_shadow), counterfactual, nonfinite = self._statistics(lows, shadows)
         v = self._v
         v["counts"].assign(counts)
         v["extremes"].assign(extremes)
         v["hist_low"].assign(hist_low)
         v["hist_shadow"].assign(hist_shadow)
-        v["counterfactual"].assign(counterfactual_stats(shadows))
-        v["nonfinite"].assign(nonfinite_counts(lows))
+        v["counterfactual"].assign(counterfactual)
+        v["nonfinite"].assign(nonfinite)
         v["scale"].assign(scale)
         self._recorded.assign(step)
         return tf.constant(True)
@@ -250,7 +258,11 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             skipped = tf.equal(self._inner_iterations(), before)
             tf.cond(tf.logical_and(skipped, tf.logical_not(due)),
                     lambda: self._measure(data, step, scale), lambda: tf.constant(False))
+        else:
+            skipped = tf.constant(False)
         self._counter.assign_add(1)
+        self._status.assign(tf.stack([tf.cast(x, tf.float64) for x in (
+            step, scale, skipped, tf.equal(self._recorded, step))]))
         return logs
 
     @property
@@ -291,19 +303,16 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._started = time.perf_counter()
-        self._scale_before = float(self._scale().numpy())
-        self._iterations_before = int(self._inner_iterations().numpy())
 
     def on_train_batch_end(self, batch, logs=None):
         logs = logs or {}
         seconds = time.perf_counter() - self._started
-        step = int(self._counter.numpy()) - 1
-        skipped = self._skips and int(self._inner_iterations().numpy()) == self._iterations_before
-        recorded = int(self._recorded.numpy()) == step
+        status = self._status.numpy()  # the one read from the device per step
+        step, scale, skipped, recorded = int(status[0]), float(status[1]), bool(status[2]), bool(status[3])
         self._skipped += int(skipped)
         row = {"step": step, "loss": float(logs.get("loss", math.nan)),
                "accuracy": logs.get("accuracy", logs.get("sparse_categorical_accuracy", "")),
-               "loss_scale": self._scale_before, "finite": (not skipped) if self._skips else "",
+               "loss_scale": scale, "finite": (not skipped) if self._skips else "",
                "skipped": skipped, "telemetry": recorded, "step_seconds": seconds,
                "images_per_second": "", "nonfinite_tensors": "", "first_nonfinite": ""}
         rows = None
@@ -317,7 +326,10 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         if row["nonfinite_tensors"] or skipped:
             self._nonfinite_steps += 1
         self._files.write_step({c: row[c] for c in STEP_COLUMNS})
-        self._board.write_step(step, self._scale_before, self._skipped)
+        shown = (scale, self._skipped)
+        if recorded or shown != self._shown:  # TensorBoard: at each change and each measured step
+            self._board.write_step(step, scale, self._skipped)
+            self._shown = shown
         if rows is not None:
             self._files.write_telemetry(rows)
             self._board.write_records(step, rows)

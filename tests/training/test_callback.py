@@ -119,7 +119,7 @@ def test_tensorboard_has_per_layer_scalars_and_log2_histograms(fitted):
         assert {p for _, p, _ in histograms} == {"histograms"}
         table = histograms[0][2]  # rows of (left edge, right edge, count): one binade each
         assert table.shape[1] == 3 and np.all(table[:, 1] - table[:, 0] == 1) and table[:, 2].sum() > 0
-    assert [s for s, _, _ in tags["loss_scale"]] == list(range(6))
+    assert [s for s, _, _ in tags["loss_scale"]] == [0, 2, 4]  # measured steps and changes (none here)
     assert float(tags["loss_scale"][0][2]) == 2.0**15 and float(tags["skipped_steps"][-1][2]) == 0
     assert float(tags["format/log2_smallest_subnormal"][0][2]) == -24
 
