@@ -1,7 +1,7 @@
 """Benchmark: the overhead of `UnderflowTelemetry(every=10)` on a user's Keras `fit`.
 
 Run: ``python benchmarks/bench_callback.py [--steps 40] [--repeats 3] [--batch-size 32]
-[--image-size 16] [--every 10] [--jit]``
+[--image-size 16] [--width 16] [--every 10] [--jit]``
 
 The goal (issue 43): fit steps with the callback at every=10 cost at most 1.10x plain
 `fit` steps. One process builds a small user model (Conv2D, BatchNormalization, Conv2D,
@@ -32,7 +32,7 @@ def build(args):
     keras.mixed_precision.set_global_policy("mixed_float16")
     x = keras.Input((args.image_size, args.image_size, 3))
     h = x
-    for i, filters in enumerate((16, 32)):
+    for i, filters in enumerate((args.width, 2 * args.width)):
         h = keras.layers.Conv2D(filters, 3, padding="same", strides=1 + i, name=f"conv{i}")(h)
         h = keras.layers.BatchNormalization(name=f"bn{i}")(h)
         h = keras.layers.ReLU(name=f"relu{i}")(h)
@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--width", type=int, default=16, help="channels of the first conv (the second has twice)")
     parser.add_argument("--jit", action="store_true", help="compile the step with XLA (default off)")
     args = parser.parse_args()
 
@@ -86,7 +87,8 @@ def main() -> None:
                 for clock in ("cpu", "wall"):
                     times = getattr(stamps, clock)
                     per_step[arm][clock].append((times[-1] - times[0]) / (len(times) - 1))  # steps 1..N
-    print(f"UnderflowTelemetry(every={args.every}) on a Conv2D/BN/Dense model, mixed_float16, batch "
+    print(f"UnderflowTelemetry(every={args.every}) on a Conv2D({args.width})/BN/Conv2D({2 * args.width})/BN/Dense "
+          f"model, mixed_float16, batch "
           f"{args.batch_size}, {args.image_size}x{args.image_size}, XLA {'on' if args.jit else 'off'}; "
           f"{args.steps} steps per fit (1 in {args.every} measured), median of {args.repeats} repeats")
     for clock in ("cpu", "wall"):

@@ -147,8 +147,11 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         policy = model.dtype_policy
         self.format = format_of_dtype(np.dtype(policy.compute_dtype))
         self.thresholds = Thresholds.of(self.format)
-        self.low = _clone(model, None)
+        # Keras's own step with one output: measured inside the step itself (the update's own
+        # gradients); otherwise (a custom train_step, several outputs) on a clone in the model's policy.
+        self._own_step = type(model).train_step is keras.Model.train_step and len(model.outputs) == 1
         self.shadow = _clone(model, "float32")
+        self.low = None if self._own_step else _clone(model, None)
         watched_ids = {id(layer) for layer in watched}
         variables = model.trainable_variables
         owner = {}
@@ -158,12 +161,13 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._weight_index = [i for i, v in enumerate(variables) if id(owner.get(id(v))) in watched_ids]
         tap_layers = [layer for layer in watched if _single_output(layer)]
         self._tap_names = [layer.name for layer in tap_layers]
-        outputs = list(self.low.outputs)
-        self._n_outputs = len(outputs)
-        self.low_taps = keras.Model(self.low.inputs, outputs + [self.low.get_layer(n).output for n in self._tap_names])
+        self._n_outputs = len(model.outputs)
+        source = model if self._own_step else self.low  # a model over the user's own layers changes nothing in them
+        self.low_taps = keras.Model(source.inputs, list(source.outputs) +
+                                    [source.get_layer(n).output for n in self._tap_names])
         self.shadow_taps = keras.Model(self.shadow.inputs, list(self.shadow.outputs) +
                                        [self.shadow.get_layer(n).output for n in self._tap_names])
-        for clone in (self.low, self.shadow):
+        for clone in (c for c in (self.low, self.shadow) if c is not None):
             clone.compile(loss=model.loss)  # the user's loss, on each clone's own predictions
         weight_names = [variables[i].path for i in self._weight_index]
         fp32_layer = [type(owner[id(variables[i])]).__name__ in _FP32_LAYERS or
@@ -194,7 +198,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             lambda lows, shadows: (batched_stats(lows, shadows, self.thresholds), counterfactual_stats(shadows),
                                    nonfinite_counts(lows)), jit_compile=True)
         self._original_step = model.train_step
-        model.train_step = self._train_step
+        model.train_step = self._own_train_step if self._own_step else self._train_step
         model.train_function = None  # rebuilt by fit around the wrapped step
 
     # -- the compiled part ---------------------------------------------------------------------
@@ -207,30 +211,35 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         return getattr(optimizer, "inner_optimizer", optimizer).iterations
 
-    def _measure(self, data, step, scale):
-        """Both clones' gradients on `data` at the model's weights, classified into the variables."""
+    def _gradients(self, clone, taps_model, x, y, sample_weight, scale):
+        """A clone's gradients of the scaled loss: the watched weights', then the taps'."""
         import tensorflow as tf
-        from keras.src.trainers.data_adapters import data_adapter_utils
 
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        model = self.model
-        for clone in (self.low, self.shadow):
-            for target, source in zip(clone.weights, model.weights):
-                target.assign(tf.cast(source, target.dtype))
+        with tf.GradientTape() as tape:
+            outs = taps_model(x, training=True)
+            outs = outs if isinstance(outs, (list, tuple)) else [outs]
+            y_pred = outs[0] if self._n_outputs == 1 else list(outs[: self._n_outputs])
+            loss = clone.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            scaled = tf.cast(loss, tf.float32) * scale
+        targets = [clone.trainable_variables[i] for i in self._weight_index] + list(outs[self._n_outputs:])
+        return _zeros_for_none(tape.gradient(scaled, targets), targets)
 
-        def gradients(clone, taps_model):
-            with tf.GradientTape() as tape:
-                outs = taps_model(x, training=True)
-                outs = outs if isinstance(outs, (list, tuple)) else [outs]
-                y_pred = outs[0] if self._n_outputs == 1 else list(outs[: self._n_outputs])
-                loss = clone.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-                scaled = tf.cast(loss, tf.float32) * scale
-            variables = [clone.trainable_variables[i] for i in self._weight_index]
-            grads = tape.gradient(scaled, variables + list(outs[self._n_outputs:]))
-            return [tf.zeros_like(t) if g is None else g for g, t in zip(grads, variables + list(outs[self._n_outputs:]))]
+    def _copy_weights(self, clone):
+        import tensorflow as tf
 
-        lows = gradients(self.low, self.low_taps)
-        shadows = gradients(self.shadow, self.shadow_taps)
+        for target, source in zip(clone.weights, self.model.weights):
+            target.assign(tf.cast(source, target.dtype))
+
+    def _measure(self, lows, x, y, sample_weight, step, scale):
+        """Classify `lows` (None: the low-precision clone's) against the fp32 shadow's gradients
+        at the model's current weights, into the result variables."""
+        import tensorflow as tf
+
+        if lows is None:
+            self._copy_weights(self.low)
+            lows = self._gradients(self.low, self.low_taps, x, y, sample_weight, scale)
+        self._copy_weights(self.shadow)
+        shadows = self._gradients(self.shadow, self.shadow_taps, x, y, sample_weight, scale)
         (counts, extremes, hist_low, hist_shadow), counterfactual, nonfinite = self._statistics(lows, shadows)
         v = self._v
         v["counts"].assign(counts)
@@ -243,26 +252,70 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._recorded.assign(step)
         return tf.constant(True)
 
-    def _train_step(self, data):
-        """The user's step, with a measurement before it on every `every`-th step and after it
-        on a step whose update was skipped (weights unchanged, scale as the step used it)."""
+    def _finish_step(self, step, scale, skipped):
         import tensorflow as tf
+
+        self._counter.assign_add(1)
+        self._status.assign(tf.stack([tf.cast(x, tf.float64) for x in (
+            step, scale, skipped, tf.equal(self._recorded, step))]))
+
+    def _own_train_step(self, data):
+        """Keras's own `train_step` (TensorFlow backend, Keras 3.15), with the watched layers'
+        outputs among the tape's targets: a measured step classifies the very gradients its
+        update applies (measured before the update; after it when a LossScaleOptimizer skips)."""
+        import tensorflow as tf
+        from keras.src import tree
+        from keras.src.losses import loss as loss_module
+        from keras.src.trainers.data_adapters import data_adapter_utils
+
+        model = self.model
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        step = self._counter.read_value()
+        scale = self._scale()
+        due = tf.equal(step % self.every, 0)
+        with tf.GradientTape() as tape:
+            outs = self.low_taps(x, training=True)
+            y_pred, taps = outs[0], list(outs[1:])
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            model._loss_tracker.update_state(
+                loss_module.unscale_loss_for_distribution(loss),
+                sample_weight=tf.shape(next(i for i in tree.flatten(x) if i is not None))[0])
+            scaled = model.optimizer.scale_loss(loss)
+        weights = model.trainable_weights
+        grads = tape.gradient(scaled, list(weights) + taps)
+        wgrads = grads[: len(weights)]
+        targets = [weights[i] for i in self._weight_index] + taps
+        lows = _zeros_for_none([wgrads[i] for i in self._weight_index] + list(grads[len(weights):]), targets)
+        tf.cond(due, lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
+        before = tf.identity(self._inner_iterations())
+        model.optimizer.apply_gradients(zip(wgrads, weights))
+        skipped = tf.equal(self._inner_iterations(), before) if self._skips else tf.constant(False)
+        tf.cond(tf.logical_and(skipped, tf.logical_not(due)),  # a skip leaves the weights as the step saw them
+                lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
+        self._finish_step(step, scale, skipped)
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _train_step(self, data):
+        """The user's own step (a custom `train_step`, or several outputs), with a measurement on
+        the low-precision clone before it on every `every`-th step and after it on a step whose
+        update was skipped (weights unchanged, scale as the step used it)."""
+        import tensorflow as tf
+        from keras.src.trainers.data_adapters import data_adapter_utils
 
         step = self._counter.read_value()
         scale = self._scale()
         due = tf.equal(step % self.every, 0)
-        tf.cond(due, lambda: self._measure(data, step, scale), lambda: tf.constant(False))
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        tf.cond(due, lambda: self._measure(None, x, y, sample_weight, step, scale), lambda: tf.constant(False))
         before = tf.identity(self._inner_iterations()) if self._skips else None
         logs = self._original_step(data)
         if self._skips:
             skipped = tf.equal(self._inner_iterations(), before)
             tf.cond(tf.logical_and(skipped, tf.logical_not(due)),
-                    lambda: self._measure(data, step, scale), lambda: tf.constant(False))
+                    lambda: self._measure(None, x, y, sample_weight, step, scale), lambda: tf.constant(False))
         else:
             skipped = tf.constant(False)
-        self._counter.assign_add(1)
-        self._status.assign(tf.stack([tf.cast(x, tf.float64) for x in (
-            step, scale, skipped, tf.equal(self._recorded, step))]))
+        self._finish_step(step, scale, skipped)
         return logs
 
     @property
@@ -355,6 +408,13 @@ class UnderflowTelemetry(keras.callbacks.Callback):
                 del model.train_step
                 model.train_function = None
             self._prepared_for = None
+
+
+def _zeros_for_none(grads, targets):
+    """Gradients with None (a tensor the loss does not reach) replaced by zeros."""
+    import tensorflow as tf
+
+    return [tf.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
 
 
 def _single_output(layer) -> bool:

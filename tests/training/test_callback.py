@@ -77,10 +77,11 @@ def fitted(tmp_path_factory):
     xs, ys = _data()
     model = _model()
     first = [w.copy() for w in model.get_weights()]
-    model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, shuffle=False,
-              callbacks=[UnderflowTelemetry(out, every=2)])
+    history = model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, shuffle=False,
+                        callbacks=[UnderflowTelemetry(out, every=2)])
     plain = _model()
-    plain.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+    plain_history = plain.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+    assert history.history == plain_history.history  # the same loss and accuracy, bit for bit
     return out, model, plain, first
 
 
@@ -213,3 +214,39 @@ def test_bad_arguments_and_a_user_s_directory_are_refused(tmp_path):
     with pytest.raises(InvalidArgument, match="holds files that are not"):
         model.fit(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[UnderflowTelemetry(mine)])
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_model_with_two_outputs_is_measured_on_a_clone_and_trains_as_without(tmp_path):
+    """Keras's own step is replaced only for one output; otherwise the user's step runs and a
+    clone in the model's policy gives the low-precision gradients."""
+    import keras
+
+    from convprobe.training import UnderflowTelemetry
+
+    def build():
+        keras.utils.set_random_seed(0)
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            x = keras.Input((8, 8, 3))
+            h = keras.layers.GlobalAveragePooling2D(name="pool")(keras.layers.Conv2D(4, 3, name="conv")(x))
+            a = keras.layers.Activation("linear", dtype="float32", name="a")(keras.layers.Dense(10, name="da")(h))
+            b = keras.layers.Activation("linear", dtype="float32", name="b")(keras.layers.Dense(10, name="db")(h))
+            model = keras.Model(x, [a, b])
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01)), loss=[loss, loss],
+                      jit_compile=False)
+        return model
+
+    xs, ys = _data()
+    model, plain = build(), build()
+    model.fit(xs[: 2 * BATCH], [ys[: 2 * BATCH]] * 2, batch_size=BATCH, verbose=0, shuffle=False,
+              callbacks=[UnderflowTelemetry(tmp_path / "run", every=1)])
+    plain.fit(xs[: 2 * BATCH], [ys[: 2 * BATCH]] * 2, batch_size=BATCH, verbose=0, shuffle=False)
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        assert np.array_equal(a, b)
+    telemetry = _rows(tmp_path / "run" / "telemetry.csv")
+    assert sorted({int(r["step"]) for r in telemetry}) == [0, 1]
+    assert {"conv/kernel", "da/kernel", "db/kernel", "conv", "da", "db"} <= {r["layer"] for r in telemetry}
+    assert all(int(r["n"]) > 0 for r in telemetry)
