@@ -2,7 +2,7 @@
 
 TensorFlow reads its precision switches once, at import or first use, and caches
 them; flipping `os.environ` afterwards changes nothing. So every configuration
-runs in its own `python -m convprobe.worker` with its environment set before
+runs in its own child (the probe layer's worker module) with its environment set before
 TensorFlow is imported. The request goes in on the child's stdin and the JSON
 answer comes back on its stdout, which the worker keeps for the answer alone; no
 temporary file, so a parent killed mid-sweep leaves nothing behind, and the child
@@ -74,14 +74,16 @@ def _describe_exit(returncode: int) -> str:
 
 
 def run_isolated(
-    config: BackendConfig, task: dict, *, timeout: float = DEFAULT_TIMEOUT_S
+    config: BackendConfig, task: dict, *, module: str, timeout: float = DEFAULT_TIMEOUT_S
 ) -> IsolatedOutcome:
-    """Run `task` (a JSON-able request for `convprobe.worker`) under `config` in a child."""
+    """Run `task` (a JSON-able request on stdin of `python -m MODULE`, which answers on
+    stdout) under `config` in a child: the caller names its own worker, so this layer
+    knows nothing above it."""
     env = child_environment(config)
     started = time.perf_counter()
     request = json.dumps({"config": config.to_dict(), **task})
     try:
-        proc = children.run("convprobe.worker", [], env=env, input=request, capture_output=True, text=True,
+        proc = children.run(module, [], env=env, input=request, capture_output=True, text=True,
                             timeout=timeout)
     except subprocess.TimeoutExpired as expired:
         stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else (expired.stderr or "")

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from convprobe import provenance
 from convprobe.backends.configurations import BackendConfig
 from convprobe.backends.isolation import DEFAULT_TIMEOUT_S, run_isolated
+from convprobe.probes import worker
 from convprobe.probes.registry import get_probe
 from convprobe.probes.result import ProbeResult
 
@@ -29,13 +30,11 @@ def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float =
     task = {"probe": probe, "params": params}
     started = time.perf_counter()
     if config.backend == "tensorflow":
-        outcome = run_isolated(config, task, timeout=timeout)
+        outcome = run_isolated(config, task, module=worker.__name__, timeout=timeout)
         status, payload, error, environment = outcome.status, outcome.payload, outcome.error, outcome.environment
         wall = outcome.wall_s
     else:
-        from convprobe.worker import answer
-
-        payload = answer({"config": config.to_dict(), **task})
+        payload = worker.answer({"config": config.to_dict(), **task})
         status, error = payload["status"], payload.get("error")
         environment = provenance.precision_environment()
         wall = time.perf_counter() - started

@@ -10,8 +10,11 @@ import pytest
 
 from convprobe.backends.configurations import BackendConfig, resolve_configs
 from convprobe.backends.isolation import run_isolated
+from convprobe.probes import worker
 from convprobe.probes.runner import run_one
 from conftest import wait_for
+
+WORKER = worker.__name__
 
 CONV_65519 = textwrap.dedent("""
     import os, numpy as np
@@ -64,18 +67,18 @@ def _emulated(probe_dir):
 
 
 def test_a_child_that_crashes_becomes_a_crashed_outcome(probe_dir):
-    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.aborts", "params": {}}, timeout=120)
+    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.aborts", "params": {}}, module=WORKER, timeout=120)
     assert outcome.status == "crashed"
     assert "SIGABRT" in outcome.error
 
 
 def test_a_child_that_hangs_becomes_a_timeout_outcome(probe_dir):
-    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.sleeps", "params": {}}, timeout=5)
+    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.sleeps", "params": {}}, module=WORKER, timeout=5)
     assert outcome.status == "timeout" and outcome.wall_s < 30
 
 
 def test_an_exception_in_the_child_becomes_a_failed_outcome(probe_dir):
-    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.raises", "params": {}}, timeout=120)
+    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.raises", "params": {}}, module=WORKER, timeout=120)
     assert outcome.status == "failed" and outcome.error == "RuntimeError: kernel exploded"
 
 
@@ -88,7 +91,7 @@ def test_a_gpu_config_without_a_gpu_becomes_an_unsupported_row():
 
 
 def _workers_of(parent: int) -> list[int]:
-    """The live `convprobe.worker` children of `parent`, from /proc."""
+    """The live `convprobe.probes.worker` children of `parent`, from /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -96,7 +99,7 @@ def _workers_of(parent: int) -> list[int]:
             state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
         except (OSError, ValueError):
             continue
-        if int(ppid) == parent and state != "Z" and b"convprobe.worker" in cmdline:
+        if int(ppid) == parent and state != "Z" and b"convprobe.probes.worker" in cmdline:
             found.append(int(entry.name))
     return found
 
@@ -122,7 +125,7 @@ def test_a_worker_dies_with_a_sigkilled_parent_and_leaves_no_temporary_file(prob
         from convprobe.backends.isolation import run_isolated
         config = BackendConfig("emulated", "fp16", "emulated", env={{"PYTHONPATH": {probe_dir!r}}},
                                model="sequential:fp16")
-        run_isolated(config, {{"probe": "userprobes.announces", "params": {{}}}}, timeout=120)
+        run_isolated(config, {{"probe": "userprobes.announces", "params": {{}}}}, module="convprobe.probes.worker", timeout=120)
     """)
     env = {**os.environ, "TMPDIR": str(temp), "ANNOUNCE": str(announced)}
     with subprocess.Popen([sys.executable, "-c", parent_code], env=env, stdin=subprocess.DEVNULL) as parent:

@@ -1,4 +1,4 @@
-"""Child-process entry point: `python -m convprobe.worker`, a JSON request on stdin.
+"""Child-process entry point: `python -m convprobe.probes.worker`, a JSON request on stdin.
 
 The parent has already put this configuration's precision switches in our
 environment, so importing TensorFlow here sees them. We run one probe on one
@@ -17,6 +17,8 @@ import traceback
 
 from convprobe.backends.configurations import BackendConfig
 from convprobe.errors import UnsupportedConfiguration
+from convprobe import provenance
+from convprobe.probes.registry import get_probe
 
 
 def make_backend(config: BackendConfig):
@@ -32,9 +34,6 @@ def make_backend(config: BackendConfig):
 
 def answer(request: dict) -> dict:
     """Run the requested probe and return the JSON-able answer (never raises)."""
-    from convprobe import provenance
-    from convprobe.probes.registry import get_probe
-
     config = BackendConfig.from_dict(request["config"])
     runtime: dict = {}
     detail = None
@@ -65,7 +64,7 @@ def main(argv: list[str]) -> int:
     else written to file descriptor 1 (TensorFlow's C++ logging, a probe's prints) is
     sent to stderr from here on."""
     if argv:
-        raise SystemExit("usage: python -m convprobe.worker < REQUEST.json > ANSWER.json")
+        raise SystemExit("usage: python -m convprobe.probes.worker < REQUEST.json > ANSWER.json")
     answer_stream = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     request = json.load(sys.stdin)
