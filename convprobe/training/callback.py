@@ -14,20 +14,25 @@ steps.csv, telemetry.csv, summary.json) and TensorBoard event files in
 DIR/tensorboard/.
 
 How it sees the batch: Keras 3's `fit` does not hand callbacks the batch, so the
-callback wraps the model's `train_step` (an instance attribute, restored at the
-end of `fit`; the train function is rebuilt). Inside the compiled step, before
-the user's update, a `tf.cond` on the callback's step counter measures the batch
-the update is about to use, at the weights it is about to change. No sample batch
-to pass, nothing in the user's data pipeline changes, and it works with
-`steps_per_execution` and XLA. A step whose update a `LossScaleOptimizer` skipped
-(non-finite gradients) is measured too, after the skip (the weights are those the
-step saw, the scale the one it used), so its record names the overflowing tensors.
+callback wraps the model's `train_step` for the length of `fit` (an instance
+attribute, removed at the end; the train function is rebuilt). With Keras's own
+step and one output, the wrapper is that step (Keras 3.15, TensorFlow backend) with
+the watched layers' outputs among the tape's targets: a measured step classifies the
+very gradients its update applies, and pays only for the fp32 shadow's pass and the
+statistics. With a custom `train_step` (or several outputs) the user's step runs
+unchanged and a clone of the model in its own dtype policy gives the low-precision
+gradients. Either way a `tf.cond` on the callback's step counter measures, before
+the update, the batch the update is about to use at the weights it is about to
+change: no sample batch to pass, nothing in the data pipeline changes, and it works
+with `steps_per_execution` and XLA. A step whose update a `LossScaleOptimizer`
+skipped (non-finite gradients) is measured too, after the skip (the weights are those
+the step saw, the scale the one it used), so its record names the overflowing tensors.
 
-The measurement runs on two clones, not on the user's model: one in the model's
-own dtype policy, one under float32; both receive the model's weights first. The
-user's model, its batch-norm statistics and its random state are not touched.
-Supported: functional and Sequential models with one replica (a subclassed model,
-or a `tf.distribute` strategy with more than one replica, is refused in one line).
+The fp32 shadow is a clone under float32 that receives the model's weights first.
+The user's training is bit for bit what it is without the callback (tested: weights,
+batch-norm statistics, History). Supported: functional and Sequential models with
+one replica (a subclassed model, or a `tf.distribute` strategy with more than one
+replica, is refused in one line).
 """
 
 from __future__ import annotations
