@@ -36,7 +36,7 @@ def child(args) -> None:
     from convprobe.training.trainer import Trainer
     from convprobe.training.arithmetic import read_identify_map
 
-    config = validate_config(dtype=args.dtype, arithmetic=args.arm, jit=args.jit == "on",
+    config = validate_config(dtype=args.dtype, arithmetic=args.child, jit=args.jit == "on",
                              resnet_size=args.resnet_size, batch_size=args.batch_size, steps=args.steps + 2)
     trainer = Trainer(config, identify_map=None if args.map is None else read_identify_map(args.map))
     for step in range(2):
@@ -84,6 +84,8 @@ def main() -> None:
                             "--batch", str(args.batch_size), "--configs", "default", "--output", identify_map],
                            capture_output=True, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         floor = run_arm(args, *FLOOR[1:], None)
+        if "error" in floor:
+            raise SystemExit(f"the floor ({FLOOR[0]}) failed: {floor['error']}")
         print(f"{'arm':34s} {'CPU s/step':>11s} {'wall s/step':>12s} {'emulated ops':>13s} {'x floor CPU':>12s}")
         rows = [(FLOOR[0], floor)] + [(label, run_arm(args, d, a, j, None)) for label, d, a, j in NATIVE]
         rows += [(f"fp16 @ {arm}", run_arm(args, "fp16", arm, False, identify_map if arm == "twin" else None))
