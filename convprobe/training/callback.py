@@ -190,8 +190,8 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
         self._counter = var([], tf.int64)
         self._recorded = var([], tf.int64, -1)  # the step of the last measurement
-        # the last step's (step, loss scale it used, skipped, measured): one read per step
-        self._status = var([4], tf.float64)
+        # the last step's (step, loss scale it used, skipped, measured, batch size): one read per step
+        self._status = var([5], tf.float64)
         self._v = {"counts": var([count, len(COUNT_FIELDS)], tf.int32),
                    "extremes": var([count, 2], tf.float32),
                    "hist_low": var([count, N_BINS], tf.int32), "hist_shadow": var([count, N_BINS], tf.int32),
@@ -257,12 +257,14 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._recorded.assign(step)
         return tf.constant(True)
 
-    def _finish_step(self, step, scale, skipped):
+    def _finish_step(self, step, scale, skipped, x):
         import tensorflow as tf
+        from keras.src import tree
 
+        batch = tf.shape(next(i for i in tree.flatten(x) if i is not None))[0]
         self._counter.assign_add(1)
-        self._status.assign(tf.stack([tf.cast(x, tf.float64) for x in (
-            step, scale, skipped, tf.equal(self._recorded, step))]))
+        self._status.assign(tf.stack([tf.cast(v, tf.float64) for v in (
+            step, scale, skipped, tf.equal(self._recorded, step), batch)]))
 
     def _own_train_step(self, data):
         """Keras's own `train_step` (TensorFlow backend, Keras 3.15), with the watched layers'
@@ -297,7 +299,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         skipped = tf.equal(self._inner_iterations(), before) if self._skips else tf.constant(False)
         tf.cond(tf.logical_and(skipped, tf.logical_not(due)),  # a skip leaves the weights as the step saw them
                 lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
-        self._finish_step(step, scale, skipped)
+        self._finish_step(step, scale, skipped, x)
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _train_step(self, data):
@@ -320,7 +322,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
                     lambda: self._measure(None, x, y, sample_weight, step, scale), lambda: tf.constant(False))
         else:
             skipped = tf.constant(False)
-        self._finish_step(step, scale, skipped)
+        self._finish_step(step, scale, skipped, x)
         return logs
 
     @property
@@ -367,12 +369,14 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         seconds = time.perf_counter() - self._started
         status = self._status.numpy()  # the one read from the device per step
         step, scale, skipped, recorded = int(status[0]), float(status[1]), bool(status[2]), bool(status[3])
+        images = int(status[4])
         self._skipped += int(skipped)
         row = {"step": step, "loss": float(logs.get("loss", math.nan)),
                "accuracy": logs.get("accuracy", logs.get("sparse_categorical_accuracy", "")),
                "loss_scale": scale, "finite": (not skipped) if self._skips else "",
                "skipped": skipped, "telemetry": recorded, "step_seconds": seconds,
-               "images_per_second": "", "nonfinite_tensors": "", "first_nonfinite": ""}
+               "images_per_second": images / seconds if seconds > 0 else math.inf,
+               "nonfinite_tensors": "", "first_nonfinite": ""}
         rows = None
         if recorded:
             stats = {key: v.numpy() for key, v in self._v.items()}

@@ -97,6 +97,8 @@ def test_records_are_convprobe_train_s_and_report_reads_them(fitted, tmp_path, c
     steps, telemetry = _rows(out / "steps.csv"), _rows(out / "telemetry.csv")
     assert list(steps[0]) == list(STEP_COLUMNS) and list(telemetry[0]) == list(TELEMETRY_COLUMNS)
     assert [r["telemetry"] for r in steps] == ["True", "False"] * 3
+    assert all(float(r["images_per_second"]) > 0 for r in steps)
+    assert [r["skipped"] for r in steps] == ["False"] * 6 and [r["finite"] for r in steps] == ["True"] * 6
     assert sorted({int(r["step"]) for r in telemetry}) == [0, 2, 4]
     layers = {(r["kind"], r["layer"]) for r in telemetry}
     assert {("weight", "conv/kernel"), ("weight", "bn/gamma"), ("weight", "dense/kernel"),
