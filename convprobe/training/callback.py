@@ -202,7 +202,10 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._statistics = tf.function(
             lambda lows, shadows: (batched_stats(lows, shadows, self.thresholds), counterfactual_stats(shadows),
                                    nonfinite_counts(lows)), jit_compile=True)
-        self._original_step = model.train_step
+        step = model.train_step
+        wrapper_of = getattr(step, "__self__", None)
+        # a fit that raised never reached on_train_end: its callback's wrapper is still there
+        self._original_step = wrapper_of._original_step if isinstance(wrapper_of, UnderflowTelemetry) else step
         model.train_step = self._own_train_step if self._own_step else self._train_step
         model.train_function = None  # rebuilt by fit around the wrapped step
 

@@ -252,3 +252,24 @@ def test_a_model_with_two_outputs_is_measured_on_a_clone_and_trains_as_without(t
     assert sorted({int(r["step"]) for r in telemetry}) == [0, 1]
     assert {"conv/kernel", "da/kernel", "db/kernel", "conv", "da", "db"} <= {r["layer"] for r in telemetry}
     assert all(int(r["n"]) > 0 for r in telemetry)
+
+
+def test_after_a_fit_that_raised_a_new_callback_does_not_stack_on_the_old_wrapper(tmp_path):
+    import keras
+
+    from convprobe.training import UnderflowTelemetry
+
+    class Stop(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise RuntimeError("stopped by the user's callback")
+
+    xs, ys = _data()
+    model = _model()
+    with pytest.raises(RuntimeError, match="stopped by the user's callback"):
+        model.fit(xs[: 2 * BATCH], ys[: 2 * BATCH], batch_size=BATCH, verbose=0,
+                  callbacks=[UnderflowTelemetry(tmp_path / "first", every=1), Stop()])
+    model.fit(xs[: 2 * BATCH], ys[: 2 * BATCH], batch_size=BATCH, verbose=0,
+              callbacks=[UnderflowTelemetry(tmp_path / "second", every=1)])
+    assert "train_step" not in model.__dict__
+    assert [r["step"] for r in _rows(tmp_path / "second" / "steps.csv")] == ["0", "1"]  # each callback counts its own
+    assert len(_rows(tmp_path / "first" / "telemetry.csv")) == 12  # step 0 only: the old wrapper is gone
