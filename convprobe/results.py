@@ -26,6 +26,7 @@ from pathlib import Path
 
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.options import Status
+from convprobe.render import json_clean, render_json, write_atomic
 
 __all__ = ["SCHEMA_VERSION", "SCHEMA_HISTORY", "Kind", "COMPARISON_FILE", "envelope", "validate", "read", "write", "upgrade",
            "regular_file", "read_json", "reason", "show"]
@@ -83,8 +84,6 @@ def envelope(kind: str, params: dict, provenance: dict, **fields) -> dict:
 
 def write(path: str | Path, document: dict) -> None:
     """Validate `document` and write it atomically as strict JSON (non-finite floats as strings)."""
-    from convprobe.render import json_clean, render_json, write_atomic
-
     text = render_json(json_clean(document))
     validate(json.loads(text), where=str(path))  # exactly what a reader will see
     write_atomic(str(path), text)

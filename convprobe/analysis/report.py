@@ -28,7 +28,7 @@ from convprobe.analysis.tables import (
     validate_frame,
 )
 from convprobe.errors import InvalidArgument
-from convprobe.options import FigureFormat, Status
+from convprobe.options import FigureFormat, Status, parse_option
 
 __all__ = ["Loaded", "load", "figures_for", "draw", "short_label"]
 
@@ -251,8 +251,6 @@ def _matches_from_frame(frame: pd.DataFrame) -> dict:
 
 def check_formats(text: str) -> list[FigureFormat]:
     """`png,svg` -> [png, svg]; one line naming what is allowed otherwise."""
-    from convprobe.options import parse_option
-
     names = [f.strip() for f in text.split(",") if f.strip()]
     if not names:
         raise InvalidArgument(f"formats must name at least one of {', '.join(FigureFormat)}; received {text!r}")

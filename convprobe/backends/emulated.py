@@ -16,6 +16,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from convprobe.backends.base import AbstractBackend, normalize_pair
 from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.formats import FP32, FP64, format_of_dtype
 
 if TYPE_CHECKING:
     from convprobe.emulation import AccumulationModel
@@ -40,8 +41,6 @@ class EmulatedBackend(AbstractBackend):
     def model_for(self, *arrays) -> "AccumulationModel":
         """The model this backend applies to inputs of these dtypes (see module docstring)."""
         from convprobe.emulation import Sequential
-        from convprobe.formats import FP32, FP64, format_of_dtype
-
         widest = max((np.asarray(a).dtype for a in arrays), key=lambda d: d.itemsize)
         data_format = format_of_dtype(widest)
         wide = {4: FP32, 8: FP64}.get(widest.itemsize)

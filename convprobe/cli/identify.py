@@ -13,6 +13,7 @@ from __future__ import annotations
 from convprobe.cli.options import (MAX_K, MAX_ROWS, add_matrix_options, announce_inherited_switches,
                                    bounded_int, emit, int_list, list_configs, matrix_configs,
                                    matrix_ops)
+from convprobe.errors import InvalidArgument
 from convprobe.options import comma_integers
 
 __all__ = ["register"]
@@ -63,8 +64,6 @@ def register(subparsers) -> None:
 
 
 def _pair(text: str, argument: str) -> tuple[int, int]:
-    from convprobe.errors import InvalidArgument
-
     values = comma_integers(text) or ()
     if len(values) == 1:
         values = values * 2
@@ -76,7 +75,6 @@ def _pair(text: str, argument: str) -> tuple[int, int]:
 def layers_from_args(args) -> tuple[list, list] | None:
     """The layers to identify and the model's conv-like layers it cannot measure, each with its
     reason (None in battery mode); every check happens here, before work."""
-    from convprobe.errors import InvalidArgument
     from convprobe.probes.layers import Layer, parse_shape
 
     modes = [name for name, given in (("--input-shape/--filter-shape", args.input_shape or args.filter_shape),
@@ -127,8 +125,6 @@ def layers_from_args(args) -> tuple[list, list] | None:
 def _load_keras(path: str):
     from pathlib import Path
 
-    from convprobe.errors import InvalidArgument
-
     if not Path(path).exists():
         raise InvalidArgument(f"--keras-model {path!r} does not exist")
     import keras
@@ -153,7 +149,6 @@ def run(args) -> int:
     if args.list_configs:
         return list_configs(args.device)
     from convprobe.emulation.composites import split_arguments
-    from convprobe.errors import InvalidArgument
     from convprobe.probes import identify
     from convprobe.identify.layer_study import run_layer_identify
     from convprobe.probes.studies import run_identify

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 
 from convprobe.backends.configurations import DEVICE_CHOICES
+from convprobe.errors import InvalidArgument
 from convprobe.options import comma_integers
-from convprobe.render import FORMATS
+from convprobe.render import FORMATS, check_output_path, json_clean, render_csv, render_json, render_table, write_atomic
 
 __all__ = ["positive_int", "bounded_int", "int_list", "seed", "add_running_options",
            "add_output_options", "add_matrix_options", "check_output", "announce_inherited_switches",
@@ -93,9 +94,6 @@ def check_output(path: str | None, file_format: str, allowed: tuple[str, ...] | 
         return
     from pathlib import Path
 
-    from convprobe.errors import InvalidArgument
-    from convprobe.render import check_output_path
-
     suffix = Path(path).suffix.lower().lstrip(".")
     if allowed is not None and suffix not in allowed:
         raise InvalidArgument(f"--output must end in {' or '.join('.' + a for a in allowed)}; "
@@ -138,8 +136,6 @@ def matrix_configs(args) -> list:
     """TensorFlow matrix rows plus emulator models, validated before anything runs."""
     from convprobe.backends.configurations import emulated_config
     from convprobe.backends.configurations import matrix_configs as rows
-    from convprobe.errors import InvalidArgument
-
     configs = [] if args.configs == "none" else rows(args.device, args.configs)
     models = [emulated_config(spec) for spec in args.model]
     labels = [config.label for config in models]
@@ -185,8 +181,6 @@ def emit(args, outcome, *, file_format: str | None = None) -> None:
     from pathlib import Path
 
     from convprobe import results
-    from convprobe.render import json_clean, render_json, render_table, write_atomic
-
     if args.output:
         suffix = file_format or Path(args.output).suffix.lower().lstrip(".")
         if suffix == "csv":
@@ -206,8 +200,6 @@ def emit(args, outcome, *, file_format: str | None = None) -> None:
 
 
 def _csv(outcome) -> str:
-    from convprobe.render import render_csv
-
     if outcome.frame is not None:
         from convprobe.analysis.tables import validate_frame
 

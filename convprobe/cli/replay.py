@@ -8,6 +8,7 @@ malformed file), before anything runs.
 from __future__ import annotations
 
 from convprobe.cli.options import add_output_options, check_output, emit
+from convprobe.errors import InvalidArgument
 
 __all__ = ["register"]
 
@@ -34,7 +35,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from convprobe.errors import InvalidArgument
     from convprobe.probes.studies import run_replay
 
     file_format = "json" if args.format == "table" else args.format

@@ -291,8 +291,6 @@ def _twin_map(config) -> dict | None:
         print(f"twin: measuring this run's layers: {' '.join(['convprobe', *command[3:-2]])}", file=sys.stderr)
         environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
         if subprocess.run(command, stdout=sys.stderr, env=environment).returncode != 0 or not path.is_file():
-            from convprobe.errors import InvalidArgument
-
             raise InvalidArgument("--arithmetic twin: identify could not measure this run's layers (its "
                                   "output is above); nothing was changed")
         return read_identify_map(path)
@@ -301,7 +299,6 @@ def _twin_map(config) -> dict | None:
 def _multi_worker(args, config) -> int:
     """Check the cluster (and the run directory) before TensorFlow, then run this worker, or
     with --local-workers all N of them."""
-    from convprobe.errors import InvalidArgument
     from convprobe.training import cluster
     from convprobe.training.records import RunFiles
 

@@ -63,7 +63,7 @@ from convprobe.emulation._native_fp16 import convert
 from convprobe.emulation.models import (AccumulationModel, Chunked, Exact, Pairwise, Sequential, kernel_config,
                                        sum_terms_as_rows)
 from convprobe.emulation.rounding import resolve_format, round_to_format
-from convprobe.errors import InvalidArgument, is_integer
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.formats import FP32, Format
 from convprobe.options import Positions, Rounding
 
@@ -647,8 +647,6 @@ def split_arguments(text: str, separator: str = ",", keep_empty: bool = False) -
 
 def parse_composite(spec: str, parse_model) -> AccumulationModel:
     """``KIND(POSITIONAL, ..., KEY=VALUE, ...)`` for KIND in splitk, lanes, reverse, columns, rows."""
-    from convprobe.errors import invalid_choice
-
     head, _, rest = spec.partition("(")
     kind = head.strip().lower()
     if kind not in COMPOSITE_KINDS:
@@ -737,8 +735,6 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
 def lanes_shorthand(spec: str, parse_model) -> Lanes:
     """identify's lane family: ``lanes:FMT:w=W[:then=sequential|pairwise][:product=FMT]`` =
     ``lanes(W, sequential:FMT:product=P, combine=THEN:FMT[:output=fp16])``."""
-    from convprobe.errors import invalid_choice
-
     parts = spec.strip().split(":")
     if len(parts) < 3:
         raise InvalidArgument(f"lane model must look like 'lanes:fp16:w=16:then=pairwise'; "

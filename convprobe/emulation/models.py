@@ -50,7 +50,7 @@ from convprobe.emulation.rounding import (
 )
 from convprobe.random_stream import max_bits
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
-from convprobe.formats import FP16, FP32, FP64, Format
+from convprobe.formats import FP16, FP32, FP64, Format, custom_format
 from convprobe.options import Alignment, CAddition, KLayout, Positions, Rounding, parse_option
 
 __all__ = [
@@ -446,8 +446,6 @@ class Blocked(AccumulationModel):
             p = min(p, self.adder.precision + self.extra_bits)
         if p == self.accumulator.precision:
             return self.accumulator
-        from convprobe.formats import custom_format
-
         return custom_format(p, self.accumulator.emax, subnormals=self.accumulator.subnormals,
                              has_inf=self.accumulator.has_inf,
                              name=f"{self.accumulator.name}_p{p}")

@@ -31,7 +31,7 @@ import numpy as np
 from convprobe import random_stream
 from convprobe.emulation import _kernels as K
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
-from convprobe.formats import Format, parse_format
+from convprobe.formats import Format, custom_format, parse_format
 from convprobe.options import ROUNDING_ALIASES, Overflow, Rounding, Subnormals
 
 __all__ = [
@@ -76,8 +76,6 @@ def resolve_format(value: str | Format, argument: str) -> Format:
     if isinstance(value, str):
         text = value.strip().lower()
         if text.startswith(_CUSTOM_PREFIX) and "_emax" in text:
-            from convprobe.formats import custom_format
-
             prec, _, emax = text[1:].partition("_emax")
             try:
                 return custom_format(int(prec), int(emax))

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from convprobe.errors import InvalidArgument
 from convprobe.formats import FP16, FP32
 from convprobe.probes.reference import conv2d_float64
+from convprobe.provenance import memory_limit
 
 __all__ = ["DEFAULT_SHAPES", "inputs", "run", "interpret", "memory_estimate", "check_shapes"]
 
@@ -46,9 +48,6 @@ def memory_estimate(batch: int, height: int, width: int, channels: int, filters:
 def check_shapes(batch: int, height: int, width: int, channels: int, filters: int, kernel: int) -> None:
     """Refuse, before anything runs, a kernel larger than the image or shapes whose arrays
     would not fit in `provenance.memory_limit()` (half this machine's memory)."""
-    from convprobe.errors import InvalidArgument
-    from convprobe.provenance import memory_limit
-
     if kernel > min(height, width):
         raise InvalidArgument(f"kernel must be at most height and width ({min(height, width)}); received {kernel}")
     need, limit = memory_estimate(batch, height, width, channels, filters, kernel), memory_limit()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convprobe.errors import InvalidArgument
+from convprobe.errors import InvalidArgument, UnsupportedConfiguration
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_many, reduce_rows
 
 __all__ = [
@@ -160,7 +160,6 @@ def run(backend, *, ops="conv2d", ks=None, rows: int = DEFAULT_ROWS, seed: int =
     """Child side: each op's outputs (fp16 bit patterns) on the seeded inputs for every K, and
     (`measure`) its structure from crafted rows. The layer mode (`layers`) is a probe of its
     own, `convprobe.identify.layer_identify`, which `convprobe identify` runs by module path."""
-    from convprobe.errors import UnsupportedConfiguration
     from convprobe.probes.encoding import encode_bits
 
     if layers is not None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from convprobe.errors import InvalidArgument
+from convprobe.errors import InvalidArgument, UnsupportedConfiguration
+from convprobe.formats import FP16
 from convprobe.options import names_or_all
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
 from convprobe.provenance import memory_limit
@@ -67,8 +68,6 @@ def inputs(distribution: str, seed: int, k: int, rows: int = DEFAULT_ROWS) -> tu
 
 def _measure(y: np.ndarray, a: np.ndarray, b: np.ndarray, k: int) -> tuple[dict, list[float]]:
     from convprobe.analysis import probabilistic_bound, summarize, ulp_error
-    from convprobe.formats import FP16
-
     a64 = a.astype(np.float64)
     b64 = b.astype(np.float64)[np.arange(a.shape[0]) % b.shape[0]]  # each row's filter
     exact = np.einsum("mk,mk->m", a64, b64)
@@ -104,8 +103,6 @@ def check_size(rows: int, ks) -> None:
 def run(backend, *, ops="conv2d", ks=DEFAULT_KS, distributions=DISTRIBUTIONS, rows: int = DEFAULT_ROWS,
         seed: int = 0, **_params) -> dict:
     """Child side: metrics per op x distribution x K, and the ULP errors at the largest K."""
-    from convprobe.errors import UnsupportedConfiguration
-
     results = {}
     for op in check_ops(ops):
         try:

@@ -29,7 +29,7 @@ from convprobe.backends.configurations import (
     BackendConfig,
     resolve_configs,
 )
-from convprobe.errors import InvalidArgument
+from convprobe.errors import InvalidArgument, invalid_choice
 
 __all__ = ["ConvBackend", "resolve_target", "available_configs", "BACKEND_SELECTIONS"]
 
@@ -124,8 +124,6 @@ def available_configs(selection: str = "emulated", *, device: str = "auto") -> l
     (auto = the GPU when one is visible, else the CPU), one child process each.
     """
     if selection not in BACKEND_SELECTIONS:
-        from convprobe.errors import invalid_choice
-
         raise invalid_choice("convprobe-backends", selection, BACKEND_SELECTIONS)
     configs: list[BackendConfig] = []
     if selection in ("emulated", "all"):

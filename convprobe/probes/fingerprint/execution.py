@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from convprobe.errors import InvalidArgument, UnsupportedConfiguration
 from convprobe.probes.fingerprint.battery import Group, battery
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, base_op, check_ops, reduce_many
 
@@ -49,8 +50,6 @@ def run(backend, *, ops="conv2d", jit_variants=None, **_params) -> dict:
         from convprobe.backends.tensorflow import TensorFlowBackend
 
         if not isinstance(backend, TensorFlowBackend):
-            from convprobe.errors import InvalidArgument
-
             raise InvalidArgument("jit_variants applies to the TensorFlow backend only")
         return {"variants": {
             str(bool(jit)): run(TensorFlowBackend(backend.device, jit_compile=bool(jit)), ops=ops)
@@ -60,8 +59,6 @@ def run(backend, *, ops="conv2d", jit_variants=None, **_params) -> dict:
 
 
 def _run_ops(backend, ops) -> dict:
-    from convprobe.errors import UnsupportedConfiguration
-
     ops = check_ops(ops)
     together = None
     if len(ops) > 1 and all(base_op(op) in getattr(backend, "capabilities", ()) for op in ops):
