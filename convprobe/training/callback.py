@@ -30,15 +30,20 @@ the step saw, the scale the one it used), so its record names the overflowing te
 
 The fp32 shadow is a clone under float32 that receives the model's weights first.
 The user's training is bit for bit what it is without the callback (tested: weights,
-batch-norm statistics, History). Supported: functional and Sequential models with
-one replica (a subclassed model, or a `tf.distribute` strategy with more than one
-replica, is refused in one line).
+batch-norm statistics, History). Supported: functional and Sequential models (a
+subclassed model is refused in one line). Under a `tf.distribute` strategy with
+several replicas (Keras's own step and one output only), each replica measures its
+share of the batch, the counts are summed over replicas as `convprobe train` sums
+them, and the callback chooses between two train functions before each step (weight
+copies and cross-replica sums cannot sit inside a `tf.cond`): a skipped step is then
+named only when it is a measured one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import math
 import time
 from pathlib import Path
@@ -116,6 +121,8 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._nonfinite_steps = 0
         self._last = {}
         self._shown = None  # the (loss scale, skipped steps) TensorBoard holds last
+        self._next_step = 0
+        self._functions = None
 
     # -- preparation (before fit builds its train function) ---------------------------------
     def set_model(self, model):
@@ -126,12 +133,15 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._prepared_for = model
 
     def _prepare(self, model):
-        import tensorflow as tf
+        self._replicas = model.distribute_strategy.num_replicas_in_sync
+        if self._replicas > 1 and not (type(model).train_step is keras.Model.train_step and len(model.outputs) == 1):
+            raise InvalidArgument(f"UnderflowTelemetry under a strategy of {self._replicas} replicas needs Keras's own "
+                                  "train_step and one model output; received a custom train_step or several outputs")
+        with model.distribute_strategy.scope():  # the clones and result variables live where the model does
+            self._build(model)
 
-        if model.distribute_strategy.num_replicas_in_sync > 1:
-            raise InvalidArgument("UnderflowTelemetry measures one replica; this model's strategy has "
-                                  f"{model.distribute_strategy.num_replicas_in_sync}: use it without a "
-                                  "multi-replica tf.distribute strategy")
+    def _build(self, model):
+        import tensorflow as tf
         try:
             inputs = model.inputs
         except (AttributeError, ValueError):
@@ -186,7 +196,10 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             raise InvalidArgument("watch selects no trainable weight and no layer output; nothing to measure")
 
         def var(shape, dtype, value=0):
-            return tf.Variable(tf.fill(shape, tf.constant(value, dtype)), trainable=False)
+            # every replica holds the same value (summed over replicas before it is assigned)
+            return tf.Variable(tf.fill(shape, tf.constant(value, dtype)), trainable=False,
+                               synchronization=tf.VariableSynchronization.ON_WRITE,
+                               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
         self._counter = var([], tf.int64)
         self._recorded = var([], tf.int64, -1)  # the step of the last measurement
@@ -203,9 +216,12 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             lambda lows, shadows: (batched_stats(lows, shadows, self.thresholds), counterfactual_stats(shadows),
                                    nonfinite_counts(lows)), jit_compile=True)
         step = model.train_step
-        wrapper_of = getattr(step, "__self__", None)
-        # a fit that raised never reached on_train_end: its callback's wrapper is still there
-        self._original_step = wrapper_of._original_step if isinstance(wrapper_of, UnderflowTelemetry) else step
+        wrapper_of = getattr(getattr(step, "func", step), "__self__", None)
+        if isinstance(wrapper_of, UnderflowTelemetry):
+            # a fit that raised never reached on_train_end: its callback's wrapper is still there
+            step = wrapper_of._original_step
+            wrapper_of.close()
+        self._original_step = step
         model.train_step = self._own_train_step if self._own_step else self._train_step
         model.train_function = None  # rebuilt by fit around the wrapped step
 
@@ -235,8 +251,15 @@ class UnderflowTelemetry(keras.callbacks.Callback):
     def _copy_weights(self, clone):
         import tensorflow as tf
 
-        for target, source in zip(clone.weights, self.model.weights):
-            target.assign(tf.cast(source, target.dtype))
+        def copy(*_):
+            for target, source in zip(clone.weights, self.model.weights):
+                target.assign(tf.cast(source, target.dtype))
+
+        context = tf.distribute.get_replica_context()
+        if self._replicas > 1 and context is not None:  # a mirrored variable is assigned across replicas
+            context.merge_call(copy)
+        else:
+            copy()
 
     def _measure(self, lows, x, y, sample_weight, step, scale):
         """Classify `lows` (None: the low-precision clone's) against the fp32 shadow's gradients
@@ -249,6 +272,13 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._copy_weights(self.shadow)
         shadows = self._gradients(self.shadow, self.shadow_taps, x, y, sample_weight, scale)
         (counts, extremes, hist_low, hist_shadow), counterfactual, nonfinite = self._statistics(lows, shadows)
+        context = tf.distribute.get_replica_context()
+        if self._replicas > 1 and context is not None:  # pooled over replicas, as convprobe train does
+            counts, hist_low, hist_shadow, counterfactual, nonfinite = (
+                context.all_reduce(tf.distribute.ReduceOp.SUM, t)
+                for t in (counts, hist_low, hist_shadow, counterfactual, nonfinite))
+            every = context.all_gather(extremes[None], axis=0)
+            extremes = tf.stack([tf.reduce_min(every[..., 0], axis=0), tf.reduce_max(every[..., 1], axis=0)], axis=-1)
         v = self._v
         v["counts"].assign(counts)
         v["extremes"].assign(extremes)
@@ -269,10 +299,12 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._status.assign(tf.stack([tf.cast(v, tf.float64) for v in (
             step, scale, skipped, tf.equal(self._recorded, step), batch)]))
 
-    def _own_train_step(self, data):
+    def _own_train_step(self, data, measure: bool | None = None):
         """Keras's own `train_step` (TensorFlow backend, Keras 3.15), with the watched layers'
         outputs among the tape's targets: a measured step classifies the very gradients its
-        update applies (measured before the update; after it when a LossScaleOptimizer skips)."""
+        update applies (measured before the update; after it when a LossScaleOptimizer skips).
+        `measure` True or False decides in Python instead of a `tf.cond` (several replicas: their
+        weight copies and sums cannot sit inside control flow), and a skip is not measured after."""
         import tensorflow as tf
         from keras.src import tree
         from keras.src.losses import loss as loss_module
@@ -296,12 +328,16 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         wgrads = grads[: len(weights)]
         targets = [weights[i] for i in self._weight_index] + taps
         lows = _zeros_for_none([wgrads[i] for i in self._weight_index] + list(grads[len(weights):]), targets)
-        tf.cond(due, lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
+        if measure is None:
+            tf.cond(due, lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
+        elif measure:
+            self._measure(lows, x, y, sample_weight, step, scale)
         before = tf.identity(self._inner_iterations())
         model.optimizer.apply_gradients(zip(wgrads, weights))
         skipped = tf.equal(self._inner_iterations(), before) if self._skips else tf.constant(False)
-        tf.cond(tf.logical_and(skipped, tf.logical_not(due)),  # a skip leaves the weights as the step saw them
-                lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
+        if measure is None:
+            tf.cond(tf.logical_and(skipped, tf.logical_not(due)),  # a skip leaves the weights as the step saw them
+                    lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
         self._finish_step(step, scale, skipped, x)
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -338,7 +374,15 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             self.set_model(self.model)
         if self._files is None:
             self._open()
-        self._restore_on_end = True
+        self._functions = None
+        if self._replicas > 1:  # two train functions, chosen before each step (fit reads the attribute)
+            model, functions = self.model, {}
+            for measure in (False, True):
+                model.train_step = functools.partial(self._own_train_step, measure=measure)
+                model.make_train_function(force=True)
+                functions[measure] = model.train_function
+            model.train_step = self._own_train_step
+            self._functions = functions
 
     def _open(self):
         directory = self.directory
@@ -365,6 +409,8 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._board = TensorBoardWriter(files.tensorboard_path, self.format)
 
     def on_train_batch_begin(self, batch, logs=None):
+        if self._functions is not None:
+            self.model.train_function = self._functions[self._next_step % self.every == 0]
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -374,6 +420,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         step, scale, skipped, recorded = int(status[0]), float(status[1]), bool(status[2]), bool(status[3])
         images = int(status[4])
         self._skipped += int(skipped)
+        self._next_step = step + 1
         row = {"step": step, "loss": float(logs.get("loss", math.nan)),
                "accuracy": logs.get("accuracy", logs.get("sparse_categorical_accuracy", "")),
                "loss_scale": scale, "finite": (not skipped) if self._skips else "",
@@ -400,6 +447,21 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             self._board.write_records(step, rows)
         self._last = row
 
+    def close(self) -> None:
+        """Close the records and unwrap the model's step without a summary: for a `fit` that
+        raised (Keras calls no callback then); a later callback on the same model calls it."""
+        if self._board is not None:
+            self._board.close()
+        if self._files is not None:
+            self._files.close()
+        self._stack.close()
+        self._files = self._board = None
+        model = self._prepared_for
+        if model is not None and "train_step" in model.__dict__:
+            del model.train_step
+            model.train_function = None
+        self._prepared_for = None
+
     def on_train_end(self, logs=None):
         model = self.model
         try:
@@ -412,14 +474,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
                     "eval_accuracy": None, "median_images_per_second": None, "jit": model.jit_compile is True,
                 })
         finally:
-            if self._board is not None:
-                self._board.close()
-            self._stack.close()
-            self._files = self._board = None
-            if "train_step" in model.__dict__:  # the wrapped step goes; fit rebuilds the user's own
-                del model.train_step
-                model.train_function = None
-            self._prepared_for = None
+            self.close()  # the wrapped step goes; fit rebuilds the user's own next time
 
 
 def _zeros_for_none(grads, targets):

@@ -273,3 +273,53 @@ def test_after_a_fit_that_raised_a_new_callback_does_not_stack_on_the_old_wrappe
     assert "train_step" not in model.__dict__
     assert [r["step"] for r in _rows(tmp_path / "second" / "steps.csv")] == ["0", "1"]  # each callback counts its own
     assert len(_rows(tmp_path / "first" / "telemetry.csv")) == 12  # step 0 only: the old wrapper is gone
+
+
+MIRRORED = r'''
+import csv, json
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+from convprobe.training import UnderflowTelemetry
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+def build():
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    with strategy.scope():
+        x = keras.Input((8, 8, 3))
+        h = keras.layers.ReLU()(keras.layers.BatchNormalization(name="bn")(keras.layers.Conv2D(4, 3, padding="same", name="conv")(x)))
+        h = keras.layers.Dense(10, name="dense")(keras.layers.GlobalAveragePooling2D()(h))
+        model = keras.Model(x, keras.layers.Activation("linear", dtype="float32", name="logits")(h))
+        model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**24),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    keras.mixed_precision.set_global_policy("float32")
+    return model
+
+rng = np.random.default_rng(0)
+xs, ys = rng.normal(size=(32, 8, 8, 3)).astype("float32"), rng.integers(0, 10, 32)
+model, plain = build(), build()
+h1 = model.fit(xs, ys, batch_size=8, verbose=0, shuffle=False, callbacks=[UnderflowTelemetry("run", every=2)])
+h2 = plain.fit(xs, ys, batch_size=8, verbose=0, shuffle=False)
+print("RESULT" + json.dumps({
+    "same": h1.history == h2.history and all(np.array_equal(a, b) for a, b in zip(model.get_weights(), plain.get_weights())),
+    "steps": list(csv.DictReader(open("run/steps.csv"))), "rows": list(csv.DictReader(open("run/telemetry.csv")))}))
+'''
+
+
+@pytest.mark.slow
+def test_under_a_mirrored_strategy_counts_pool_every_replica(tmp_path, run_python):
+    """Two replicas of 4 images: counts summed over replicas (the conv's activation gradient
+    covers the global batch of 8), training unchanged, measured skipped steps named."""
+    import json
+
+    out = json.loads(run_python(MIRRORED, tmp_path).stdout.split("RESULT", 1)[1])
+    assert out["same"]
+    steps = out["steps"]
+    assert [s["telemetry"] for s in steps] == ["True", "False", "True", "False"]
+    assert [s["skipped"] for s in steps] == ["True"] * 4  # S = 2^24 .. 2^21 all overflow
+    assert [s["first_nonfinite"] for s in steps] == ["activation:dense", "", "activation:dense", ""]
+    n = {(r["kind"], r["layer"]): int(r["n"]) for r in out["rows"] if r["step"] == "0"}
+    assert n[("activation", "conv")] == 8 * 8 * 8 * 4  # the global batch
+    assert n[("weight", "dense/kernel")] == 2 * 4 * 10  # each replica's local gradient, pooled
