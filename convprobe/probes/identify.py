@@ -24,8 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from convprobe.emulation import dot, parse_model
 from convprobe.errors import InvalidArgument, UnsupportedConfiguration
+from convprobe.probes.encoding import encode_bits
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_many, reduce_rows
+from convprobe.probes.structure import Structure, best_of, bitwise_equal, blocks, candidate_specs, measure_rows
 
 __all__ = [
     "DEFAULT_KS",
@@ -84,8 +87,6 @@ class Candidate:
 
     def compute(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Row m of `a` against filter b[m % len(b)] (b may be one filter (k,) or several (c, k))."""
-        from convprobe.emulation import dot
-
         b = np.atleast_2d(b)
         b = b[np.arange(a.shape[0]) % b.shape[0]]
         return np.asarray(dot(a, b, self.model)).astype(np.float16)
@@ -93,8 +94,6 @@ class Candidate:
 
 def parse_candidate(spec: str) -> Candidate:
     """A candidate from any `convprobe.emulation.parse_model` spec (lane models included)."""
-    from convprobe.emulation import parse_model
-
     text = spec.strip()
     return Candidate(text, model=parse_model(text))
 
@@ -160,15 +159,11 @@ def run(backend, *, ops="conv2d", ks=None, rows: int = DEFAULT_ROWS, seed: int =
     """Child side: each op's outputs (fp16 bit patterns) on the seeded inputs for every K, and
     (`measure`) its structure from crafted rows. The layer mode (`layers`) is a probe of its
     own, `convprobe.identify.layer_identify`, which `convprobe identify` runs by module path."""
-    from convprobe.probes.encoding import encode_bits
-
     if layers is not None:
         raise InvalidArgument("the identify battery takes no layers: the layer mode is the probe "
                               "convprobe.identify.layer_identify")
 
     from convprobe.probes import direct_sum
-    from convprobe.probes.structure import measure_rows
-
     results = {}
     for op in check_ops(ops):
         try:
@@ -192,8 +187,6 @@ def _crafted_rows(backend, op: str, k: int, rows: int):
     """`structure.measure_rows`'s runner at the battery's own shape: the crafted terms go in
     the rows (`rows` per call), every filter is the constant."""
     def run(patterns: np.ndarray, scale: float) -> np.ndarray:
-        from convprobe.probes.structure import blocks
-
         b = np.full((CHANNELS, k), scale, dtype=np.float16)
         sums = reduce_many(backend, op, [(a, b, channels(rows)) for a in blocks(patterns, rows, scale)])
         return np.concatenate([np.asarray(s, dtype=np.float64) for s in sums])[:len(patterns)]
@@ -227,8 +220,6 @@ def predicted_bits(cand: Candidate, *, seed: int, k: int, rows: int) -> np.ndarr
 
 def match_fractions(bits_by_k: dict[str, list[str]], cands: list[Candidate], *, rows: int, seed: int) -> dict[str, dict[int, float]]:
     """{candidate name: {K: fraction of outputs bitwise equal}} (NaNs match NaNs of any payload)."""
-    from convprobe.probes.structure import bitwise_equal
-
     table: dict[str, dict[int, float]] = {c.name: {} for c in cands}
     for key, hexes in bits_by_k.items():
         k = int(key)
@@ -294,8 +285,6 @@ def best_per_k(result: dict, table: dict[str, dict[int, float]], *, rows: int, s
     """{K: {"best", "fraction", "measured", "structure"}}: at each K, the specs the crafted
     inputs measured there (`structure.candidate_specs`), then the family; ties go to the
     measured spec. The arithmetic changes with K (blocking, threads), so each K has its own."""
-    from convprobe.probes.structure import Structure, best_of, candidate_specs
-
     out = {}
     for key, hexes in result["bits"].items():
         k = int(key)

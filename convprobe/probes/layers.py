@@ -16,6 +16,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from convprobe.emulation.conv import resolve_padding
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.options import comma_integers
 
@@ -111,8 +112,6 @@ class Layer:
     @property
     def pads(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """The resolved padding: ((top, bottom), (left, right))."""
-        from convprobe.emulation.conv import resolve_padding
-
         return resolve_padding(self.padding, self.input_shape[1:3], self.filter_shape[:2], self.strides,
                                self.dilation)
 

@@ -21,7 +21,11 @@ from importlib import resources
 import numpy as np
 
 from convprobe import files
+from convprobe.emulation import dot, parse_model
+from convprobe.emulation.gpus import GPU_FAMILIES, GPU_PRESETS
+from convprobe.emulation.rounding import round_to_format
 from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.progress import tracker
 
 __all__ = ["VectorSet", "FORMAT_FOLDERS", "load_directory", "load_bundled", "bundled_path",
            "replay_set", "replay"]
@@ -52,8 +56,6 @@ class VectorSet:
 
 
 def _preset_of(folder: str) -> str:
-    from convprobe.emulation.gpus import GPU_PRESETS
-
     key = folder.strip().lower()
     if key not in GPU_PRESETS:
         raise invalid_choice(f"GPU folder {folder!r}", folder, GPU_PRESETS)
@@ -159,8 +161,6 @@ def _listdir(path: str) -> list[str]:
 
 
 def _presets() -> tuple[str, ...]:
-    from convprobe.emulation.gpus import GPU_PRESETS
-
     return GPU_PRESETS
 
 
@@ -213,8 +213,6 @@ def load_bundled(gpus: list[str] | None = None, path: str | None = None) -> list
 def c_is_zero(s: VectorSet) -> bool:
     """The H100 fp8 sets with fp32 output were captured with wgmma, whose c is zero: the
     data's README says to ignore the c file there."""
-    from convprobe.emulation.gpus import GPU_FAMILIES
-
     return GPU_FAMILIES[s.preset] == "hopper" and s.input.startswith("fp8") and s.output == "fp32"
 
 
@@ -224,8 +222,6 @@ def _hex(bits: int) -> str:
 
 def replay_set(s: VectorSet) -> dict:
     """Run one set through its preset; a row with the counts and the first mismatch."""
-    from convprobe.emulation import dot, parse_model
-
     spec = f"{s.preset}:in={s.input}:out={s.output}"
     model = parse_model(spec)
     a = s.a.view(np.float32).astype(np.float64)
@@ -245,8 +241,6 @@ def replay_set(s: VectorSet) -> dict:
 
 def check_set(s: VectorSet) -> None:
     """Refuse, before anything runs, inputs that are not numbers of the set's format."""
-    from convprobe.emulation.rounding import round_to_format
-
     for name, bits in (("a", s.a), ("b", s.b)):
         values = bits.view(np.float32).astype(np.float64)
         finite = values[np.isfinite(values)]
@@ -257,8 +251,6 @@ def check_set(s: VectorSet) -> None:
 
 def replay(sets: list[VectorSet]) -> list[dict]:
     """`replay_set` for each set, in order, after every set's inputs are checked."""
-    from convprobe.progress import tracker
-
     for s in sets:
         check_set(s)
     rows = []

@@ -19,6 +19,7 @@ from convprobe.backends.isolation import DEFAULT_TIMEOUT_S, run_isolated
 from convprobe.probes import worker
 from convprobe.probes.registry import get_probe
 from convprobe.probes.result import ProbeResult
+from convprobe.progress import tracker
 
 __all__ = ["run_probe", "run_one", "run_many", "annotate"]
 
@@ -88,8 +89,6 @@ def run_probe(
 def run_many(work, items: list, *, jobs: int | None, description: str) -> list:
     """`work(item)` for every item, `jobs` at a time (default: one per core), results in the
     items' order, with progress on a terminal (`convprobe.progress`)."""
-    from convprobe.progress import tracker
-
     workers = max(1, min(len(items), jobs or os.cpu_count() or 1))
     with tracker(len(items), description) as advance:
         def tracked(item):

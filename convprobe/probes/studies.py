@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from convprobe import provenance, results
 from convprobe.options import Status
+from convprobe.probes.direct_sum import DirectSum
 
 __all__ = ["Outcome", "envelope", "failure_notes", "run_classic", "run_fingerprint", "run_identify", "run_sweep",
            "run_replay",
@@ -184,8 +185,6 @@ def _battery_summary(row: dict, base: dict, summary: dict, rows: int) -> list[di
     """One (configuration, op) of the battery: fills its table row, returns its records. A K
     where the op is not a direct sum reads "not direct", its record says why. Keys may be
     strings (a summary read back from JSON)."""
-    from convprobe.probes.direct_sum import DirectSum
-
     records = []
     stop = summary["stops_matching_at"]
     not_direct = [int(k) for k in summary.get("not_direct_at") or []]

@@ -16,6 +16,7 @@ import sys
 import traceback
 
 from convprobe.backends.configurations import BackendConfig
+from convprobe.backends.emulated import EmulatedBackend
 from convprobe.errors import UnsupportedConfiguration
 from convprobe import provenance
 from convprobe.probes.registry import get_probe
@@ -27,8 +28,6 @@ def make_backend(config: BackendConfig):
         from convprobe.backends.tensorflow import TensorFlowBackend
 
         return TensorFlowBackend(config.device, jit_compile=config.jit_compile)
-    from convprobe.backends.emulated import EmulatedBackend
-
     return EmulatedBackend(config.model)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from convprobe.emulation import Blocked, Chunked, Exact, Pairwise
 from convprobe.probes.fingerprint.battery import D_BITS, DISTANCES, MAX_J, SHORT
 from convprobe.probes.fingerprint.properties import bits_text, format_name, swept
 
@@ -19,8 +20,6 @@ def resolved_size(size: int) -> str:
 
 def expected_properties(model) -> dict[str, str]:
     """The fingerprint an emulator model must produce, derived from its parameters alone."""
-    from convprobe.emulation import Blocked, Chunked, Exact, Pairwise
-
     acc = model.accumulator
     exact = isinstance(model, Exact)
     p = MAX_J + 1 if exact else acc.precision
