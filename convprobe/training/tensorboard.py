@@ -17,10 +17,12 @@ tensor (`kind` weight or activation, `layer` its variable path or layer name):
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from convprobe.errors import OutputWriteFailed
 from convprobe.formats import Format
 from convprobe.training.telemetry import decode_histogram, histogram_edges
 
@@ -41,6 +43,7 @@ class TensorBoardWriter:
         from tensorflow.core.framework import summary_pb2
 
         self.tf = tf
+        self.directory = Path(directory)
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.writer = tf.summary.create_file_writer(str(directory))
         self.format = fmt
@@ -88,8 +91,22 @@ class TensorBoardWriter:
 
         return tf.function(write)
 
+    @contextmanager
+    def _one_line(self):
+        """A failed event-file write (a full disk, a file-size limit) as the CLI's one line."""
+        try:
+            yield
+        except self.tf.errors.OpError as error:
+            lines = [line.strip() for line in str(error.message).splitlines() if line.strip()]
+            raise OutputWriteFailed(f"could not write TensorBoard events in {str(self.directory)!r}: "
+                                    f"{lines[-1] if lines else type(error).__name__}") from None
+
     def write_records(self, step: int, rows: list[dict]) -> None:
         """The scalars and histograms of one telemetry step's records."""
+        with self._one_line():
+            self._write_records(step, rows)
+
+    def _write_records(self, step: int, rows: list[dict]) -> None:
         tf = self.tf
         bases = tuple(f"{row['kind']}/{row['layer']}" for row in rows)
         if bases not in self._compiled:
@@ -102,12 +119,14 @@ class TensorBoardWriter:
 
     def write_step(self, step: int, loss_scale: float, skipped_steps: int) -> None:
         """The loss scale of a step and the skipped steps so far."""
-        with self.writer.as_default():
+        with self._one_line(), self.writer.as_default():
             self._write_scalar("loss_scale", loss_scale, step)
             self._write_scalar("skipped_steps", skipped_steps, step)
 
     def flush(self) -> None:
-        self.writer.flush()
+        with self._one_line():
+            self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        with self._one_line():
+            self.writer.close()
