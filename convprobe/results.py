@@ -328,7 +328,7 @@ _OBSERVED = {Kind.OVERFLOW: _overflow_observed, Kind.COMPARE: _compare_observed}
 def _table(c: _Checker, document: dict, schema: str) -> None:
     import pandas as pd
 
-    from convprobe.analysis.tables import SCHEMAS, validate_frame
+    from convprobe.table_schemas import SCHEMAS, validate_frame  # pandas: only when a table is read
 
     table = c.field(document, "table", "object")
     if c.field(table, "schema", "str", "table") != schema:
