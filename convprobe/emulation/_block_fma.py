@@ -17,13 +17,14 @@ from fractions import Fraction
 
 import numpy as np
 
+from convprobe.emulation import _block_fma_compiled as kernel
+from convprobe.emulation._kernel_arithmetic import NO_EXPONENT as _NONE  # the exponent of a zero addend
 from convprobe.emulation.rounding import round_to_format
 from convprobe.errors import InvalidArgument
 from convprobe.options import Alignment, CAddition, KLayout, Rounding
 
 __all__ = ["reduce_rows", "gemm", "step_order"]
 
-_NONE = np.iinfo(np.int64).min // 4  # the exponent of a zero addend: below every other
 _GEMM_ELEMENTS = 1 << 22  # outputs x block terms per slice of rows, bounding memory
 
 
@@ -186,8 +187,6 @@ def gemm(a: np.ndarray, w: np.ndarray, model, compiled: bool = True,
     float32 where `model.carrier` says so); `compiled`: use the compiled kernel where it
     applies (the tests compare both paths); `inputs_checked`: the caller knows every value
     is in the model's input format."""
-    from convprobe.emulation import _block_fma_compiled as kernel
-
     if not (compiled and kernel.applies(model)):
         a, w = np.asarray(a, np.float64), np.asarray(w, np.float64)
     order = step_order(a.shape[1], model)

@@ -27,8 +27,8 @@ import numpy as np
 from numba import njit
 
 from convprobe.emulation import _block_fma_narrow as narrow_kernel
-from convprobe.emulation._block_fma import _NONE
 from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TILE, add_odd, f2i, i2f, load_tile
+from convprobe.emulation._kernel_arithmetic import NO_EXPONENT as _NONE
 from convprobe.emulation._kernels_fast import fast_round, round_limits, round_normal
 from convprobe.emulation._threads import over_tasks
 from convprobe.options import Alignment, CAddition

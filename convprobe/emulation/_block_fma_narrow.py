@@ -51,19 +51,17 @@ _SIGN, _INF_BITS = np.int32(-(1 << 31)), np.int32(0x7F800000)
 
 
 def applies(model) -> bool:
-    """Whether `gemm` computes `model` (finite inputs, from +0): the compiled kernel's
-    definition (`_block_fma_compiled.applies`: exact products, input-exponent alignment,
-    truncation), products of two inputs
+    """Whether `gemm` computes `model` (finite inputs, from +0), for a model the compiled
+    kernel computes (`_block_fma_compiled.applies`, which its callers check first: exact
+    products, input-exponent alignment, truncation): products of two inputs
     are float32 numbers; every scale 2**(p - 1 - E) is a normal float32 (E is at least
     the smallest quantum's exponent 2 * emin - p + 1, at most 128: an infinite running
     sum); b terms, each below 2**(p + 1), sum in int32; the accumulator's and block
     format's values are float32 numbers."""
-    from convprobe.emulation import _block_fma_compiled
-
     fin, adder_p = model.input, model.adder.precision + model.extra_bits
     products = 2 * fin.precision <= 24 and 2 * (fin.emin - fin.precision + 1) >= -126 and 2 * fin.emax + 2 < 128
     scales = 2 * adder_p - 2 - 2 * fin.emin <= 127 and adder_p - 129 >= -126
-    return (_block_fma_compiled.applies(model) and products and scales and FP32.holds(model.accumulator)
+    return (products and scales and FP32.holds(model.accumulator)
             and FP32.holds(model.block_format) and model.b << (adder_p + 1) <= 1 << 31)
 
 

@@ -56,6 +56,9 @@ IC_SIZE = 5
 SEQUENTIAL, PAIRWISE, CHUNKED, EXACT = 0, 1, 3, 4
 # rounding modes
 NEAREST_EVEN, TOWARD_ZERO, STOCHASTIC = 0, 1, 2
+#: The exponent of a zero addend in the block-FMA kernels: below every other, and a sum of
+#: two of them stays below half of it.
+NO_EXPONENT = np.iinfo(np.int64).min // 4
 
 _MASK52 = (1 << 52) - 1
 _WEYL32 = np.uint32(WEYL32)

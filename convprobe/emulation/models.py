@@ -507,9 +507,10 @@ class Blocked(AccumulationModel):
     def carrier(self, inputs_fp16: bool) -> type:
         """float32 where the 32-bit-lane kernel computes this model (fp16/fp8 inputs, every
         format inside float32's: `_block_fma_narrow`), else float64."""
-        from convprobe.emulation import _block_fma_narrow
+        from convprobe.emulation import _block_fma_compiled, _block_fma_narrow
 
-        narrow = _block_fma_narrow.applies(self) and FP32.holds(self.output)
+        narrow = (_block_fma_compiled.applies(self) and _block_fma_narrow.applies(self)
+                  and FP32.holds(self.output))
         return np.float32 if narrow else np.float64
 
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,

@@ -311,7 +311,7 @@ def test_the_32_bit_lanes_equal_the_float64_kernel_and_the_numpy_gemm(spec):
     from convprobe.emulation import _block_fma, _block_fma_compiled, _block_fma_narrow
 
     model = em.parse_model(spec)
-    assert _block_fma_narrow.applies(model) == (model.input.name != "bf16")
+    assert (_block_fma_compiled.applies(model) and _block_fma_narrow.applies(model)) == (model.input.name != "bf16")
     rng = np.random.default_rng(11)
     fmt, tile = model.input, _block_fma_narrow.TILE
     rows = 3 * tile + 8  # (a last, partial tile)
