@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import importlib
+import importlib.util
 import runpy
 import signal
 import subprocess
@@ -76,6 +78,13 @@ def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m convprobe.children MODULE [ARGS...]")
     sys.argv = list(argv)
+    spec = importlib.util.find_spec(argv[0])
+    if spec is not None and spec.submodule_search_locations is None:
+        # A module whose package imports it (the probe worker): run its `main`, once. Run as
+        # __main__ it would execute a second time beside the copy its package imported.
+        module = importlib.import_module(argv[0])
+        if hasattr(module, "main"):
+            raise SystemExit(module.main(list(argv[1:])))
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 
 

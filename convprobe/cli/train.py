@@ -20,6 +20,10 @@ from convprobe.options import Status
 
 __all__ = ["register", "run", "config_from_args"]
 
+#: How long the twin's identify may take in its configuration: ResNet-20's layers took 9 min
+#: on two busy cores, above identify's own 10-minute default once the machine is loaded.
+IDENTIFY_TIMEOUT_S = 3600
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -287,7 +291,8 @@ def _twin_map(config) -> dict | None:
         path = Path(scratch) / IDENTIFY_MAP_NAME
         command = [sys.executable, "-m", "convprobe", "identify", "--resnet-size", str(config.resnet_size),
                    "--image-size", str(config.image_size), "--batch", str(config.batch_size),
-                   "--configs", config.configuration or "default", "--output", str(path)]
+                   "--configs", config.configuration or "default", "--timeout", str(IDENTIFY_TIMEOUT_S),
+                   "--output", str(path)]
         print(f"twin: measuring this run's layers: {' '.join(['convprobe', *command[3:-2]])}", file=sys.stderr)
         environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
         if subprocess.run(command, stdout=sys.stderr, env=environment).returncode != 0 or not path.is_file():
