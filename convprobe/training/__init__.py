@@ -1,20 +1,26 @@
 """The ResNet fp16 training harness with per-layer gradient-underflow telemetry.
 
 Modules, one concept each (TensorFlow is imported only inside functions that
-use it, after `runtime` has set the XLA flags):
+use it, after `runtime` has set the environment):
 
 - `config`: `TrainConfig`, dtype and loss-scale parsing, validation;
-- `data`: synthetic data and the CIFAR-10 binary loader (NumPy);
-- `runtime`: importing TensorFlow with faithful-fp16 XLA flags, logical devices;
+- `data`: synthetic data, the bundled digits and the CIFAR-10 binary loader (NumPy);
+- `runtime`: importing TensorFlow with faithful-fp16 XLA flags or a named configuration,
+  logical devices, its start-up notices kept off stderr;
+- `arithmetic`: which arithmetic each conv op computes (native, the twin, a counterfactual);
+- `emulated_conv`: a conv layer's forward pass and both gradients under that arithmetic;
 - `model`: the CIFAR ResNet v2 with gradient taps;
 - `telemetry`: classification of gradients against the fp32 shadow;
 - `trainer`: the loop, loss scaling, checkpoints;
 - `records`: run directory layout, streaming CSV + JSON header;
-- `compare`: none / static / dynamic side by side, table and figures;
+- `arms`: `DTYPE[/LOSS_SCALE][@ARITHMETIC]`, one arm of a comparison;
+- `compare`: every (arm, seed) in its own process, the comparison's table and figures;
+- `cluster`: multi-worker training (TF_CONFIG, local rehearsal);
 - `tensorboard`: the telemetry as TensorBoard event files;
 - `callback`: `UnderflowTelemetry`, the telemetry for any Keras model's `fit`
-  (imported on first use of the name: it imports Keras);
-- `command`: the `convprobe train` subcommand.
+  (imported on first use of the name: it imports Keras).
+
+The `convprobe train` subcommand is `convprobe.cli.train`.
 """
 
 from convprobe.training.config import (
