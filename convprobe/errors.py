@@ -12,7 +12,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable
 
-__all__ = ["ConvprobeError", "InvalidArgument", "OutputWriteFailed", "UnsupportedConfiguration", "invalid_choice", "is_integer"]
+__all__ = ["ConvprobeError", "InvalidArgument", "OutputWriteFailed", "UnsupportedConfiguration", "invalid_choice", "is_integer", "reason"]
 
 
 class ConvprobeError(Exception):
@@ -46,3 +46,15 @@ def is_integer(value: object) -> bool:
     """Whether a user's value is an integer: a Python or NumPy one, never a bool (which
     Python counts as one), a float or a string. The one test every integer argument uses."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong reading a file, in a few words on one line (the OS's words for an OSError)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else exc.__class__.__name__

@@ -14,7 +14,7 @@ from typing import TypeVar
 from convprobe.errors import invalid_choice
 
 __all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "OutputFormat",
-           "FigureFormat", "Status", "Device", "parse_option", "names_or_all",
+           "FigureFormat", "Status", "Device", "ComputeDtype", "LossScaleMode", "parse_option", "names_or_all",
            "comma_integers"]
 
 
@@ -129,6 +129,23 @@ ROUNDING_ALIASES = {"rn": "nearest_even", "rne": "nearest_even", "nearest": "nea
                     "sr": "stochastic"}
 
 E = TypeVar("E", bound=StrEnum)
+
+
+class ComputeDtype(StrEnum):
+    """The compute formats the training harness runs in (variables are always fp32)."""
+
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP32 = "fp32"
+
+
+class LossScaleMode(StrEnum):
+    """How the training loss is scaled before the backward pass."""
+
+    NONE = "none"  # S = 1, every step applied (even a non-finite one)
+    STATIC = "static"  # fixed S; a step with a non-finite gradient is skipped
+    STATIC_NO_SKIP = "static-no-skip"  # fixed S, applied regardless (reference ResNet)
+    DYNAMIC = "dynamic"  # keras LossScaleOptimizer: halve on inf/NaN, double after N good steps
 
 
 def parse_option(argument: str, value: object, options: type[E],

@@ -24,8 +24,8 @@ import sys
 from enum import StrEnum
 from pathlib import Path
 
-from convprobe.errors import InvalidArgument, invalid_choice, is_integer
-from convprobe.options import Status
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer, reason
+from convprobe.options import ComputeDtype, LossScaleMode, Status
 from convprobe.render import json_clean, render_json, write_atomic
 
 __all__ = ["SCHEMA_VERSION", "SCHEMA_HISTORY", "Kind", "COMPARISON_FILE", "envelope", "validate", "read", "write", "upgrade",
@@ -101,18 +101,6 @@ def read(path: str | Path, kinds: tuple[str, ...] | None = None) -> dict:
 
 
 # -- reading files -----------------------------------------------------------------------
-
-
-def reason(exc: BaseException) -> str:
-    """What went wrong reading a file, in a few words on one line (the OS's words for an OSError)."""
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
-    if isinstance(exc, UnicodeDecodeError):
-        return f"not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start}"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else exc.__class__.__name__
 
 
 def regular_file(path: str | Path, *, where: str) -> Path:
@@ -400,11 +388,8 @@ RUN_COLUMNS = {"steps": ("step", "loss", "loss_scale", "skipped"),
 
 
 def _train(c: _Checker, document: dict) -> None:
-    # Imported here: training.config imports provenance, which imports this module.
-    from convprobe.training.config import DTYPES, LossScaleMode
-
     params = document["params"]
-    c.choice(params, "dtype", DTYPES, "params")
+    c.choice(params, "dtype", tuple(ComputeDtype), "params")
     c.field(params, "steps", "count", "params")
     c.choice(c.field(params, "loss_scale", "object", "params"), "mode", tuple(m.value for m in LossScaleMode),
              "params.loss_scale")

@@ -11,9 +11,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice, reason
 from convprobe.options import Status
-from convprobe.results import reason
 
 __all__ = ["TABLE_SCHEMA_VERSION", "STATUSES", "Column", "Schema", "SWEEP_SCHEMA", "PROBE_SCHEMA", "SCHEMAS",
            "validate_frame", "schema_of", "empty_frame"]

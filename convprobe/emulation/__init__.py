@@ -4,7 +4,7 @@ The accumulation is a parameter: an `AccumulationModel` says in which formats,
 order and rounding a sum of products is formed; `dot` and the convolutions run
 any model bit-exactly, and `oracle` is the slow exact-rational reference they
 are tested against. Modules: `rounding` (one rounding definition), `models`
-(the models and `parse_model`), `composites` (split-K and lanes around any
+(the models), `specs` (`parse_model`, the spec grammar), `composites` (split-K and lanes around any
 model), `gpus` (tensor-core presets), `reduction` (`dot`), `conv` (im2col
 convolutions and gradients), the compiled kernels by role (`_kernel_arithmetic`:
 the shared rounding routine; `_kernels_reference`: general kernels; `_kernels_fast`:
@@ -24,10 +24,10 @@ from convprobe.emulation.models import (
     Exact,
     Pairwise,
     Sequential,
-    parse_model,
 )
 from convprobe.emulation.reduction import dot
 from convprobe.emulation.rounding import round_to_format
+from convprobe.emulation.specs import parse_model
 
 __all__ = [
     "AccumulationModel",

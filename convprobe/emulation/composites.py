@@ -41,7 +41,7 @@ not stochastically rounded ones (their random streams are keyed per output of on
 reduction), nor `Columns` or `Rows` (they pick by output index, so they are the outermost:
 rows around columns), nor
 models that set ``positions``: a filter gradient's order over (n, oh, ow) is the whole
-sum's, so the outermost model sets it (``lanes(2, ..., positions=hwn)``). Spec grammar (see `models.parse_model`): ``splitk(4, a100, combine=fp16)``,
+sum's, so the outermost model sets it (``lanes(2, ..., positions=hwn)``). Spec grammar (see `specs.parse_model`): ``splitk(4, a100, combine=fp16)``,
 ``splitk(length=1024, sequential:fp16, combine=fp32)``,
 ``lanes(8, sequential:fp32, combine=pairwise:fp32)``,
 ``lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, tail=1)``, ``reverse(sequential:fp16)``,

@@ -20,7 +20,7 @@ Every model reduces ``sum_k a_k * b_k`` in the order given. Common parameters:
 * ``positions`` - a filter gradient's order over the batch positions: ``"nhw"`` (the
   default, image by image) or ``"hwn"`` (the batch innermost; `options.Positions`).
 
-Sequential and chunked sums start from +0. Spec strings: see `parse_model`.
+Sequential and chunked sums start from +0. Spec strings: see `convprobe.emulation.specs`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ __all__ = [
     "MODEL_KINDS",
     "TENSOR_CORE_PRESETS",
     "ORDERS",
-    "parse_model",
+    "parse_plain",
     "kernel_config",
 ]
 
@@ -459,7 +459,7 @@ class Blocked(AccumulationModel):
     def to_spec(self) -> str:
         """The GPU preset's spec where the model came from one (``a100``,
         ``v100:out=fp16``), else the explicit ``blocked:...`` spec."""
-        if self.preset is not None and parse_model(self.preset) == self:
+        if self.preset is not None and parse_plain(self.preset) == self:
             return self.preset
         return self.explicit_spec()
 
@@ -611,51 +611,13 @@ _INT_KEYS = {"b", "extra_bits", "chunk", "seed", "rbits", "step"}
 _BOOL_KEYS = {"truncate"}
 
 
-def parse_model(spec: str) -> AccumulationModel:
-    """Build a model from a spec string.
-
-    Grammar, four forms:
-
-    * ``KIND[:ACCUMULATOR][:KEY=VALUE]...``, KIND one of sequential, pairwise, blocked,
-      chunked, exact; ACCUMULATOR a format name (fp16, bf16, tf32, fp32, fp64, fp8_e4m3,
-      fp8_e5m2, aliases, or ``p<precision>_emax<emax>``). Keys: product, addition (format
-      or exact), output, total (formats), rounding (nearest_even|toward_zero|stochastic,
-      or rn|rz|sr), subnormals (keep|flush), overflow (inf|saturate), seed, rbits (random
-      bits per stochastic rounding; `convprobe.random_stream`), order
-      (permutation of hwc), positions (nhw|hwn: a filter gradient's order over n, oh,
-      ow), n (chunk, any length); blocked also takes b, extra (extra bits, negative to
-      narrow), in (input format), adder (format), alignment
-      (input_exponents|values), truncate (true|false), step, layout
-      (contiguous|pair_interleaved), c_addition (fused|separate).
-    * ``GPU[:in=FORMAT][:out=FORMAT][:KEY=VALUE]...``: a tensor-core preset (v100, a100,
-      a2, a30, ada, l40s, h100, h200, b200; `convprobe.emulation.gpus`), input fp16 (the
-      default), bf16, tf32, fp8_e4m3 or fp8_e5m2, output fp32 (the default) or fp16;
-      further keys override the preset's blocked parameters.
-    * ``tree(ROOT, accumulator=FORMAT[, product=...][, addition=...][, output=...])``: any
-      summation order with a format per node (`convprobe.emulation.tree`).
-    * ``splitk(PARTS | length=N, INNER, combine=FORMAT | MODEL[, output=FORMAT])``,
-      ``lanes(WIDTH, INNER, combine=MODEL)`` and ``reverse(INNER)``: composites around any inner spec
-      (`convprobe.emulation.composites`); identify's ``lanes:FMT:w=W[:then=ORDER]`` is
-      shorthand for a lanes model.
-
-    Examples: ``sequential:fp16``, ``sequential:fp16:addition=fp32``, ``blocked:fp16:b=4``,
-    ``chunked:fp16:n=1000``, ``exact:fp64``, ``a100``, ``h100:in=fp8_e4m3:out=fp16``,
-    ``splitk(4, a100, combine=fp16)``, ``lanes(8, sequential:fp32, combine=pairwise:fp32)``.
-    """
+def parse_plain(spec: str) -> AccumulationModel:
+    """A model of the grammar's first two forms (``KIND[:ACCUMULATOR][:KEY=VALUE]...`` and
+    ``GPU[:in=FORMAT][:out=FORMAT]...``); `convprobe.emulation.specs.parse_model` reads
+    every form and hands these here."""
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidArgument(f"model spec must be a non-empty string like 'sequential:fp16'; "
                               f"received {spec!r}")
-    from convprobe.emulation import composites
-
-    head = spec.strip().split(":")[0]
-    if head.strip().lower().startswith("tree("):
-        from convprobe.emulation import tree  # (tree builds on this module)
-
-        return tree.parse_tree_model(spec)
-    if "(" in head:
-        return composites.parse_composite(spec.strip(), parse_model)
-    if head.strip().lower() == "lanes":
-        return composites.lanes_shorthand(spec, parse_model)
     parts = [p.strip() for p in spec.strip().split(":")]
     kind = parts[0].lower()
     kwargs: dict[str, Any] = {}

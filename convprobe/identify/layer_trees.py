@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from convprobe.emulation.composites import Columns, Rows
-from convprobe.emulation.models import AccumulationModel, parse_model
+from convprobe.emulation.models import AccumulationModel
+from convprobe.emulation.specs import parse_model
 from convprobe.emulation.tree import Chain, Item, leaves_of, parse_tree, tree_text
 from convprobe.identify.tree_formats import COARSE, FINE, KEPT, SCALE, TreeFormats, measure_formats, terms_row, tree_models
 from convprobe.identify.tree_recovery import UNIT, NotRecovered, predicted, query_rows, recover

@@ -12,7 +12,6 @@ rejected with a clear error.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -20,6 +19,7 @@ from convprobe.backends.configurations import MATRIX
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.files import check_directory_path
 from convprobe.formats import FP32, Format, parse_format
+from convprobe.options import ComputeDtype, LossScaleMode
 from convprobe.provenance import memory_limit
 from convprobe.training.arithmetic import Arithmetic, ArithmeticKind, read_identify_map
 from convprobe.training.data import CIFAR_IMAGE_SIZE, DIGITS_IMAGE_SIZE
@@ -35,20 +35,11 @@ __all__ = [
 ]
 
 #: The compute dtypes the trainer accepts (variables are always fp32).
-DTYPES = ("fp16", "bf16", "fp32")
+DTYPES = tuple(ComputeDtype)  # the harness's compute dtypes, in this order
 DATA_SOURCES = ("synthetic", "cifar10", "digits")
 #: Each data source's image side when --image-size is not given; cifar10 and digits have only theirs.
 IMAGE_SIZES = {"synthetic": 32, "cifar10": CIFAR_IMAGE_SIZE, "digits": DIGITS_IMAGE_SIZE}
 DISTRIBUTE = ("none", "mirrored", "multi-worker")
-
-
-class LossScaleMode(str, enum.Enum):
-    """How the loss is scaled before the backward pass."""
-
-    NONE = "none"  # S = 1, every step applied (even a non-finite one)
-    STATIC = "static"  # fixed S; a step with a non-finite gradient is skipped
-    STATIC_NO_SKIP = "static-no-skip"  # fixed S, applied regardless (reference ResNet)
-    DYNAMIC = "dynamic"  # keras LossScaleOptimizer: halve on inf/NaN, double after N good steps
 
 
 @dataclass(frozen=True)
