@@ -115,6 +115,7 @@ CLI_CASES = [
     (["train", "--arithmetic-map", "{tmp}/map.json"], "--arithmetic-map is read only with --arithmetic twin"),
     (["train", "--arithmetic", "twin", "--arithmetic-map", "{tmp}/map.json"], "--arithmetic-map: "),
     (["train", "--config", "nope"], "--config must be one of default, onednn-off,"),
+    (["train", "--arm", "fp32", "--devices", "4"], "--devices applies to --distribute mirrored"),
     (["train", "--config", "jit", "--no-jit"], "--config jit runs with XLA; received --no-jit"),
     (["train", "--distribute", "multi-worker", "--output", "{tmp}/run"],
      "--distribute multi-worker needs TF_CONFIG in the environment"),

@@ -164,6 +164,9 @@ def config_from_args(args):
     )
     if not args.arm:
         _refuse_what_does_not_apply(args, config)
+    elif args.devices is not None and config.distribute != "mirrored":  # the one check that holds for every arm
+        raise InvalidArgument(f"--devices applies to --distribute mirrored; received --devices {args.devices} "
+                              f"with --distribute {config.distribute}")
     if config.output is None:
         name = "arms" if args.arm else "compare" if args.compare_loss_scaling else config.loss_scale.label
         config = replace(config, output=f"results/train_{'' if args.arm else config.dtype + '_'}{name}"

@@ -169,14 +169,14 @@ def _configuration_result(document: dict, configuration: str) -> dict:
 
 
 def twin_layers(document: dict, shapes: Mapping[str, ConvShape], configuration: str) -> dict[str, LayerArithmetic]:
-    """The twin's arithmetic from an identify map: per layer and op, the first model that
-    matched every output on both input sets (identify's `perfect`); TensorFlow's own kernel
-    where none did."""
+    """The twin's arithmetic from an identify map: per layer and op, the model identify
+    reports (`best`, where it matched every output of both input sets and identify did not
+    set it aside); TensorFlow's own kernel where there is none."""
     result = _configuration_result(document, configuration)
     label = result["config"]["label"]
     matches = (document.get("matches") or {}).get(label, {})
-    measured = {ConvShape.from_dict(entry["layer"]): entry["layer"].get("name", "")
-                for entry in result["observed"]["layers"]}
+    entries = result["observed"]["layers"]
+    measured = {ConvShape.from_dict(entry["layer"]): entry["layer"].get("name", "") for entry in entries}
     missing = [name for name, shape in shapes.items() if shape not in measured]
     if missing:
         have = sorted({f"{s.input_shape}x{s.filter_shape}" for s in measured})
@@ -190,16 +190,19 @@ def twin_layers(document: dict, shapes: Mapping[str, ConvShape], configuration: 
         where = measured[shape]
         ops = {}
         for op in ConvOp:
-            summary = (matches.get(f"{where} / {op}") or {}).get("summary") or {}
-            perfect = summary.get("perfect") or []
-            if perfect:
-                ops[op] = OpArithmetic(parse_model(perfect[0]),
-                                       f"identify ({configuration}, layer {where}): every output of both "
-                                       f"input sets")
-            else:
-                best, fractions = summary.get("best"), summary.get("fractions") or {}
-                share = f" (closest {best}: {min(fractions.values()):.1%})" if best and fractions else ""
-                ops[op] = OpArithmetic(None, f"TensorFlow's own kernel: identify ({configuration}, layer "
-                                             f"{where}) found no model that matches every output{share}")
+            cell = f"{op}" if len(entries) == 1 else f"{where} / {op}"
+            if cell not in matches:
+                raise InvalidArgument(f"the identify map has no result for {cell!r} in configuration "
+                                      f"{configuration!r}: measure this run's layers with identify's layer mode")
+            ops[op] = _op_arithmetic(matches[cell].get("summary") or {}, f"identify ({configuration}, layer {where})")
         out[name] = LayerArithmetic(name, shape, ops)
     return out
+
+
+def _op_arithmetic(summary: dict, where: str) -> OpArithmetic:
+    """identify's reported model for one cell, or TensorFlow's kernel and why."""
+    best, perfect, fractions = summary.get("best"), summary.get("perfect") or [], summary.get("fractions") or {}
+    if best is not None and best in perfect and summary.get("stops_matching_at") is None:
+        return OpArithmetic(parse_model(best), f"{where}: every output of both input sets")
+    share = f" (closest {best}: {min(fractions.values()):.1%})" if best and fractions else ""
+    return OpArithmetic(None, f"TensorFlow's own kernel: {where} found no model that matches every output{share}")

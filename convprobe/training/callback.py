@@ -24,7 +24,8 @@ unchanged and a clone of the model in its own dtype policy gives the low-precisi
 gradients. Either way a `tf.cond` on the callback's step counter measures, before
 the update, the batch the update is about to use at the weights it is about to
 change: no sample batch to pass, nothing in the data pipeline changes, and it works
-with `steps_per_execution` and XLA. A step whose update a `LossScaleOptimizer`
+with XLA. `steps_per_execution` above 1 is refused: Keras then calls the callback once
+per execution, and the steps in between would go unrecorded. A step whose update a `LossScaleOptimizer`
 skipped (non-finite gradients) is measured too, after the skip (the weights are those
 the step saw, the scale the one it used), so its record names the overflowing tensors.
 
@@ -94,7 +95,8 @@ def _clone(model, dtype):
 class UnderflowTelemetry(keras.callbacks.Callback):
     """Per-layer gradient underflow of a mixed-precision `fit`, against an fp32 shadow.
 
-    `directory`: a new or empty directory (or one this callback wrote); `every`: measure
+    `directory`: a new or empty directory (one per `fit`: a second `fit` needs a new
+    directory and a new callback); `every`: measure
     steps 0, every, 2*every, ... (positive integer); `watch`: layer names or globs whose
     weights and outputs are measured (None: every layer with trainable weights, and every
     layer's output).
@@ -370,6 +372,10 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
     # -- records (Python, between steps) -----------------------------------------------------------
     def on_train_begin(self, logs=None):
+        per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        if per_execution > 1:
+            raise InvalidArgument(f"UnderflowTelemetry records every step: compile the model with "
+                                  f"steps_per_execution=1; received steps_per_execution={per_execution}")
         if self._prepared_for is not self.model:
             self.set_model(self.model)
         if self._files is None:

@@ -4,8 +4,9 @@
 (`convprobe.training.arms`: dtype, loss scale, arithmetic) at each seed as its own child
 process, ``python -m convprobe train`` with the arm's options and the shared ones, into
 ``DIR/<arm name>_seed<k>/``; the child's output goes to ``DIR/<arm name>_seed<k>.log``.
-The same seed gives the same initial weights and the same batches in every arm, so arms
-differ only in arithmetic. Every run and its directory is checked before the first one
+The same seed gives the same initial weights and the same batches in every arm. Arms
+differ in their dtype, loss scale and conv arithmetic, and also in XLA: a native arm runs
+with XLA by default, an emulated one (``@ARITHMETIC``) cannot; each row records its jit. Every run and its directory is checked before the first one
 starts. A run that fails or crashes is a row with its status and the last line of its
 output, never a lost comparison; rerunning the command reuses finished runs and resumes
 interrupted ones (as `convprobe train` does on its own directory).
@@ -168,7 +169,8 @@ def _finished(config: TrainConfig) -> bool:
         summary = read_summary(config.output)
     except InvalidArgument:
         return False
-    return bool(summary["finished"]) and summary["final_step"] >= config.steps
+    evaluated = read_header(config.output)["params"].get("eval_batches", 0)
+    return bool(summary["finished"]) and summary["final_step"] >= config.steps and evaluated == config.eval_batches
 
 
 def _execute(run: PlannedRun, log: Path) -> tuple[Status, str | None, float]:

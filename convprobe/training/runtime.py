@@ -25,6 +25,7 @@ cores) and do not change the arithmetic, which `xla_rounds_fp16` re-checks:
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import re
 import sys
@@ -92,17 +93,25 @@ _START_UP_NOTICES = re.compile(
 def _start_up_notices_dropped():
     """Run the block with file descriptor 2 captured, then write back every line but
     TensorFlow's start-up notices (which its C++ runtime prints before TF_CPP_MIN_LOG_LEVEL
-    applies): an error, a warning of substance and a traceback still reach stderr."""
+    applies): an error, a warning of substance and a traceback still reach stderr. A
+    process killed by a signal inside the block loses what it wrote there; faulthandler
+    writes its Python traceback to the real stderr meanwhile."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
+    was_enabled = faulthandler.is_enabled()
+    with tempfile.TemporaryFile() as captured, os.fdopen(os.dup(saved), "w", closefd=True) as real_stderr:
         os.dup2(captured.fileno(), 2)
+        faulthandler.enable(file=real_stderr)  # a crash inside still shows its Python traceback
         try:
             yield
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+            if was_enabled:
+                faulthandler.enable(file=sys.stderr)
+            else:
+                faulthandler.disable()
             captured.seek(0)
             kept = [line for line in captured if not _START_UP_NOTICES.search(line)]
             if kept:

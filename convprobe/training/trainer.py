@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from convprobe import results
 from convprobe.emulation.gpus import GPU_PRESETS
+from convprobe.errors import InvalidArgument
 from convprobe.training import runtime
 from convprobe.training.arithmetic import GPU_PRESET_SCOPE, Arithmetic, ArithmeticKind, read_identify_map
 from convprobe.training.cluster import read_tf_config
@@ -40,13 +42,13 @@ from convprobe.training.config import LossScaleMode, TrainConfig
 from convprobe.training.data import Batches, make_data
 from convprobe.training.emulated_conv import emulated_convolution
 from convprobe.training.model import build_resnet, conv_shapes, route_convolutions
-from convprobe import results
 from convprobe.training.records import (
     IDENTIFY_MAP_NAME,
     STEP_COLUMNS,
     RunFiles,
     TensorNames,
     nonfinite_fields,
+    read_header,
     read_summary,
     save_checkpoint,
     telemetry_rows,
@@ -114,8 +116,12 @@ class Trainer:
         self.config = config
         self.eager = eager
         mirrored = config.distribute == "mirrored"
-        if config.configuration is not None:
-            runtime.apply_configuration(config.configuration)
+        #: The twin computes in the configuration identify measured ('default' unless named):
+        #: the switches the matrix manages are set as identify's child had them.
+        self.configuration = config.configuration or (
+            "default" if Arithmetic.parse(config.arithmetic).kind is ArithmeticKind.TWIN else None)
+        if self.configuration is not None:
+            runtime.apply_configuration(self.configuration)
         self.tf = tf = runtime.tensorflow(config.logical_devices if mirrored else None,
                                           initialise=config.distribute != "multi-worker")
         self.cluster = None
@@ -134,8 +140,6 @@ class Trainer:
         if mirrored:
             cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
             if len(cpus) < 2:
-                from convprobe.errors import InvalidArgument
-
                 raise InvalidArgument(
                     f"--distribute mirrored needs at least 2 devices; this process has {len(cpus)} "
                     "(logical CPU devices must be configured before TensorFlow initialises, in a fresh process)"
@@ -145,8 +149,6 @@ class Trainer:
             self.strategy = tf.distribute.get_strategy()
         self.replicas = self.strategy.num_replicas_in_sync
         if config.batch_size % self.replicas:
-            from convprobe.errors import InvalidArgument
-
             raise InvalidArgument(f"--batch-size must be a multiple of the {self.replicas} replicas; "
                                   f"received {config.batch_size}")
         self.is_chief = self.cluster is None or self.cluster.is_chief
@@ -178,7 +180,7 @@ class Trainer:
         self.layer_arithmetic = self.arithmetic.layers(
             conv_shapes(self.model, config.batch_size // self.replicas),
             identify_map if config.arithmetic_map is None else read_identify_map(config.arithmetic_map),
-            config.configuration or "default")
+            self.configuration or "default")
         route_convolutions(self.model, {name: emulated_convolution(tf, layer)
                                         for name, layer in self.layer_arithmetic.items() if layer.emulated})
         self.weight_names = [v.path for v in self.model.trainable_variables]
@@ -423,8 +425,6 @@ class Trainer:
                 [np.asarray(v.numpy()) for v in self.optimizer.variables])
 
     def restore(self, weights: list[np.ndarray], optimizer_state: list[np.ndarray]) -> None:
-        from convprobe.errors import InvalidArgument
-
         pairs = list(zip(self.model.weights, weights)) + list(zip(self.optimizer.variables, optimizer_state))
         if (len(weights) != len(self.model.weights) or len(optimizer_state) != len(self.optimizer.variables)
                 or any(tuple(v.shape) != np.shape(w) for v, w in pairs)):
@@ -441,7 +441,7 @@ class Trainer:
         record = {
             "arithmetic": self.arithmetic.text,
             "kind": str(self.arithmetic.kind),
-            "configuration": self.config.configuration,
+            "configuration": self.configuration,
             "arithmetic_map": self.config.arithmetic_map,
             "emulated_ops": sum(op.model is not None for op in ops),
             "tensorflow_ops": sum(op.model is None for op in ops),
@@ -501,6 +501,10 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
     counters = {"skipped": 0, "nonfinite": 0}
     if plan is not None and plan.start_step >= config.steps and files.summary_path.exists():
         done = read_summary(files.directory)  # already finished: report it, touch nothing
+        evaluated = read_header(files.directory)["params"].get("eval_batches", 0)
+        if evaluated != config.eval_batches:  # its accuracy would be reported under the wrong setting
+            raise InvalidArgument(f"{config.output} finished with --eval-batches {evaluated}; nothing was changed: "
+                                  f"rerun it with that value, or train into a new --output")
         return RunResult(
             directory=config.output, steps_run=0, final_step=done["final_step"],
             skipped_steps=done["skipped_steps"], nonfinite_steps=done["nonfinite_steps"],
@@ -511,8 +515,6 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
     board = None  # the run's TensorBoard event files, where it writes records
     if files is not None:
         if plan.replicas is not None and plan.replicas != trainer.replicas:
-            from convprobe.errors import InvalidArgument
-
             raise InvalidArgument(f"{config.output} was recorded with {plan.replicas} replicas and this run has "
                                   f"{trainer.replicas} (batch-norm statistics would change mid-run); nothing was "
                                   f"changed: resume with as many workers or devices, or use a new --output")
@@ -584,10 +586,12 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
             else:
                 files.close()
     finally:
-        if files is not None:
-            files.close()
-        if board is not None:
-            board.close()
+        try:
+            if files is not None:
+                files.close()
+        finally:  # the event files close even when the CSVs could not
+            if board is not None:
+                board.close()
     return RunResult(
         directory=config.output, steps_run=steps_run, final_step=start + steps_run,
         skipped_steps=counters["skipped"], nonfinite_steps=counters["nonfinite"],

@@ -61,9 +61,10 @@ def twin_rows(config: dict, output: Path) -> list[str]:
         ops = header["emulated_ops"] + header["tensorflow_ops"]
         equal = column(output / f"{name}_native" / "steps.csv", "loss") == column(output / f"{name}_twin" / "steps.csv", "loss")
         same = native["weights_sha256"] == twin["weights_sha256"]
+        untested = "" if header["emulated_ops"] else " (nothing emulated: not a test)"
         rows.append(f"| {case['config']} | {case['resnet_size']} | {case['image_size']} | {case['batch_size']} | "
-                    f"{case['steps']} | {header['emulated_ops']} of {ops} | {'yes' if equal else 'NO'} | "
-                    f"{'yes' if same else 'NO'} | {native_s:.0f} | {twin_s:.0f} |")
+                    f"{case['steps']} | {header['emulated_ops']} of {ops} | {'yes' if equal else 'NO'}{untested} | "
+                    f"{'yes' if same else 'NO'}{untested} | {native_s:.0f} | {twin_s:.0f} |")
         print(rows[-1], flush=True)
     return rows
 

@@ -49,20 +49,28 @@ def test_an_emulated_arithmetic_chooses_no_jit_and_refuses_what_it_cannot_run():
             validate_config(**kwargs)
 
 
-def _document(perfect_forward: list[str], shape: ConvShape = SHAPE) -> dict:
-    """An identify document of one layer in the 'default' configuration (the fields twin reads)."""
+OTHER = ConvShape((2, 7, 7, 5), (1, 1, 5, 6), (1, 1), "SAME", (1, 1))
+
+
+def _document(perfect_forward: list[str], shape: ConvShape = SHAPE, best_forward: str | None = None) -> dict:
+    """An identify map of two layers in the 'default' configuration (the fields twin reads)."""
     label = "tensorflow/cpu/default"
+    forward_best = best_forward or (perfect_forward or ["sequential:fp32:output=fp16"])[0]
     summaries = {
-        "conv2d": {"best": (perfect_forward or ["sequential:fp32:output=fp16"])[0], "fractions": {"45": 0.97},
-                   "perfect": perfect_forward},
-        "conv2d_backprop_input": {"best": "sequential:fp16", "fractions": {"54": 1.0}, "perfect": ["sequential:fp16"]},
-        "conv2d_backprop_filter": {"best": "pairwise:fp16", "fractions": {"32": 1.0}, "perfect": ["pairwise:fp16"]},
+        "conv2d": {"best": forward_best, "fractions": {"45": 1.0 if perfect_forward else 0.97},
+                   "stops_matching_at": None, "perfect": perfect_forward},
+        "conv2d_backprop_input": {"best": "sequential:fp16", "fractions": {"54": 1.0}, "stops_matching_at": None,
+                                  "perfect": ["sequential:fp16"]},
+        "conv2d_backprop_filter": {"best": "pairwise:fp16", "fractions": {"32": 1.0}, "stops_matching_at": None,
+                                   "perfect": ["pairwise:fp16"]},
     }
-    return {
-        "results": [{"config": {"name": "default", "label": label}, "status": "ok",
-                     "observed": {"layers": [{"layer": {**shape.to_dict(), "name": "layer_a"}, "ops": {}}]}}],
-        "matches": {label: {f"layer_a / {op}": {"summary": summary} for op, summary in summaries.items()}},
-    }
+    cells = {f"{name} / {op}": {"summary": summary} for name in ("layer_a", "layer_b")
+             for op, summary in summaries.items()}
+    layers = [{"layer": {**shape.to_dict(), "name": "layer_a"}, "ops": {}},
+              {"layer": {**OTHER.to_dict(), "name": "layer_b"}, "ops": {}}]
+    return {"results": [{"config": {"name": "default", "label": label}, "status": "ok",
+                         "observed": {"layers": layers}}],
+            "matches": {label: cells}}
 
 
 def test_the_twin_takes_identifys_exact_models_and_says_where_it_keeps_tensorflows_kernel():
@@ -75,6 +83,17 @@ def test_the_twin_takes_identifys_exact_models_and_says_where_it_keeps_tensorflo
     assert conv1.ops[ConvOp.FILTER_GRADIENT].label == "pairwise:fp16"
     exact = twin_layers(_document(["chunked:fp16:n=16"]), {"conv1": SHAPE}, "default")["conv1"]
     assert exact.ops[ConvOp.FORWARD].label == "chunked:fp16:n=16"
+    # identify reports another of the perfect specs (the recovered tree's): the twin takes that one
+    chosen = twin_layers(_document(["chunked:fp16:n=16", "sequential:fp16"], best_forward="sequential:fp16"),
+                         {"conv1": SHAPE}, "default")["conv1"]
+    assert chosen.ops[ConvOp.FORWARD].label == "sequential:fp16"
+
+
+def test_a_cell_identify_did_not_report_is_refused_not_taken_for_no_model():
+    document = _document(["sequential:fp16"])
+    del document["matches"]["tensorflow/cpu/default"]["layer_a / conv2d_backprop_filter"]
+    with pytest.raises(InvalidArgument, match="no result for 'layer_a / conv2d_backprop_filter'"):
+        twin_layers(document, {"conv1": SHAPE}, "default")
 
 
 def test_the_twin_refuses_a_map_of_other_shapes_or_configurations():

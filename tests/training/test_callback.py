@@ -216,6 +216,11 @@ def test_bad_arguments_and_a_user_s_directory_are_refused(tmp_path):
     with pytest.raises(InvalidArgument, match="holds files that are not"):
         model.fit(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[UnderflowTelemetry(mine)])
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    model = _model()
+    model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution=4, jit_compile=False)
+    with pytest.raises(InvalidArgument, match="received steps_per_execution=4"):
+        model.fit(xs, ys, batch_size=BATCH, verbose=0, callbacks=[UnderflowTelemetry(tmp_path / "b", every=2)])
+    assert not (tmp_path / "b").exists()  # refused before anything is written
 
 
 def test_a_model_with_two_outputs_is_measured_on_a_clone_and_trains_as_without(tmp_path):

@@ -183,3 +183,21 @@ def test_a_resume_with_another_replica_count_is_refused_untouched(tmp_path):
     with pytest.raises(InvalidArgument, match="recorded with 2 replicas and this run has 1 .*nothing was changed"):
         train(_config(out), eager=True)
     assert _digest(out) == before
+
+
+def test_a_finished_run_asked_for_another_evaluation_is_refused_not_reported_as_if_evaluated(tmp_path):
+    from dataclasses import replace
+
+    from convprobe import results
+    from convprobe.training.trainer import train
+
+    out = _run_dir(tmp_path)
+    summary = {"finished": True, "final_step": 4, "skipped_steps": 0, "nonfinite_steps": 0, "final_loss_scale": 128.0,
+               "final_loss": 2.3, "eval_accuracy": None, "median_images_per_second": 80.0, "jit": False}
+    (out / "summary.json").write_text(json.dumps(results.envelope("train-summary", {}, {"seed": 0}, summary=summary)))
+    before = _digest(out)
+    finished = replace(_config(out, steps=4), eval_batches=8)
+    with pytest.raises(InvalidArgument, match="finished with --eval-batches 0; nothing was changed"):
+        train(finished)
+    assert _digest(out) == before
+    assert train(replace(finished, eval_batches=0)).final_step == 4  # the same question: reported as it was
