@@ -81,7 +81,8 @@ def main() -> None:
         if "twin" in args.arithmetic:
             identify_map = str(Path(scratch) / "identify.json")
             subprocess.run([sys.executable, "-m", "convprobe", "identify", "--resnet-size", str(args.resnet_size),
-                            "--batch", str(args.batch_size), "--configs", "default", "--output", identify_map],
+                            "--batch", str(args.batch_size), "--configs", "default", "--timeout", "3600",
+                            "--output", identify_map],
                            capture_output=True, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         floor = run_arm(args, *FLOOR[1:], None)
         if "error" in floor:
