@@ -14,7 +14,7 @@ from typing import TypeVar
 from convprobe.errors import invalid_choice
 
 __all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "OutputFormat",
-           "FigureFormat", "Status", "Device", "ComputeDtype", "LossScaleMode", "parse_option", "names_or_all",
+           "FigureFormat", "Status", "Device", "ComputeDtype", "LossScaleMode", "ArithmeticKind", "ConvOp", "parse_option", "names_or_all",
            "comma_integers"]
 
 
@@ -146,6 +146,22 @@ class LossScaleMode(StrEnum):
     STATIC = "static"  # fixed S; a step with a non-finite gradient is skipped
     STATIC_NO_SKIP = "static-no-skip"  # fixed S, applied regardless (reference ResNet)
     DYNAMIC = "dynamic"  # keras LossScaleOptimizer: halve on inf/NaN, double after N good steps
+
+
+class ArithmeticKind(StrEnum):
+    """What computes a training run's convolutions (`convprobe.training.arithmetic`)."""
+
+    NATIVE = "native"
+    TWIN = "twin"
+    SPEC = "spec"
+
+
+class ConvOp(StrEnum):
+    """The three convolutions a conv layer's training step runs (identify's op names)."""
+
+    FORWARD = "conv2d"
+    INPUT_GRADIENT = "conv2d_backprop_input"
+    FILTER_GRADIENT = "conv2d_backprop_filter"
 
 
 def parse_option(argument: str, value: object, options: type[E],

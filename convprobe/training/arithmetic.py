@@ -18,29 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 from convprobe import results
 from convprobe.emulation import AccumulationModel, parse_model
 from convprobe.errors import InvalidArgument
+from convprobe.options import ArithmeticKind, ConvOp
 
 __all__ = ["ArithmeticKind", "ConvOp", "ConvShape", "OpArithmetic", "LayerArithmetic", "Arithmetic",
            "GPU_PRESET_SCOPE", "identify_command", "read_identify_map", "twin_layers"]
-
-
-class ArithmeticKind(StrEnum):
-    NATIVE = "native"
-    TWIN = "twin"
-    SPEC = "spec"
-
-
-class ConvOp(StrEnum):
-    """The three convolutions a conv layer's training step runs (identify's op names)."""
-
-    FORWARD = "conv2d"
-    INPUT_GRADIENT = "conv2d_backprop_input"
-    FILTER_GRADIENT = "conv2d_backprop_filter"
 
 
 #: What a GPU preset models, and what it does not: written into the run's header.

@@ -4,8 +4,6 @@ a skipped step names its overflowing tensors, and the user's training is left ex
 
 from __future__ import annotations
 
-import csv
-import glob
 
 import numpy as np
 import pytest
@@ -16,6 +14,8 @@ from convprobe.formats import FP16
 from convprobe.testing import assert_no_gradient_underflow
 from convprobe.training.records import STEP_COLUMNS, TELEMETRY_COLUMNS
 from convprobe.training.telemetry import Thresholds, numpy_tensor_stats
+
+from .read_back import events, rows as read_rows
 
 BATCH = 8
 
@@ -50,21 +50,6 @@ def _data(scale_inputs: float = 1.0):
     return (rng.normal(size=(6 * BATCH, 8, 8, 3)) * scale_inputs).astype("float32"), rng.integers(0, 10, 6 * BATCH)
 
 
-def _rows(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
-def _events(directory):
-    import tensorflow as tf
-
-    tags = {}
-    for path in glob.glob(str(directory / "tensorboard" / "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                tags.setdefault(value.tag, []).append((event.step, value.metadata.plugin_data.plugin_name,
-                                                       tf.make_ndarray(value.tensor)))
-    return tags
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +79,7 @@ def test_the_callback_leaves_the_user_s_training_bit_for_bit_as_it_was(fitted):
 
 def test_records_are_convprobe_train_s_and_report_reads_them(fitted, tmp_path, capsys):
     out, _, _, _ = fitted
-    steps, telemetry = _rows(out / "steps.csv"), _rows(out / "telemetry.csv")
+    steps, telemetry = read_rows(out / "steps.csv"), read_rows(out / "telemetry.csv")
     assert list(steps[0]) == list(STEP_COLUMNS) and list(telemetry[0]) == list(TELEMETRY_COLUMNS)
     assert [r["telemetry"] for r in steps] == ["True", "False"] * 3
     assert all(float(r["images_per_second"]) > 0 for r in steps)
@@ -113,7 +98,7 @@ def test_records_are_convprobe_train_s_and_report_reads_them(fitted, tmp_path, c
 
 def test_tensorboard_has_per_layer_scalars_and_log2_histograms(fitted):
     out, _, _, _ = fitted
-    tags = _events(out)
+    tags = events(out)
     for layer in ("weight/conv/kernel", "activation/bn", "activation/dense"):
         for field in ("flushed_fraction", "lost_fraction", "subnormal_fraction"):
             seen = tags[f"underflow/{layer}/{field}"]
@@ -147,7 +132,7 @@ def test_step_zero_counts_match_an_independent_numpy_classification(fitted):
         with tf.GradientTape() as tape:
             scaled = tf.cast(loss(ys[:BATCH], model(xs[:BATCH], training=True)), tf.float32) * 2.0**15
         grads.append([g.numpy() for g in tape.gradient(scaled, model.trainable_variables)])
-    rows = {r["layer"]: r for r in _rows(out / "telemetry.csv") if r["step"] == "0" and r["kind"] == "weight"}
+    rows = {r["layer"]: r for r in read_rows(out / "telemetry.csv") if r["step"] == "0" and r["kind"] == "weight"}
     names = [v.path for v in low.trainable_variables]
     for name, g_low, g_shadow in zip(names, *grads):
         expected = numpy_tensor_stats(g_low, g_shadow, Thresholds.of(FP16))
@@ -163,7 +148,7 @@ def test_a_skipped_step_names_its_overflowing_tensors_first_in_backward_order(tm
     model = _model(scale=2.0**24)
     model.fit(xs[: 3 * BATCH], ys[: 3 * BATCH], batch_size=BATCH, verbose=0, shuffle=False,
               callbacks=[UnderflowTelemetry(tmp_path / "run", every=4)])
-    steps = _rows(tmp_path / "run" / "steps.csv")
+    steps = read_rows(tmp_path / "run" / "steps.csv")
     assert [r["skipped"] for r in steps] == ["True"] * 3
     assert [float(r["loss_scale"]) for r in steps] == [2.0**24, 2.0**23, 2.0**22]
     assert [r["telemetry"] for r in steps] == ["True"] * 3  # a skipped step is measured after the skip
@@ -171,7 +156,7 @@ def test_a_skipped_step_names_its_overflowing_tensors_first_in_backward_order(tm
         named = row["nonfinite_tensors"].split(";")
         assert row["first_nonfinite"] == named[0] == "activation:dense"
         assert "weight:dense/kernel" in named and "activation:logits" not in named  # fp32 logits stay finite
-    telemetry = _rows(tmp_path / "run" / "telemetry.csv")
+    telemetry = read_rows(tmp_path / "run" / "telemetry.csv")
     dense = [r for r in telemetry if r["layer"] == "dense" and r["kind"] == "activation"]
     assert [int(r["inf"]) + int(r["nan"]) > 0 for r in dense] == [True] * 3
 
@@ -185,7 +170,7 @@ def test_without_loss_scaling_counterfactual_columns_are_written(tmp_path):
     model = _model(scale=1.0)
     model.fit(xs[:BATCH], ys[:BATCH], batch_size=BATCH, verbose=0,
               callbacks=[UnderflowTelemetry(tmp_path / "run", every=1, watch=["conv", "dense"])])
-    telemetry = _rows(tmp_path / "run" / "telemetry.csv")
+    telemetry = read_rows(tmp_path / "run" / "telemetry.csv")
     assert {r["layer"] for r in telemetry} == {"conv/kernel", "conv/bias", "dense/kernel", "dense/bias",
                                                "conv", "dense"}
     assert all(float(r["loss_scale"]) == 1.0 for r in telemetry)
@@ -253,7 +238,7 @@ def test_a_model_with_two_outputs_is_measured_on_a_clone_and_trains_as_without(t
     plain.fit(xs[: 2 * BATCH], [ys[: 2 * BATCH]] * 2, batch_size=BATCH, verbose=0, shuffle=False)
     for a, b in zip(model.get_weights(), plain.get_weights()):
         assert np.array_equal(a, b)
-    telemetry = _rows(tmp_path / "run" / "telemetry.csv")
+    telemetry = read_rows(tmp_path / "run" / "telemetry.csv")
     assert sorted({int(r["step"]) for r in telemetry}) == [0, 1]
     assert {"conv/kernel", "da/kernel", "db/kernel", "conv", "da", "db"} <= {r["layer"] for r in telemetry}
     assert all(int(r["n"]) > 0 for r in telemetry)
@@ -276,8 +261,8 @@ def test_after_a_fit_that_raised_a_new_callback_does_not_stack_on_the_old_wrappe
     model.fit(xs[: 2 * BATCH], ys[: 2 * BATCH], batch_size=BATCH, verbose=0,
               callbacks=[UnderflowTelemetry(tmp_path / "second", every=1)])
     assert "train_step" not in model.__dict__
-    assert [r["step"] for r in _rows(tmp_path / "second" / "steps.csv")] == ["0", "1"]  # each callback counts its own
-    assert len(_rows(tmp_path / "first" / "telemetry.csv")) == 12  # step 0 only: the old wrapper is gone
+    assert [r["step"] for r in read_rows(tmp_path / "second" / "steps.csv")] == ["0", "1"]  # each callback counts its own
+    assert len(read_rows(tmp_path / "first" / "telemetry.csv")) == 12  # step 0 only: the old wrapper is gone
 
 
 MIRRORED = r'''

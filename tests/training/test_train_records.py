@@ -3,8 +3,6 @@ directory, the counterfactual-format columns, and an assertion that fails on los
 
 from __future__ import annotations
 
-import csv
-import glob
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ from convprobe.training.records import TELEMETRY_COLUMNS
 from convprobe.training.trainer import train
 
 from .conftest import TINY
+from .read_back import events, rows
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +24,11 @@ def unscaled(tmp_path_factory):
     return out
 
 
-def _rows(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def test_train_writes_tensorboard_scalars_histograms_and_the_loss_scale(unscaled):
-    import tensorflow as tf
-
-    tags = {}
-    for path in glob.glob(str(unscaled / "tensorboard" / "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                tags.setdefault(value.tag, []).append((event.step, value.metadata.plugin_data.plugin_name,
-                                                       tf.make_ndarray(value.tensor)))
-    telemetry = _rows(unscaled / "telemetry.csv")
+    tags = events(unscaled)
+    telemetry = rows(unscaled / "telemetry.csv")
     for row in telemetry:
         base = f"{row['kind']}/{row['layer']}"
         scalar = tags[f"underflow/{base}/flushed_fraction"]
@@ -53,7 +42,7 @@ def test_train_writes_tensorboard_scalars_histograms_and_the_loss_scale(unscaled
 
 
 def test_counterfactual_columns_follow_the_formats_ranges(unscaled):
-    telemetry = _rows(unscaled / "telemetry.csv")
+    telemetry = rows(unscaled / "telemetry.csv")
     assert list(telemetry[0]) == list(TELEMETRY_COLUMNS)
     for fmt in ("bf16", "fp8_e4m3", "fp8_e5m2"):
         for what in ("flushed", "subnormal"):
@@ -67,7 +56,7 @@ def test_counterfactual_columns_follow_the_formats_ranges(unscaled):
 
 
 def test_the_assertion_fails_when_values_were_lost(unscaled):
-    telemetry = _rows(unscaled / "telemetry.csv")
+    telemetry = rows(unscaled / "telemetry.csv")
     lost, flushed = sum(int(r["lost"]) for r in telemetry), sum(int(r["flushed"]) for r in telemetry)
     assert lost + flushed > 0  # the case: values lost without loss scaling
     with pytest.raises(AssertionError, match="underflowed in"):
