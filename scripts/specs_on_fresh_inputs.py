@@ -36,7 +36,7 @@ import json, sys
 import numpy as np
 from convprobe.backends.configurations import BackendConfig
 from convprobe.probes.layers import Layer, op_confirmation_inputs, op_inputs, run_op
-from convprobe.worker import make_backend
+from convprobe.probes.worker import make_backend
 request = json.load(open(sys.argv[1]))
 backend = make_backend(BackendConfig.from_dict(request["config"]))
 draw = op_inputs if request["inputs"] == "uniform" else op_confirmation_inputs

@@ -378,12 +378,12 @@ def telemetry_dir(tmp_path_factory):
     (tmp / "dir" / "telemetry.csv").mkdir(parents=True)
     (tmp / "empty.csv").write_text("")
     (tmp / "binary.csv").write_bytes(bytes(range(256)) * 4)
-    for name, row in {"neg": "a,-5,1", "word": "a,x,1", "over": "a,5,9", "frac": "a,5,1.5"}.items():
-        (tmp / f"{name}.csv").write_text(f"layer,n,flushed\n{row}\n")
+    for name, row in {"neg": "a,-5,1,0", "word": "a,x,1,0", "over": "a,5,9,0", "frac": "a,5,1.5,0"}.items():
+        (tmp / f"{name}.csv").write_text(f"layer,n,flushed,lost\n{row}\n")
     return tmp
 
 
-GOOD_TELEMETRY = [{"layer": "a", "n": 10, "flushed": 0, "kind": "weight"}]
+GOOD_TELEMETRY = [{"layer": "a", "n": 10, "flushed": 0, "lost": 0, "kind": "weight"}]
 ONE = [1.0]
 
 #: (call(telemetry_dir), what the one line must say): every call is a wrong question.
@@ -422,7 +422,7 @@ ASSERTION_CASES = [
     (lambda t: assert_no_gradient_underflow(t / "neg.csv"), "records: column 'n' must hold non-negative integers; row 0 holds -5"),
     (lambda t: assert_no_gradient_underflow(t / "word.csv"), "column 'n' must hold non-negative integers; row 0 holds 'x'"),
     (lambda t: assert_no_gradient_underflow(t / "frac.csv"), "column 'flushed' must hold non-negative integers; row 0 holds 1.5"),
-    (lambda t: assert_no_gradient_underflow(t / "over.csv"), "column 'flushed' must be at most n (values counted); row 0 holds flushed 9 of n 5"),
+    (lambda t: assert_no_gradient_underflow(t / "over.csv"), "columns flushed + lost must be at most n (values counted); row 0 holds flushed + lost 9 of n 5"),
     (lambda t: assert_no_gradient_underflow([{**GOOD_TELEMETRY[0], "step": "x"}]), "column 'step' must hold non-negative integers; row 0 holds 'x'"),
     (lambda t: assert_no_gradient_underflow([{**GOOD_TELEMETRY[0], "loss_scale": 0}]), "column 'loss_scale' must hold positive finite numbers"),
     (lambda t: assert_no_gradient_underflow([{**GOOD_TELEMETRY[0], "n": True}]), "column 'n' must hold non-negative integers; row 0 holds true"),
