@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convprobe import results
-from convprobe.emulation import AccumulationModel, parse_model
+from convprobe.emulation import AccumulationModel, Blocked, parse_model
 from convprobe.errors import InvalidArgument
 from convprobe.options import ArithmeticKind, ConvOp
 
@@ -115,6 +115,11 @@ class Arithmetic:
     @property
     def emulated(self) -> bool:
         return self.kind is not ArithmeticKind.NATIVE
+
+    @property
+    def gpu_preset(self) -> bool:
+        """Whether the run computes a GPU preset's tensor-core model (a100, v100:out=fp16)."""
+        return isinstance(self.model, Blocked) and self.model.preset is not None
 
     def layers(self, shapes: Mapping[str, ConvShape], identify_map: dict | None = None,
                configuration: str = "default") -> dict[str, LayerArithmetic]:

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from convprobe import results
-from convprobe.emulation.gpus import GPU_PRESETS
 from convprobe.errors import InvalidArgument
 from convprobe.training import runtime
 from convprobe.training.arithmetic import GPU_PRESET_SCOPE, Arithmetic, ArithmeticKind, read_identify_map
@@ -449,7 +448,7 @@ class Trainer:
                       "(batch norm, the dense layer, the loss, the optimizer) runs TensorFlow's kernels"),
             "layers": [layer.to_dict() for layer in self.layer_arithmetic.values()],
         }
-        if self.arithmetic.kind is ArithmeticKind.SPEC and self.arithmetic.model.to_spec().split(":")[0] in GPU_PRESETS:
+        if self.arithmetic.gpu_preset:
             record["gpu_preset"] = GPU_PRESET_SCOPE
         return record
 

@@ -26,6 +26,14 @@ def test_arithmetic_names_parse_into_kinds_and_canonical_specs():
         Arithmetic.parse("fp9")
 
 
+def test_a_gpu_preset_is_recognised_by_the_model_not_its_spec_text():
+    """The header's GPU scope note belongs to a preset's tensor-core model, not to an explicit
+    blocked spec or a model whose text happens to start like one."""
+    assert Arithmetic.parse("v100:out=fp16").gpu_preset and Arithmetic.parse("a100").gpu_preset
+    assert not Arithmetic.parse(Arithmetic.parse("a100").model.explicit_spec()).gpu_preset
+    assert not any(Arithmetic.parse(text).gpu_preset for text in ("sequential:fp16", "native", "twin"))
+
+
 def test_a_counterfactual_runs_one_model_for_every_op_and_native_runs_none():
     spec = Arithmetic.parse("a100").layers({"conv": SHAPE})["conv"]
     assert {op: a.label for op, a in spec.ops.items()} == {op: "a100" for op in ConvOp}
