@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from convprobe.probes.fingerprint_ops import OPS, reduce_many
-from convprobe.probes.layers import LAYER_OPS, Layer, op_shapes, run_ops
+from convprobe.probes.fingerprint_ops import BATTERY_OP_SEEDS, reduce_many
+from convprobe.probes.layers import OP_SEEDS, Layer, op_shapes, run_ops
 from convprobe.probes.structure import bitwise_equal
 
 __all__ = ["DirectSum", "not_direct", "probe", "probe_rows", "safely", "TRIALS"]
@@ -160,7 +160,7 @@ def _binade(rng, shape) -> np.ndarray:
 def _operands(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Seeded operands of magnitude [0.5, 1): every power-of-two rescaling by up to
     2**EXPONENT stays exact in fp16."""
-    rng = np.random.default_rng([seed, 7, LAYER_OPS.index(op)])
+    rng = np.random.default_rng([seed, 7, OP_SEEDS[op]])
     first, second = (_binade(rng, shape).astype(np.float16) for shape in op_shapes(layer, op))
     return first, second
 
@@ -240,8 +240,8 @@ def probe(backend, layer: Layer, op: str, seed: int = 0) -> DirectSum:
     """The three tests (module docstring) at up to `TRIALS` outputs of `op` at `layer`: the
     calls run together (one XLA compilation)."""
     first, second = _operands(layer, op, seed)
-    rng = np.random.default_rng([seed, 11, LAYER_OPS.index(op)])
-    ties_rng = np.random.default_rng([seed, 17, LAYER_OPS.index(op)])
+    rng = np.random.default_rng([seed, 11, OP_SEEDS[op]])
+    ties_rng = np.random.default_rng([seed, 17, OP_SEEDS[op]])
     calls, tests = [(first, second)], []
     for chosen in _choices(op, layer):
         pairs = _pairs(op, layer, chosen)
@@ -289,7 +289,7 @@ def probe_rows(backend, op: str, k: int, channel: np.ndarray, seed: int = 0) -> 
     """The products-only test on the battery's embedding of `op` (`fingerprint_ops.op_call`):
     len(channel) rows of K terms, row m reading filter channel[m]. Column j of the rows and
     of every filter is rescaled by 2**e_j and 2**-e_j, so every row keeps its products."""
-    rng = np.random.default_rng([seed, 13, OPS.index(op), k])
+    rng = np.random.default_rng([seed, 13, BATTERY_OP_SEEDS[op], k])
     a = _binade(rng, (len(channel), k))
     b = _binade(rng, (int(np.max(channel)) + 1, k))
     scale = np.exp2(rng.choice([-EXPONENT, EXPONENT], k))

@@ -27,7 +27,7 @@ from convprobe.errors import UnsupportedConfiguration, invalid_choice
 from convprobe.options import names_or_all
 
 __all__ = [
-    "OPS", "CONV2D_OPS", "QUADRATIC_LIMIT", "QUADRATIC_OPS", "base_op", "check_ops", "op_call", "reduce_rows",
+    "OPS", "BATTERY_OP_SEEDS", "CONV2D_OPS", "QUADRATIC_LIMIT", "QUADRATIC_OPS", "base_op", "check_ops", "op_call", "reduce_rows",
     "reduce_many",
 ]
 
@@ -37,6 +37,10 @@ OPS = (
     "conv2d", "conv2d_spatial", "conv2d_backprop_input", "conv2d_backprop_input_spatial",
     "conv2d_backprop_filter", "depthwise_conv2d", "conv3d", "matmul", "einsum",
 )
+#: Each op's seed stream, keyed by name: adding an op or reordering the table changes no
+#: other op's inputs.
+BATTERY_OP_SEEDS = {"conv2d": 0, "conv2d_spatial": 1, "conv2d_backprop_input": 2, "conv2d_backprop_input_spatial": 3,
+                    "conv2d_backprop_filter": 4, "depthwise_conv2d": 5, "conv3d": 6, "matmul": 7, "einsum": 8}
 #: The ops of a conv2d layer's forward and backward pass.
 CONV2D_OPS = OPS[:5]
 #: Longest row an op whose cost grows as L**2 is given.

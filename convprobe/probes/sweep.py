@@ -18,6 +18,8 @@ terms smaller than half an ulp of the running sum are lost one-sidedly
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import numpy as np
 
 from convprobe.errors import InvalidArgument, UnsupportedConfiguration
@@ -27,10 +29,22 @@ from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, che
 from convprobe.provenance import memory_limit
 from convprobe.render import json_clean
 
-__all__ = ["CHANNELS", "DISTRIBUTIONS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "check_size",
+__all__ = ["CHANNELS", "Distribution", "DISTRIBUTIONS", "DISTRIBUTION_SEEDS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "check_size",
            "memory_estimate", "inputs", "run", "records", "interpret"]
 
-DISTRIBUTIONS = ("uniform01", "uniform11", "normal", "heavy_tailed")
+class Distribution(StrEnum):
+    """The value distributions a sweep draws its rows from."""
+
+    UNIFORM01 = "uniform01"
+    UNIFORM11 = "uniform11"
+    NORMAL = "normal"
+    HEAVY_TAILED = "heavy_tailed"
+
+
+DISTRIBUTIONS = tuple(Distribution)
+#: Each distribution's seed stream, keyed by name: adding one changes no other's rows.
+DISTRIBUTION_SEEDS = {Distribution.UNIFORM01: 0, Distribution.UNIFORM11: 1, Distribution.NORMAL: 2,
+                      Distribution.HEAVY_TAILED: 3}
 DEFAULT_KS = tuple(9 * 2**i for i in range(12))  # 9 ... 18432
 DEFAULT_ROWS = 32
 HEAVY_CLIP = 64.0  # |x| <= 64 keeps every product (<= 4096) and most sums inside fp16
@@ -52,7 +66,7 @@ def inputs(distribution: str, seed: int, k: int, rows: int = DEFAULT_ROWS) -> tu
     uniform01: U[0, 1); uniform11: U[-1, 1); normal: N(0, 1); heavy_tailed:
     Student t with 2 degrees of freedom, clipped to [-64, 64].
     """
-    rng = np.random.default_rng([seed, k, DISTRIBUTIONS.index(check_distributions([distribution])[0])])
+    rng = np.random.default_rng([seed, k, DISTRIBUTION_SEEDS[check_distributions([distribution])[0]]])
 
     def draw(shape):
         if distribution == "uniform01":

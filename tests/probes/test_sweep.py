@@ -8,7 +8,7 @@ import pytest
 from convprobe.analysis.tables import SWEEP_SCHEMA, add_bounds, frame_from_records
 from convprobe.backends.configurations import BackendConfig
 from convprobe.errors import InvalidArgument
-from convprobe.probes import sweep
+from convprobe.probes import fingerprint_ops, layers, sweep
 from convprobe.probes.runner import run_probe
 
 
@@ -79,3 +79,15 @@ def test_failed_configurations_keep_their_row():
     results[0].status, results[0].error = "crashed", "child exited"
     rows = sweep.records(results[0], 0)
     assert [(r["status"], r["detail"], r["op"]) for r in rows] == [("crashed", "child exited", "-")]
+
+
+@pytest.mark.parametrize(("names", "seeds"), [
+    (sweep.DISTRIBUTIONS, sweep.DISTRIBUTION_SEEDS),
+    (fingerprint_ops.OPS, fingerprint_ops.BATTERY_OP_SEEDS),
+    ((*layers.LAYER_OPS, *layers.DEPTHWISE_OPS), layers.OP_SEEDS),
+])
+def test_every_seeded_name_has_its_own_stream_keyed_by_name_not_position(names, seeds):
+    """Seeded inputs hang on a name's own number, so adding or reordering a name changes no
+    other's inputs."""
+    assert set(seeds) == set(names), sorted(set(seeds) ^ set(names))
+    assert len(set(seeds.values())) == len(seeds), seeds
