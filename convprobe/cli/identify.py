@@ -112,14 +112,16 @@ def layers_from_args(args) -> tuple[list, list] | None:
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the parent builds the model: no C++ banner
     from convprobe.probes.layers import keras_layers
-
-    if args.keras_model:
-        return keras_layers(_load_keras(args.keras_model), batch)
     from convprobe.training.config import resnet_blocks_per_stage
     from convprobe.training.model import build_resnet
+    from convprobe.training.runtime import start_up_notices_dropped
 
-    resnet_blocks_per_stage(args.resnet_size)  # the one message for a bad depth
-    return keras_layers(build_resnet(args.resnet_size, image_size=args.image_size or 32), batch)
+    if not args.keras_model:
+        resnet_blocks_per_stage(args.resnet_size)  # the one message for a bad depth
+    with start_up_notices_dropped():  # TensorFlow's C++ notices print before its log level applies
+        if args.keras_model:
+            return keras_layers(_load_keras(args.keras_model), batch)
+        return keras_layers(build_resnet(args.resnet_size, image_size=args.image_size or 32), batch)
 
 
 def _load_keras(path: str):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from convprobe.identify import layer_identify
 from convprobe.options import Status
 from convprobe.probes.direct_sum import not_direct
+from convprobe.probes.layers import TRANSPOSED_SUFFIX
 from convprobe.probes.runner import run_probe
 from convprobe.probes.studies import Outcome, envelope, failure_notes
 
@@ -68,6 +69,10 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
              "ties and a cancelling +-M pair in each reduction; measured = crafted-input structure: accumulator, "
              "lanes, partial-sum boundaries)",
              *(n for n in failure_notes(probe_results) if ": note: " in n)]
+    if any(layer.name.endswith(TRANSPOSED_SUFFIX) for layer in layers):
+        notes.append(f"(a layer marked{TRANSPOSED_SUFFIX} is a Conv2DTranspose, measured as the conv2d it transposes: "
+                     f"its forward is the row conv2d_backprop_input, its input gradient the row conv2d, its filter "
+                     f"gradient the row conv2d_backprop_filter)")
     unmatched = [(c, k, e["summary"]["explanation"]) for c, per in matches.items() for k, e in per.items()
                  if e["status"] == Status.OK and e["summary"].get("stops_matching_at") is not None]
     notes += [f"{c} {k}: {why}" for c, k, why in unmatched]

@@ -20,7 +20,7 @@ from convprobe.emulation.conv import resolve_padding
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.options import comma_integers
 
-__all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "LayerKind", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_result_shape", "op_inputs",
+__all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "TRANSPOSED_SUFFIX", "LayerKind", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_result_shape", "op_inputs",
            "op_confirmation_inputs", "CONFIRMATION_MIX", "op_call", "run_op",
            "run_ops",
            "keras_layers", "NotIdentified"]
@@ -29,6 +29,9 @@ __all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "LayerKind", "PADDINGS", "M
 LAYER_OPS = ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter")
 #: The ops of one depthwise layer (TensorFlow's DepthwiseConv2dNative and its two gradients).
 DEPTHWISE_OPS = ("depthwise_conv2d", "depthwise_conv2d_backprop_input", "depthwise_conv2d_backprop_filter")
+#: Marks a Conv2DTranspose measured as the conv2d it transposes: its forward is that conv2d's
+#: conv2d_backprop_input, its input gradient the conv2d, its filter gradient conv2d_backprop_filter.
+TRANSPOSED_SUFFIX = " (transposed)"
 #: Each op's seed stream, keyed by name: adding an op changes no other op's inputs.
 OP_SEEDS = {"conv2d": 0, "conv2d_backprop_input": 1, "conv2d_backprop_filter": 2,
             "depthwise_conv2d": 3, "depthwise_conv2d_backprop_input": 4, "depthwise_conv2d_backprop_filter": 5}
@@ -349,7 +352,7 @@ class NotIdentified:
 
 
 def _not_measured_reason(item) -> str | None:
-    """Why identify cannot measure this Keras layer (None: it is a plain Conv2D it can)."""
+    """Why identify cannot measure this Keras layer (None: one it can)."""
     import keras
 
     kind = type(item).__name__
@@ -357,13 +360,12 @@ def _not_measured_reason(item) -> str | None:
         if item.data_format != "channels_last":
             return f"data_format {item.data_format}: identify measures channels_last (NHWC) convolutions only"
         return None
-    if "Transpose" in kind:
-        return "transposed convolution: identify has no probe of it yet (its arithmetic is a conv2d input gradient)"
-    if type(item) is not keras.layers.Conv2D:
-        return f"{kind}: identify measures 2-D convolutions (Conv2D) only"
+    if type(item) not in (keras.layers.Conv2D, keras.layers.Conv2DTranspose):
+        return (f"{kind}: identify measures 2-D convolutions only (Conv2D, Conv2DTranspose, DepthwiseConv2D, "
+                f"SeparableConv2D)")
     if item.data_format != "channels_last":
         return f"data_format {item.data_format}: identify measures channels_last (NHWC) convolutions only"
-    if item.groups != 1:
+    if getattr(item, "groups", 1) != 1:
         return f"grouped convolution (groups={item.groups}): identify has no grouped probe yet"
     return None
 
@@ -373,10 +375,27 @@ def _conv_like(item) -> bool:
     return "Conv" in type(item).__name__ and hasattr(item, "kernel_size")
 
 
+def _transposed(item, input_shape: tuple[int, int, int, int], geometry: tuple) -> Layer:
+    """The conv2d a Conv2DTranspose transposes. TensorFlow computes the transposed layer's
+    forward as that conv2d's Conv2DBackpropInput (dy = the layer's input, the same HWIO
+    kernel), and the registered gradient of that op is the conv2d itself (the input
+    gradient) and its Conv2DBackpropFilter (the filter gradient): the same three ops, at the
+    conv2d's shapes, so the conv2d's map is the transposed layer's."""
+    kh, kw = item.kernel_size
+    h, w, filters = (int(size) for size in item.output.shape[1:])
+    layer = Layer((input_shape[0], h, w, filters), (kh, kw, filters, input_shape[3]), *geometry,
+                  f"{item.name}{TRANSPOSED_SUFFIX}")
+    if layer.output_shape != input_shape:  # (an output_padding the conv2d does not map back)
+        raise InvalidArgument(f"its conv2d of input {layer.input_shape[1:3]} gives {layer.output_shape[1:3]}, not the "
+                              f"layer's input {input_shape[1:3]}: identify measures a Conv2DTranspose as that conv2d")
+    return layer
+
+
 def _layers_of(item, input_shape: tuple[int, int, int, int]) -> list[Layer]:
-    """The probe layers a Keras conv layer runs: a Conv2D one conv2d, a DepthwiseConv2D one
-    depthwise conv, a SeparableConv2D a depthwise conv then a 1x1 conv2d (as
-    `tf.nn.separable_conv2d` computes it)."""
+    """The probe layers a Keras conv layer runs: a Conv2D one conv2d, a Conv2DTranspose the
+    conv2d it transposes (`_transposed`), a DepthwiseConv2D one depthwise conv, a
+    SeparableConv2D a depthwise conv then a 1x1 conv2d (as `tf.nn.separable_conv2d`
+    computes it)."""
     import keras
 
     kh, kw = item.kernel_size
@@ -384,6 +403,8 @@ def _layers_of(item, input_shape: tuple[int, int, int, int]) -> list[Layer]:
     channels = input_shape[3]
     if type(item) is keras.layers.Conv2D:
         return [Layer(input_shape, (kh, kw, channels, int(item.filters)), *geometry, item.name)]
+    if type(item) is keras.layers.Conv2DTranspose:
+        return [_transposed(item, input_shape, geometry)]
     multiplier = int(item.depth_multiplier)
     depthwise = Layer(input_shape, (kh, kw, channels, multiplier), *geometry, item.name, LayerKind.DEPTHWISE)
     if type(item) is keras.layers.DepthwiseConv2D:

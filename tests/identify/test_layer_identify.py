@@ -240,9 +240,10 @@ def test_a_keras_model_gives_a_per_layer_map(tmp_path):
 @pytest.mark.tensorflow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Keras' own save path, not ours
 def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path):
-    """Conv2D, DepthwiseConv2D and both halves of SeparableConv2D are identified (on TensorFlow's
-    default CPU configuration, every op at 100% on both input sets); a grouped and a transposed
-    conv are rows that say why not, in the table, the JSON and the figure."""
+    """Conv2D, DepthwiseConv2D, both halves of SeparableConv2D and a Conv2DTranspose (as the conv2d
+    it transposes) are identified (on TensorFlow's default CPU configuration, every op at 100%
+    on both input sets); a grouped conv is a row that says why not, in the table, the JSON and
+    the figure."""
     import keras
 
     inputs = keras.Input((8, 8, 4))
@@ -258,7 +259,7 @@ def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path)
     matches = doc["matches"]["tensorflow/cpu/default"]
     identified = {key: entry for key, entry in matches.items() if entry["status"] == "ok"}
     assert [key.split(" / ")[0] for key in identified][::3] == ["plain", "depthwise", "separable/depthwise",
-                                                                "separable/pointwise"]
+                                                                "separable/pointwise", "transposed (transposed)"]
     assert [key.split(" / ")[1] for key in identified][3:6] == list(DEPTHWISE_OPS)
     for key, entry in identified.items():
         summary = entry["summary"]
@@ -267,12 +268,52 @@ def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path)
     assert identified["depthwise / depthwise_conv2d_backprop_input"]["summary"]["best"] == (
         "reverse(lanes(3, sequential:fp16:addition=fp32, combine=reverse(sequential:fp16)))")
     reasons = {key: entry["error"] for key, entry in matches.items() if entry["status"] != "ok"}
-    assert set(reasons) == {"grouped / Conv2D", "transposed / Conv2DTranspose"}, reasons
+    assert set(reasons) == {"grouped / Conv2D"}, reasons
     assert "groups=2" in reasons["grouped / Conv2D"]
     assert all(reason.startswith("not identified: ") for reason in reasons.values())
-    assert [item["name"] for item in doc["params"]["not_identified"]] == ["grouped", "transposed"]
+    assert [item["name"] for item in doc["params"]["not_identified"]] == ["grouped"]
     proc = run_cli("report", str(tmp_path / "map.json"), "--out-dir", str(tmp_path / "figures"))
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize(("strides", "padding"), [(1, "same"), (2, "same"), (2, "valid")])
+def test_a_transposed_layer_runs_the_three_ops_of_the_conv2d_identify_measures_for_it(strides, padding):
+    """The premise of measuring a Conv2DTranspose as the conv2d it transposes, checked on
+    TensorFlow itself: the Keras layer's output and both its gradients, in fp16 on signed,
+    spread operands, are bit for bit that conv2d's input gradient, forward and filter gradient."""
+    import keras
+    import tensorflow as tf
+
+    from convprobe.backends.tensorflow import TensorFlowBackend
+    from convprobe.probes.layers import keras_layers, run_op
+
+    inputs = keras.Input((5, 5, 6), dtype="float16")
+    transposed = keras.layers.Conv2DTranspose(7, 3, strides=strides, padding=padding, dtype="float16",
+                                              use_bias=False, name="up")
+    model = keras.Model(inputs, transposed(inputs))
+    (layer,), skipped = keras_layers(model, batch=2)
+    assert not skipped and layer.name == "up (transposed)"
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 5, 5, 6)) * np.exp2(rng.integers(-6, 6, (2, 5, 5, 6)))).astype(np.float16)
+    kernel = (rng.standard_normal((3, 3, 7, 6)) * np.exp2(rng.integers(-6, 6, (3, 3, 7, 6)))).astype(np.float16)
+    transposed.kernel.assign(kernel)
+    upstream = rng.standard_normal(layer.input_shape).astype(np.float16)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = transposed(xt)
+    dx, dk = tape.gradient(y, [xt, transposed.kernel], output_gradients=tf.constant(upstream))
+    backend = TensorFlowBackend("cpu")
+    pairs = {"conv2d_backprop_input": (y, x, kernel), "conv2d": (dx, upstream, kernel),
+             "conv2d_backprop_filter": (dk, upstream, x)}
+    for op, (keras_result, first, second) in pairs.items():
+        ours = run_op(backend, layer, op, first, second)
+        theirs = np.asarray(keras_result).astype(np.float16)
+        assert theirs.shape == ours.shape, (op, theirs.shape, ours.shape)
+        differ = np.flatnonzero(theirs.view(np.uint16) != ours.view(np.uint16))
+        assert differ.size == 0, (f"{op}: {differ.size} of {ours.size} outputs differ, first at "
+                                  f"{differ[:3]}: keras {theirs.ravel()[differ[:3]]}, conv2d's op {ours.ravel()[differ[:3]]}")
 
 
 def _depthwise_reference(layer: Layer, op: str, first: np.ndarray, second: np.ndarray) -> np.ndarray:
