@@ -35,6 +35,7 @@ from convprobe.backends.configurations import MANAGED_VARIABLES, MATRIX
 from convprobe.errors import InvalidArgument
 
 __all__ = ["FAITHFUL_XLA_FLAGS", "SPEED_XLA_FLAGS", "ensure_xla_flags", "apply_configuration", "tensorflow",
+           "start_up_notices_dropped",
            "runtime_facts", "xla_rounds_fp16"]
 
 FAITHFUL_XLA_FLAGS = ("--xla_allow_excess_precision=false", "--xla_cpu_max_isa=AVX2")
@@ -90,7 +91,7 @@ _START_UP_NOTICES = re.compile(
 
 
 @contextlib.contextmanager
-def _start_up_notices_dropped():
+def start_up_notices_dropped():
     """Run the block with file descriptor 2 captured, then write back every line but
     TensorFlow's start-up notices (which its C++ runtime prints before TF_CPP_MIN_LOG_LEVEL
     applies): an error, a warning of substance and a traceback still reach stderr. A
@@ -131,7 +132,7 @@ def tensorflow(logical_devices: int | None = None, *, initialise: bool = True):
     if _state["flag_set_before_import"] is None:
         _state["flag_set_before_import"] = present and not already
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    with _start_up_notices_dropped() if not already else contextlib.nullcontext():
+    with start_up_notices_dropped() if not already else contextlib.nullcontext():
         import keras  # noqa: F401  (its import starts TensorFlow's runtime too)
         import tensorflow as tf
 

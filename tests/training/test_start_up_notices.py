@@ -12,7 +12,7 @@ from convprobe.training import runtime
 
 
 def test_only_the_start_up_notices_are_dropped(capfd):
-    with runtime._start_up_notices_dropped():
+    with runtime.start_up_notices_dropped():
         os.write(2, b"I0000 00:00:1796564769.895215    6574 cudart_stub.cc:31] Could not find cuda drivers on "
                     b"your machine, GPU will not be used.\n")
         os.write(2, b"E0000 00:00:1796564776.513865    6574 cuda_platform.cc:52] failed call to cuInit: x\n")
@@ -32,3 +32,22 @@ def test_starting_tensorflow_for_training_prints_no_notices():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.strip() == "kept", proc.stderr
+
+
+@pytest.mark.tensorflow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Keras' own save path, not ours
+def test_identify_loading_a_users_model_prints_its_one_line_and_no_notices(tmp_path):
+    """identify loads a Keras model in the parent process; a model with nothing to measure is
+    refused in one line, with no TensorFlow start-up notice before it."""
+    import keras
+
+    inputs = keras.Input((4,))
+    keras.Model(inputs, keras.layers.Dense(2)(inputs)).save(tmp_path / "dense.keras")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "convprobe", "identify", "--keras-model", str(tmp_path / "dense.keras"),
+                           "--configs", "default", "--output", str(tmp_path / "map.json")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has no Conv2D or depthwise layer to identify" in lines[0], proc.stderr
+    assert not (tmp_path / "map.json").exists()
