@@ -5,7 +5,7 @@ order and rounding a sum of products is formed; `dot` and the convolutions run
 any model bit-exactly, and `oracle` is the slow exact-rational reference they
 are tested against. Modules: `rounding` (one rounding definition), `models`
 (the models), `specs` (`parse_model`, the spec grammar), `composites` (split-K and lanes around any
-model), `gpus` (tensor-core presets), `reduction` (`dot`), `conv` (im2col
+model), `gpus` (tensor-core presets), `inputs` (input preparation), `reduction` (`dot`), `conv` (im2col
 convolutions and gradients), the compiled kernels by role (`_kernel_arithmetic`:
 the shared rounding routine; `_kernels_reference`: general kernels; `_kernels_fast`:
 specialised ones; `_native_fp16`: the CPU's fp16 FMA and F16C conversions; `_kernels`:

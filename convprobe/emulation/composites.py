@@ -566,9 +566,12 @@ class _ByIndex(_Composite):
         for model in self.models:
             model.check_inputs(x, fp16_dtype, argument)
 
-    def reduce_rows(self, a, b, c):
+    def check_dot(self) -> None:
         raise InvalidArgument(f"{self.to_spec()} differs by {self.axis}: it computes conv2d and its "
                               f"gradients, not dot products")
+
+    def reduce_rows(self, a, b, c):
+        self.check_dot()
 
 
 class Columns(_ByIndex):

@@ -29,7 +29,7 @@ from numba import njit
 
 from convprobe.emulation._threads import over_tasks
 from convprobe.emulation.models import AccumulationModel, kernel_config
-from convprobe.emulation.reduction import as_float64, check_exact_products, finish, fp16_or_narrower
+from convprobe.emulation.inputs import as_float64, check_exact_products, finish, fp16_or_narrower
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.options import Positions
 
@@ -267,6 +267,15 @@ def conv2d(x: np.ndarray, w: np.ndarray, model: AccumulationModel, *,
         raise InvalidArgument(f"w output channels ({cout}) must be divisible by groups ({groups})")
     pads = resolve_padding(padding, xc.shape[1:3], (kh, kw), strides, dilation)
     return finish(_conv_core(xc, wc, model, strides, pads, dilation, groups, narrow), model)
+
+
+def gemm(a: np.ndarray, b: np.ndarray, model: AccumulationModel) -> np.ndarray:
+    """out[i, j] = the model's sum of a[i, k] * b[j, k], k in index order (a (A, K), b (B, K)):
+    the GEMM of a 1x1 convolution of a's rows by b's rows as filters, on the convolutions'
+    kernels (`dot` takes it for a matrix product). Stochastic rounding is keyed by i * B + j,
+    the flat index, as in `dot`."""
+    x, w, narrow = _prepare(np.asarray(a)[None, None], np.asarray(b).T[None, None], model, "a", "b", "NHWC", "HWIO")
+    return finish(_conv_core(x, w, model, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, narrow)[0, 0], model)
 
 
 def _shape4(shape, argument: str) -> tuple[int, int, int, int]:

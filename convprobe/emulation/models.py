@@ -242,6 +242,10 @@ class AccumulationModel:
         K.reduce_pairs(a, b, fp, ic, np.uint64(seed), out)
         return out
 
+    def check_dot(self) -> None:
+        """Raise where this model has no dot product: one that picks its arithmetic by an
+        output's place in a convolution (`columns`, `rows`)."""
+
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         """Raise unless every value of x (float64; `fp16_dtype`: it came from an fp16 or
         narrower dtype) is a valid input; only block-FMA models have an input format.

@@ -1,74 +1,23 @@
-"""`dot`: reductions along the last axis under a model, and input preparation.
+"""`dot`: reductions along the last axis under a model.
 
-Inputs of any float dtype are widened to float64 exactly. Products must be exact
-in float64 (every model, bar ``product=fp64``, starts from the exact product):
-that holds for fp8/fp16/bf16/fp32 inputs. float64 inputs are accepted when each
-value has at most 26 significand bits and magnitude in [2**-511, 2**511] (or is
-zero or non-finite); otherwise `InvalidArgument` says so rather than silently
-rounding a product.
+Inputs are prepared as for the convolutions (`convprobe.emulation.inputs`). Where the
+leading axes broadcast as a matrix product (a's rows against b's rows, a's axes first),
+`dot` is the GEMM of a 1x1 convolution and takes the convolutions' kernels
+(`conv.gemm`); otherwise each row is reduced on its own.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from convprobe.emulation import plan
+from convprobe.emulation import conv, plan
+from convprobe.emulation.inputs import NARROW_DTYPES, as_float64, check_exact_products, finish, fp16_or_narrower
 from convprobe.emulation.models import AccumulationModel, kernel_config
 from convprobe.errors import InvalidArgument
-from convprobe.formats import FP64
 
-__all__ = ["dot", "as_float64", "check_exact_products", "finish"]
-
-_NARROW = ("float16", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2")
-
-
-_FP16_OR_NARROWER = ("float16", "float8_e4m3fn", "float8_e5m2")
-
-
-def fp16_or_narrower(*arrays) -> bool:
-    """Whether every array's dtype holds only fp16-representable values."""
-    return all(np.asarray(a).dtype.name in _FP16_OR_NARROWER for a in arrays)
-
-
-def as_float64(x: object, argument: str) -> tuple[np.ndarray, bool]:
-    """(`x` as a C-contiguous float64 array with values unchanged, whether its dtype is a
-    format of at most 24 significand bits); rejects non-numeric input."""
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "fiu" and arr.dtype.name not in _NARROW:
-        raise InvalidArgument(f"{argument} must be a numeric array; received dtype {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=np.float64), arr.dtype.name in _NARROW
-
-
-def check_exact_products(x64: np.ndarray, narrow: bool, model: AccumulationModel,
-                         argument: str) -> None:
-    """Raise unless every product involving x64 is exact in float64 (see module doc),
-    or if x64 holds infinities that a format of the model cannot represent."""
-    if x64.size and np.isinf(x64).any():
-        for fmt, role in ((model.accumulator, "accumulator"), (model.output, "output")):
-            if not fmt.has_inf:
-                raise InvalidArgument(
-                    f"{argument} contains inf, which the {role} format {fmt.name} cannot "
-                    f"represent (it has no infinities); remove them or use a format with inf"
-                )
-    if narrow or model.product == FP64 or x64.size == 0:
-        return
-    finite = x64[np.isfinite(x64) & (x64 != 0)]
-    mant, exp = np.frexp(finite)
-    wide = np.ldexp(mant, 26) != np.trunc(np.ldexp(mant, 26))
-    out_of_range = (exp < -510) | (exp > 511)
-    if wide.any() or out_of_range.any():
-        raise InvalidArgument(
-            f"{argument} has float64 values with more than 26 significand bits or magnitude "
-            f"outside [2**-511, 2**511]: their products are not exact in float64; cast "
-            f"{argument} to float32, or use product=fp64 to round each product"
-        )
-
-
-def finish(out64: np.ndarray, model: AccumulationModel) -> np.ndarray:
-    """Results (already representable, in a float64, float32 or float16 carrier) in the output
-    format's storage dtype."""
-    return out64.astype(model.output_dtype, copy=False)
-
+__all__ = ["dot"]
 
 def _reduced_shapes(a_shape: tuple, b_shape: tuple) -> tuple[tuple[int, ...], int]:
     """(the broadcast leading shape, K) of a reduction along the last axes."""
@@ -84,6 +33,26 @@ def _reduced_shapes(a_shape: tuple, b_shape: tuple) -> tuple[tuple[int, ...], in
                               f"{a_shape[:-1]} and {b_shape[:-1]}") from None
 
 
+#: The fewest rows of a and of b at which a matrix product goes to the GEMM kernels: with
+#: fewer, a program's row kernel is faster (`benchmarks/bench_dot.py` measures both; a
+#: block-FMA model, whose rows run in NumPy, takes the GEMM at any size).
+_GEMM_MIN_SIDE = 4
+
+
+def _matrix_product(a_shape: tuple, b_shape: tuple, lead: tuple) -> tuple[int, int] | None:
+    """(A, B) where the broadcast is a's A rows against b's B rows, a's axes first (the
+    result's flat index is i * B + j), else None."""
+    def padded(shape):
+        return (1,) * (len(lead) - len(shape) + 1) + tuple(shape[:-1])
+
+    a_lead, b_lead = padded(a_shape), padded(b_shape)
+    for split in range(len(lead) + 1):
+        if (a_lead[:split] == lead[:split] and b_lead[split:] == lead[split:]
+                and set(a_lead[split:]) <= {1} and set(b_lead[:split]) <= {1}):
+            return math.prod(lead[:split]), math.prod(lead[split:])
+    return None
+
+
 def _rows(x: np.ndarray, lead: tuple[int, ...], k: int) -> np.ndarray:
     """x broadcast to (*lead, k), as C-contiguous rows."""
     return np.ascontiguousarray(np.broadcast_to(x, (*lead, k))).reshape(-1, k)
@@ -96,15 +65,21 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
     Leading axes broadcast (c's too); the result has the broadcast leading shape and the
     model's output dtype. `c`, the accumulator input of D = A.B + C, needs a block-FMA
     model (tensor cores); it is rounded to the accumulator first. Stochastic rounding is
-    keyed by the flat (C-order) index of each result.
+    keyed by the flat (C-order) index of each result. A matrix product (a (M, 1, K)
+    against b (N, K), or b (K,)) runs on the convolutions' GEMM kernels.
     """
     kernel_config(model)
+    model.check_dot()
     if np.ndim(a) == 0 or np.ndim(b) == 0:
         raise InvalidArgument(f"a and b must have at least one axis to reduce; received shapes "
                               f"{np.shape(a)} and {np.shape(b)}")
+    lead, k = _reduced_shapes(np.shape(a), np.shape(b))
+    product = None if c is not None else _matrix_product(np.shape(a), np.shape(b), lead)
+    if product is not None and (min(product) >= _GEMM_MIN_SIDE or not model.plannable()):
+        rows, columns = product
+        return conv.gemm(np.reshape(a, (rows, k)), np.reshape(b, (columns, k)), model).reshape(lead)
     if c is None and fp16_or_narrower(a, b) and model.plannable():
         # the model's kernel program on fp16 values as they are (F16C widens them in the kernel)
-        lead, k = _reduced_shapes(np.shape(a), np.shape(b))
         a16, b16 = (np.asarray(x).astype(np.float16, copy=False) for x in (a, b))
         with np.errstate(invalid="ignore"):  # (NaN operands: carried, not an error)
             out = plan.run_rows(model.program(k), _rows(a16, lead, k), _rows(b16, lead, k))
@@ -118,7 +93,7 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
     cc = None
     if c is not None:
         c64 = np.asarray(c)
-        if c64.dtype.kind not in "fiu" and c64.dtype.name not in _NARROW:
+        if c64.dtype.kind not in "fiu" and c64.dtype.name not in NARROW_DTYPES:
             raise InvalidArgument(f"c must be a numeric array; received dtype {c64.dtype}")
         c64 = c64.astype(np.float64)
         try:

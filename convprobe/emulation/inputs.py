@@ -1,0 +1,69 @@
+"""Input preparation shared by `dot` and the convolutions: widening to float64 exactly,
+and the checks that every product is exact and every value fits the model's formats.
+
+Inputs of any float dtype are widened to float64 exactly. Products must be exact
+in float64 (every model, bar ``product=fp64``, starts from the exact product):
+that holds for fp8/fp16/bf16/fp32 inputs. float64 inputs are accepted when each
+value has at most 26 significand bits and magnitude in [2**-511, 2**511] (or is
+zero or non-finite); otherwise `InvalidArgument` says so rather than silently
+rounding a product.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from convprobe.emulation.models import AccumulationModel
+from convprobe.errors import InvalidArgument
+from convprobe.formats import FP64
+
+__all__ = ["as_float64", "check_exact_products", "finish", "fp16_or_narrower", "NARROW_DTYPES"]
+
+#: The dtypes of formats of at most 24 significand bits (their products are exact in float64).
+NARROW_DTYPES = ("float16", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+_FP16_OR_NARROWER = ("float16", "float8_e4m3fn", "float8_e5m2")
+
+
+def fp16_or_narrower(*arrays) -> bool:
+    """Whether every array's dtype holds only fp16-representable values."""
+    return all(np.asarray(a).dtype.name in _FP16_OR_NARROWER for a in arrays)
+
+
+def as_float64(x: object, argument: str) -> tuple[np.ndarray, bool]:
+    """(`x` as a C-contiguous float64 array with values unchanged, whether its dtype is a
+    format of at most 24 significand bits); rejects non-numeric input."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu" and arr.dtype.name not in NARROW_DTYPES:
+        raise InvalidArgument(f"{argument} must be a numeric array; received dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float64), arr.dtype.name in NARROW_DTYPES
+
+
+def check_exact_products(x64: np.ndarray, narrow: bool, model: AccumulationModel,
+                         argument: str) -> None:
+    """Raise unless every product involving x64 is exact in float64 (see module doc),
+    or if x64 holds infinities that a format of the model cannot represent."""
+    if x64.size and np.isinf(x64).any():
+        for fmt, role in ((model.accumulator, "accumulator"), (model.output, "output")):
+            if not fmt.has_inf:
+                raise InvalidArgument(
+                    f"{argument} contains inf, which the {role} format {fmt.name} cannot "
+                    f"represent (it has no infinities); remove them or use a format with inf"
+                )
+    if narrow or model.product == FP64 or x64.size == 0:
+        return
+    finite = x64[np.isfinite(x64) & (x64 != 0)]
+    mant, exp = np.frexp(finite)
+    wide = np.ldexp(mant, 26) != np.trunc(np.ldexp(mant, 26))
+    out_of_range = (exp < -510) | (exp > 511)
+    if wide.any() or out_of_range.any():
+        raise InvalidArgument(
+            f"{argument} has float64 values with more than 26 significand bits or magnitude "
+            f"outside [2**-511, 2**511]: their products are not exact in float64; cast "
+            f"{argument} to float32, or use product=fp64 to round each product"
+        )
+
+
+def finish(out64: np.ndarray, model: AccumulationModel) -> np.ndarray:
+    """Results (already representable, in a float64, float32 or float16 carrier) in the output
+    format's storage dtype."""
+    return out64.astype(model.output_dtype, copy=False)
