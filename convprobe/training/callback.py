@@ -24,20 +24,32 @@ unchanged and a clone of the model in its own dtype policy gives the low-precisi
 gradients. Either way a `tf.cond` on the callback's step counter measures, before
 the update, the batch the update is about to use at the weights it is about to
 change: no sample batch to pass, nothing in the data pipeline changes, and it works
-with XLA. `steps_per_execution` above 1 is refused: Keras then calls the callback once
-per execution, and the steps in between would go unrecorded. A step whose update a `LossScaleOptimizer`
-skipped (non-finite gradients) is measured too, after the skip (the weights are those
-the step saw, the scale the one it used), so its record names the overflowing tensors.
+with XLA. A step whose update a `LossScaleOptimizer` skipped (non-finite gradients)
+is measured too, after the skip (the weights are those the step saw, the scale the
+one it used), so its record names the overflowing tensors.
+
+Every step is recorded, whatever `steps_per_execution`: Keras calls
+`on_train_batch_end` once per execution, so the wrapped step writes its record (and a
+measured step its counts) into slot `step % steps_per_execution` of buffer variables
+(an execution's steps are consecutive: no slot is reused before the flush), and the
+callback writes the execution's steps in order. The records are those of one step per
+execution (tested), but for the time: the execution's, shared evenly among its steps.
 
 The fp32 shadow is a clone under float32 that receives the model's weights first.
 The user's training is bit for bit what it is without the callback (tested: weights,
-batch-norm statistics, History). Supported: functional and Sequential models (a
-subclassed model is refused in one line). Under a `tf.distribute` strategy with
-several replicas (Keras's own step and one output only), each replica measures its
-share of the batch, the counts are summed over replicas as `convprobe train` sums
-them, and the callback chooses between two train functions before each step (weight
-copies and cross-replica sums cannot sit inside a `tf.cond`): a skipped step is then
-named only when it is a measured one.
+batch-norm statistics, History). Supported: functional, Sequential and subclassed
+models. A subclassed model's shadow is `type(model).from_config(model.get_config())`
+made under a float32 policy and built on the input shapes the model was built with: the
+model must be built before `fit` (called on a batch; `fit` itself builds it only when
+its first step is traced, after the callback has prepared). One that cannot be rebuilt so, or comes back with other weights (Keras rebuilds a
+model that defines no `get_config` from its constructor's defaults), is refused in one
+line. A subclassed model's layer outputs are not symbolic tensors to tap: its weights
+are measured, not its activations. Under a `tf.distribute` strategy with several
+replicas (Keras's own step, one output and steps_per_execution 1 only; otherwise
+refused), each replica measures its share of the batch, the counts are summed over
+replicas as `convprobe train` sums them, and the callback chooses between two train
+functions before each step (weight copies and cross-replica sums cannot sit inside a
+`tf.cond`): a skipped step is then named only when it is a measured one.
 """
 
 from __future__ import annotations
@@ -51,6 +63,10 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import tensorflow as tf
+from keras.src import tree
+from keras.src.losses import loss as loss_module
+from keras.src.trainers.data_adapters import data_adapter_utils
 
 from convprobe.errors import InvalidArgument, is_integer
 from convprobe.formats import format_of_dtype
@@ -76,13 +92,30 @@ from convprobe.training.telemetry import (
 
 __all__ = ["UnderflowTelemetry"]
 
+#: A step's row in the status buffer: one read per execution gives every step's record.
+_STATUS = ("step", "loss_scale", "skipped", "measured", "batch", "loss", "accuracy")
+#: The log keys of the accuracy column, first present wins.
+_ACCURACY = ("accuracy", "sparse_categorical_accuracy")
+
 #: Layers that compute in fp32 under a mixed policy (Keras upcasts their inputs): their weight
 #: gradients cannot flush, as batch-norm parameters in `convprobe train`.
 _FP32_LAYERS = ("BatchNormalization", "LayerNormalization", "GroupNormalization")
 
 
+def _functional(model) -> bool:
+    """Whether `model` is a graph of layers (functional or Sequential): it has symbolic inputs."""
+    try:
+        return bool(model.inputs)
+    except (AttributeError, ValueError):
+        return False
+
+
 def _clone(model, dtype):
-    """A copy of a functional or Sequential `model`; `dtype` None keeps each layer's policy."""
+    """A copy of `model` with fresh weights; `dtype` None keeps each layer's policy. A functional
+    or Sequential model is cloned layer by layer; a subclassed one is rebuilt from its config."""
+    if not _functional(model):
+        return _rebuild(model, dtype)
+
     def clone_layer(layer):
         config = layer.get_config()
         if dtype is not None:
@@ -90,6 +123,58 @@ def _clone(model, dtype):
         return layer.__class__.from_config(config)
 
     return keras.models.clone_model(model, clone_function=clone_layer)
+
+
+def _rebuild(model, dtype):
+    """A subclassed `model` made again as `type(model).from_config(model.get_config())`, its layers
+    created under `dtype` (None: the model's policy) and built by one call on symbolic inputs of
+    the shapes it was built with; refused in one line when that cannot give the same weights."""
+    name = type(model).__name__
+    if model.get_build_config() is None or not model.weights:  # fit builds it only in its first step
+        raise InvalidArgument(f"a subclassed model must be built before fit, by calling it on a batch (its fp32 "
+                              f"shadow is built on the same input shapes); received a {name} without weights")
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(model.dtype_policy if dtype is None else dtype)
+    try:  # the user's get_config, from_config and call: whatever they raise means "not rebuildable"
+        config = model.get_config()
+        if dtype is not None and "dtype" in config:
+            config["dtype"] = dtype
+        clone = type(model).from_config(config)
+        clone(tree.map_shape_structure(keras.KerasTensor, model.get_build_config()["input_shape"]))
+    except Exception as error:  # noqa: BLE001 - reported, with its type and first paragraph
+        reason = " ".join(str(error).strip().split("\n\n")[0].split())  # its first paragraph
+        raise InvalidArgument(
+            f"a subclassed model must be rebuildable as type(model).from_config(model.get_config()) "
+            f"for the fp32 shadow (define get_config and from_config); received a {name} whose rebuild "
+            f"raised {type(error).__name__}: {reason}") from error
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    if [tuple(w.shape) for w in clone.weights] != [tuple(w.shape) for w in model.weights]:
+        raise InvalidArgument(f"a subclassed model rebuilt from its config must have the model's weights "
+                              f"(define get_config and from_config); received a {name} rebuilt with "
+                              f"{len(clone.weights)} weights for its {len(model.weights)}")
+    other = [layer.name for layer in clone._flatten_layers() if dtype is not None and layer.compute_dtype != dtype]
+    if other:
+        raise InvalidArgument(f"a subclassed model's layers must take their dtype from the global policy "
+                              f"(the shadow is rebuilt under {dtype}); received a {name} whose layer "
+                              f"{other[0]!r} computes in another dtype")
+    return clone
+
+
+def _forward(model, tap_names):
+    """`(x, training) -> (predictions, tapped outputs)` over `model`: a functional model with the
+    named layers' outputs among its outputs; a subclassed model itself and no taps (its layers'
+    outputs are no symbolic tensors a model could return)."""
+    if not _functional(model):
+        return lambda x, training: (model(x, training=training), [])
+    n = len(model.outputs)
+    taps = keras.Model(model.inputs, list(model.outputs) + [model.get_layer(t).output for t in tap_names])
+
+    def forward(x, training):
+        outs = taps(x, training=training)
+        return (outs[0] if n == 1 else list(outs[:n])), list(outs[n:])
+
+    return forward
 
 
 class UnderflowTelemetry(keras.callbacks.Callback):
@@ -136,21 +221,17 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
     def _prepare(self, model):
         self._replicas = model.distribute_strategy.num_replicas_in_sync
-        if self._replicas > 1 and not (type(model).train_step is keras.Model.train_step and len(model.outputs) == 1):
+        self._per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+        if self._replicas > 1 and not (type(model).train_step is keras.Model.train_step and _one_output(model)):
             raise InvalidArgument(f"UnderflowTelemetry under a strategy of {self._replicas} replicas needs Keras's own "
                                   "train_step and one model output; received a custom train_step or several outputs")
+        if self._replicas > 1 and self._per_execution != 1:  # its train function is chosen before each step
+            raise InvalidArgument(f"steps_per_execution must be 1 under a strategy of {self._replicas} replicas "
+                                  f"(any value with one replica); received steps_per_execution={self._per_execution}")
         with model.distribute_strategy.scope():  # the clones and result variables live where the model does
             self._build(model)
 
     def _build(self, model):
-        import tensorflow as tf
-        try:
-            inputs = model.inputs
-        except (AttributeError, ValueError):
-            inputs = None
-        if not inputs:
-            raise InvalidArgument("UnderflowTelemetry needs a functional or Sequential Keras model with defined "
-                                  f"inputs (it clones the model); received a {type(model).__name__}")
         layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
         names = [layer.name for layer in layers]
         if self.watch is None:
@@ -166,7 +247,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self.thresholds = Thresholds.of(self.format)
         # Keras's own step with one output: measured inside the step itself (the update's own
         # gradients); otherwise (a custom train_step, several outputs) on a clone in the model's policy.
-        self._own_step = type(model).train_step is keras.Model.train_step and len(model.outputs) == 1
+        self._own_step = type(model).train_step is keras.Model.train_step and _one_output(model)
         self.shadow = _clone(model, "float32")
         self.low = None if self._own_step else _clone(model, None)
         watched_ids = {id(layer) for layer in watched}
@@ -176,14 +257,11 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             for v in layer.trainable_variables:
                 owner.setdefault(id(v), layer)
         self._weight_index = [i for i, v in enumerate(variables) if id(owner.get(id(v))) in watched_ids]
-        tap_layers = [layer for layer in watched if _single_output(layer)]
-        self._tap_names = [layer.name for layer in tap_layers]
-        self._n_outputs = len(model.outputs)
+        # a subclassed model's layer outputs are not symbolic: its weights are measured, not its outputs
+        self._tap_names = [layer.name for layer in watched if _functional(model) and _single_output(layer)]
         source = model if self._own_step else self.low  # a model over the user's own layers changes nothing in them
-        self.low_taps = keras.Model(source.inputs, list(source.outputs) +
-                                    [source.get_layer(n).output for n in self._tap_names])
-        self.shadow_taps = keras.Model(self.shadow.inputs, list(self.shadow.outputs) +
-                                       [self.shadow.get_layer(n).output for n in self._tap_names])
+        self.low_forward = _forward(source, self._tap_names)
+        self.shadow_forward = _forward(self.shadow, self._tap_names)
         for clone in (c for c in (self.low, self.shadow) if c is not None):
             clone.compile(loss=model.loss)  # the user's loss, on each clone's own predictions
         weight_names = [variables[i].path for i in self._weight_index]
@@ -205,13 +283,17 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
         self._counter = var([], tf.int64)
         self._recorded = var([], tf.int64, -1)  # the step of the last measurement
-        # the last step's (step, loss scale it used, skipped, measured, batch size): one read per step
-        self._status = var([5], tf.float64)
-        self._v = {"counts": var([count, len(COUNT_FIELDS)], tf.int32),
-                   "extremes": var([count, 2], tf.float32),
-                   "hist_low": var([count, N_BINS], tf.int32), "hist_shadow": var([count, N_BINS], tf.int32),
-                   "counterfactual": var([count, len(COUNTERFACTUAL_FIELDS)], tf.int32),
-                   "nonfinite": var([count], tf.int32), "scale": var([], tf.float32, 1.0)}
+        # One slot per step of an execution (step % steps_per_execution: an execution's steps are
+        # consecutive), flushed when Keras calls on_train_batch_end once for the execution.
+        # Each step's row of _STATUS (step -1: never written); a measured step's statistics.
+        slots = self._per_execution
+        self._status = var([slots, len(_STATUS)], tf.float64, -1)
+        self._v = {"counts": var([slots, count, len(COUNT_FIELDS)], tf.int32),
+                   "extremes": var([slots, count, 2], tf.float32),
+                   "hist_low": var([slots, count, N_BINS], tf.int32),
+                   "hist_shadow": var([slots, count, N_BINS], tf.int32),
+                   "counterfactual": var([slots, count, len(COUNTERFACTUAL_FIELDS)], tf.int32),
+                   "nonfinite": var([slots, count], tf.int32)}
         # The statistics always under XLA, the user's step or not: its scatter-adds run about
         # twice as fast compiled (measured on CPU; `telemetry.batched_stats` is written for it).
         self._statistics = tf.function(
@@ -229,30 +311,22 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
     # -- the compiled part ---------------------------------------------------------------------
     def _scale(self):
-        import tensorflow as tf
-
         return tf.cast(self.model.optimizer.scale_loss(tf.constant(1.0, tf.float32)), tf.float32)
 
     def _inner_iterations(self):
         optimizer = self.model.optimizer
         return getattr(optimizer, "inner_optimizer", optimizer).iterations
 
-    def _gradients(self, clone, taps_model, x, y, sample_weight, scale):
+    def _gradients(self, clone, forward, x, y, sample_weight, scale):
         """A clone's gradients of the scaled loss: the watched weights', then the taps'."""
-        import tensorflow as tf
-
         with tf.GradientTape() as tape:
-            outs = taps_model(x, training=True)
-            outs = outs if isinstance(outs, (list, tuple)) else [outs]
-            y_pred = outs[0] if self._n_outputs == 1 else list(outs[: self._n_outputs])
+            y_pred, taps = forward(x, training=True)
             loss = clone.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
             scaled = tf.cast(loss, tf.float32) * scale
-        targets = [clone.trainable_variables[i] for i in self._weight_index] + list(outs[self._n_outputs:])
+        targets = [clone.trainable_variables[i] for i in self._weight_index] + taps
         return _zeros_for_none(tape.gradient(scaled, targets), targets)
 
     def _copy_weights(self, clone):
-        import tensorflow as tf
-
         def copy(*_):
             for target, source in zip(clone.weights, self.model.weights):
                 target.assign(tf.cast(source, target.dtype))
@@ -265,14 +339,12 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
     def _measure(self, lows, x, y, sample_weight, step, scale):
         """Classify `lows` (None: the low-precision clone's) against the fp32 shadow's gradients
-        at the model's current weights, into the result variables."""
-        import tensorflow as tf
-
+        at the model's current weights, into the step's slot of the result variables."""
         if lows is None:
             self._copy_weights(self.low)
-            lows = self._gradients(self.low, self.low_taps, x, y, sample_weight, scale)
+            lows = self._gradients(self.low, self.low_forward, x, y, sample_weight, scale)
         self._copy_weights(self.shadow)
-        shadows = self._gradients(self.shadow, self.shadow_taps, x, y, sample_weight, scale)
+        shadows = self._gradients(self.shadow, self.shadow_forward, x, y, sample_weight, scale)
         (counts, extremes, hist_low, hist_shadow), counterfactual, nonfinite = self._statistics(lows, shadows)
         context = tf.distribute.get_replica_context()
         if self._replicas > 1 and context is not None:  # pooled over replicas, as convprobe train does
@@ -281,25 +353,25 @@ class UnderflowTelemetry(keras.callbacks.Callback):
                 for t in (counts, hist_low, hist_shadow, counterfactual, nonfinite))
             every = context.all_gather(extremes[None], axis=0)
             extremes = tf.stack([tf.reduce_min(every[..., 0], axis=0), tf.reduce_max(every[..., 1], axis=0)], axis=-1)
-        v = self._v
-        v["counts"].assign(counts)
-        v["extremes"].assign(extremes)
-        v["hist_low"].assign(hist_low)
-        v["hist_shadow"].assign(hist_shadow)
-        v["counterfactual"].assign(counterfactual)
-        v["nonfinite"].assign(nonfinite)
-        v["scale"].assign(scale)
+        results = {"counts": counts, "extremes": extremes, "hist_low": hist_low, "hist_shadow": hist_shadow,
+                   "counterfactual": counterfactual, "nonfinite": nonfinite}
+        for key, value in results.items():
+            self._put(self._v[key], step, value)
         self._recorded.assign(step)
         return tf.constant(True)
 
-    def _finish_step(self, step, scale, skipped, x):
-        import tensorflow as tf
-        from keras.src import tree
+    def _put(self, variable, step, value):
+        """Write `value` into `step`'s slot of a buffer variable (a whole assignment: it holds on
+        every replica and under XLA)."""
+        slot = tf.reshape(step % self._per_execution, [1, 1])
+        variable.assign(tf.tensor_scatter_nd_update(variable, slot, value[None]))
 
-        batch = tf.shape(next(i for i in tree.flatten(x) if i is not None))[0]
+    def _finish_step(self, step, scale, skipped, x, logs):
+        """Count the step and write its row of _STATUS."""
         self._counter.assign_add(1)
-        self._status.assign(tf.stack([tf.cast(v, tf.float64) for v in (
-            step, scale, skipped, tf.equal(self._recorded, step), batch)]))
+        row = (step, scale, skipped, tf.equal(self._recorded, step), _batch_size(x),
+               _log_value(logs, "loss"), _log_value(logs, *_ACCURACY))
+        self._put(self._status, step, tf.stack([tf.cast(v, tf.float64) for v in row]))
 
     def _own_train_step(self, data, measure: bool | None = None):
         """Keras's own `train_step` (TensorFlow backend, Keras 3.15), with the watched layers'
@@ -307,23 +379,16 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         update applies (measured before the update; after it when a LossScaleOptimizer skips).
         `measure` True or False decides in Python instead of a `tf.cond` (several replicas: their
         weight copies and sums cannot sit inside control flow), and a skip is not measured after."""
-        import tensorflow as tf
-        from keras.src import tree
-        from keras.src.losses import loss as loss_module
-        from keras.src.trainers.data_adapters import data_adapter_utils
-
         model = self.model
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         step = self._counter.read_value()
         scale = self._scale()
         due = tf.equal(step % self.every, 0)
         with tf.GradientTape() as tape:
-            outs = self.low_taps(x, training=True)
-            y_pred, taps = outs[0], list(outs[1:])
+            y_pred, taps = self.low_forward(x, training=True)
             loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-            model._loss_tracker.update_state(
-                loss_module.unscale_loss_for_distribution(loss),
-                sample_weight=tf.shape(next(i for i in tree.flatten(x) if i is not None))[0])
+            model._loss_tracker.update_state(loss_module.unscale_loss_for_distribution(loss),
+                                             sample_weight=_batch_size(x))
             scaled = model.optimizer.scale_loss(loss)
         weights = model.trainable_weights
         grads = tape.gradient(scaled, list(weights) + taps)
@@ -340,16 +405,14 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         if measure is None:
             tf.cond(tf.logical_and(skipped, tf.logical_not(due)),  # a skip leaves the weights as the step saw them
                     lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
-        self._finish_step(step, scale, skipped, x)
-        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        self._finish_step(step, scale, skipped, x, logs)
+        return logs
 
     def _train_step(self, data):
         """The user's own step (a custom `train_step`, or several outputs), with a measurement on
         the low-precision clone before it on every `every`-th step and after it on a step whose
         update was skipped (weights unchanged, scale as the step used it)."""
-        import tensorflow as tf
-        from keras.src.trainers.data_adapters import data_adapter_utils
-
         step = self._counter.read_value()
         scale = self._scale()
         due = tf.equal(step % self.every, 0)
@@ -363,7 +426,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
                     lambda: self._measure(None, x, y, sample_weight, step, scale), lambda: tf.constant(False))
         else:
             skipped = tf.constant(False)
-        self._finish_step(step, scale, skipped, x)
+        self._finish_step(step, scale, skipped, x, logs)
         return logs
 
     @property
@@ -372,10 +435,6 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
     # -- records (Python, between steps) -----------------------------------------------------------
     def on_train_begin(self, logs=None):
-        per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        if per_execution > 1:
-            raise InvalidArgument(f"UnderflowTelemetry records every step: compile the model with "
-                                  f"steps_per_execution=1; received steps_per_execution={per_execution}")
         if self._prepared_for is not self.model:
             self.set_model(self.model)
         if self._files is None:
@@ -420,25 +479,38 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        logs = logs or {}
+        """Record the steps of the execution that ended (one, or up to steps_per_execution) from
+        the buffers, its time shared evenly among them; Keras's `logs` are its last step's."""
         seconds = time.perf_counter() - self._started
-        status = self._status.numpy()  # the one read from the device per step
-        step, scale, skipped, recorded = int(status[0]), float(status[1]), bool(status[2]), bool(status[3])
-        images = int(status[4])
+        status = self._status.numpy()  # the one read from the device per execution
+        steps = sorted((dict(zip(_STATUS, r)) for r in status if r[0] >= self._next_step), key=lambda r: r["step"])
+        stats = {key: v.numpy() for key, v in self._v.items()} if any(r["measured"] for r in steps) else None
+        logs = logs or {}
+        for record in steps[:-1]:
+            accuracy = "" if math.isnan(record["accuracy"]) else float(record["accuracy"])
+            self._record(record, float(record["loss"]), accuracy, seconds / len(steps), stats)
+        # the last step's from Keras's logs: under a strategy, reduced over replicas
+        accuracy = next((logs[k] for k in _ACCURACY if k in logs), "")
+        self._record(steps[-1], float(logs.get("loss", math.nan)), accuracy, seconds / len(steps), stats)
+
+    def _record(self, status, loss, accuracy, seconds, stats):
+        """Write one step's records: steps.csv, telemetry.csv when measured, TensorBoard."""
+        step, scale, skipped, recorded = (int(status["step"]), float(status["loss_scale"]), bool(status["skipped"]),
+                                          bool(status["measured"]))
+        images = int(status["batch"])
         self._skipped += int(skipped)
         self._next_step = step + 1
-        row = {"step": step, "loss": float(logs.get("loss", math.nan)),
-               "accuracy": logs.get("accuracy", logs.get("sparse_categorical_accuracy", "")),
+        row = {"step": step, "loss": loss, "accuracy": accuracy,
                "loss_scale": scale, "finite": (not skipped) if self._skips else "",
                "skipped": skipped, "telemetry": recorded, "step_seconds": seconds,
                "images_per_second": images / seconds if seconds > 0 else math.inf,
                "nonfinite_tensors": "", "first_nonfinite": ""}
         rows = None
         if recorded:
-            stats = {key: v.numpy() for key, v in self._v.items()}
-            stats["min_abs"], stats["max_abs"] = stats["extremes"][:, 0], stats["extremes"][:, 1]
-            rows = telemetry_rows(step, float(stats["scale"]), self.names, stats)
-            row.update(nonfinite_fields(self.names, stats["nonfinite"], self.backward))
+            slot = {key: value[step % self._per_execution] for key, value in stats.items()}
+            slot["min_abs"], slot["max_abs"] = slot["extremes"][:, 0], slot["extremes"][:, 1]
+            rows = telemetry_rows(step, scale, self.names, slot)
+            row.update(nonfinite_fields(self.names, slot["nonfinite"], self.backward))
             if not self._skips:
                 row["finite"] = not row["nonfinite_tensors"]
         if row["nonfinite_tensors"] or skipped:
@@ -483,10 +555,28 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             self.close()  # the wrapped step goes; fit rebuilds the user's own next time
 
 
+def _batch_size(x):
+    """The number of samples in a batch's inputs."""
+    return tf.shape(next(i for i in tree.flatten(x) if i is not None))[0]
+
+
+def _log_value(logs, *keys):
+    """The first of `keys` that a step's logs hold as a scalar, as float64; NaN when none does."""
+    for key in keys:
+        value = logs.get(key) if isinstance(logs, dict) else None
+        if value is not None and tf.convert_to_tensor(value).shape.rank == 0:
+            return tf.cast(value, tf.float64)
+    return tf.constant(math.nan, tf.float64)
+
+
+def _one_output(model) -> bool:
+    """Whether `model`'s predictions are one tensor the taps can sit beside (a subclassed model's
+    are whatever its call returns, and it has no taps)."""
+    return not _functional(model) or len(model.outputs) == 1
+
+
 def _zeros_for_none(grads, targets):
     """Gradients with None (a tensor the loss does not reach) replaced by zeros."""
-    import tensorflow as tf
-
     return [tf.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
 
 

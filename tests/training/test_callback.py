@@ -4,6 +4,7 @@ a skipped step names its overflowing tensors, and the user's training is left ex
 
 from __future__ import annotations
 
+import functools
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from .read_back import events, rows as read_rows
 BATCH = 8
 
 
-def _model(scale: float | None = 2.0**15):
+def _model(scale: float | None = 2.0**15, steps_per_execution: int = 1):
     """Conv2D, BatchNormalization, Dense under mixed_float16 (logits in fp32), compiled with a
     LossScaleOptimizer at `scale` (None: plain SGD, no loss scaling)."""
     import keras
@@ -41,7 +42,7 @@ def _model(scale: float | None = 2.0**15):
     sgd = keras.optimizers.SGD(0.01)
     optimizer = sgd if scale is None else keras.optimizers.LossScaleOptimizer(sgd, initial_scale=scale)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], jit_compile=False)
+                  metrics=["accuracy"], jit_compile=False, steps_per_execution=steps_per_execution)
     return model
 
 
@@ -116,27 +117,35 @@ def test_step_zero_counts_match_an_independent_numpy_classification(fitted):
     """The callback's step-0 counts of the weight gradients, recomputed here: the user's own
     fp16 model and an fp32 copy, same weights and batch, S = 2^15, classified in NumPy."""
     import keras
-    import tensorflow as tf
 
     out, _, _, first = fitted
-    xs, ys = _data()
     low = _model()
     low.set_weights(first)
     shadow = keras.Model.from_config(low.get_config())  # same layers ...
     for layer in shadow.layers:
         layer.dtype_policy = keras.DTypePolicy("float32")  # ... all in fp32
     shadow.set_weights(first)
+    _assert_step_zero_counts(out, low, shadow)
+
+
+def _assert_step_zero_counts(out, low, shadow):
+    """The step-0 weight rows of `out`, in the order of `low`'s weights, are NumPy's classification
+    of `low`'s gradients against `shadow`'s (same weights), on the first batch at S = 2^15."""
+    import keras
+    import tensorflow as tf
+
+    xs, ys = _data()
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     grads = []
     for model in (low, shadow):
         with tf.GradientTape() as tape:
             scaled = tf.cast(loss(ys[:BATCH], model(xs[:BATCH], training=True)), tf.float32) * 2.0**15
         grads.append([g.numpy() for g in tape.gradient(scaled, model.trainable_variables)])
-    rows = {r["layer"]: r for r in read_rows(out / "telemetry.csv") if r["step"] == "0" and r["kind"] == "weight"}
-    names = [v.path for v in low.trainable_variables]
-    for name, g_low, g_shadow in zip(names, *grads):
+    rows = [r for r in read_rows(out / "telemetry.csv") if r["step"] == "0" and r["kind"] == "weight"]
+    assert len(rows) == len(low.trainable_variables)
+    for row, g_low, g_shadow in zip(rows, *grads):
         expected = numpy_tensor_stats(g_low, g_shadow, Thresholds.of(FP16))
-        assert {k: int(rows[name][k]) for k in expected} == expected, name
+        assert {k: int(row[k]) for k in expected} == expected, row["layer"]
 
 
 def test_a_skipped_step_names_its_overflowing_tensors_first_in_backward_order(tmp_path):
@@ -201,11 +210,134 @@ def test_bad_arguments_and_a_user_s_directory_are_refused(tmp_path):
     with pytest.raises(InvalidArgument, match="holds files that are not"):
         model.fit(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[UnderflowTelemetry(mine)])
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
-    model = _model()
-    model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution=4, jit_compile=False)
-    with pytest.raises(InvalidArgument, match="received steps_per_execution=4"):
-        model.fit(xs, ys, batch_size=BATCH, verbose=0, callbacks=[UnderflowTelemetry(tmp_path / "b", every=2)])
-    assert not (tmp_path / "b").exists()  # refused before anything is written
+
+
+def test_steps_per_execution_records_every_step_as_one_step_per_execution_does(tmp_path):
+    """6 steps, every=2: one step per execution, then 3 (two measured steps in one execution)
+    and 4 (a short last execution of 2): the same records, the same training."""
+    from convprobe.training import UnderflowTelemetry
+
+    timing = ("step_seconds", "images_per_second")
+    xs, ys = _data()
+    runs = {}
+    for per_execution in (1, 3, 4):
+        model, out = _model(steps_per_execution=per_execution), tmp_path / str(per_execution)
+        history = model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, shuffle=False,
+                            callbacks=[UnderflowTelemetry(out, every=2)])
+        steps = [{k: v for k, v in r.items() if k not in timing} for r in read_rows(out / "steps.csv")]
+        runs[per_execution] = steps, read_rows(out / "telemetry.csv"), model.get_weights(), history.history
+    steps, telemetry, weights, history = runs[1]
+    assert [r["step"] for r in steps] == [str(i) for i in range(6)]
+    assert [r["telemetry"] for r in steps] == ["True", "False"] * 3
+    assert len({r["loss"] for r in steps}) == 6  # each step's own running loss, not the execution's last
+    assert sorted({int(r["step"]) for r in telemetry}) == [0, 2, 4]
+    for per_execution in (3, 4):
+        other_steps, other_telemetry, other_weights, other_history = runs[per_execution]
+        assert other_steps == steps, per_execution
+        assert other_telemetry == telemetry, per_execution
+        assert other_history == history, per_execution
+        for a, b in zip(other_weights, weights):
+            assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+@functools.cache
+def _net_classes():
+    """A subclassed model (conv, pool, dense, fp32 logits) that Keras rebuilds from its
+    constructor's defaults, and one it cannot rebuild."""
+    import keras
+
+    class Net(keras.Model):
+        def __init__(self, filters=4, classes=10, **kwargs):
+            super().__init__(**kwargs)
+            self.conv = keras.layers.Conv2D(filters, 3, padding="same", name="conv")
+            self.pool = keras.layers.GlobalAveragePooling2D(name="pool")
+            self.dense = keras.layers.Dense(classes, name="dense")
+            self.logits = keras.layers.Activation("linear", dtype="float32", name="logits")
+
+        def call(self, x):
+            return self.logits(self.dense(self.pool(self.conv(x))))
+
+    class Sized(Net):
+        """A required constructor argument and no get_config: Keras has no config to rebuild it from."""
+
+        def __init__(self, filters, **kwargs):
+            super().__init__(filters=filters, **kwargs)
+
+    return Net, Sized
+
+
+def _subclassed(*args, rebuildable=True, built=True):
+    """`_net_classes`' model (`args` to its constructor) under mixed_float16, built (called) on the
+    data's shape unless `built` is False, compiled as `_model` is."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _net_classes()[0 if rebuildable else 1](*args)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    if built:
+        model(_data()[0][:1])
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**15),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                  jit_compile=False)
+    return model
+
+
+def test_a_subclassed_model_is_measured_against_a_rebuilt_fp32_shadow_and_trains_as_without(tmp_path):
+    """Its fp32 shadow is `from_config(get_config())` under float32: the step-0 counts are NumPy's
+    classification against such a copy, weights only (no symbolic layer outputs to tap); the
+    training is bit for bit the same as without the callback."""
+    from convprobe.training import UnderflowTelemetry
+
+    xs, ys = _data()
+    model, plain = _subclassed(), _subclassed()
+    first = [w.copy() for w in model.get_weights()]
+    callback = UnderflowTelemetry(tmp_path / "run", every=2)
+    history = model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=[callback])
+    assert {layer.compute_dtype for layer in callback.shadow._flatten_layers()} == {"float32"}
+    assert type(callback.shadow) is type(model) and len(callback.shadow.weights) == len(model.weights)
+    plain_history = plain.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+    assert history.history == plain_history.history
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+    assert "train_step" not in model.__dict__
+    steps, telemetry = read_rows(tmp_path / "run" / "steps.csv"), read_rows(tmp_path / "run" / "telemetry.csv")
+    assert [r["telemetry"] for r in steps] == ["True", "False"] * 3
+    assert sorted({int(r["step"]) for r in telemetry}) == [0, 2, 4]
+    assert {r["kind"] for r in telemetry} == {"weight"}
+    precision = {r["layer"]: r["precision"] for r in telemetry}
+    assert precision == {"net/conv/kernel": "fp16", "net/conv/bias": "fp16",
+                         "net/dense/kernel": "fp16", "net/dense/bias": "fp16"}
+    low = _subclassed()
+    low.set_weights(first)
+    shadow = type(low).from_config({**low.get_config(), "dtype": "float32"})  # global policy: float32
+    shadow(xs[:1])
+    shadow.set_weights(first)
+    assert {layer.compute_dtype for layer in shadow._flatten_layers()} == {"float32"}
+    _assert_step_zero_counts(tmp_path / "run", low, shadow)
+
+
+def test_a_subclassed_model_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_path):
+    """Without get_config, Keras rebuilds a subclassed model from its constructor's defaults: a
+    required argument fails, and filters=8 would come back with 4 (other weights): both refused,
+    as is a model not yet built (no input shapes to build the shadow on)."""
+    from convprobe.training import UnderflowTelemetry
+
+    xs, ys = _data()
+    for model, reason in ((_subclassed(8, rebuildable=False), "whose rebuild raised NotImplementedError: Object "
+                           "Sized was created by passing non-serializable argument values"),
+                          (_subclassed(8), "rebuilt from its config must have the model's weights"),
+                          (_subclassed(built=False), "must be built before fit, by calling it on a batch")):
+        with pytest.raises(InvalidArgument) as refused:
+            model.fit(xs[:BATCH], ys[:BATCH], batch_size=BATCH, verbose=0,
+                      callbacks=[UnderflowTelemetry(tmp_path / "run")])
+        message = str(refused.value)
+        assert "\n" not in message and reason in message
+        assert message.startswith("a subclassed model")
+        assert not (tmp_path / "run").exists()  # refused before anything is written
+        assert "train_step" not in model.__dict__
 
 
 def test_a_model_with_two_outputs_is_measured_on_a_clone_and_trains_as_without(tmp_path):
@@ -274,7 +406,7 @@ import keras
 from convprobe.training import UnderflowTelemetry
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
-def build():
+def build(steps_per_execution=1):
     keras.utils.set_random_seed(0)
     keras.mixed_precision.set_global_policy("mixed_float16")
     with strategy.scope():
@@ -283,7 +415,8 @@ def build():
         h = keras.layers.Dense(10, name="dense")(keras.layers.GlobalAveragePooling2D()(h))
         model = keras.Model(x, keras.layers.Activation("linear", dtype="float32", name="logits")(h))
         model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**24),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False,
+                      steps_per_execution=steps_per_execution)
     keras.mixed_precision.set_global_policy("float32")
     return model
 
@@ -292,7 +425,12 @@ xs, ys = rng.normal(size=(32, 8, 8, 3)).astype("float32"), rng.integers(0, 10, 3
 model, plain = build(), build()
 h1 = model.fit(xs, ys, batch_size=8, verbose=0, shuffle=False, callbacks=[UnderflowTelemetry("run", every=2)])
 h2 = plain.fit(xs, ys, batch_size=8, verbose=0, shuffle=False)
-print("RESULT" + json.dumps({
+try:
+    build(steps_per_execution=2).fit(xs, ys, batch_size=8, verbose=0, callbacks=[UnderflowTelemetry("refused")])
+    refused = None
+except ValueError as error:
+    refused = str(error)
+print("RESULT" + json.dumps({"refused": refused,
     "same": h1.history == h2.history and all(np.array_equal(a, b) for a, b in zip(model.get_weights(), plain.get_weights())),
     "steps": list(csv.DictReader(open("run/steps.csv"))), "rows": list(csv.DictReader(open("run/telemetry.csv")))}))
 '''
@@ -301,7 +439,8 @@ print("RESULT" + json.dumps({
 @pytest.mark.slow
 def test_under_a_mirrored_strategy_counts_pool_every_replica(tmp_path, run_python):
     """Two replicas of 4 images: counts summed over replicas (the conv's activation gradient
-    covers the global batch of 8), training unchanged, measured skipped steps named."""
+    covers the global batch of 8), training unchanged, measured skipped steps named;
+    steps_per_execution above 1 refused there (its train function is chosen per step)."""
     import json
 
     out = json.loads(run_python(MIRRORED, tmp_path).stdout.split("RESULT", 1)[1])
@@ -313,3 +452,5 @@ def test_under_a_mirrored_strategy_counts_pool_every_replica(tmp_path, run_pytho
     n = {(r["kind"], r["layer"]): int(r["n"]) for r in out["rows"] if r["step"] == "0"}
     assert n[("activation", "conv")] == 8 * 8 * 8 * 4  # the global batch
     assert n[("weight", "dense/kernel")] == 2 * 4 * 10  # each replica's local gradient, pooled
+    assert out["refused"] == ("steps_per_execution must be 1 under a strategy of 2 replicas (any value with "
+                              "one replica); received steps_per_execution=2")
