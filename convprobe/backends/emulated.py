@@ -24,6 +24,15 @@ if TYPE_CHECKING:
 __all__ = ["EmulatedBackend"]
 
 
+def _groups(input_shape: tuple, filter_shape: tuple) -> int:
+    """A conv's groups as TensorFlow infers them: input channels over the filter's (an uneven
+    ratio is left to the emulator's own message)."""
+    if len(input_shape) != 4 or len(filter_shape) != 4 or not filter_shape[2]:
+        return 1
+    channels, per_group = int(input_shape[3]), int(filter_shape[2])
+    return channels // per_group if channels % per_group == 0 else 1
+
+
 class EmulatedBackend(AbstractBackend):
     """conv2d and its gradients computed by an exact accumulation model."""
 
@@ -55,7 +64,7 @@ class EmulatedBackend(AbstractBackend):
 
         return conv2d(
             x, w, self.model_for(x, w), strides=normalize_pair(strides, "strides"), padding=padding,
-            dilation=normalize_pair(dilation, "dilation"),
+            dilation=normalize_pair(dilation, "dilation"), groups=_groups(np.shape(x), np.shape(w)),
         )
 
     def conv2d_backprop_input(self, dy, w, input_shape, *, strides=1, padding="VALID", dilation=1):
@@ -64,6 +73,7 @@ class EmulatedBackend(AbstractBackend):
         return conv2d_backprop_input(
             dy, w, tuple(input_shape), self.model_for(dy, w), strides=normalize_pair(strides, "strides"),
             padding=padding, dilation=normalize_pair(dilation, "dilation"),
+            groups=_groups(tuple(input_shape), np.shape(w)),
         )
 
     def conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
@@ -72,6 +82,7 @@ class EmulatedBackend(AbstractBackend):
         return conv2d_backprop_filter(
             x, dy, tuple(filter_shape), self.model_for(x, dy), strides=normalize_pair(strides, "strides"),
             padding=padding, dilation=normalize_pair(dilation, "dilation"),
+            groups=_groups(np.shape(x), tuple(filter_shape)),
         )
 
     def depthwise_conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):

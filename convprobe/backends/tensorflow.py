@@ -37,11 +37,16 @@ def _padding_arg(padding):
 _NOT_IMPLEMENTED = re.compile(r"do(?:es)? not (?:yet )?support|not (?:yet )?(?:implemented|supported)", re.IGNORECASE)
 
 
+def _unsupported_text(exc: Exception) -> str:
+    """The first line of TensorFlow's message, without its function-node prefix."""
+    lines = re.sub(r"\{\{[^}]*\}\}\s*", "", getattr(exc, "message", str(exc))).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 def _unsupported(exc: Exception) -> Exception:
     """A TensorFlow refusal (a kernel lacks this case) as an UnsupportedConfiguration that says
     TensorFlow's own words; any other error unchanged."""
-    lines = re.sub(r"\{\{[^}]*\}\}\s*", "", getattr(exc, "message", str(exc))).strip().splitlines()
-    message = lines[0] if lines else ""
+    message = _unsupported_text(exc)
     if not _NOT_IMPLEMENTED.search(message):
         return exc
     return UnsupportedConfiguration(f"TensorFlow: {message}")
@@ -136,8 +141,16 @@ class TensorFlowBackend(AbstractBackend):
                               strides, padding, dilation)
 
     def conv2d_backprop_filter(self, x, dy, filter_shape, *, strides=1, padding="VALID", dilation=1):
-        return self._gradient("Conv2DBackpropFilter", ("filter_sizes", filter_shape), {"input": x, "out_backprop": dy},
-                              strides, padding, dilation)
+        try:
+            return self._gradient("Conv2DBackpropFilter", ("filter_sizes", filter_shape),
+                                  {"input": x, "out_backprop": dy}, strides, padding, dilation)
+        except self.tf.errors.InvalidArgumentError as exc:
+            if np.shape(x)[-1] == filter_shape[2]:
+                raise
+            # the CPU kernel reads filter_sizes as a dense filter's: its way of having no grouped case
+            raise UnsupportedConfiguration(f"TensorFlow: {_unsupported_text(exc)} (its CPU filter gradient has no "
+                                           f"grouped case: input channels {np.shape(x)[-1]}, filter's "
+                                           f"{filter_shape[2]})") from exc
 
     def depthwise_conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):
         """`tf.nn.depthwise_conv2d`: NHWC x, filter (kh, kw, C, multiplier)."""

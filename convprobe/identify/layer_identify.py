@@ -51,7 +51,7 @@ from convprobe.probes.encoding import encode_bits
 from convprobe.probes.layers import Layer, LayerKind, op_confirmation_inputs, op_inputs, op_result_shape, run_op
 from convprobe.probes.structure import Structure, best_of, bitwise_equal, candidate_specs
 
-__all__ = ["BASE_CANDIDATES", "DEPTHWISE_NOTE", "depthwise_candidates", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
+__all__ = ["BASE_CANDIDATES", "DEPTHWISE_NOTE", "GROUPED_NOTE", "depthwise_candidates", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
 
 #: Plain models tried beside the measured ones: exact, fp32 and fp16 sequential, pairwise.
 BASE_CANDIDATES = (
@@ -72,6 +72,13 @@ CONFIRMATION_INPUTS = ("signed operands, exponents from 2**-8 to 2**4, fp16 subn
 #: Why a depthwise op has no measured structure and no direct-sum test.
 DEPTHWISE_NOTE = ("identify's crafted-input probes are laid out for conv2d; a depthwise op is tried against the "
                   "models of TensorFlow's CPU kernels and plain models, each confirmed on both input sets")
+
+
+#: How a grouped conv2d is measured: the crafted-structure probes (and the direct-sum test) are
+#: laid out for a dense conv2d, so they run at one group's; the summation trees are recovered
+#: through the grouped op itself, and every spec is confirmed on the grouped layer's own outputs.
+GROUPED_NOTE = ("a grouped conv2d's structure is measured at the conv2d of one group; its summation trees through "
+                "the grouped op itself; every spec is confirmed on the grouped layer's own outputs")
 
 
 def depthwise_candidates(layer: Layer, op: str) -> tuple[str, ...]:
@@ -121,9 +128,10 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
                     structure = Structure(note=f"not measured: {DEPTHWISE_NOTE}",
                                           derived=depthwise_candidates(layer, op))
                     trees = RecoveredTrees(note=f"not recovered: {DEPTHWISE_NOTE}")
-                else:
-                    direct = direct_sum.safely(direct_sum.probe, backend, layer, op, seed)
-                    structure = measure(backend, layer, op, seed)
+                else:  # a grouped conv's structure at one group's conv2d (GROUPED_NOTE), its trees at itself
+                    at = layer.one_group() if layer.groups > 1 else layer
+                    direct = direct_sum.safely(direct_sum.probe, backend, at, op, seed)
+                    structure = measure(backend, at, op, seed)
                     trees = (recover_at_layer(backend, layer, op, seed) if direct.direct is not False
                              else RecoveredTrees(note="not recovered: the op is not a direct sum of products"))
                 ops[op] = {"status": "ok", "bits": bits["uniform"], "confirmation_bits": bits["confirmation"],
@@ -159,9 +167,10 @@ def _predicted(spec: str, layer: Layer, op: str, seed: int, inputs: str = "unifo
 def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dict:
     k = layer.k(op)
     structure = Structure(**result["structure"])
-    measured, by_column, by_row = _measured_specs(layer, op, structure)
+    measured_at = layer.one_group() if layer.groups > 1 else layer  # where the structure was measured
+    measured, by_column, by_row = _measured_specs(measured_at, op, structure)
     others = []  # (specs, structure, how): the same op measured in another layout
-    for other, at, as_op, convert, how, first in _other_layouts(layer, structure):
+    for other, at, as_op, convert, how, first in _other_layouts(measured_at, structure):
         found, column_spec, row_specs = _measured_specs(at, as_op, other)
         converted = {spec: convert(spec) for spec in found}  # the column and row specs are among them
         specs, column_spec, row_specs = ([converted[spec] for spec in part] for part in (found, column_spec, row_specs))
@@ -213,6 +222,8 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         if failed:
             explanation += ("; matched every output of the U[0, 1) inputs but not of the confirmation inputs: "
                             + ", ".join(f"{spec} {confirmation['fractions'][spec]:.1%}" for spec in failed[:3]))
+    if layer.groups > 1:
+        explanation += f"; {GROUPED_NOTE}"
     fraction = scores.get(best, 0.0)
     return {"best": best, "fractions": {k: fraction} if best else {},
             "stops_matching_at": None if best and fraction == 1.0 else k, "perfect": perfect,

@@ -36,8 +36,9 @@ __all__ = ["measure", "pattern_rows", "pattern_outputs", "row_groups", "partial_
 def row_groups(layer: Layer, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """The GEMM rows of `op` grouped by the terms they read inside the operands: (terms,
     rows) per group, the group that reads the most terms first."""
-    n, h, w, c = layer.input_shape
-    kh, kw, _, cout = layer.filter_shape
+    n, h, w, _ = layer.input_shape
+    kh, kw, c, cout = layer.filter_shape  # (a grouped conv's K: one group's c channels, cout / groups)
+    cout //= layer.groups
     _, oh, ow, _ = layer.output_shape
     per_dim = []
     for size, k, out, s, d, top in layer.dimensions:
@@ -112,7 +113,7 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
         if not capacity:
             raise ValueError(why)
         ph, pw = spot(layer, op)
-    c, (kh, kw, _, cout) = layer.input_shape[3], layer.filter_shape
+    (kh, kw, cg, cout), groups = layer.filter_shape, layer.groups
     constant = {"conv2d": layer.input_shape, "conv2d_backprop_input": layer.output_shape,
                 "conv2d_backprop_filter": layer.input_shape}[op]
     filled = np.full(constant, scale, np.float16)
@@ -121,7 +122,9 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
         if op == "conv2d":  # taps (i, j, c) in order
             operands.append((filled, np.ascontiguousarray(values.T).reshape(layer.filter_shape)))
         elif op == "conv2d_backprop_input":  # taps (i, j, o) of the 180-degree rotated filter, in order
-            w = values.reshape(c, kh, kw, cout)[:, ::-1, ::-1, :].transpose(1, 2, 0, 3)
+            # dx channel (group g, channel i of it) reads w[..., i, g's output channels]
+            w = (values.reshape(groups, cg, kh, kw, cout // groups)[:, :, ::-1, ::-1, :]
+                 .transpose(2, 3, 1, 0, 4).reshape(kh, kw, cg, cout))
             operands.append((filled, np.ascontiguousarray(w)))
         else:  # positions (n, oh, ow) of the batch, in order
             operands.append((filled, np.ascontiguousarray(values.T).reshape(layer.output_shape)))

@@ -63,7 +63,7 @@ def _out(size: int, k: int, stride: int, dilation: int, padding: str) -> int:
 
 @dataclass(frozen=True)
 class Layer:
-    """One conv2d layer: NHWC input, HWIO filter, strides, padding, dilation."""
+    """One conv2d layer: NHWC input, HWIO filter (I = C / groups), strides, padding, dilation."""
 
     input_shape: tuple[int, int, int, int]
     filter_shape: tuple[int, int, int, int]
@@ -82,8 +82,11 @@ class Layer:
             raise invalid_choice("padding", self.padding, PADDINGS)
         if min(*self.strides, *self.dilation) < 1:
             raise InvalidArgument(f"strides and dilation must be positive; received {self.strides}, {self.dilation}")
-        if cin != c:
+        if self.kind is LayerKind.DEPTHWISE and cin != c:
             raise InvalidArgument(f"filter-shape input channels ({cin}) must equal input-shape channels ({c})")
+        if c % cin or cout % (c // cin):
+            raise InvalidArgument(f"filter-shape input channels ({cin}) must equal input-shape channels ({c}), or "
+                                  f"divide them into groups that also divide the output channels ({cout})")
         cout = self.output_shape[3]
         if min(self.output_shape) < 1:
             raise InvalidArgument(f"input {h}x{w} is too small for a {kh}x{kw} filter with dilation "
@@ -106,6 +109,20 @@ class Layer:
         channels = cin * cout if self.kind is LayerKind.DEPTHWISE else cout  # depthwise: C x multiplier
         return (n, _out(h, kh, self.strides[0], self.dilation[0], self.padding),
                 _out(w, kw, self.strides[1], self.dilation[1], self.padding), channels)
+
+    @property
+    def groups(self) -> int:
+        """A conv2d's groups (input channels over the filter's): each output channel sums the
+        input channels of its own group (Keras's Conv2D(groups=...)); 1 for a depthwise layer,
+        whose kind says it sums one channel."""
+        return 1 if self.kind is LayerKind.DEPTHWISE else self.input_shape[3] // self.filter_shape[2]
+
+    def one_group(self) -> Layer:
+        """The conv2d of one group: where a grouped layer's structure is measured."""
+        n, h, w, _ = self.input_shape
+        kh, kw, cin, cout = self.filter_shape
+        return Layer((n, h, w, cin), (kh, kw, cin, cout // self.groups), self.strides, self.padding, self.dilation,
+                     self.name)
 
     @property
     def ops(self) -> tuple[str, str, str]:
@@ -131,7 +148,7 @@ class Layer:
         n, oh, ow, _ = self.output_shape
         if self.kind is LayerKind.DEPTHWISE:  # one channel's taps (times the multiplier going back)
             return dict(zip(DEPTHWISE_OPS, (kh * kw, kh * kw * cout, n * oh * ow)))[op]
-        return {"conv2d": kh * kw * cin, "conv2d_backprop_input": kh * kw * cout,
+        return {"conv2d": kh * kw * cin, "conv2d_backprop_input": kh * kw * cout // self.groups,
                 "conv2d_backprop_filter": n * oh * ow}[op]
 
     @property
@@ -140,8 +157,9 @@ class Layer:
         s = "x".join(map(str, self.strides)) if self.strides[0] != self.strides[1] else str(self.strides[0])
         d = "" if self.dilation == (1, 1) else f" d{'x'.join(map(str, self.dilation))}"
         kind = "depthwise " if self.kind is LayerKind.DEPTHWISE else ""
+        g = f" g{self.groups}" if self.groups > 1 else ""
         return (f"{kind}{'x'.join(map(str, self.input_shape))} * {'x'.join(map(str, self.filter_shape))} "
-                f"s{s} {self.padding}{d}")
+                f"s{s} {self.padding}{d}{g}")
 
     @property
     def conv_args(self) -> dict:
@@ -217,7 +235,7 @@ def op_confirmation_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray
     if layer.kind is LayerKind.DEPTHWISE:
         _plant_depthwise_pairs(_role(layer, op), first, second, rng)
     else:
-        _plant_cancelling_pairs(op, first, second, rng)
+        _plant_cancelling_pairs(op, first, second, rng, layer.groups)
     return first, second
 
 
@@ -227,14 +245,16 @@ def op_confirmation_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray
 CANCELLING_MAGNITUDE = 2.0**14
 
 
-def _plant_cancelling_pairs(op: str, first: np.ndarray, second: np.ndarray, rng: np.random.Generator) -> None:
+def _plant_cancelling_pairs(op: str, first: np.ndarray, second: np.ndarray, rng: np.random.Generator,
+                            groups: int = 1) -> None:
     """Make most outputs sum a +M and a -M product at two random places of their reduction,
     different places for different output channels: their result then depends on which terms
     the order puts between the two, so a wrong association fails where a random sum hides it.
 
-    Two channels of the first operand become ones; the second operand carries +-M where they
-    meet it (conv2d: filter taps of those input channels; input gradient: filter taps of those
-    output channels; filter gradient: positions of dy, for the outputs of the one-channels)."""
+    Two channels of the first operand become ones (in every group of a grouped conv, the same
+    two of each); the second operand carries +-M where they meet it (conv2d: filter taps of
+    those input channels; input gradient: filter taps of those output channels; filter
+    gradient: positions of dy, for the outputs of the one-channels)."""
     channels = first.shape[-1]
     if op == "conv2d_backprop_filter":  # x (N,H,W,C) and dy (N,OH,OW,F): reduce over positions
         ones = rng.choice(channels, size=min(2, channels), replace=False)
@@ -249,20 +269,24 @@ def _plant_cancelling_pairs(op: str, first: np.ndarray, second: np.ndarray, rng:
             second[(*np.unravel_index(plus, positions), f)] = CANCELLING_MAGNITUDE
             second[(*np.unravel_index(minus, positions), f)] = -CANCELLING_MAGNITUDE
         return
-    if channels < 2:
+    # conv2d: w (KH,KW,C/g,F), outputs by F, ones at input channels of each group; input gradient:
+    # w (KH,KW,C/g,F), outputs by C, ones at output channels of each group (g groups; 1 for a dense conv)
+    group_size = channels // groups  # the channels of `first` one reduction meets
+    if group_size < 2:
         return
-    one_plus, one_minus = rng.choice(channels, size=2, replace=False)
-    first[..., one_plus] = first[..., one_minus] = 1.0
+    one_plus, one_minus = rng.choice(group_size, size=2, replace=False)
+    for g in range(groups):
+        first[..., g * group_size + one_plus] = first[..., g * group_size + one_minus] = 1.0
     taps = second.shape[:2]
-    # conv2d: w (KH,KW,C,F), outputs by F, ones at input channels C; input gradient: w (KH,KW,C,F),
-    # outputs by C, ones at output channels F
-    outputs = second.shape[3] if op == "conv2d" else second.shape[2]
-    for o in range(outputs):
-        plus, minus = (np.unravel_index(t, taps) for t in rng.choice(int(np.prod(taps)), size=2))
-        where = ((*plus, one_plus, o), (*minus, one_minus, o)) if op == "conv2d" else \
-            ((*plus, o, one_plus), (*minus, o, one_minus))
-        second[where[0]] = CANCELLING_MAGNITUDE
-        second[where[1]] = -CANCELLING_MAGNITUDE
+    outputs = second.shape[3] if op == "conv2d" else second.shape[2]  # per group, for the input gradient
+    for g in range(1 if op == "conv2d" else groups):
+        for o in range(outputs):
+            plus, minus = (np.unravel_index(t, taps) for t in rng.choice(int(np.prod(taps)), size=2))
+            base = g * group_size
+            where = ((*plus, one_plus, o), (*minus, one_minus, o)) if op == "conv2d" else \
+                ((*plus, o, base + one_plus), (*minus, o, base + one_minus))
+            second[where[0]] = CANCELLING_MAGNITUDE
+            second[where[1]] = -CANCELLING_MAGNITUDE
 
 
 def _mixture(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
@@ -365,8 +389,6 @@ def _not_measured_reason(item) -> str | None:
                 f"SeparableConv2D)")
     if item.data_format != "channels_last":
         return f"data_format {item.data_format}: identify measures channels_last (NHWC) convolutions only"
-    if getattr(item, "groups", 1) != 1:
-        return f"grouped convolution (groups={item.groups}): identify has no grouped probe yet"
     return None
 
 
@@ -401,8 +423,8 @@ def _layers_of(item, input_shape: tuple[int, int, int, int]) -> list[Layer]:
     kh, kw = item.kernel_size
     geometry = (tuple(item.strides), item.padding.upper(), tuple(item.dilation_rate))
     channels = input_shape[3]
-    if type(item) is keras.layers.Conv2D:
-        return [Layer(input_shape, (kh, kw, channels, int(item.filters)), *geometry, item.name)]
+    if type(item) is keras.layers.Conv2D:  # (grouped: each filter reads its group's channels)
+        return [Layer(input_shape, (kh, kw, channels // int(item.groups), int(item.filters)), *geometry, item.name)]
     if type(item) is keras.layers.Conv2DTranspose:
         return [_transposed(item, input_shape, geometry)]
     multiplier = int(item.depth_multiplier)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
+from convprobe.errors import InvalidArgument
 from convprobe.emulation import conv2d, conv2d_backprop_filter, conv2d_backprop_input, parse_model
 from convprobe.identify import column_patterns, layer_patterns
 from convprobe.probes import structure
@@ -240,10 +241,11 @@ def test_a_keras_model_gives_a_per_layer_map(tmp_path):
 @pytest.mark.tensorflow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Keras' own save path, not ours
 def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path):
-    """Conv2D, DepthwiseConv2D, both halves of SeparableConv2D and a Conv2DTranspose (as the conv2d
-    it transposes) are identified (on TensorFlow's default CPU configuration, every op at 100%
-    on both input sets); a grouped conv is a row that says why not, in the table, the JSON and
-    the figure."""
+    """Conv2D, DepthwiseConv2D, both halves of SeparableConv2D, a Conv2DTranspose (as the conv2d
+    it transposes) and a grouped Conv2D's forward op are identified (on TensorFlow's default CPU
+    configuration, every op it runs at 100% on both input sets); the grouped gradients TensorFlow
+    refuses on the CPU are rows that say so, and a Conv1D is a row that says why it is not
+    measured, in the table, the JSON and the figure."""
     import keras
 
     inputs = keras.Input((8, 8, 4))
@@ -252,14 +254,16 @@ def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path)
     x = keras.layers.SeparableConv2D(8, 3, padding="same", strides=2, name="separable")(x)
     x = keras.layers.Conv2D(8, 3, padding="same", groups=2, name="grouped")(x)
     x = keras.layers.Conv2DTranspose(4, 3, padding="same", name="transposed")(x)
+    x = keras.layers.Conv1D(3, 3, name="one_d")(keras.layers.Reshape((16, 4))(x))
     path = tmp_path / "mixed.keras"
     keras.Model(inputs, x).save(path)
     doc = run_cli_json("identify", "--configs", "default", "--keras-model", str(path), "--batch", "2",
                        "--output", str(tmp_path / "map.json"))
     matches = doc["matches"]["tensorflow/cpu/default"]
     identified = {key: entry for key, entry in matches.items() if entry["status"] == "ok"}
-    assert [key.split(" / ")[0] for key in identified][::3] == ["plain", "depthwise", "separable/depthwise",
-                                                                "separable/pointwise", "transposed (transposed)"]
+    assert [key.split(" / ")[0] for key in identified] == [
+        *["plain"] * 3, *["depthwise"] * 3, *["separable/depthwise"] * 3, *["separable/pointwise"] * 3, "grouped",
+        *["transposed (transposed)"] * 3]
     assert [key.split(" / ")[1] for key in identified][3:6] == list(DEPTHWISE_OPS)
     for key, entry in identified.items():
         summary = entry["summary"]
@@ -267,11 +271,14 @@ def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path)
         assert summary["confirmation"]["fractions"][summary["best"]] == 1.0
     assert identified["depthwise / depthwise_conv2d_backprop_input"]["summary"]["best"] == (
         "reverse(lanes(3, sequential:fp16:addition=fp32, combine=reverse(sequential:fp16)))")
+    assert identified["grouped / conv2d"]["layer"]["filter_shape"] == [3, 3, 4, 8]  # two groups of 4 channels
     reasons = {key: entry["error"] for key, entry in matches.items() if entry["status"] != "ok"}
-    assert set(reasons) == {"grouped / Conv2D"}, reasons
-    assert "groups=2" in reasons["grouped / Conv2D"]
-    assert all(reason.startswith("not identified: ") for reason in reasons.values())
-    assert [item["name"] for item in doc["params"]["not_identified"]] == ["grouped"]
+    assert set(reasons) == {"grouped / conv2d_backprop_input", "grouped / conv2d_backprop_filter",
+                            "one_d / Conv1D"}, reasons
+    assert "grouped" in reasons["grouped / conv2d_backprop_input"] and "grouped" in reasons[
+        "grouped / conv2d_backprop_filter"]
+    assert reasons["one_d / Conv1D"].startswith("not identified: Conv1D: identify measures 2-D convolutions only")
+    assert [item["name"] for item in doc["params"]["not_identified"]] == ["one_d"]
     proc = run_cli("report", str(tmp_path / "map.json"), "--out-dir", str(tmp_path / "figures"))
     assert proc.returncode == 0, proc.stderr
 
@@ -350,6 +357,50 @@ def test_the_emulator_s_depthwise_ops_are_the_definition(op, strides):
     want = _depthwise_reference(layer, op, first, second).astype(np.float16)
     assert got.shape == want.shape
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), np.argwhere(got != want)[:5]
+
+
+def test_a_grouped_layer_reduces_one_group_and_is_measured_at_one_groups_conv():
+    layer = Layer((2, 6, 6, 8), (3, 3, 2, 12), name="g")
+    assert layer.groups == 4 and layer.label == "2x6x6x8 * 3x3x2x12 s1 SAME g4"
+    assert [layer.k(op) for op in layer.ops] == [18, 27, 72]
+    assert layer.one_group() == Layer((2, 6, 6, 2), (3, 3, 2, 3)) and layer.one_group().groups == 1
+    with pytest.raises(InvalidArgument, match=r"filter-shape input channels \(3\) must equal input-shape channels "
+                                              r"\(8\), or divide them into groups"):
+        Layer((2, 6, 6, 8), (3, 3, 3, 12))
+    with pytest.raises(InvalidArgument, match="groups that also divide the output channels"):
+        Layer((2, 6, 6, 8), (3, 3, 2, 6))
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+def test_a_grouped_layer_is_identified_in_every_op_strict_xla_runs(tmp_path):
+    """Strict XLA runs a grouped conv's three ops on the CPU (TensorFlow's own kernels refuse the
+    gradients); its filter gradient interleaves the batch's images, which only the tree recovered
+    through the grouped op itself reproduces. Every op at 100% on both input sets."""
+    doc = run_cli_json("identify", "--configs", "jit+strict", "--input-shape", "2,6,6,8", "--filter-shape", "3,3,2,12",
+                       "--output", str(tmp_path / "grouped.json"))
+    for op, entry in doc["matches"]["tensorflow/cpu/jit+strict"].items():
+        summary = entry["summary"]
+        assert summary["stops_matching_at"] is None, (op, summary["explanation"])
+        assert summary["confirmation"]["fractions"][summary["best"]] == 1.0, (op, summary["best"])
+        assert "summation trees through the grouped op itself" in summary["explanation"]
+
+
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_backprop_input"])
+@pytest.mark.parametrize("filter_shape", [(3, 3, 8, 6), (3, 3, 2, 12), (3, 3, 4, 6)])
+def test_every_output_meets_a_cancelling_pair_inside_its_own_group(op, filter_shape):
+    """The confirmation inputs plant +M and -M where a reduction meets ones: counted through the
+    exact emulator on indicator operands, every output of a dense or grouped layer sums at least
+    one +M product and one -M product."""
+    layer = Layer((2, 5, 5, 8), filter_shape)
+    first, second = op_confirmation_inputs(layer, op, 4)
+    exact = EmulatedBackend("exact:fp64")
+    ones = (first == 1.0).astype(np.float16)
+    for sign in (1.0, -1.0):
+        marked = (second == sign * 2.0**14).astype(np.float16)
+        counts = run_op(exact, layer, op, ones, marked).astype(np.float64)
+        interior = counts[:, 1:-1, 1:-1, :]  # (padding can take a tap away at the border)
+        assert interior.min() >= 1, (sign, np.argwhere(interior < 1)[:5])
 
 
 def test_a_depthwise_layer_has_its_own_ops_and_reduction_lengths():
