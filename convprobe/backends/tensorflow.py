@@ -67,6 +67,11 @@ def _gradient_conv_args(strides, padding, dilation):
     )
 
 
+#: Calls per function `run_together` compiles: every group of calls is padded to this many, so
+#: the crafted-input probes' thousands of calls trace and compile a few dozen functions.
+TOGETHER = 16
+
+
 class TensorFlowBackend(AbstractBackend):
     """`tf.nn.conv2d` and its two gradient kernels on one device, optionally under XLA."""
 
@@ -81,6 +86,7 @@ class TensorFlowBackend(AbstractBackend):
             raise invalid_choice("device", device, DEVICES)
         self.device = device
         self.jit_compile = bool(jit_compile)
+        self._together: dict[tuple, object] = {}  # run_together's traced functions, by plan
 
     @functools.cached_property
     def tf(self):
@@ -202,13 +208,19 @@ class TensorFlowBackend(AbstractBackend):
     def run_together(self, calls):
         """Run several op calls [(method name, args, kwargs)] as one function; NumPy results in order.
 
-        Under jit_compile this is one XLA compilation instead of one per call (the
-        compile, not the arithmetic, dominates a crafted-input battery); each op
-        keeps its own kernel, so the results are those of the separate calls.
+        Under jit_compile the calls run in groups of `TOGETHER`, each group one XLA function,
+        traced and compiled once per distinct plan and reused (the compile, not the arithmetic,
+        dominates a crafted-input battery); each op keeps its own kernel, so the results are
+        those of the separate calls.
         Without jit the calls simply run one after another, eagerly, as always.
         """
         if not self.jit_compile:
             return [np.asarray(getattr(self, name)(*args, **kwargs)) for name, args, kwargs in calls]
+        calls = list(calls)
+        if len(calls) != TOGETHER:  # fixed-size groups (the last padded with its own last call): few traces
+            groups = [calls[i:i + TOGETHER] for i in range(0, len(calls), TOGETHER)]
+            return [result for group in groups
+                    for result in self.run_together(group + group[-1:] * (TOGETHER - len(group)))[:len(group)]]
         tf = self.tf
         arrays: list[np.ndarray] = []
         plan = []
@@ -232,8 +244,14 @@ class TensorFlowBackend(AbstractBackend):
             finally:
                 self._symbolic = False
 
+        # one traced function per plan: a plan seen before (the crafted-input probes repeat theirs
+        # with new values) reuses its trace and its XLA executable; autograph has nothing to convert
+        key = (repr(plan), tuple((a.shape, a.dtype.str) for a in arrays))
+        function = self._together.get(key)
+        if function is None:
+            function = self._together[key] = tf.function(body, jit_compile=True, autograph=False)
         with self._on_device():
-            outputs = tf.function(body, jit_compile=True)(*(tf.constant(a) for a in arrays))
+            outputs = function(*(tf.constant(a) for a in arrays))
         return [np.asarray(o.numpy()) for o in outputs]
 
     def runtime_info(self) -> dict:

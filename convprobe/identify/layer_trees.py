@@ -24,6 +24,7 @@ import numpy as np
 
 from convprobe.emulation.composites import Columns, Rows
 from convprobe.emulation.models import AccumulationModel
+from convprobe.emulation.reduction import dot
 from convprobe.emulation.specs import parse_model
 from convprobe.emulation.tree import Chain, Item, leaves_of, parse_tree, tree_text
 from convprobe.identify.tree_formats import COARSE, FINE, KEPT, SCALE, TreeFormats, measure_formats, terms_row, tree_models
@@ -107,9 +108,9 @@ class _Class:
         for rows, reading, scale in zip(self.rows, self.readings, (1.0, SCALE)):
             if not len(rows):
                 continue
-            operands = (rows / scale).astype(np.float16).astype(np.float64)
-            with np.errstate(over="ignore", invalid="ignore"):
-                got = np.asarray(model.reduce_rows(operands, np.full_like(operands, np.float16(scale)), None),
+            operands = (rows / scale).astype(np.float16)
+            with np.errstate(over="ignore", invalid="ignore"):  # (dot: the model's compiled program where it has one)
+                got = np.asarray(dot(operands, np.full(operands.shape[-1], scale, np.float16), model),
                                  np.float16).astype(np.float64)
             if not np.array_equal(got, reading, equal_nan=True):
                 return False

@@ -58,3 +58,32 @@ def test_an_error_without_a_message_is_not_taken_for_a_refusal():
     assert _unsupported(empty) is empty
     refusal = tf.errors.UnimplementedError(None, None, "{{node Conv2D}} Kernels do not yet support this\nmore")
     assert str(_unsupported(refusal)) == "TensorFlow: Kernels do not yet support this"
+
+
+@pytest.mark.tensorflow
+def test_calls_run_together_under_xla_give_each_calls_own_bits_from_few_compilations():
+    """37 forward and input-gradient calls on signed fp16 operands, run together in padded groups
+    of TOGETHER, equal each call compiled alone; a second batch of another length reuses the
+    groups' traced functions."""
+    from convprobe.backends.tensorflow import TOGETHER
+
+    rng = np.random.default_rng(5)
+    backend = TensorFlowBackend("cpu", jit_compile=True)
+    w = (rng.standard_normal((3, 3, 16, 4)) * 4).astype(np.float16)
+    calls = []
+    for i in range(37):
+        if i % 3:
+            calls.append(("conv2d", ((rng.standard_normal((1, 6, 6, 16)) * 8).astype(np.float16), w),
+                          {"padding": "SAME"}))
+        else:
+            calls.append(("conv2d_backprop_input", ((rng.standard_normal((1, 6, 6, 4)) * 8).astype(np.float16), w,
+                                                    (1, 6, 6, 16)), {"padding": "SAME"}))
+    together = backend.run_together(calls)
+    alone = [np.asarray(getattr(backend, name)(*args, **kwargs)) for name, args, kwargs in calls]
+    assert len(together) == len(calls)
+    for i, (got, want) in enumerate(zip(together, alone)):
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), (i, calls[i][0])
+    traced = len(backend._together)
+    assert traced <= -(-len(calls) // TOGETHER), traced
+    backend.run_together(calls[:TOGETHER])  # the first group again, on the same plan
+    assert len(backend._together) == traced
