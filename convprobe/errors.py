@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+if TYPE_CHECKING:  # (the annotation only: errors imports nothing at run time)
+    import numpy as np
 
 __all__ = ["ConvprobeError", "InvalidArgument", "OutputWriteFailed", "UnsupportedConfiguration", "invalid_choice", "is_integer", "reason"]
 
@@ -42,7 +46,7 @@ def invalid_choice(argument: str, value: object, choices: Iterable[object]) -> I
     return InvalidArgument(f"{argument} must be one of {valid}; received {value!r}")
 
 
-def is_integer(value: object) -> bool:
+def is_integer(value: object) -> TypeGuard[int | np.integer[Any]]:
     """Whether a user's value is an integer: a Python or NumPy one, never a bool (which
     Python counts as one), a float or a string. The one test every integer argument uses."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)

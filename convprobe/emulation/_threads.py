@@ -32,7 +32,9 @@ def _executor() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, thread_name_prefix="convprobe-kernel")
+            _pool = ThreadPoolExecutor(
+                numba.config.NUMBA_NUM_THREADS,  # type: ignore[attr-defined]  # set through numba.config's globals()
+                thread_name_prefix="convprobe-kernel")
         return _pool
 
 

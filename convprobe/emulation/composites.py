@@ -60,8 +60,8 @@ import numpy as np
 from convprobe.emulation import _kernels as K
 from convprobe.emulation import _native_fp16, _native_fp32, plan
 from convprobe.emulation._native_fp16 import convert
-from convprobe.emulation.models import (AccumulationModel, Chunked, Exact, Pairwise, Sequential, kernel_config,
-                                       sum_terms_as_rows)
+from convprobe.emulation.models import (AccumulationModel, Chunked, Exact, Pairwise, Sequential, as_format,
+                                       kernel_config, sum_terms_as_rows)
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.formats import FP32, Format
@@ -81,7 +81,7 @@ def _inner_gemm(model: AccumulationModel, a: np.ndarray, w: np.ndarray, inputs_f
     """`model`'s GEMM of a (M, K) against w (K, N) as float64, run in the dtype its kernel
     takes (`model.carrier`; exact: the values are fp16 numbers where it is float16)."""
     dtype = model.carrier(inputs_fp16)
-    out = np.empty((a.shape[0], w.shape[1]), dtype=dtype)
+    out: np.ndarray = np.empty((a.shape[0], w.shape[1]), dtype=dtype)
     model.gemm_into(convert(a, dtype), convert(w, dtype), out, 0, inputs_fp16)
     return convert(out, np.float64)
 
@@ -129,12 +129,19 @@ class _Composite(AccumulationModel):
             raise InvalidArgument(f"{self.kind} combines with nearest-even rounding; set rounding "
                                   f"on the inner model")
 
+    @property
+    def _inner(self) -> AccumulationModel:
+        """`inner` as read after construction (the constructor takes None for "not given";
+        `_validate` refuses it)."""
+        assert self.inner is not None
+        return self.inner
+
     def _check_model(self, model: AccumulationModel) -> None:
         _check_inner(model, "inner")
 
     def _parts(self) -> tuple[AccumulationModel, ...]:
         """The models whose steps this composite's program writes."""
-        return (self.inner,)
+        return (self._inner,)
 
     def plannable(self) -> bool:
         """Whether the whole composite compiles (`plan`): its own options and every part."""
@@ -145,37 +152,40 @@ class _Composite(AccumulationModel):
         return "" if self.positions == Positions.NHW else f", positions={self.positions}"
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
-        self.inner.check_inputs(x, fp16_dtype, argument)
+        self._inner.check_inputs(x, fp16_dtype, argument)
 
     def carrier(self, inputs_fp16: bool) -> type:
         """float32 for fp16 inputs where float32 holds the output (im2col moves half the
         bytes of float64; each inner model then takes its own carrier: `_inner_gemm`),
         else float64."""
-        return np.float32 if inputs_fp16 and FP32.holds(self.output) else np.float64
+        return np.float32 if inputs_fp16 and FP32.holds(as_format(self.output)) else np.float64
 
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         return sum_terms_as_rows(self, terms)
 
     def _summed_formats(self) -> list[tuple[Format, str]]:
-        return [(self.accumulator, "combine")]
+        return [(as_format(self.accumulator), "combine")]
 
     def _describe_kind(self) -> str:
         raise NotImplementedError
 
     def _produced(self) -> Format:
         """The format the combining step leaves its results in."""
-        return self.accumulator
+        return as_format(self.accumulator)
 
     def _finish(self, out: np.ndarray) -> np.ndarray:
         if self.output == self._produced():
             return out
-        return round_to_format(out, self.output, Rounding.NEAREST_EVEN, subnormals=self.subnormals,
+        return round_to_format(out, as_format(self.output), Rounding.NEAREST_EVEN, subnormals=self.subnormals,
                                overflow=self.overflow)
 
 
 def range_length(k: int, parts: int | None, length: int | None) -> int:
     """The length of a split's ranges (the last may be shorter): ceil(k/parts), or `length`."""
-    return length if length is not None else max(1, -(-k // parts))
+    if length is not None:
+        return length
+    assert parts is not None, "a split has parts or a length"
+    return max(1, -(-k // parts))
 
 
 def ranges(k: int, parts: int | None, length: int | None) -> list[tuple[int, int]]:
@@ -221,25 +231,27 @@ class SplitK(_Composite):
             _check_inner(model, "first")
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
-        for model in (self.inner, *self.first):
+        for model in (self._inner, *self.first):
             model.check_inputs(x, fp16_dtype, argument)
 
     def range_model(self, i: int) -> AccumulationModel:
         """The model that reduces range i (`first` longer than the ranges: its extra models
         go unused)."""
-        return self.first[i] if i < len(self.first) else self.inner
+        return self.first[i] if i < len(self.first) else self._inner
 
     def to_spec(self) -> str:
         size = str(self.parts) if self.parts is not None else f"length={self.length}"
+        inner = self._inner.to_spec()
         if self.first:
-            size += f", {self.inner.to_spec()}, first={' | '.join(m.to_spec() for m in self.first)}"
+            size += f", {inner}, first={' | '.join(m.to_spec() for m in self.first)}"
         else:
-            size += f", {self.inner.to_spec()}"
+            size += f", {inner}"
+        output = as_format(self.output)
         if self.combine is not None:
-            extra = "" if self.output == self.combine.output else f", output={self.output.name}"
+            extra = "" if output == self.combine.output else f", output={output.name}"
             return f"splitk({size}, combine={self.combine.to_spec()}{extra}{self._order()})"
-        extra = "" if self.output == self.accumulator else f", output={self.output.name}"
-        return f"splitk({size}, combine={self.accumulator.name}{extra}{self._order()})"
+        extra = "" if output == self.accumulator else f", output={output.name}"
+        return f"splitk({size}, combine={as_format(self.accumulator).name}{extra}{self._order()})"
 
     @property
     def name(self) -> str:
@@ -252,7 +264,8 @@ class SplitK(_Composite):
                     else f"summed in {self.accumulator}")
         own = "".join(f"range {i} as [{m.describe()}], " for i, m in enumerate(self.first))
         rest = "the others" if self.first else "each"
-        return f"split-K: {size}, {own}{rest} reduced as [{self.inner.describe()}], the partial results {combined}"
+        return (f"split-K: {size}, {own}{rest} reduced as [{self._inner.describe()}], the partial "
+                f"results {combined}")
 
     def reduce_rows(self, a, b, c):
         if c is not None:
@@ -263,7 +276,7 @@ class SplitK(_Composite):
         return self._finish(self._combined(parts))
 
     def _produced(self) -> Format:
-        return self.accumulator if self.combine is None else self.combine.output
+        return as_format(self.accumulator if self.combine is None else self.combine.output)
 
     def _combined(self, parts: list[np.ndarray]) -> np.ndarray:
         return _reduced_by(self._combine_model(), parts).reshape(parts[0].shape)
@@ -277,7 +290,7 @@ class SplitK(_Composite):
         if (self.combine is not None or self.first or not K.same_format(own[K.ACCUMULATOR], FP32)
                 or own[K.ACCUMULATOR, K.F_KEEP_SUB] == 0.0 or own_ic[K.IC_SAT] != 0):
             return False
-        fp, ic, _ = kernel_config(self.inner)
+        fp, ic, _ = kernel_config(self._inner)
         return ic[K.IC_KIND] == K.SEQUENTIAL and ic[K.IC_MODE] == K.NEAREST_EVEN and K.native_fp16(fp, ic, inputs_fp16)
 
     def _combine_model(self) -> AccumulationModel:
@@ -285,7 +298,7 @@ class SplitK(_Composite):
             accumulator=self.accumulator, subnormals=self.subnormals, overflow=self.overflow)
 
     def _parts(self) -> tuple[AccumulationModel, ...]:
-        return (self.inner, *self.first, self._combine_model())
+        return (self._inner, *self.first, self._combine_model())
 
     def emit(self, steps, items, register):
         """Each range's sum in a register above `register`, then the combine over them in
@@ -302,7 +315,7 @@ class SplitK(_Composite):
         n = w.shape[1]
         if out.dtype == np.float32 and self._fp16_ranges_fp32_total(inputs_fp16):
             totals = np.empty((a.shape[0], n), np.float32)
-            add32 = kernel_config(self.inner)[0][K.ADDITION, K.F_PRECISION] != 0.0
+            add32 = kernel_config(self._inner)[0][K.ADDITION, K.F_PRECISION] != 0.0
             _native_fp16.chunked_gemm_fp32_total(convert(a, np.float16), convert(w, np.float16), totals, 0,
                                                  add32=add32, chunk=range_length(a.shape[1], self.parts, self.length))
             out[:, col0:col0 + n] = self._finish(totals)
@@ -338,6 +351,12 @@ class Lanes(_Composite):
             object.__setattr__(self, "output", self._produced())
         super().__post_init__()
 
+    @property
+    def _combine(self) -> AccumulationModel:
+        """`combine` as read after construction (`__post_init__` refuses None)."""
+        assert self.combine is not None
+        return self.combine
+
     def _validate(self) -> None:
         super()._validate()
         if not is_integer(self.width) or self.width < 1:
@@ -346,17 +365,18 @@ class Lanes(_Composite):
             raise InvalidArgument(f"tail must be an integer >= 0; received {self.tail!r}")
         if self.tail and not isinstance(self.inner, (Sequential, Pairwise, Chunked, Exact)):
             raise InvalidArgument(f"inner must be a plain model (sequential, pairwise, chunked or exact) when "
-                                  f"tail is set; received inner={self.inner.to_spec()}")
-        if self.tail and self.inner.product != "exact" and not self.inner.product.holds(self.combine.output):
+                                  f"tail is set; received inner={self._inner.to_spec()}")
+        product = self._inner.product
+        if self.tail and isinstance(product, Format) and not product.holds(as_format(self._combine.output)):
             # the combined sum enters the tail as a product with 1: a narrower product format would round it
             raise InvalidArgument(f"the inner model's product format must hold the combine's output "
-                                  f"({self.combine.output.name}) when tail is set; received "
-                                  f"product={self.inner.product.name}")
+                                  f"({as_format(self._combine.output).name}) when tail is set; received "
+                                  f"product={product.name}")
 
     def to_spec(self) -> str:
-        extra = "" if self.output == self._produced() else f", output={self.output.name}"
+        extra = "" if self.output == self._produced() else f", output={as_format(self.output).name}"
         tail = f", tail={self.tail}" if self.tail else ""
-        return f"lanes({self.width}, {self.inner.to_spec()}, combine={self.combine.to_spec()}{tail}{extra}{self._order()})"
+        return f"lanes({self.width}, {self._inner.to_spec()}, combine={self._combine.to_spec()}{tail}{extra}{self._order()})"
 
     @property
     def name(self) -> str:
@@ -364,15 +384,15 @@ class Lanes(_Composite):
 
     def _describe_kind(self) -> str:
         return (f"{self.width} interleaved lanes (term k to lane k mod {self.width}), each "
-                f"reduced as [{self.inner.describe()}], then the lanes as "
-                f"[{self.combine.describe()}]"
+                f"reduced as [{self._inner.describe()}], then the lanes as "
+                f"[{self._combine.describe()}]"
                 + (f"; the last {self.tail} terms then added by the inner model" if self.tail else ""))
 
     def _produced(self) -> Format:
-        return self.inner.output if self.tail else self.combine.output
+        return as_format(self._inner.output if self.tail else self._combine.output)
 
     def _combined(self, sums: list[np.ndarray]) -> np.ndarray:
-        return _reduced_by(self.combine, sums)
+        return _reduced_by(self._combine, sums)
 
     def _head(self, k: int) -> int:
         """How many leading terms go into the lanes."""
@@ -383,14 +403,14 @@ class Lanes(_Composite):
         if a_tail.shape[1] == 0:
             return combined
         ones = np.ones((len(combined), 1))
-        return self.inner.reduce_rows(np.hstack([combined.reshape(-1, 1), a_tail]),
+        return self._inner.reduce_rows(np.hstack([combined.reshape(-1, 1), a_tail]),
                                       np.hstack([ones, b_tail]), None)
 
     def reduce_rows(self, a, b, c):
         if c is not None:
             raise InvalidArgument("c (an accumulator input) is not defined for lanes models")
         head = self._head(a.shape[1])
-        sums = [self.inner.reduce_rows(np.ascontiguousarray(a[:, lane:head:self.width]),
+        sums = [self._inner.reduce_rows(np.ascontiguousarray(a[:, lane:head:self.width]),
                                        np.ascontiguousarray(b[:, lane:head:self.width]), None)
                 for lane in range(self.width)]
         combined = self._combined(sums)
@@ -401,11 +421,11 @@ class Lanes(_Composite):
         """Whether the CPU's float32 arithmetic computes the lanes and their combination
         (`_native_fp32.lanes_gemm`): fp16 inputs, the inner model the float32 FMA
         (`_kernels.native_fp32`), the combine float32 additions (`_kernels.float32_sums`)."""
-        (fp, ic, _), (cfp, cic, _) = kernel_config(self.inner), kernel_config(self.combine)
+        (fp, ic, _), (cfp, cic, _) = kernel_config(self._inner), kernel_config(self._combine)
         return K.native_fp32(fp, ic, inputs_fp16) and K.float32_sums(cfp, cic)
 
     def _parts(self) -> tuple[AccumulationModel, ...]:
-        return (self.inner, self.combine)
+        return (self._inner, self._combine)
 
     def emit(self, steps, items, register):
         """Each lane's sum in a register above `register`, the combine over them in the
@@ -414,12 +434,12 @@ class Lanes(_Composite):
         top = register + 1 + self.width
         if head:
             for lane in range(self.width):
-                self.inner.emit(steps, items[lane:head:self.width], register + 1 + lane)
-            self.combine.emit(steps, [plan.Partial(register + 1 + lane) for lane in range(self.width)], top)
+                self._inner.emit(steps, items[lane:head:self.width], register + 1 + lane)
+            self._combine.emit(steps, [plan.Partial(register + 1 + lane) for lane in range(self.width)], top)
         else:
             steps.zero(top)
         if head < len(items):
-            self.inner.emit(steps, [plan.Partial(top), *items[head:]], top + 1)
+            self._inner.emit(steps, [plan.Partial(top), *items[head:]], top + 1)
             top += 1
         steps.take(self, register, plan.Partial(top))
         steps.round(self, register, self.output)
@@ -432,17 +452,17 @@ class Lanes(_Composite):
             combined = np.zeros(m * n)
         elif a.dtype == np.float32 and self._float32_lanes(inputs_fp16):
             sums = np.empty((m, n), np.float32)
-            pairwise = kernel_config(self.combine)[1][K.IC_KIND] == K.PAIRWISE
+            pairwise = kernel_config(self._combine)[1][K.IC_KIND] == K.PAIRWISE
             _native_fp32.lanes_gemm(np.ascontiguousarray(a_head), np.ascontiguousarray(w_head), self.width, pairwise,
                                     sums, 0)
-            combined = sums if self.combine.output == FP32 else round_to_format(
-                sums, self.combine.output, Rounding.NEAREST_EVEN, subnormals=self.combine.subnormals,
-                overflow=self.combine.overflow)
+            combined = sums if self._combine.output == FP32 else round_to_format(
+                sums, self._combine.output, Rounding.NEAREST_EVEN, subnormals=self._combine.subnormals,
+                overflow=self._combine.overflow)
             combined = np.asarray(combined, np.float64).reshape(-1)
         elif _planned(self, a, w, out, col0):
             return
         else:
-            sums = [_inner_gemm(self.inner, a_head[:, lane::self.width], w_head[lane::self.width], inputs_fp16)
+            sums = [_inner_gemm(self._inner, a_head[:, lane::self.width], w_head[lane::self.width], inputs_fp16)
                     for lane in range(self.width)]
             combined = self._combined(sums)
         if head < a.shape[1]:  # row (i, j) of the tail: a[i, head:] against w[head:, j]
@@ -466,33 +486,33 @@ class Reverse(_Composite):
         super().__post_init__()
 
     def to_spec(self) -> str:
-        extra = "" if self.output == self.inner.output else f", output={self.output.name}"
-        return f"reverse({self.inner.to_spec()}{extra}{self._order()})"
+        extra = "" if self.output == self._inner.output else f", output={as_format(self.output).name}"
+        return f"reverse({self._inner.to_spec()}{extra}{self._order()})"
 
     @property
     def name(self) -> str:
         return self.to_spec()
 
     def _describe_kind(self) -> str:
-        return f"the terms from last to first, reduced as [{self.inner.describe()}]"
+        return f"the terms from last to first, reduced as [{self._inner.describe()}]"
 
     def _produced(self) -> Format:
-        return self.inner.output
+        return as_format(self._inner.output)
 
     def reduce_rows(self, a, b, c):
         if c is not None:
             raise InvalidArgument("c (an accumulator input) is not defined for reverse models")
-        out = self.inner.reduce_rows(np.ascontiguousarray(a[:, ::-1]), np.ascontiguousarray(b[:, ::-1]), None)
+        out = self._inner.reduce_rows(np.ascontiguousarray(a[:, ::-1]), np.ascontiguousarray(b[:, ::-1]), None)
         return self._finish(np.asarray(out, np.float64))
 
     def emit(self, steps, items, register):
-        self.inner.emit(steps, items[::-1], register)
+        self._inner.emit(steps, items[::-1], register)
         steps.round(self, register, self.output)
 
     def gemm_into(self, a, w, out, col0, inputs_fp16):
         if _planned(self, a, w, out, col0):
             return
-        out[:, col0:col0 + w.shape[1]] = self._finish(_inner_gemm(self.inner, a[:, ::-1], w[::-1], inputs_fp16))
+        out[:, col0:col0 + w.shape[1]] = self._finish(_inner_gemm(self._inner, a[:, ::-1], w[::-1], inputs_fp16))
 
 
 @dataclass(frozen=True)
@@ -511,11 +531,11 @@ class _ByIndex(_Composite):
             raise InvalidArgument(f"{self.kind} needs at least one model")
         for model in self.models:
             self._check_model(model)
-        outputs = {m.output.name for m in self.models}
+        outputs = {as_format(m.output).name for m in self.models}
         if len(outputs) > 1:
             raise InvalidArgument(f"{self.kind}' models must share one output format; received {sorted(outputs)}")
         if self.output is not None and resolve_format(self.output, "output") != self.models[0].output:
-            raise InvalidArgument(f"{self.kind}' output is its models' own ({self.models[0].output.name}); set "
+            raise InvalidArgument(f"{self.kind}' output is its models' own ({as_format(self.models[0].output).name}); set "
                                   f"output on the models; received output={self.output!r}")
         object.__setattr__(self, "inner", self.models[0])
         object.__setattr__(self, "accumulator", self.models[0].output)
@@ -696,8 +716,9 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
                 models += [parse_model(head_text.strip())] * int(count)
             else:
                 models.append(parse_model(text))
-        return COMPOSITE_KINDS[kind](models=tuple(models), output=keywords.get("output"),
-                                     positions=keywords.get("positions", Positions.NHW))
+        by_index: type[_ByIndex] = Columns if kind == "columns" else Rows
+        return by_index(models=tuple(models), output=keywords.get("output"),
+                        positions=keywords.get("positions", Positions.NHW))
     values: dict[str, Any] = {}
     size_name = "parts" if kind == "splitk" else "width"
     if kind != "reverse" and positional and positional[0].strip().lstrip("-").isdigit():

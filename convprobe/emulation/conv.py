@@ -23,6 +23,7 @@ Stochastic rounding is keyed by the flat C-order index of each result.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -48,10 +49,10 @@ Padding = str | Sequence[Sequence[int]]
 def pair(value: int | Sequence[int], argument: str) -> tuple[int, int]:
     """(h, w) from an int or a pair of ints, each >= 1."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        items = (int(value), int(value))
+        items: tuple[Any, ...] = (int(value), int(value))  # (a user's values: checked below)
     else:
         try:
-            items = tuple(value)  # type: ignore[arg-type]
+            items = tuple(value)  # type: ignore[arg-type]  # (a bool: TypeError, refused below)
         except TypeError:
             items = ()
         if len(items) == 4:  # TensorFlow's NHWC form [1, h, w, 1]
@@ -98,7 +99,7 @@ def resolve_padding(padding: Padding, in_hw: tuple[int, int], k_hw: tuple[int, i
 def conv_output_shape(in_hw: tuple[int, int], k_hw: tuple[int, int], strides: tuple[int, int],
                       dilation: tuple[int, int], pads) -> tuple[int, int]:
     """(OH, OW) of a convolution."""
-    return tuple(  # type: ignore[return-value]
+    return tuple(
         (n + p0 + p1 - (k - 1) * d - 1) // s + 1
         for n, k, s, d, (p0, p1) in zip(in_hw, k_hw, strides, dilation, pads)
     )
@@ -285,7 +286,7 @@ def _shape4(shape, argument: str) -> tuple[int, int, int, int]:
         out = ()
     if len(out) != 4 or min(out) < 1:
         raise InvalidArgument(f"{argument} must be 4 positive integers; received {shape!r}")
-    return out  # type: ignore[return-value]
+    return out
 
 
 def conv2d_backprop_input(dy: np.ndarray, w: np.ndarray, input_shape: Sequence[int],

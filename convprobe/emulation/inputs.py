@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from convprobe.emulation.models import AccumulationModel
+from convprobe.emulation.models import AccumulationModel, as_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP64
 
@@ -43,7 +43,7 @@ def check_exact_products(x64: np.ndarray, narrow: bool, model: AccumulationModel
     """Raise unless every product involving x64 is exact in float64 (see module doc),
     or if x64 holds infinities that a format of the model cannot represent."""
     if x64.size and np.isinf(x64).any():
-        for fmt, role in ((model.accumulator, "accumulator"), (model.output, "output")):
+        for fmt, role in ((as_format(model.accumulator), "accumulator"), (as_format(model.output), "output")):
             if not fmt.has_inf:
                 raise InvalidArgument(
                     f"{argument} contains inf, which the {role} format {fmt.name} cannot "

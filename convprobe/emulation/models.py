@@ -75,6 +75,14 @@ def _is_fp64(fmt: Format) -> bool:
     return fmt.precision == 53 and fmt.emin == -1022
 
 
+def as_format(value: Format | str | None) -> Format:
+    """A model's format field as read after construction: the fields' types say what the
+    constructor accepts (a name, None for a default), and `__post_init__` resolves
+    accumulator, output, input, adder and total to Formats."""
+    assert isinstance(value, Format), value
+    return value
+
+
 @dataclass(frozen=True)
 class AccumulationModel:
     """Base of all models; use a subclass."""
@@ -158,13 +166,13 @@ class AccumulationModel:
 
     def _summed_formats(self) -> list[tuple[Format, str]]:
         """Formats that receive an exactly formed sum (round-to-odd needs p <= 51)."""
-        out = [(self.accumulator, "accumulator")]
-        if self.addition != _EXACT:
+        out = [(as_format(self.accumulator), "accumulator")]
+        if isinstance(self.addition, Format):  # (else "exact")
             out.append((self.addition, "addition"))
         return out
 
     def _stochastic_formats(self) -> list[tuple[Format, str]]:
-        return [(self.accumulator, "accumulator"), (self.output, "output")]
+        return [(as_format(self.accumulator), "accumulator"), (as_format(self.output), "output")]
 
     def _extra_params(self) -> dict[str, Any]:
         return {}
@@ -182,14 +190,15 @@ class AccumulationModel:
     def name(self) -> str:
         """Short label, e.g. ``sequential:fp16`` or ``blocked:fp32:b=8``."""
         extra = "".join(f":{k}={v}" for k, v in self._extra_params().items())
-        return f"{self.kind}:{self.accumulator.name}{extra}"
+        return f"{self.kind}:{as_format(self.accumulator).name}{extra}"
 
     @property
     def output_dtype(self) -> np.dtype:
         """Storage dtype of results: the output format's, float64 for custom formats."""
-        if self.output.dtype_name is None:
+        output = as_format(self.output)
+        if output.dtype_name is None:
             return np.dtype(np.float64)
-        return self.output.dtype
+        return output.dtype
 
     def to_spec(self) -> str:
         """A `parse_model` spec that rebuilds this model exactly."""
@@ -426,14 +435,15 @@ class Blocked(AccumulationModel):
         if self.rounding == Rounding.STOCHASTIC:
             raise InvalidArgument("rounding of a blocked model must be one of nearest_even, "
                                   "toward_zero; received 'stochastic'")
-        if self.addition != _EXACT:
+        if isinstance(self.addition, Format):  # (else "exact")
             raise InvalidArgument(f"addition of a blocked model must be exact (the block adder "
                                   f"sums exactly); received {self.addition.name}")
-        narrowed = self.adder.precision + min(self.extra_bits, 0)
+        adder = as_format(self.adder)
+        narrowed = adder.precision + min(self.extra_bits, 0)
         if narrowed < 2:
-            raise InvalidArgument(f"extra_bits must be at least {2 - self.adder.precision} for "
-                                  f"adder {self.adder.name}; received {self.extra_bits}")
-        width = self.adder.precision + self.extra_bits + 1 + math.ceil(math.log2(self.b + 1))
+            raise InvalidArgument(f"extra_bits must be at least {2 - adder.precision} for "
+                                  f"adder {adder.name}; received {self.extra_bits}")
+        width = adder.precision + self.extra_bits + 1 + math.ceil(math.log2(self.b + 1))
         if width > 53:
             raise InvalidArgument(
                 f"b and extra_bits must satisfy p_adder + extra_bits + 1 + ceil(log2(b + 1)) <= "
@@ -445,14 +455,15 @@ class Blocked(AccumulationModel):
     def block_format(self) -> Format:
         """The format each block's sum is rounded to: the accumulator, narrowed when
         extra_bits < 0."""
-        p = self.accumulator.precision
+        accumulator = as_format(self.accumulator)
+        p = accumulator.precision
         if self.extra_bits < 0:
-            p = min(p, self.adder.precision + self.extra_bits)
-        if p == self.accumulator.precision:
-            return self.accumulator
-        return custom_format(p, self.accumulator.emax, subnormals=self.accumulator.subnormals,
-                             has_inf=self.accumulator.has_inf,
-                             name=f"{self.accumulator.name}_p{p}")
+            p = min(p, as_format(self.adder).precision + self.extra_bits)
+        if p == accumulator.precision:
+            return accumulator
+        return custom_format(p, accumulator.emax, subnormals=accumulator.subnormals,
+                             has_inf=accumulator.has_inf,
+                             name=f"{accumulator.name}_p{p}")
 
     def _extra_params(self) -> dict[str, Any]:
         out: dict[str, Any] = {"b": self.b}
@@ -505,7 +516,7 @@ class Blocked(AccumulationModel):
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         from convprobe.emulation import _block_fma
 
-        if not (fp16_dtype and self.input.holds(FP16)):  # fp16 values need no check then
+        if not (fp16_dtype and as_format(self.input).holds(FP16)):  # fp16 values need no check then
             _block_fma._check_inputs(x, self, argument)
 
     def carrier(self, inputs_fp16: bool) -> type:
@@ -514,7 +525,7 @@ class Blocked(AccumulationModel):
         from convprobe.emulation import _block_fma_compiled, _block_fma_narrow
 
         narrow = (_block_fma_compiled.applies(self) and _block_fma_narrow.applies(self)
-                  and FP32.holds(self.output))
+                  and FP32.holds(as_format(self.output)))
         return np.float32 if narrow else np.float64
 
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
@@ -565,12 +576,12 @@ class Chunked(AccumulationModel):
         self._set("total", total)
 
     def _stochastic_formats(self) -> list[tuple[Format, str]]:
-        return [*super()._stochastic_formats(), (self.total, "total")]
+        return [*super()._stochastic_formats(), (as_format(self.total), "total")]
 
     def _extra_params(self) -> dict[str, Any]:
         out: dict[str, Any] = {"n": self.chunk}
         if self.total != FP32:
-            out["total"] = self.total.name
+            out["total"] = as_format(self.total).name
         return out
 
     def _describe_kind(self) -> str:
@@ -673,14 +684,14 @@ def kernel_config(model: AccumulationModel) -> tuple[np.ndarray, np.ndarray, int
                               f"received {model!r}")
     sub = model.subnormals
     fp = np.zeros((5, K.F_SIZE), dtype=np.float64)
-    if model.product != _EXACT:
+    if isinstance(model.product, Format):  # (else "exact": a zero row)
         fp[K.PRODUCT] = format_row(model.product, sub)
-    if model.addition != _EXACT:
+    if isinstance(model.addition, Format):
         fp[K.ADDITION] = format_row(model.addition, sub)
-    fp[K.ACCUMULATOR] = format_row(model.accumulator, sub)
-    fp[K.OUTPUT] = format_row(model.output, sub)
+    fp[K.ACCUMULATOR] = format_row(as_format(model.accumulator), sub)
+    fp[K.OUTPUT] = format_row(as_format(model.output), sub)
     if isinstance(model, Chunked):
-        fp[K.TOTAL] = format_row(model.total, sub)
+        fp[K.TOTAL] = format_row(as_format(model.total), sub)
     ic = np.zeros(K.IC_SIZE, dtype=np.int64)
     ic[K.IC_KIND] = model._kind_code
     ic[K.IC_MODE] = MODE_CODES[model.rounding]

@@ -25,6 +25,7 @@ from convprobe.emulation.models import (
     Exact,
     Pairwise,
     Sequential,
+    as_format,
 )
 from convprobe.emulation.rounding import check_rbits, resolve_format
 from convprobe.errors import InvalidArgument
@@ -187,18 +188,18 @@ class _Stepper:
 
     def product(self, a: float, b: float) -> Value:
         p = multiply_exact(a, b)
-        if self.m.product != "exact":
+        if isinstance(self.m.product, Format):  # (else "exact")
             return self.rnd(p, self.m.product, "nearest_even")
         return p
 
     def accumulate(self, s: Value, t: Value, fmt: Format | None = None) -> float:
         exact = add_exact(s, t)
-        if self.m.addition != "exact" and fmt is None:
+        if isinstance(self.m.addition, Format) and fmt is None:  # (else "exact")
             exact = self.rnd(exact, self.m.addition, "nearest_even")
-        return self.rnd(exact, fmt or self.m.accumulator)
+        return self.rnd(exact, fmt or as_format(self.m.accumulator))
 
 
-def _exponent(v: float, emin: int) -> int | None:
+def _exponent(v: Value, emin: int) -> int | None:
     """floor(log2|v|) clamped below at emin; None for zero."""
     return None if v == 0 else max(_floor_log2(abs(Fraction(v))), emin)
 
@@ -212,20 +213,24 @@ def _block_fma(s: Value, a: list[float], b: list[float], model: Blocked, st: _St
         for t in prods:
             out = add_exact(out, t)
         return float(out)
-    acc = model.accumulator
-    exps = []
+    acc, emin = as_format(model.accumulator), as_format(model.input).emin
+    exps: list[int] = []
     if s != 0:
-        exps.append(_exponent(s, acc.emin if acc.subnormals else -10**9))
+        e = _exponent(s, acc.emin if acc.subnormals else -10**9)
+        assert e is not None  # (s is nonzero)
+        exps.append(e)
     for x, y, p in zip(a, b, prods):
         if p == 0:
             continue
         if model.alignment == Alignment.INPUT_EXPONENTS:
-            exps.append(_exponent(x, model.input.emin) + _exponent(y, model.input.emin))
+            ex, ey = _exponent(x, emin), _exponent(y, emin)
+            assert ex is not None and ey is not None  # (a nonzero product of finite inputs: neither is zero)
+            exps.append(ex + ey)
         else:
             exps.append(_floor_log2(abs(Fraction(p))))
     if not exps:
         return float(s) if isinstance(s, float) else 0.0
-    quantum = Fraction(2) ** (max(exps) - (model.adder.precision - 1) - model.extra_bits)
+    quantum = Fraction(2) ** (max(exps) - (as_format(model.adder).precision - 1) - model.extra_bits)
     total = Fraction(0)
     for v in (s, *prods):
         v = Fraction(v)
@@ -235,23 +240,26 @@ def _block_fma(s: Value, a: list[float], b: list[float], model: Blocked, st: _St
 
 def _blocked(a: list[float], b: list[float], c: float, model: Blocked, st: _Stepper) -> float:
     """`models.Blocked` over a whole reduction: instruction by instruction, block by block."""
+    step = model.step
+    assert step is not None  # (`Blocked._validate` sets it: b by default)
     order = list(range(len(a)))
     if model.layout == KLayout.PAIR_INTERLEAVED:
         order = []
-        for s0 in range(0, len(a), model.step):
-            idx = range(s0, min(s0 + model.step, len(a)))
+        for s0 in range(0, len(a), step):
+            idx = range(s0, min(s0 + step, len(a)))
             order += [k for k in idx if k % 4 < 2] + [k for k in idx if k % 4 >= 2]
     a, b = [a[k] for k in order], [b[k] for k in order]
-    s = st.rnd(c, model.accumulator, "nearest_even")
-    for s0 in range(0, max(len(a), 1), model.step):
+    acc = as_format(model.accumulator)
+    s = st.rnd(c, acc, "nearest_even")
+    for s0 in range(0, max(len(a), 1), step):
         c_in = s
         if model.c_addition == CAddition.SEPARATE:
             s = 0.0
-        for j0 in range(s0, min(s0 + model.step, len(a)), model.b):
-            j1 = min(j0 + model.b, s0 + model.step)
+        for j0 in range(s0, min(s0 + step, len(a)), model.b):
+            j1 = min(j0 + model.b, s0 + step)
             s = _block_fma(s, a[j0:j1], b[j0:j1], model, st)
         if model.c_addition == CAddition.SEPARATE:
-            s = st.rnd(add_exact(s, c_in), model.accumulator, "nearest_even")
+            s = st.rnd(add_exact(s, c_in), acc, "nearest_even")
     return s
 
 
@@ -265,29 +273,33 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
     st = _Stepper(model, index)
     if isinstance(model, SplitK):
         k = len(a)
-        size = model.length if model.length is not None else max(1, math.ceil(k / model.parts))
-        inners = [*model.first, *[model.inner] * max(1, math.ceil(k / size))]  # the first ranges' own
+        if model.length is not None:
+            size = model.length
+        else:
+            assert model.parts is not None  # (`SplitK._validate`: exactly one of parts and length)
+            size = max(1, math.ceil(k / model.parts))
+        inners = [*model.first, *[model._inner] * max(1, math.ceil(k / size))]  # the first ranges' own
         parts = [reduce(a[j0:j0 + size], b[j0:j0 + size], inners[i]) for i, j0 in enumerate(range(0, max(k, 1), size))]
         if model.combine is not None:
-            return st.rnd(reduce(parts, [1.0] * len(parts), model.combine), model.output, "nearest_even")
+            return st.rnd(reduce(parts, [1.0] * len(parts), model.combine), as_format(model.output), "nearest_even")
         total: Value = 0.0
         for part in parts:
-            total = st.rnd(add_exact(total, part), model.accumulator, "nearest_even")
-        return st.rnd(total, model.output, "nearest_even")
+            total = st.rnd(add_exact(total, part), as_format(model.accumulator), "nearest_even")
+        return st.rnd(total, as_format(model.output), "nearest_even")
     if isinstance(model, Reverse):
-        return st.rnd(reduce(a[::-1], b[::-1], model.inner), model.output, "nearest_even")
+        return st.rnd(reduce(a[::-1], b[::-1], model._inner), as_format(model.output), "nearest_even")
     if isinstance(model, Lanes):
         head = max(len(a) - model.tail, 0)
-        sums = [reduce(a[lane:head:model.width], b[lane:head:model.width], model.inner)
+        sums = [reduce(a[lane:head:model.width], b[lane:head:model.width], model._inner)
                 for lane in range(model.width)]
-        combined = reduce(sums, [1.0] * model.width, model.combine)
+        combined = reduce(sums, [1.0] * model.width, model._combine)
         if head < len(a):  # the tail after the combine, the combined sum its first term
-            combined = reduce([combined, *a[head:]], [1.0, *b[head:]], model.inner)
-        return st.rnd(combined, model.output, "nearest_even")
+            combined = reduce([combined, *a[head:]], [1.0, *b[head:]], model._inner)
+        return st.rnd(combined, as_format(model.output), "nearest_even")
     if isinstance(model, Blocked):
-        s = _blocked([float(v) for v in a], [float(v) for v in b], 0.0 if c is None else float(c),
-                     model, st)
-        return st.rnd(s, model.output, "nearest_even")
+        blocked = _blocked([float(v) for v in a], [float(v) for v in b], 0.0 if c is None else float(c),
+                           model, st)
+        return st.rnd(blocked, as_format(model.output), "nearest_even")
     terms = [st.product(float(x), float(y)) for x, y in zip(a, b)]
     if isinstance(model, Sequential):
         s: Value = 0.0
@@ -298,18 +310,18 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
         if not level:
             level = [0.0]
         while len(level) > 1:
-            nxt = [st.accumulate(level[2 * j], level[2 * j + 1]) for j in range(len(level) // 2)]
+            nxt: list[Value] = [st.accumulate(level[2 * j], level[2 * j + 1]) for j in range(len(level) // 2)]
             if len(level) % 2:
                 nxt.append(level[-1])
             level = nxt
         s = level[0]
     elif isinstance(model, Chunked):
-        total: Value = 0.0
+        total = 0.0
         low: Value = 0.0
         for j, t in enumerate(terms):
             low = st.accumulate(low, t)
             if (j + 1) % model.chunk == 0 or j == len(terms) - 1:
-                total = st.rnd(add_exact(total, low), model.total)
+                total = st.rnd(add_exact(total, low), as_format(model.total))
                 low = 0.0
         s = total
     elif isinstance(model, Exact):
@@ -317,10 +329,10 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
         for t in terms:
             s = add_exact(s, t)
         if not (isinstance(s, float) and not math.isfinite(s)):
-            s = st.rnd(s, model.accumulator)
+            s = st.rnd(s, as_format(model.accumulator))
     else:  # pragma: no cover - models are a closed set
         raise TypeError(model)
-    return st.rnd(s, model.output)
+    return st.rnd(s, as_format(model.output))
 
 
 def _for_output(model: AccumulationModel, row: int, column: int) -> AccumulationModel:

@@ -24,8 +24,6 @@ Definitions (identical in the oracle):
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
 from convprobe import random_stream
@@ -52,7 +50,7 @@ SUBNORMALS: tuple[str, ...] = tuple(Subnormals)
 OVERFLOWS: tuple[str, ...] = tuple(Overflow)
 _ROUNDING_ALIASES = ROUNDING_ALIASES
 # the kernels' integer mode codes, by name (not by position in an option tuple)
-MODE_CODES = {Rounding.NEAREST_EVEN: K.NEAREST_EVEN, Rounding.TOWARD_ZERO: K.TOWARD_ZERO,
+MODE_CODES: dict[str, int] = {Rounding.NEAREST_EVEN: K.NEAREST_EVEN, Rounding.TOWARD_ZERO: K.TOWARD_ZERO,
               Rounding.STOCHASTIC: K.STOCHASTIC}
 _CUSTOM_PREFIX = "p"
 _NARROW_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -128,10 +126,10 @@ def format_row(fmt: Format | None, subnormals: str) -> np.ndarray:
 def round_to_format(
     values: np.ndarray,
     fmt: str | Format,
-    rounding: Rounding = "nearest_even",
+    rounding: Rounding | str = "nearest_even",
     *,
-    subnormals: Literal["keep", "flush"] = "keep",
-    overflow: Literal["inf", "saturate"] = "inf",
+    subnormals: Subnormals | str = "keep",
+    overflow: Overflow | str = "inf",
     rng: np.random.Generator | int | None = None,
     rbits: int | None = None,
 ) -> np.ndarray:

@@ -35,7 +35,7 @@ import numpy as np
 
 from convprobe.emulation import plan
 from convprobe.emulation.composites import split_arguments
-from convprobe.emulation.models import AccumulationModel, Exact
+from convprobe.emulation.models import AccumulationModel, Exact, as_format
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import Format
@@ -69,7 +69,7 @@ def leaves_of(item: Item) -> list[int]:
     if isinstance(item, int):
         return [item]
     out: list[int] = []
-    stack = [item]
+    stack: list[Item] = [item]
     while stack:
         top = stack.pop()
         if isinstance(top, int):
@@ -89,7 +89,7 @@ def parse_tree(text: str) -> Node:
     """The node `text` writes (module docstring); one clear error for anything else."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidArgument(f"a tree must be a chain '(...)' or a fused node '{{...}}'; received {text!r}")
-    tokens = []
+    tokens: list[tuple[str, str]] = []
     at = 0
     text = text.strip()
     while at < len(text):
@@ -97,10 +97,12 @@ def parse_tree(text: str) -> Node:
         if not match or match.end() == at:
             raise InvalidArgument(f"tree text has an unexpected character at {at}: {text[at:at + 20]!r}; "
                                   f"allowed: ( ) {{ }} leaves, a..b[/s] runs and @FORMAT")
-        tokens.append((match.lastgroup, match.group(match.lastgroup)))
+        group = match.lastgroup
+        assert group is not None  # (a match that moved on matched one of the named groups)
+        tokens.append((group, match.group(group)))
         at = match.end()
-    stack: list[tuple[str, list]] = []
-    root = None
+    stack: list[tuple[str, list[Item]]] = []
+    root: Node | None = None
     for i, (kind, value) in enumerate(tokens):
         if kind == "open":
             stack.append((value, []))
@@ -110,7 +112,7 @@ def parse_tree(text: str) -> Node:
             opener, items = stack.pop()
             if not items:
                 raise InvalidArgument("a tree node needs at least one item; received an empty one")
-            fmt = None
+            fmt: Format | None = None
             if i + 1 < len(tokens) and tokens[i + 1][0] == "format":
                 fmt = resolve_format(tokens[i + 1][1], "tree node format")
             node = (Chain if opener == "(" else Fused)(tuple(items), fmt)
@@ -133,14 +135,20 @@ def parse_tree(text: str) -> Node:
 
 
 def _run(text: str) -> list[int]:
-    bounds, _, step = text.replace(" ", "").partition("/")
+    bounds, _, step_text = text.replace(" ", "").partition("/")
     first, last = (int(v) for v in bounds.split(".."))
-    step = int(step or 1)
+    step = int(step_text or 1)
     if step < 1:
         raise InvalidArgument(f"a run's step must be a positive integer; received {text!r}")
     if (abs(last - first)) % step:
         raise InvalidArgument(f"a run must end on its step: {text!r}")
     return list(range(first, last + 1, step)) if last >= first else list(range(first, last - 1, -step))
+
+
+def _step(items: list[Item], i: int) -> int | None:
+    """items[i + 1] - items[i] where both are leaves, else None."""
+    left, right = items[i], items[i + 1]
+    return right - left if isinstance(left, int) and isinstance(right, int) else None
 
 
 def tree_text(item: Item) -> str:
@@ -152,13 +160,12 @@ def tree_text(item: Item) -> str:
     i = 0
     while i < len(items):
         j = i
-        if isinstance(items[i], int) and i + 1 < len(items) and isinstance(items[i + 1], int):
-            step = items[i + 1] - items[i]
-            while (j + 1 < len(items) and isinstance(items[j + 1], int) and step != 0
-                   and items[j + 1] - items[j] == step):
+        step = _step(items, i) if i + 1 < len(items) else None
+        if step is not None:
+            while j + 1 < len(items) and step != 0 and _step(items, j) == step:
                 j += 1
-        if j - i >= 2:
-            s = abs(items[i + 1] - items[i])
+        if j - i >= 2 and step is not None:
+            s = abs(step)
             parts.append(f"{items[i]}..{items[j]}" + (f"/{s}" if s != 1 else ""))
             i = j + 1
         else:
@@ -198,22 +205,28 @@ class Tree(AccumulationModel):
         self._set("root", root)
 
     @property
+    def _root(self) -> Node:
+        """`root` as read after construction (`_validate` parses text and refuses None)."""
+        assert isinstance(self.root, (Chain, Fused))
+        return self.root
+
+    @property
     def k(self) -> int:
         """The number of products the tree sums."""
-        return len(leaves_of(self.root))
+        return len(leaves_of(self._root))
 
     @property
     def name(self) -> str:
         return self.to_spec()
 
     def to_spec(self) -> str:
-        parts = [tree_text(self.root), f"accumulator={self.accumulator.name}"]
+        parts = [tree_text(self._root), f"accumulator={as_format(self.accumulator).name}"]
         for key in ("product", "addition"):
             value = getattr(self, key)
             if value != "exact":
                 parts.append(f"{key}={value.name}")
         if self.output != self.accumulator:
-            parts.append(f"output={self.output.name}")
+            parts.append(f"output={as_format(self.output).name}")
         if self.subnormals != "keep":
             parts.append(f"subnormals={self.subnormals}")
         if self.overflow != "inf":
@@ -222,7 +235,7 @@ class Tree(AccumulationModel):
 
     def to_dict(self) -> dict:
         out = super().to_dict()
-        out["root"] = tree_text(self.root)
+        out["root"] = tree_text(self._root)
         return out
 
     def _describe_kind(self) -> str:
@@ -259,7 +272,7 @@ class Tree(AccumulationModel):
                     node(nxt, at + 1)
                     steps.combine(self, at, at + 1, item.format)
 
-        node(self.root, register)
+        node(self._root, register)
         steps.round(self, register, self.output)
 
     def _round(self, values: np.ndarray, fmt: Format) -> np.ndarray:
@@ -268,8 +281,8 @@ class Tree(AccumulationModel):
 
     def _node_sum(self, values: list[np.ndarray], node: Node) -> np.ndarray:
         """One node's addition of `values`: the exact sum rounded (to `addition` first, if set)."""
-        fmt = node.format or self.accumulator
-        first = fmt if self.addition == "exact" else self.addition
+        fmt = node.format or as_format(self.accumulator)
+        first = self.addition if isinstance(self.addition, Format) else fmt  # (else "exact")
         if len(values) <= 2 and first.precision <= 25:
             # values of at most 25 bits: float64 rounds their sum at most once, harmlessly
             total = self._round(values[0] if len(values) == 1 else values[0] + values[1], first)
@@ -292,7 +305,7 @@ class Tree(AccumulationModel):
                 acc = self._node_sum([acc, value(nxt)], item)
             return acc
 
-        return self._round(value(self.root), self.output)
+        return self._round(value(self._root), as_format(self.output))
 
     def _check_k(self, k: int) -> None:
         if k != self.k:
@@ -302,7 +315,7 @@ class Tree(AccumulationModel):
         """leaf(k) for products a[..., k] * b[..., k] (broadcast), rounded to `product`."""
         def leaf(k: int) -> np.ndarray:
             p = a[k] * b[k]
-            return p if self.product == "exact" else self._round(p, self.product)
+            return self._round(p, self.product) if isinstance(self.product, Format) else p  # (else "exact")
         return leaf
 
     def reduce_rows(self, a, b, c):

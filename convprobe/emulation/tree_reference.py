@@ -5,7 +5,7 @@ time, every node's sum formed in Fractions and rounded straight from the definit
 from __future__ import annotations
 
 from convprobe.emulation.oracle import Value, add_exact, multiply_exact, round_value
-from convprobe.emulation.tree import Chain, Item, Tree
+from convprobe.emulation.tree import Chain, Fused, Item, Tree
 
 __all__ = ["reduce"]
 
@@ -40,4 +40,6 @@ def reduce(a: list[float], b: list[float], model: Tree) -> float:
             return acc
         return node_sum([value(i) for i in item.items], fmt)
 
-    return rounded(value(model.root), model.output)
+    root = model.root
+    assert isinstance(root, (Chain, Fused))  # (`Tree._validate` parses a text root and refuses None)
+    return rounded(value(root), model.output)
