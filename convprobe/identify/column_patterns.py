@@ -133,7 +133,10 @@ def windows_in(layer: Layer, gemm_rows=None) -> tuple:
 
 def spot_rows(layer: Layer) -> range:
     """The filter gradient's GEMM rows its crafted rows pass through: the spot tap's channels."""
-    th, tw = spot(layer, "conv2d_backprop_filter")
+    where = spot(layer, "conv2d_backprop_filter")
+    if where is None:
+        raise ValueError("no tap is read inside the image at every position: the filter gradient has no spot rows")
+    th, tw = where
     kw, c = layer.filter_shape[1], layer.filter_shape[2]
     return range((th * kw + tw) * c, (th * kw + tw + 1) * c)
 
@@ -167,7 +170,9 @@ def column_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale: 
     kh, kw, c, cout = layer.filter_shape
     operands = []
     if op == "conv2d_backprop_filter":
-        th, tw = spot(layer, op)
+        where = spot(layer, op)
+        assert where is not None  # (`column_capacity` carries no rows without a spot tap)
+        th, tw = where
         image, rows, cols = _tap_reads(layer, th, tw)
         constant = np.full(layer.output_shape, scale, np.float16)
         for values in blocks(patterns, capacity, scale):  # values (C, N*OH*OW)

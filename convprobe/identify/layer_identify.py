@@ -33,6 +33,7 @@ summary says plainly what was measured and ruled out when nothing matches.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -270,7 +271,7 @@ def _other_layouts(layer: Layer, structure) -> list[tuple]:
     """(structure, layer, op, spec for this op, how, first on a tie) of each other layout the
     op was measured in: a filter gradient batch innermost (first where the B / unit / -B
     probe saw that order), an input gradient as the forward conv of dy (XLA's GEMM)."""
-    out = []
+    out: list[tuple[Structure, Layer | None, str, Callable[[str], str], str, bool]] = []
     if structure.innermost:
         out.append((Structure(**structure.innermost), layer, "conv2d_backprop_filter", _batch_innermost,
                     "rows laid out batch innermost", bool(structure.batch_innermost)))
@@ -284,9 +285,9 @@ def _measured_specs(layer: Layer, op: str, structure) -> tuple[list[str], list[s
     """(every spec the structure gives, the columns' spec if any, the rows' specs): rows
     first, then columns (one row a channel measured a mixture where they differ)."""
     measured = candidate_specs(structure, layer.k(op))
-    by_column = column_models(layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
-                              combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
-    by_column = [by_column] if by_column else []
+    column_spec = column_models(layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
+                                combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
+    by_column = [column_spec] if column_spec else []
     by_row = _row_specs(layer, op, structure, by_column or measured[:2])
     return [*by_row, *by_column, *measured], by_column, by_row
 
@@ -311,8 +312,8 @@ def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[
     return list(dict.fromkeys(spec for spec in specs if spec))
 
 
-def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: list[str] = (),
-             by_row: list[str] = (), others: list = (), recovered: tuple = ((), None)) -> str:
+def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: Sequence[str] = (),
+             by_row: Sequence[str] = (), others: Sequence = (), recovered: tuple = ((), None)) -> str:
     """One line: what was measured, and what was ruled out when nothing matched (`others`:
     (specs, structure, how) of the op measured in another layout; `recovered`: the tree
     specs and the `RecoveredTrees` they came from)."""

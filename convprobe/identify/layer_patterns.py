@@ -19,6 +19,7 @@ also groups the GEMM's rows and columns by kernel and measures each
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypedDict
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from convprobe.identify.input_gradient_layout import AsForward, forward_layer
 from convprobe.identify.spot import spot
 from convprobe.identify.tile_patterns import measure_tiles
 from convprobe.probes.layers import Layer, run_ops
-from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Structure, blocks, candidate_specs, measure_rows
+from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Probe, Structure, blocks, candidate_specs, measure_rows
 
 __all__ = ["measure", "pattern_rows", "pattern_outputs", "row_groups", "partial_window"]
 
@@ -62,7 +63,7 @@ def row_groups(layer: Layer, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
             for j in range(grid[2]):
                 key = (per_dim[0][i], per_dim[1][j])
                 groups.setdefault(key, []).extend(np.ravel_multi_index((np.arange(n), i, j), grid).tolist())
-    out = []
+    result = []
     for (first, second), rows in groups.items():
         if op == "conv2d":
             leaves = [(a * kw + b) * c + ch for a in first for b in second for ch in range(c)]
@@ -70,8 +71,8 @@ def row_groups(layer: Layer, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
             leaves = [(a * kw + b) * cout + o for a in first for b in second for o in range(cout)]
         else:
             leaves = [np.ravel_multi_index((m, i, j), (n, oh, ow)) for m in range(n) for i in first for j in second]
-        out.append((np.asarray(leaves, np.int64), np.asarray(sorted(rows), np.int64)))
-    return sorted(out, key=lambda group: -len(group[0]))
+        result.append((np.asarray(leaves, np.int64), np.asarray(sorted(rows), np.int64)))
+    return sorted(result, key=lambda group: -len(group[0]))
 
 
 def pattern_rows(layer: Layer, op: str) -> tuple[int, str]:
@@ -112,7 +113,9 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
         capacity, why = pattern_rows(layer, op)
         if not capacity:
             raise ValueError(why)
-        ph, pw = spot(layer, op)
+        where = spot(layer, op)
+        assert where is not None  # (`pattern_rows` carries no rows without a spot)
+        ph, pw = where
     (kh, kw, cg, cout), groups = layer.filter_shape, layer.groups
     constant = {"conv2d": layer.input_shape, "conv2d_backprop_input": layer.output_shape,
                 "conv2d_backprop_filter": layer.input_shape}[op]
@@ -177,10 +180,19 @@ def measure(backend, layer: Layer, op: str, seed: int = 0) -> Structure:
                    innermost=innermost.to_dict())
 
 
+class _Tiles(TypedDict):
+    """The `Structure` fields `tile_patterns.measure_tiles` fills."""
+
+    columns: list[dict] | None
+    columns_note: str
+    rows: list[dict] | None
+    rows_note: str
+
+
 def _measure_in_order(backend, layer: Layer, op: str, seed: int, window_probe: bool = True) -> Structure:
     """Tiles and crafted rows of `op` at `layer`, in the order `backend` lays rows out."""
     tiling = measure_tiles(backend, layer, op, _spot_row(layer, op), seed, window_probe)
-    tiles = {"columns": [run.to_dict() for run in tiling.columns] or None, "columns_note": tiling.columns_note,
+    tiles: _Tiles = {"columns": [run.to_dict() for run in tiling.columns] or None, "columns_note": tiling.columns_note,
              "rows": [run.to_dict() for run in tiling.rows] or None, "rows_note": tiling.rows_note}
     capacity, why = pattern_rows(layer, op)
     window = partial_window(layer, op)
@@ -253,7 +265,8 @@ def _batch_innermost(backend, layer: Layer, measured: Structure) -> bool | None:
     one column), the accumulator is not fp16 or fp32, or the sum is not one chain (lanes
     would part B from -B; a backward sum reads the row mirrored)."""
     n, oh, ow, _ = layer.output_shape
-    probe = {"fp16": FP16_PROBE, "fp32": FP32_PROBE}.get(measured.accumulator)
+    probes: dict[str | None, Probe] = {"fp16": FP16_PROBE, "fp32": FP32_PROBE}
+    probe = probes.get(measured.accumulator)
     if n < 2 or ow < 2 or probe is None or measured.lanes != 1 or measured.backwards:
         return None
     row = np.zeros((1, layer.k("conv2d_backprop_filter")))

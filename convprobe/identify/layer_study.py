@@ -5,6 +5,8 @@ identify, its results named identify, params.layers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from convprobe.identify import layer_identify
 from convprobe.options import Status
 from convprobe.probes.direct_sum import not_direct
@@ -29,7 +31,8 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
     # the layer mode is its own probe, run by module path; its rows are named identify's
     probe_results = run_probe(layer_identify.__name__, configs, params, timeout=timeout, jobs=jobs, name="identify")
     single = len(layers) == 1 and not not_identified  # a model's map keys every entry by its layer
-    table_rows, records, matches = [], [], {}
+    table_rows, records = [], []
+    matches: dict[str, dict[str, dict[str, Any]]] = {}
     for result in probe_results:
         found = layer_identify.identify_observed(result.observed, specs) if result.status == Status.OK else [
             (layer, op, {"status": result.status, "error": result.error, "summary": {}})

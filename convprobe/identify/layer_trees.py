@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -26,9 +27,9 @@ from convprobe.emulation.composites import Columns, Rows
 from convprobe.emulation.models import AccumulationModel
 from convprobe.emulation.reduction import dot
 from convprobe.emulation.specs import parse_model
-from convprobe.emulation.tree import Chain, Item, leaves_of, parse_tree, tree_text
+from convprobe.emulation.tree import Chain, Item, Tree, leaves_of, parse_tree, tree_text
 from convprobe.identify.tree_formats import COARSE, FINE, KEPT, SCALE, TreeFormats, measure_formats, terms_row, tree_models
-from convprobe.identify.tree_recovery import UNIT, NotRecovered, predicted, query_rows, recover
+from convprobe.identify.tree_recovery import UNIT, NotRecovered, as_query, predicted, query_rows, recover
 from convprobe.identify.layer_patterns import pattern_outputs, pattern_rows, row_groups
 from convprobe.probes.layers import Layer, op_result_shape
 from convprobe.probes.structure import Structure
@@ -70,7 +71,13 @@ class RecoveredTrees:
         return cls(classes, layout, int(data.get("queries", 0)), str(data.get("note", "")))
 
 
-def _sums_at(backend, layer: Layer, op: str, row: int, carriers: list[int]) -> Callable[[np.ndarray, float], np.ndarray]:
+class _Sums(Protocol):
+    """A black-box sum of rows of terms, the fp16 operands formed as terms / scale."""
+
+    def __call__(self, terms: np.ndarray, scale: float = 1.0) -> np.ndarray: ...
+
+
+def _sums_at(backend, layer: Layer, op: str, row: int, carriers: list[int]) -> _Sums:
     """A black-box sum of rows of terms: each placed in one of `carriers` (GEMM columns),
     read at GEMM row `row`."""
     capacity = pattern_rows(layer, op)[0]
@@ -162,7 +169,7 @@ def _signature_classes(backend, layer: Layer, op: str, seed: int) -> list[_Class
         if len(leaves) < min(k, 3):
             continue
         rng = np.random.default_rng([seed, k, number, 0x51C])
-        queries = ([tuple(int(v) for v in rng.choice(leaves, 3, replace=False)) for _ in range(SIGNATURE_QUERIES)]
+        queries = ([as_query(rng.choice(leaves, 3, replace=False)) for _ in range(SIGNATURE_QUERIES)]
                    if len(leaves) >= 3 else [])
         order = _read_all(backend, layer, op, query_rows(queries, k), 1.0, rows)
         if not np.isin(order, (0.0, UNIT)).all():
@@ -202,7 +209,10 @@ def recover_at_layer(backend, layer: Layer, op: str, seed: int = 0) -> Recovered
         return RecoveredTrees(note=f"not recovered: {exc}")
     shape = op_result_shape(layer, op)
     labels = np.full((int(np.prod(shape)) // shape[-1], capacity), -1, np.int64)
-    found, models, roots, asked = [], [], [], 0
+    found: list[tuple[str, TreeFormats]] = []
+    models: list[list[Tree]] = []
+    roots: list[Item] = []
+    asked = 0
     for group in classes:
         label = next((n for n, variants in enumerate(models) if any(group.predicted_by(m) for m in variants)), None)
         if label is None:
@@ -261,7 +271,7 @@ def _composed(models: dict[int, AccumulationModel], layout) -> str:
         for label in labels:
             if label in models:
                 counts[label] = counts.get(label, 0) + 1
-    fallback = max(counts, key=counts.get)
+    fallback = max(counts, key=lambda label: counts[label])
 
     def per_row(labels) -> AccumulationModel:
         chosen = [models.get(label, models[fallback]) for label in labels]

@@ -25,4 +25,8 @@ def spot(layer: Layer, op: str) -> tuple[int, int] | None:
             spots.append(_first(range(size), lambda i: (0 <= i + top - t * d < out for t in range(k))))
         else:
             spots.append(_first(range(k), lambda t: (0 <= o * s - top + t * d < size for o in range(out))))
-    return None if None in spots else (spots[0], spots[1])
+    if None in spots:
+        return None
+    h, w = spots[0], spots[1]
+    assert h is not None and w is not None  # (no None in spots)
+    return h, w

@@ -94,9 +94,10 @@ class Tiles:
 
     def class_of(self, row: int | None) -> int:
         """The class of GEMM row `row`, or the largest class where that row is not read."""
-        found = np.flatnonzero(self.rows == row) if row is not None else ()
-        if len(found):
-            return int(self.row_class[found[0]])
+        if row is not None:
+            found = np.flatnonzero(self.rows == row)
+            if len(found):
+                return int(self.row_class[found[0]])
         return int(np.bincount(self.row_class).argmax())
 
     def rows_in(self, row_class: int) -> frozenset[int]:
@@ -291,9 +292,9 @@ def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: in
         columns, columns_note = list(span_measure.runs(tiles.first_row(main), spans)), ""
     structure_of = {c: span_measure.runs(tiles.first_row(c), spans) for c in others}
     classes = tiles.by_row()
-    runs = [RowRun(r, None if c == main else structure_of[c])
-            for r, c in enumerate(classes.tolist()) if r == 0 or c != classes[r - 1]]
-    return Tiling(columns, columns_note, runs, "")
+    row_runs = [RowRun(r, None if c == main else structure_of[c])
+                for r, c in enumerate(classes.tolist()) if r == 0 or c != classes[r - 1]]
+    return Tiling(columns, columns_note, row_runs, "")
 
 
 def _class_spec(layer: Layer, op: str, runs: tuple[ColumnRun, ...], combine: str) -> str | None:
@@ -385,7 +386,8 @@ def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRu
                 return main(column) if run_index < 0 else spec_of[run_index](column)
             spec_of_taps[taps] = spec_by_column(layer, op, of, combine)
         pixel_specs[pixel] = spec_of_taps[taps]
-    specs, counts = [], []
+    specs: list[str | None] = []
+    counts: list[int] = []
     for pixel in np.ndindex(n, h, w):
         spec = pixel_specs.get(pixel, main_spec)
         if specs and specs[-1] == spec:

@@ -107,13 +107,15 @@ class _Plan:
     """Rows to ask, each with where its answer goes."""
 
     def __init__(self, k: int):
-        self.k, self.rows, self.keys = k, [], []
+        self.k = k
+        self.rows: list[np.ndarray] = []
+        self.keys: list[tuple[str, int, int]] = []
 
-    def add(self, key, values: dict[int, float]) -> None:
+    def add(self, key: tuple[str, int, int], values: dict[int, float]) -> None:
         self.rows.append(terms_row(self.k, values))
         self.keys.append(key)
 
-    def ask(self, sums, scale: float) -> dict:
+    def ask(self, sums, scale: float) -> dict[tuple[str, int, int], float]:
         if not self.rows:
             return {}
         return {key: float(v) for key, v in zip(self.keys, sums(np.stack(self.rows), scale))}
@@ -135,8 +137,9 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
             after = _first(items[t + 1]) if t + 1 < len(items) else partner.get(id(chain))
             if after is not None:
                 unit.add(("kept", n, t), {_first(items[t - 1]): 1.0, _first(items[t]): KEPT, after: -1.0})
-            if isinstance(items[t], int):
-                scaled.add(("step", n, t), {_first(items[t - 1]): COARSE, items[t]: FINE})
+            step_item = items[t]
+            if isinstance(step_item, int):
+                scaled.add(("step", n, t), {_first(items[t - 1]): COARSE, step_item: FINE})
         for t, item in enumerate(items):  # each product: rounded alone before its step, or not
             if isinstance(item, int) and len(items) > 1:
                 scaled.add(("product", n, t), {item: SCALE * SCALE, _first(items[t - 1] if t else items[1]): -SCALE})
@@ -153,19 +156,20 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
         for t, item in enumerate(chain.items):
             other = chain.items[t - 1] if t else (chain.items[1] if len(chain.items) > 1 else None)
             inner = index[id(item)] if isinstance(item, Chain) and len(item.items) > 1 else None
-            if other is None or inner is None or kept_of.get((inner, 1)) != "fp32":
+            if other is None or inner is None or not isinstance(item, Chain) or kept_of.get((inner, 1)) != "fp32":
                 continue
             if any(kept_of.get((inner, s)) == "fp16" for s in range(1, len(item.items))):
                 continue
             joins.add(("alone", n, t), {_first(item.items[0]): 1.0, _first(item.items[1]): KEPT, _first(other): -1.0})
     got.update(joins.ask(sums, 1.0))
     out = []
+    step_formats: dict[float | None, str] = {2050.0: "fp16", 2052.0: "fp32"}
+    alone_readings: dict[float | None, bool] = {KEPT: False, 0.0: True}
     for n, chain in enumerate(chains):
-        steps = tuple({2050.0: "fp16", 2052.0: "fp32"}.get(got.get(("step", n, t)))
-                      if products_rounded is False else None for t in range(1, len(chain.items)))
+        steps = [step_formats.get(got.get(("step", n, t)))
+                 if products_rounded is False else None for t in range(1, len(chain.items))]
         kept = tuple(kept_of.get((n, t)) for t in range(1, len(chain.items)))
-        alone = [{KEPT: False, 0.0: True}.get(got.get(("alone", n, t))) for t in range(len(chain.items))]
-        steps = list(steps)
+        alone = [alone_readings.get(got.get(("alone", n, t))) for t in range(len(chain.items))]
         for t in range(len(chain.items)):
             if ("product", n, t) in got and products_rounded is False:
                 alone[t] = {rounded_sum: True, exact_sum: False}.get(got[("product", n, t)])
@@ -236,6 +240,8 @@ def tree_models(root: Item, formats: TreeFormats, fallback_accumulator: str | No
         return type(item)(tuple(build(i) for i in item.items), item.format)
 
     tree_root = build(root)
-    products = {True: ["fp16"], False: ["exact"]}.get(formats.products_rounded, ["exact", "fp16"])
+    by_rounding: dict[bool | None, list[str]] = {True: ["fp16"], False: ["exact"]}
+    products = by_rounding.get(formats.products_rounded, ["exact", "fp16"])
     return [Tree(accumulator, product=product, addition="fp32" if addition else "exact", output="fp16",
-                 root=tree_root) for product in products]
+                 root=tree_root)  # type: ignore[arg-type]  # (a lone leaf, an int: Tree refuses it)
+            for product in products]

@@ -23,13 +23,14 @@ fp32, where M does not absorb the unit) are reported too: their order cannot sho
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
+from typing import Any
 
 import numpy as np
 
 from convprobe.emulation.tree import Chain, Fused, Item, leaves_of
 
-__all__ = ["BIG", "UNIT", "NotRecovered", "recover", "query_rows", "predicted"]
+__all__ = ["BIG", "UNIT", "NotRecovered", "recover", "query_rows", "predicted", "as_query"]
 
 #: +-M: exactly representable in fp16 and far above the unit in fp16 and fp32 accumulators.
 BIG = 2.0 ** 14
@@ -148,7 +149,9 @@ def _levels(i: int, members: list[int]) -> Generator[list[Query], list[bool], li
         results = iter(answers)
         outcome = {}
         for pivot, others in plans:
-            lower, same, higher = [], [pivot], []
+            lower: list[int] = []
+            higher: list[int] = []
+            same = [pivot]
             for e in others:
                 above, below = next(results), next(results)
                 if above and below:
@@ -205,6 +208,12 @@ def _join(left: Item, right: Item) -> Item:
     return Chain((left, right))
 
 
+def as_query(values: Iterable[Any]) -> Query:
+    """A query from three integers (NumPy's or Python's)."""
+    first, second, third = (int(v) for v in values)
+    return first, second, third
+
+
 def predicted(tree: Item, queries: list[Query]) -> list[bool]:
     """Whether each query's unit survives in `tree` (units at a fused node with M are lost,
     as a multi-term adder that aligns to its largest term loses them)."""
@@ -255,7 +264,7 @@ def _check(tree: Item, k: int, ask, seed: int) -> None:
     if k < 3:
         return
     rng = np.random.default_rng([seed, k, 0x7EE])
-    queries = [tuple(int(v) for v in rng.choice(k, 3, replace=False)) for _ in range(CHECKS)]
+    queries = [as_query(rng.choice(k, 3, replace=False)) for _ in range(CHECKS)]
     got = ask(queries)
     wrong = [q for q, g, p in zip(queries, got, predicted(tree, queries)) if g != p]
     if wrong:
