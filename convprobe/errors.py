@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # (the annotation only: errors imports nothing at run time)
+if TYPE_CHECKING:  # (annotations only: errors imports nothing at run time)
     import numpy as np
+    from typing_extensions import TypeIs
 
 __all__ = ["ConvprobeError", "InvalidArgument", "OutputWriteFailed", "UnsupportedConfiguration", "invalid_choice", "is_integer", "reason"]
 
@@ -46,7 +47,7 @@ def invalid_choice(argument: str, value: object, choices: Iterable[object]) -> I
     return InvalidArgument(f"{argument} must be one of {valid}; received {value!r}")
 
 
-def is_integer(value: object) -> TypeGuard[int | np.integer[Any]]:
+def is_integer(value: object) -> TypeIs[int | np.integer[Any]]:
     """Whether a user's value is an integer: a Python or NumPy one, never a bool (which
     Python counts as one), a float or a string. The one test every integer argument uses."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)

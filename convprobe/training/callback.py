@@ -60,6 +60,7 @@ import functools
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -206,7 +207,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._stack = contextlib.ExitStack()
         self._skipped = 0
         self._nonfinite_steps = 0
-        self._last = {}
+        self._last: dict[str, Any] = {}
         self._shown = None  # the (loss scale, skipped steps) TensorBoard holds last
         self._next_step = 0
         self._functions = None

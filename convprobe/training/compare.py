@@ -148,8 +148,14 @@ def plan_arms(base: TrainConfig, arms: list[Arm], seeds: list[int], output: str 
     claim_directory(output, (*COMPARISON_FILES, *(f"{name}.log" for name in names)), own_directories=names,
                     what="a convprobe comparison", recorded=recorded)
     for run in planned:
-        RunFiles(run.config.output).plan(run.config.to_json())
+        RunFiles(_directory(run.config)).plan(run.config.to_json())
     return planned
+
+
+def _directory(config: TrainConfig) -> str:
+    """A planned run's directory (`plan` gives every run one inside the comparison's)."""
+    assert config.output is not None
+    return config.output
 
 
 def _last_line(path: Path) -> str:
@@ -162,14 +168,14 @@ def _last_line(path: Path) -> str:
 
 
 def _finished(config: TrainConfig) -> bool:
-    files_ = RunFiles(config.output)
+    files_ = RunFiles(_directory(config))
     if not files_.summary_path.is_file():
         return False
     try:
-        summary = read_summary(config.output)
+        summary = read_summary(_directory(config))
     except InvalidArgument:
         return False
-    evaluated = read_header(config.output)["params"].get("eval_batches", 0)
+    evaluated = read_header(_directory(config))["params"].get("eval_batches", 0)
     return bool(summary["finished"]) and summary["final_step"] >= config.steps and evaluated == config.eval_batches
 
 
@@ -222,11 +228,11 @@ def _row(run: PlannedRun, status: Status, error: str | None, seconds: float | No
            "underflow": None, "seconds": seconds,
            "command": "convprobe " + " ".join(child_arguments(run.config))}
     if status == Status.OK:
-        summary = read_summary(run.config.output)
+        summary = read_summary(_directory(run.config))
         row.update(eval_accuracy=summary["eval_accuracy"], final_loss=summary["final_loss"],
                    skipped_steps=summary["skipped_steps"], nonfinite_steps=summary["nonfinite_steps"],
                    final_step=summary["final_step"], final_loss_scale=summary["final_loss_scale"],
-                   jit=summary["jit"], underflow=underflow_summary(run.config.output))
+                   jit=summary["jit"], underflow=underflow_summary(_directory(run.config)))
     return row
 
 

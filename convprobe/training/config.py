@@ -248,13 +248,13 @@ def validate_config(
             f"--batch-size must be a multiple of --devices ({logical_devices}) under --distribute mirrored; "
             f"received {batch_size!r}"
         )
-    for name, value in (("learning_rate", learning_rate), ("synthetic_noise", synthetic_noise)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    for name, number in (("learning_rate", learning_rate), ("synthetic_noise", synthetic_noise)):
+        if not (isinstance(number, (int, float)) and math.isfinite(number) and number > 0):
             flag = "--learning-rate" if name == "learning_rate" else name  # synthetic_noise: API only
-            raise InvalidArgument(f"{flag} must be a positive number; received {value!r}")
-    for name, value in (("weight_decay", weight_decay), ("momentum", momentum)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise InvalidArgument(f"{name} must be a non-negative number; received {value!r}")
+            raise InvalidArgument(f"{flag} must be a positive number; received {number!r}")
+    for name, number in (("weight_decay", weight_decay), ("momentum", momentum)):
+        if not (isinstance(number, (int, float)) and math.isfinite(number) and number >= 0):
+            raise InvalidArgument(f"{name} must be a non-negative number; received {number!r}")
     if not (isinstance(bn_momentum, (int, float)) and 0 <= bn_momentum < 1):
         raise InvalidArgument(f"--bn-momentum must be a number in [0, 1); received {bn_momentum!r}")
     chosen = Arithmetic.parse(arithmetic)

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -317,7 +318,9 @@ class RunFiles:
         self.checkpoint_path = self.directory / "checkpoint.npz"
         self.summary_path = self.directory / "summary.json"
         self.tensorboard_path = self.directory / TENSORBOARD_DIRECTORY
-        self._steps = self._telemetry = None
+        # (handle, csv writer) of each CSV while the run writes them (`start`), else None
+        self._steps: tuple[TextIO, Any] | None = None
+        self._telemetry: tuple[TextIO, Any] | None = None
         self._identity: dict = {}
 
     # -- lifecycle ---------------------------------------------------------------
@@ -403,7 +406,7 @@ class RunFiles:
         return start_step
 
     @staticmethod
-    def _open(path: Path, columns):
+    def _open(path: Path, columns) -> tuple[TextIO, Any]:
         handle = files.open_append(path)
         writer = csv.writer(handle)
         if handle.tell() == 0:
@@ -413,12 +416,16 @@ class RunFiles:
         return handle, writer
 
     def write_step(self, row: dict) -> None:
+        if self._steps is None:
+            raise RuntimeError("steps.csv is not open: start the run first (or it was closed)")
         handle, writer = self._steps
         with files.failures_as_one_line(self.steps_path):
             writer.writerow([row[c] for c in STEP_COLUMNS])
             handle.flush()
 
     def write_telemetry(self, rows: list[dict]) -> None:
+        if self._telemetry is None:
+            raise RuntimeError("telemetry.csv is not open: start the run first (or it was closed)")
         handle, writer = self._telemetry
         with files.failures_as_one_line(self.telemetry_path):
             writer.writerows([[r[c] for c in TELEMETRY_COLUMNS] for r in rows])
@@ -445,7 +452,7 @@ class RunFiles:
 def save_checkpoint(path: Path, next_step: int, weights: list[np.ndarray],
                     optimizer_state: list[np.ndarray], counters: dict) -> None:
     """Write weights + optimizer state + next step atomically."""
-    arrays = {f"w{i}": w for i, w in enumerate(weights)}
+    arrays: dict[str, Any] = {f"w{i}": w for i, w in enumerate(weights)}
     arrays.update({f"o{i}": v for i, v in enumerate(optimizer_state)})
     arrays["next_step"] = np.array(next_step)
     arrays["counters"] = np.array(json.dumps(counters))

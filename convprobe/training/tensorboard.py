@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class TensorBoardWriter:
 
         self._scalar = metadata("scalars")
         self._histogram = metadata("histograms", _HISTOGRAM_NOTE)
-        self._compiled = {}  # one traced writer per set of tensors: one call per measured step
+        self._compiled: dict[tuple[str, ...], Any] = {}  # one traced writer per set of tensors: one call per measured step
         self._labels = {label: i for i, label in enumerate(histogram_edges())}
 
     def _write_scalar(self, tag: str, value: float, step: int) -> None:

@@ -29,6 +29,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -159,7 +160,7 @@ class Trainer:
             "cross-replica calls)")
 
         with self.strategy.scope():
-            common = dict(image_size=self.data.image_size, num_classes=self.data.num_classes,
+            common: dict[str, Any] = dict(image_size=self.data.image_size, num_classes=self.data.num_classes,
                           seed=config.seed, bn_momentum=config.bn_momentum)
             self.model = build_resnet(config.resnet_size, dtype=config.dtype, **common)
             self.shadow = build_resnet(config.resnet_size, dtype="fp32", **common)
@@ -374,7 +375,7 @@ class Trainer:
             out = self._plain(images, labels)
         first = {key: self._local(value)[0] for key, value in out.items()}  # every replica holds the total
         seconds = time.perf_counter() - start
-        result = {
+        result: dict[str, Any] = {
             "step": step,
             "loss": float(first["loss"]),
             "accuracy": float(first["correct"]) / self.config.batch_size,
@@ -498,7 +499,7 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
     plan = files.plan(config.to_json()) if files is not None else None  # validates, writes nothing
     start = 0
     counters = {"skipped": 0, "nonfinite": 0}
-    if plan is not None and plan.start_step >= config.steps and files.summary_path.exists():
+    if files is not None and plan is not None and plan.start_step >= config.steps and files.summary_path.exists():
         done = read_summary(files.directory)  # already finished: report it, touch nothing
         evaluated = read_header(files.directory)["params"].get("eval_batches", 0)
         if evaluated != config.eval_batches:  # its accuracy would be reported under the wrong setting
@@ -511,8 +512,9 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
             eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
             jit=done["jit"], summary=done)
     trainer = trainer or Trainer(config, data=data, eager=eager, identify_map=identify_map)
-    board = None  # the run's TensorBoard event files, where it writes records
+    board: TensorBoardWriter | None = None  # the run's TensorBoard event files, where it writes records
     if files is not None:
+        assert plan is not None  # (planned wherever there are files)
         if plan.replicas is not None and plan.replicas != trainer.replicas:
             raise InvalidArgument(f"{config.output} was recorded with {plan.replicas} replicas and this run has "
                                   f"{trainer.replicas} (batch-norm statistics would change mid-run); nothing was "
@@ -554,6 +556,7 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
                 if step > start:  # the first call compiles
                     speeds.append(last["images_per_second"])
                 if files is not None:
+                    assert board is not None  # (made wherever files are kept: the chief's)
                     files.write_step({k: last[k] for k in STEP_COLUMNS})
                     board.write_step(step, last["loss_scale"], counters["skipped"])
                     if telemetry:
@@ -566,7 +569,7 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
                         f"{last['images_per_second']:.1f} img/s")
         finished = (start + steps_run) >= config.steps
         eval_accuracy = trainer.evaluate(config.eval_batches) if finished else None
-        summary = {
+        summary: dict[str, Any] = {
             "finished": finished,
             "final_step": start + steps_run,
             "skipped_steps": counters["skipped"],
