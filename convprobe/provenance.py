@@ -52,7 +52,7 @@ def package_versions() -> dict[str, str | None]:
 
 def _first_cpu(path: str = "/proc/cpuinfo") -> dict[str, str]:
     """The fields of the first processor in /proc/cpuinfo (Linux), or {}."""
-    fields = {}
+    fields: dict[str, str] = {}
     try:
         with open(path, encoding="utf-8") as handle:
             for line in handle:
@@ -96,7 +96,7 @@ def cpu_caches(directory: str = _CACHE_DIRECTORY) -> dict[str, int]:
     the system does not say. Eigen sizes its GEMM blocks, and so the K chunks identify
     measures, from these (`manage_caching_sizes` in Eigen's GeneralBlockPanelKernel.h):
     two CPUs of one model and flags can split K differently."""
-    caches = {}
+    caches: dict[str, int] = {}
     try:
         entries = sorted(e for e in os.listdir(directory) if e.startswith("index"))
     except OSError:

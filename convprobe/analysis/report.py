@@ -135,17 +135,22 @@ def figures_for(item: Loaded):
     """(name, Figure) pairs for one validated input."""
     kind, document, frame = item.kind, item.document, item.frame
     if kind in ("overflow", "compare"):
+        assert document is not None  # (`load`: an envelope's kinds come with their document)
         yield from _classic_figures(kind, document)
     elif kind == results.Kind.TRAIN_COMPARISON:
+        assert document is not None
         yield from _comparison_figures(item.name, document)
     elif kind == "replay":
+        assert document is not None
         yield "match", figures.replay_figure(document["results"])
     elif kind == "train":
+        assert document is not None
         config = document["params"]
         yield "run", figures.training_run_figure(
             item.steps, item.telemetry,
             title=f"{item.name}: {config['dtype']}, loss scale {config['loss_scale']['mode']}")
     elif kind == "fingerprint":
+        assert frame is not None  # (a fingerprint document's table is required: `results`)
         properties = [p for p in dict.fromkeys(frame["property"]) if p != "status"]
         wide = fingerprint_table(frame, properties or None).rename(columns=FINGERPRINT_TITLES)
         wide["configuration"] = wide["configuration"].str.replace("tensorflow/", "tf/", regex=False)
@@ -260,7 +265,8 @@ def check_formats(text: str) -> list[FigureFormat]:
 def draw(paths: list[str], out_dir: str, formats: list[FigureFormat]) -> list[str]:
     """Figures for every input into `out_dir`; returns the files written. Every input is
     validated and every figure built before anything is written."""
-    loaded, seen = [], {}
+    loaded: list[Loaded] = []
+    seen: dict[str, str] = {}
     for path in paths:
         for item in load(path):
             if seen.setdefault(item.name, path) != path:

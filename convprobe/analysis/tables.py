@@ -83,7 +83,7 @@ def frame_from_records(records: Iterable[Mapping[str, object]], schema: Schema |
 def _records(df: pd.DataFrame) -> list[dict[str, object]]:
     out = []
     for row in df.to_dict(orient="records"):
-        clean = {}
+        clean: dict[str, object] = {}
         for key, value in row.items():
             if value is pd.NA or (isinstance(value, float) and math.isnan(value)):
                 clean[key] = None

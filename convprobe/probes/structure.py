@@ -505,7 +505,7 @@ def _wide_lane_specs(structure: Structure, k: int) -> list[str]:
     """Narrow lanes summed wide: each of the lane's own specs in W lanes, combined by the
     halving tree, in order or pairwise in the wide format, rounded to fp16."""
     width, wide = structure.lanes, structure.combine
-    if width is None or structure.boundaries is None:
+    if width is None or wide is None or structure.boundaries is None:  # (wide: the caller's test)
         return list(structure.derived)
     lane = Structure(structure.accumulator, [b // width for b in structure.boundaries], 1,
                      structure.products_rounded, additions_in_fp32=structure.additions_in_fp32,
