@@ -20,6 +20,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from convprobe.backends.jax import jax_installed
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.options import Device, names_or_all
 
@@ -39,12 +40,16 @@ __all__ = [
     "MATRIX",
     "MATRIX_DEFAULT",
     "MUST_SHOW",
+    "JAX_SETTINGS",
+    "JAX_MATRIX",
+    "JAX_MATRIX_DEFAULT",
+    "MATRIX_BACKENDS",
     "matrix_configs",
     "onednn_runs_fp16",
 ]
 
 ACCUMULATE_CHOICES = ("fp16", "fp32", "default")
-BACKEND_CHOICES = ("tensorflow", "emulated")
+BACKEND_CHOICES = ("tensorflow", "emulated", "jax")
 DEVICE_CHOICES = tuple(d.value for d in Device)
 
 
@@ -83,7 +88,7 @@ SETTINGS: dict[tuple[str, str], Setting] = {
 #: child so that "default" really is TensorFlow's default.
 MANAGED_VARIABLES = frozenset(
     name for setting in SETTINGS.values() for name in setting.env
-) | {"XLA_FLAGS"}
+) | {"XLA_FLAGS", "JAX_DEFAULT_MATMUL_PRECISION"}
 
 #: cuDNN/cuBLAS compute-type switches: read by TensorFlow's GPU kernels only.
 GPU_ONLY_SWITCHES = ("TF_FP16_CONV_USE_FP32_COMPUTE", "TF_FP16_MATMUL_USE_FP32_COMPUTE")
@@ -118,6 +123,8 @@ class BackendConfig:
     env: dict[str, str] = field(default_factory=dict)
     jit_compile: bool = False
     model: str | None = None
+    #: A framework's per-call settings (JAX: precision, preferred_element_type).
+    options: dict[str, str] = field(default_factory=dict)
     note: str = ""
     #: Name of a configuration-matrix row ('onednn-off'); None for request-built configs.
     name: str | None = None
@@ -132,20 +139,28 @@ class BackendConfig:
         if self.name is not None:
             return f"{self.backend}/{self.device}/{self.name}"
         parts = [self.backend, self.device, self.accumulate]
-        if self.jit_compile:
+        if self.jit_compile and self.backend == "tensorflow":  # (JAX always compiles)
             parts.append("jit")
         return "/".join(parts)
 
     @property
+    def isolated(self) -> bool:
+        """Whether it runs in a child process of its own: a framework reads its switches once
+        per process; the emulator has no global state and runs in the caller's."""
+        return self.backend != "emulated"
+
+    @property
     def environment(self) -> str:
-        """The configuration's environment as 'NAME=VALUE NAME=VALUE' ('' if none)."""
-        return " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
+        """The configuration's switches as 'NAME=VALUE ... option=value' ('' if none): the
+        environment, then a framework's per-call options."""
+        return " ".join([*(f"{k}={v}" for k, v in sorted(self.env.items())),
+                         *(f"{k}={v}" for k, v in sorted(self.options.items()))])
 
     def to_dict(self) -> dict:
         return {
             "backend": self.backend, "accumulate": self.accumulate, "device": self.device,
             "env": dict(self.env), "jit_compile": self.jit_compile, "model": self.model,
-            "note": self.note, "label": self.label, "name": self.name,
+            "options": dict(self.options), "note": self.note, "label": self.label, "name": self.name,
             "warnings": list(self.warnings),
         }
 
@@ -154,7 +169,8 @@ class BackendConfig:
         return cls(
             backend=data["backend"], accumulate=data["accumulate"], device=data["device"],
             env=dict(data.get("env", {})), jit_compile=bool(data.get("jit_compile", False)),
-            model=data.get("model"), note=data.get("note", ""), name=data.get("name"),
+            model=data.get("model"), options=dict(data.get("options", {})), note=data.get("note", ""),
+            name=data.get("name"),
             warnings=tuple(data.get("warnings", ())),
         )
 
@@ -231,7 +247,8 @@ def resolve_configs(
 
     Validates every argument before anything runs, so bad input costs nothing.
     """
-    backends = _expand(backend, BACKEND_CHOICES, "backend")
+    backends = tuple(name for name in _expand(backend, BACKEND_CHOICES, "backend")
+                     if backend != "all" or name != "jax" or jax_installed())  # all: the installed frameworks
     accumulates = _expand(accumulate, ACCUMULATE_CHOICES, "accumulate")
     resolved_device = resolve_device(device)
     if model is not None and "emulated" not in backends:
@@ -242,7 +259,11 @@ def resolve_configs(
             configs.append(emulated_config(model))
             continue
         for acc in accumulates:
-            if name == "tensorflow":
+            if name == "jax":
+                env, options, note = JAX_SETTINGS[(resolved_device, acc)]
+                configs.append(BackendConfig("jax", acc, resolved_device, env={**env, **(extra_env or {})},
+                                             jit_compile=True, options=dict(options), note=note))
+            elif name == "tensorflow":
                 setting = SETTINGS[(resolved_device, acc)]
                 env = {**setting.env, **(extra_env or {})}
                 configs.append(BackendConfig(
@@ -328,15 +349,68 @@ MATRIX_DEFAULT: dict[str, tuple[str, ...]] = {
 MUST_SHOW = ("default", "onednn-off", "onednn-off+fp16-acc", "jit", "jit+strict")
 
 
-def matrix_configs(device: str = "cpu", names: list[str] | str | None = None) -> list[BackendConfig]:
-    """TensorFlow configurations of the matrix, by name ('all' or None = the default rows)."""
+# -- JAX (an optional extra: `convprobe.backends.jax`) ------------------------------
+
+_F32_RESULT = {"preferred_element_type": "float32"}
+_F16_RESULT = {"preferred_element_type": "float16"}
+
+#: (device, accumulate) -> (environment, call options, note) for JAX.
+JAX_SETTINGS: dict[tuple[str, str], tuple[dict[str, str], dict[str, str], str]] = {
+    ("cpu", "fp16"): ({"XLA_FLAGS": _STRICT}, {}, "XLA CPU keeps f16 convs in f16 (strict conv math)"),
+    ("cpu", "fp32"): ({}, _F32_RESULT, "float32 result type asked of XLA (preferred_element_type), cast to f16"),
+    ("cpu", "default"): ({}, {}, "nothing set: JAX's own choice"),
+    ("gpu", "fp16"): ({}, _F16_RESULT, "f16 result type asked of XLA (preferred_element_type)"),
+    ("gpu", "fp32"): ({}, _F32_RESULT, "float32 result type asked of XLA (preferred_element_type), cast to f16"),
+    ("gpu", "default"): ({}, {}, "nothing set: JAX's own choice"),
+}
+
+#: device -> name -> (environment, call options, accumulate requested, note), as MATRIX for JAX.
+JAX_MATRIX: dict[str, dict[str, tuple[dict[str, str], dict[str, str], str, str]]] = {
+    "cpu": {
+        "default": ({}, {}, "default", "nothing set: XLA CPU's own choice"),
+        "f32-result": ({}, _F32_RESULT, "fp32", "preferred_element_type=float32, cast back to f16"),
+        "f16-result": ({}, _F16_RESULT, "fp16", "preferred_element_type=float16"),
+        "highest": ({}, {"precision": "highest"}, "default", "precision=HIGHEST (jax_default_matmul_precision)"),
+        "strict": ({"XLA_FLAGS": _STRICT}, {}, "fp16", "XLA CPU keeps f16 dots/convs in f16"),
+        "strict+f32-result": ({"XLA_FLAGS": _STRICT}, _F32_RESULT, "fp32",
+                              "strict f16 conv math, asked for a float32 result"),
+        "no-excess": ({"XLA_FLAGS": _NO_EXCESS}, {}, "default", "XLA CPU without excess precision in fusions"),
+    },
+    "gpu": {
+        "default": ({}, {}, "default", "nothing set: XLA GPU's own choice"),
+        "f32-result": ({}, _F32_RESULT, "fp32", "preferred_element_type=float32, cast back to f16"),
+        "f16-result": ({}, _F16_RESULT, "fp16", "preferred_element_type=float16"),
+        "highest": ({}, {"precision": "highest"}, "default", "precision=HIGHEST"),
+    },
+}
+JAX_MATRIX_DEFAULT: dict[str, tuple[str, ...]] = {
+    "cpu": ("default", "f32-result", "strict", "strict+f32-result"),
+    "gpu": ("default", "f32-result", "f16-result"),
+}
+
+#: The frameworks with a configuration matrix (the study commands' --backend).
+MATRIX_BACKENDS = ("tensorflow", "jax")
+
+
+def matrix_configs(device: str = "cpu", names: list[str] | str | None = None,
+                   backend: str = "tensorflow") -> list[BackendConfig]:
+    """A framework's configurations of the matrix, by name ('all' or None = the default rows)."""
+    if backend not in MATRIX_BACKENDS:
+        raise invalid_choice("backend", backend, MATRIX_BACKENDS)
     resolved = resolve_device(device)
-    table = MATRIX[resolved]
-    chosen = MATRIX_DEFAULT[resolved] if names is None else names_or_all(names, tuple(table), "configuration")
+    table = MATRIX[resolved] if backend == "tensorflow" else JAX_MATRIX[resolved]
+    defaults = (MATRIX_DEFAULT if backend == "tensorflow" else JAX_MATRIX_DEFAULT)[resolved]
+    chosen = defaults if names is None else names_or_all(names, tuple(table), "configuration")
     configs = []
     for name in chosen:
-        env, jit, accumulate, note = table[name]
-        configs.append(BackendConfig("tensorflow", accumulate, resolved, env=dict(env), jit_compile=jit, note=note, name=name))
+        if backend == "tensorflow":
+            env, jit, accumulate, note = MATRIX[resolved][name]
+            configs.append(BackendConfig("tensorflow", accumulate, resolved, env=dict(env), jit_compile=jit,
+                                         note=note, name=name))
+        else:
+            env, options, accumulate, note = JAX_MATRIX[resolved][name]
+            configs.append(BackendConfig("jax", accumulate, resolved, env=dict(env), jit_compile=True,
+                                         options=dict(options), note=note, name=name))
     return configs
 
 

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     if args.list_configs:
-        return list_configs(args.device)
+        return list_configs(args.device, args.backend)
     from convprobe.probes.studies import run_fingerprint
 
     ops = matrix_ops(args)

@@ -149,7 +149,7 @@ def _with_threads(configs, threads: int | None) -> list:
 
 def run(args) -> int:
     if args.list_configs:
-        return list_configs(args.device)
+        return list_configs(args.device, args.backend)
     from convprobe.emulation.composites import split_arguments
     from convprobe.probes import identify
     from convprobe.identify.layer_study import run_layer_identify

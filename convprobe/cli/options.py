@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from convprobe.backends.configurations import DEVICE_CHOICES
+from convprobe.backends.configurations import DEVICE_CHOICES, MATRIX_BACKENDS
 from convprobe.errors import InvalidArgument
 from convprobe.options import comma_integers
 from convprobe.render import FORMATS, check_output_path, json_clean, render_csv, render_json, render_table, write_atomic
@@ -118,9 +118,12 @@ def add_matrix_options(parser: argparse.ArgumentParser, *, default_ops: str, tim
     """The options of the study commands (fingerprint, identify, sweep): configurations of the
     matrix and emulator models, ops, running and output."""
     config = parser.add_argument_group("configurations")
+    config.add_argument("--backend", choices=MATRIX_BACKENDS, default="tensorflow",
+                        help="the framework whose configuration matrix runs (default: tensorflow; jax needs "
+                             "pip install -e '.[jax]')")
     config.add_argument("--configs", default=None, metavar="NAMES",
-                        help="TensorFlow configurations of the matrix, comma-separated, 'all', or 'none' "
-                             "(default: the matrix's default rows; see 'convprobe fingerprint --list-configs')")
+                        help="configurations of the framework's matrix, comma-separated, 'all', or 'none' "
+                             "(default: the matrix's default rows; see --list-configs)")
     config.add_argument("--device", choices=DEVICE_CHOICES, default="cpu", help="device (default: cpu)")
     config.add_argument("--model", action="append", default=[], metavar="SPEC",
                         help="also run the exact emulator with this model (repeatable), e.g. sequential:fp16")
@@ -136,7 +139,7 @@ def matrix_configs(args) -> list:
     """TensorFlow matrix rows plus emulator models, validated before anything runs."""
     from convprobe.backends.configurations import emulated_config
     from convprobe.backends.configurations import matrix_configs as rows
-    configs = [] if args.configs == "none" else rows(args.device, args.configs)
+    configs = [] if args.configs == "none" else rows(args.device, args.configs, args.backend)
     models = [emulated_config(spec) for spec in args.model]
     labels = [config.label for config in models]
     twice = sorted({label for label in labels if labels.count(label) > 1})
@@ -159,11 +162,20 @@ def matrix_ops(args) -> tuple[str, ...]:
     return check_ops(args.op)
 
 
-def list_configs(device: str) -> int:
-    """Print the matrix rows of a device; listing needs no GPU (it only says what would run)."""
-    from convprobe.backends.configurations import MATRIX, MATRIX_DEFAULT, resolve_device
+def list_configs(device: str, backend: str = "tensorflow") -> int:
+    """Print a framework's matrix rows on a device; listing needs no GPU (it only says what would run)."""
+    from convprobe.backends.configurations import JAX_MATRIX, JAX_MATRIX_DEFAULT, MATRIX, MATRIX_DEFAULT, resolve_device
 
     device = device if device in MATRIX else resolve_device(device)
+    if backend == "jax":
+        for name, (env, options, _acc, note) in JAX_MATRIX[device].items():
+            default = "*" if name in JAX_MATRIX_DEFAULT[device] else " "
+            settings = " ".join([*(f"{k}={v}" for k, v in env.items()),
+                                 *(f"{k}={v}" for k, v in options.items())]) or "(nothing set)"
+            print(f"{default} {name:24s} {settings}  # {note}")
+        print("(* = run by default; every JAX row is compiled by XLA; options are per-call arguments of "
+              "lax.conv_general_dilated and jnp.matmul)")
+        return 0
     for name, (env, jit, _acc, note) in MATRIX[device].items():
         default = "*" if name in MATRIX_DEFAULT[device] else " "
         settings = " ".join(f"{k}={v}" for k, v in env.items()) or "(nothing set)"

@@ -37,7 +37,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     if args.list_configs:
-        return list_configs(args.device)
+        return list_configs(args.device, args.backend)
     from convprobe.formats import parse_format
     from convprobe.probes import sweep
     from convprobe.probes.studies import run_sweep

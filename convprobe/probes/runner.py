@@ -1,6 +1,6 @@
 """Run one probe across many backend configurations, in parallel, losing nothing.
 
-TensorFlow configurations each run in their own child process (see
+TensorFlow and JAX configurations each run in their own child process (see
 `convprobe.backends.isolation`); emulated ones run in this process, since the
 emulator has no cached global state. Children run concurrently, up to the
 number of cores, because each spends most of its time importing TensorFlow.
@@ -30,7 +30,7 @@ def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float =
     `name` is the probe's name in the row (default `probe`)."""
     task = {"probe": probe, "params": params}
     started = time.perf_counter()
-    if config.backend == "tensorflow":
+    if config.isolated:
         outcome = run_isolated(config, task, module=worker.__name__, timeout=timeout)
         status, payload, error, environment = outcome.status, outcome.payload, outcome.error, outcome.environment
         wall = outcome.wall_s

@@ -17,6 +17,7 @@ import traceback
 
 from convprobe.backends.configurations import BackendConfig
 from convprobe.backends.emulated import EmulatedBackend
+from convprobe.backends.jax import JaxBackend
 from convprobe.errors import UnsupportedConfiguration
 from convprobe import provenance
 from convprobe.probes.registry import get_probe
@@ -28,6 +29,8 @@ def make_backend(config: BackendConfig):
         from convprobe.backends.tensorflow import TensorFlowBackend
 
         return TensorFlowBackend(config.device, jit_compile=config.jit_compile)
+    if config.backend == "jax":
+        return JaxBackend(config.device, **config.options)
     return EmulatedBackend(config.model)
 
 

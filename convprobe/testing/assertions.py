@@ -550,7 +550,7 @@ def assert_accumulates_in(
                                       f"received {_received(value)}")
     config = resolve_target(backend)
     jobs = [("overflow", {}), ("compare", {"seed": 0, **(compare_params or {})})]
-    if config.backend == "tensorflow":
+    if config.isolated:
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
             results = list(pool.map(lambda job: run_one(job[0], config, job[1], timeout=timeout), jobs))
     else:

@@ -90,6 +90,14 @@ _START_UP_NOTICES = re.compile(
     rb"^To enable the following instructions:|^All log messages before absl::InitializeLog")
 
 
+def _has_fileno(stream) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation is an OSError)
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def start_up_notices_dropped():
     """Run the block with file descriptor 2 captured, then write back every line but
@@ -109,8 +117,8 @@ def start_up_notices_dropped():
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            if was_enabled:
-                faulthandler.enable(file=sys.stderr)
+            if was_enabled:  # (where sys.stderr is a capture with no file descriptor: the process's own)
+                faulthandler.enable(file=sys.stderr if _has_fileno(sys.stderr) else sys.__stderr__)
             else:
                 faulthandler.disable()
             captured.seek(0)

@@ -1,5 +1,6 @@
 import pytest
 
+from convprobe.backends.jax import jax_installed
 from convprobe.backends.configurations import (
     MANAGED_VARIABLES, SETTINGS, BackendConfig, emulated_config, gpu_visible, parse_env_assignments,
     onednn_runs_fp16, resolve_configs, resolve_device,
@@ -21,10 +22,12 @@ def test_gpu_requests_map_to_the_cudnn_compute_type_switch():
 
 
 def test_all_expands_to_one_config_per_backend_and_request():
+    """'all' is every installed framework: JAX's rows where the jax extra is installed."""
     labels = [c.label for c in resolve_configs(backend="all", accumulate="all", device="cpu")]
     assert labels == [
         "tensorflow/cpu/fp16", "tensorflow/cpu/fp32", "tensorflow/cpu/default",
         "emulated/sequential:fp16", "emulated/sequential:fp32", "emulated/sequential:fp32 (default)",
+        *(["jax/cpu/fp16", "jax/cpu/fp32", "jax/cpu/default"] if jax_installed() else []),
     ]
 
 
@@ -36,7 +39,7 @@ def test_user_env_is_added_on_top_of_the_table():
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"accumulate": "fp8"}, "accumulate must be one of fp16, fp32, default, all; received 'fp8'"),
-    ({"backend": "torch"}, "backend must be one of tensorflow, emulated, all; received 'torch'"),
+    ({"backend": "torch"}, "backend must be one of tensorflow, emulated, jax, all; received 'torch'"),
     ({"device": "tpu"}, "device must be one of cpu, gpu, auto; received 'tpu'"),
     ({"backend": "tensorflow", "model": "sequential:fp16"}, "model applies only to --backend emulated"),
 ])
