@@ -67,8 +67,9 @@ def _gradient_conv_args(strides, padding, dilation):
     )
 
 
-#: Calls per function `run_together` compiles: every group of calls is padded to this many, so
-#: the crafted-input probes' thousands of calls trace and compile a few dozen functions.
+#: The most calls one function `run_together` compiles holds. Longer lists run in groups of this
+#: many, and a group is padded to a power of two: the crafted-input probes' thousands of calls
+#: then trace and compile a few dozen functions, and a short list compiles a small one.
 TOGETHER = 16
 
 
@@ -208,7 +209,7 @@ class TensorFlowBackend(AbstractBackend):
     def run_together(self, calls):
         """Run several op calls [(method name, args, kwargs)] as one function; NumPy results in order.
 
-        Under jit_compile the calls run in groups of `TOGETHER`, each group one XLA function,
+        Under jit_compile the calls run in groups of at most `TOGETHER` (a power of two), each one XLA function,
         traced and compiled once per distinct plan and reused (the compile, not the arithmetic,
         dominates a crafted-input battery); each op keeps its own kernel, so the results are
         those of the separate calls.
@@ -217,10 +218,13 @@ class TensorFlowBackend(AbstractBackend):
         if not self.jit_compile:
             return [np.asarray(getattr(self, name)(*args, **kwargs)) for name, args, kwargs in calls]
         calls = list(calls)
-        if len(calls) != TOGETHER:  # fixed-size groups (the last padded with its own last call): few traces
+        if not calls:
+            return []
+        size = min(TOGETHER, 1 << (len(calls) - 1).bit_length())
+        if len(calls) != size:  # groups of a power of two (the last padded with its own last call): few traces
             groups = [calls[i:i + TOGETHER] for i in range(0, len(calls), TOGETHER)]
-            return [result for group in groups
-                    for result in self.run_together(group + group[-1:] * (TOGETHER - len(group)))[:len(group)]]
+            padded = [group + group[-1:] * ((1 << (len(group) - 1).bit_length()) - len(group)) for group in groups]
+            return [result for group, run in zip(groups, padded) for result in self.run_together(run)[:len(group)]]
         tf = self.tf
         arrays: list[np.ndarray] = []
         plan = []
