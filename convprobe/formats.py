@@ -145,6 +145,7 @@ def parse_format(
     fp16/bf16/fp32); the error names `argument` and lists what is valid.
     """
     names = tuple(allowed) if allowed is not None else tuple(FORMATS)
+    fmt: Format | None
     if isinstance(value, Format):
         fmt = value
     else:

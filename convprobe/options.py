@@ -167,8 +167,12 @@ class ConvOp(StrEnum):
 def parse_option(argument: str, value: object, options: type[E],
                  aliases: dict[str, str] | None = None) -> E:
     """The member of `options` named by `value` (case and surrounding space ignored)."""
-    key = value.strip().lower() if isinstance(value, str) else value
-    if aliases and isinstance(key, str):
+    if not isinstance(value, str):
+        # A StrEnum's values are all strings: a value of another type names no member
+        # (the lookup would raise ValueError), so it takes the same error here.
+        raise invalid_choice(argument, value, [m.value for m in options])
+    key = value.strip().lower()
+    if aliases:
         key = aliases.get(key, key)
     try:
         return options(key)

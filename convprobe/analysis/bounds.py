@@ -35,9 +35,9 @@ __all__ = [
 #: with probability P(3) = 1 - 2 exp(-4.5 (1-u)^2) ~= 0.978 (see `probabilistic_confidence`).
 DEFAULT_LAMBDA = 3.0
 
-BOUND_KINDS = ("deterministic", "probabilistic", "blocked")
-
 BoundKind = Literal["deterministic", "probabilistic", "blocked"]
+
+BOUND_KINDS: tuple[BoundKind, ...] = ("deterministic", "probabilistic", "blocked")
 
 
 def _check_k(k: object, argument: str = "k") -> np.ndarray:
@@ -60,7 +60,7 @@ def _check_u(u: object, argument: str = "u") -> float:
 
 
 def _out(result: np.ndarray, like: object) -> float | np.ndarray:
-    return float(result) if np.ndim(like) == 0 else result
+    return float(result) if np.asarray(like).ndim == 0 else result
 
 
 def gamma(k: object, u: float) -> float | np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+from matplotlib.transforms import Bbox
 
 from convprobe.analysis.bounds import DEFAULT_LAMBDA, dot_error_bound, probabilistic_confidence
 from convprobe.analysis.tables import SWEEP_SCHEMA, validate_frame
@@ -269,7 +270,7 @@ def table_figure(
         colWidths=[w / sum(widths) for w in widths],
         cellLoc="left",
         loc="upper center",
-        bbox=[0.0, 0.0, 1.0, 1.0],
+        bbox=Bbox.from_bounds(0.0, 0.0, 1.0, 1.0),
     )
     table.auto_set_font_size(False)
     table.set_fontsize(9)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -154,7 +154,7 @@ def read_csv(path: str | Path, *, where: str) -> pd.DataFrame:
 #: Rules for the values of a free-form table's columns (a training run's CSVs, telemetry records):
 #: what a message says is allowed, and which numbers break it, or the allowed spellings of a text
 #: rule. A loss may be nan or inf: that is what fp16 training does.
-VALUE_RULES = {
+VALUE_RULES: dict[str, tuple[str, Callable[[pd.Series], pd.Series] | tuple[str, ...]]] = {
     "count": ("non-negative integers", lambda v: v.isna() | (v < 0) | (v % 1 != 0)),
     "number": ("numbers (nan and inf included)", lambda v: pd.Series(False, index=v.index)),
     "positive": ("positive finite numbers", lambda v: ~((v > 0) & np.isfinite(v))),

@@ -12,8 +12,10 @@ import numpy as np
 
 from convprobe.backends.base import AbstractBackend
 
+_Matrix = list[list[F | int]]
+
 #: (B^T, G, A^T) of F(m, 3) for m = 2 and 4 (Lavin and Gray 2016, section 4.1 and 4.2).
-WINOGRAD = {
+WINOGRAD: dict[int, tuple[_Matrix, _Matrix, _Matrix]] = {
     2: ([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
         [[1, 0, 0], [F(1, 2), F(1, 2), F(1, 2)], [F(1, 2), F(-1, 2), F(1, 2)], [0, 0, 1]],
         [[1, 1, 1, 0], [0, 1, -1, -1]]),

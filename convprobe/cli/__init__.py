@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from convprobe import __version__
 from convprobe.cli import compare, fingerprint, identify, overflow, replay, report, sweep, train
@@ -62,7 +63,7 @@ class _Parser(argparse.ArgumentParser):
         self.register("action", None, _StoreOnce)
         self.register("action", "store", _StoreOnce)
 
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+    def error(self, message: str) -> NoReturn:  # noqa: D401 - argparse API
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 

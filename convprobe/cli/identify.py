@@ -69,7 +69,7 @@ def _pair(text: str, argument: str) -> tuple[int, int]:
         values = values * 2
     if len(values) != 2 or min(values) < 1:
         raise InvalidArgument(f"{argument} must be one or two comma-separated positive integers; received {text!r}")
-    return values  # type: ignore[return-value]
+    return values
 
 
 def layers_from_args(args) -> tuple[list, list] | None:
@@ -104,7 +104,10 @@ def layers_from_args(args) -> tuple[list, list] | None:
         if args.batch is not None:
             raise InvalidArgument("--batch applies to --keras-model and --resnet-size; put N in --input-shape")
         padding = str(args.padding).upper()  # Layer checks it, with the shapes
-        return [Layer(parse_shape(args.input_shape, "--input-shape", 4), parse_shape(args.filter_shape, "--filter-shape", 4),
+        input_shape = parse_shape(args.input_shape, "--input-shape", 4)
+        filter_shape = parse_shape(args.filter_shape, "--filter-shape", 4)
+        assert len(input_shape) == 4 and len(filter_shape) == 4  # parse_shape(..., 4) gives exactly 4 or raises
+        return [Layer(input_shape, filter_shape,
                       _pair(args.strides, "--strides"), padding, _pair(args.dilation, "--dilation"))], []
     if args.strides != "1" or args.padding != "SAME" or args.dilation != "1":
         raise InvalidArgument("--strides, --padding and --dilation apply to --input-shape; a model's layers carry their own")
@@ -163,10 +166,10 @@ def run(args) -> int:
             raise InvalidArgument(f"--candidates must name at least one model spec; received {args.candidates!r}")
     identify.candidates(specs)  # bad specs fail before anything runs
     configs = _with_threads(matrix_configs(args), args.threads)
-    layers = layers_from_args(args)
+    chosen = layers_from_args(args)
     announce_inherited_switches(args.command)
-    if layers is not None:
-        layers, not_identified = layers
+    if chosen is not None:
+        layers, not_identified = chosen
         outcome = run_layer_identify(configs, layers, specs=specs, seed=args.seed, device=args.device,
                                      timeout=args.timeout, jobs=args.jobs, not_identified=not_identified)
     else:

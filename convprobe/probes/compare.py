@@ -65,7 +65,7 @@ def inputs(seed: int, batch: int, height: int, width: int, channels: int, filter
     return x, w
 
 
-def _errors(result: np.ndarray, reference: np.ndarray) -> dict:
+def _errors(result: np.ndarray, reference: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
     from convprobe.analysis import fraction_correctly_rounded, max_relative_error, ulp_error
 
     ulps = ulp_error(result, reference, FP16)

@@ -226,7 +226,7 @@ def _tied(op, first, second, pairs, rng):
     return first, second
 
 
-def _read(op: str, y: np.ndarray, chosen: list[int]) -> np.ndarray:
+def _read(op: str, y: np.ndarray, chosen: tuple[int, int]) -> np.ndarray:
     """The tested outputs' bits: all channels at the chosen position (image 0) or tap."""
     h, w = chosen
     return _bits(y[h, w] if op == "conv2d_backprop_filter" else y[0, h, w])

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convprobe.emulation import dot, parse_model
+from convprobe.emulation import AccumulationModel, dot, parse_model
 from convprobe.errors import InvalidArgument, UnsupportedConfiguration
 from convprobe.probes.encoding import encode_bits
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_many, reduce_rows
@@ -83,12 +83,13 @@ class Candidate:
     """A named way of reducing rows of products; `compute(a, b)` -> fp16 outputs."""
 
     name: str
-    model: object = None
+    model: AccumulationModel | None = None
 
     def compute(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Row m of `a` against filter b[m % len(b)] (b may be one filter (k,) or several (c, k))."""
         b = np.atleast_2d(b)
         b = b[np.arange(a.shape[0]) % b.shape[0]]
+        assert self.model is not None  # candidates are built by parse_candidate, always with a model
         return np.asarray(dot(a, b, self.model)).astype(np.float16)
 
 

@@ -397,7 +397,11 @@ def _conv_like(item) -> bool:
     return "Conv" in type(item).__name__ and hasattr(item, "kernel_size")
 
 
-def _transposed(item, input_shape: tuple[int, int, int, int], geometry: tuple) -> Layer:
+#: A Keras conv layer's strides, padding and dilation, as `Layer` takes them.
+_Geometry = tuple[tuple[int, int], str, tuple[int, int]]
+
+
+def _transposed(item, input_shape: tuple[int, int, int, int], geometry: _Geometry) -> Layer:
     """The conv2d a Conv2DTranspose transposes. TensorFlow computes the transposed layer's
     forward as that conv2d's Conv2DBackpropInput (dy = the layer's input, the same HWIO
     kernel), and the registered gradient of that op is the conv2d itself (the input
@@ -421,7 +425,7 @@ def _layers_of(item, input_shape: tuple[int, int, int, int]) -> list[Layer]:
     import keras
 
     kh, kw = item.kernel_size
-    geometry = (tuple(item.strides), item.padding.upper(), tuple(item.dilation_rate))
+    geometry: _Geometry = (tuple(item.strides), item.padding.upper(), tuple(item.dilation_rate))
     channels = input_shape[3]
     if type(item) is keras.layers.Conv2D:  # (grouped: each filter reads its group's channels)
         return [Layer(input_shape, (kh, kw, channels // int(item.groups), int(item.filters)), *geometry, item.name)]

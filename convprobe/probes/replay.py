@@ -178,13 +178,14 @@ def bundled_path() -> str:
 
 def save_bundle(sets: list[VectorSet], path: str) -> None:
     """Write `sets` as one compressed .npz of uint32 arrays (no pickled objects)."""
-    arrays = {}
+    arrays: dict[str, np.ndarray] = {}
     for s in sets:
         stem = f"{s.gpu}/{s.input}/"
         arrays[stem + "a"], arrays[stem + "b"], arrays[stem + "c"] = s.a, s.b, s.c
         arrays[stem + f"d_{s.output}"] = s.d
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
+    # allow_pickle named (its default) so that no key of `arrays` can be taken for it
+    np.savez_compressed(buffer, allow_pickle=True, **arrays)
     files.write_atomic(path, buffer.getvalue())
 
 

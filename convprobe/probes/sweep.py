@@ -43,7 +43,7 @@ class Distribution(StrEnum):
 
 DISTRIBUTIONS = tuple(Distribution)
 #: Each distribution's seed stream, keyed by name: adding one changes no other's rows.
-DISTRIBUTION_SEEDS = {Distribution.UNIFORM01: 0, Distribution.UNIFORM11: 1, Distribution.NORMAL: 2,
+DISTRIBUTION_SEEDS: dict[str, int] = {Distribution.UNIFORM01: 0, Distribution.UNIFORM11: 1, Distribution.NORMAL: 2,
                       Distribution.HEAVY_TAILED: 3}
 DEFAULT_KS = tuple(9 * 2**i for i in range(12))  # 9 ... 18432
 DEFAULT_ROWS = 32

@@ -97,7 +97,7 @@ def _flags(**flags: object) -> None:
             raise InvalidArgument(f"{name} must be True or False; received {value!r}")
 
 
-def _shape(shape: object) -> object:
+def _shape(shape: object) -> tuple[int, ...] | st.SearchStrategy[tuple[int, ...]]:
     """An array shape: a non-negative integer, a tuple of them, or a strategy of shapes."""
     if isinstance(shape, st.SearchStrategy):
         return shape

@@ -33,7 +33,7 @@ def infer_findings(outputs: dict[str, np.ndarray]) -> dict[str, prop.Finding]:
     products = prop.product_bits(get)
     mode = prop.rounding(get, bits.value)
     pov = prop.product_overflow(get)
-    found = {
+    found: dict[str, prop.Finding] = {
         "accumulation": prop.accumulation(bits.value, products.value, lanes, lane_finding.evidence),
         "accumulator_bits": bits,
         "extra_bits": prop.extra_bits(bits.value),
@@ -82,7 +82,9 @@ def interpret(observed: dict) -> dict:
     if "variants" in observed:
         return {"accumulation": "unknown", "arithmetic": "", "verdict": "several jit variants (see run_grouped)",
                 "evidence": ""}
-    shown, verdicts, evidence = {}, set(), []
+    shown: dict[str, str] = {}
+    verdicts: set[str] = set()
+    evidence: list[str] = []
     for op, result in observed.get("ops", {}).items():
         if result.get("status") != "ok":
             shown[op] = result.get("status", "failed")
@@ -93,7 +95,8 @@ def interpret(observed: dict) -> dict:
         verdicts.add(_verdict(found["accumulation"].value))
         evidence.append(f"{op}: {found['accumulator_bits'].evidence}")
     single = verdicts.pop() if len(verdicts) == 1 else None
-    single = {"exact/wide": "fp32"}.get(single, single)  # fp16 inputs cannot show more than fp32
+    if single == "exact/wide":
+        single = "fp32"  # fp16 inputs cannot show more than fp32
     summary = ", ".join(f"{op} {a}" for op, a in shown.items())
     return {
         "accumulation": single if single in ("fp16", "fp32", "bf16") else ("mixed" if len(shown) > 1 else "unknown"),

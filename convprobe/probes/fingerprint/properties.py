@@ -216,8 +216,8 @@ def accumulation(bits: AccumulatorBits, products: int | None, lane_count: int | 
     in different lanes, where a product that starts a lane is rounded with it."""
     value = Accumulation(bits.p, products, lane_count if bits.lanes_summed is not None else None, bits.lanes_summed)
     evidence = f"{bits_text(bits.p)} significand bits in partial sums"
-    if value.lanes is not None:
-        evidence += (f" of each of {value.lanes} lanes, {bits_text(bits.lanes_summed)} where the lanes are summed "
+    if value.lanes is not None and value.lanes_summed is not None:  # lanes is set only with lanes_summed
+        evidence += (f" of each of {value.lanes} lanes, {bits_text(value.lanes_summed)} where the lanes are summed "
                      f"(a product that starts a lane is rounded with it); {lane_evidence}")
     return Finding(value, value.shown(), evidence)
 
@@ -290,6 +290,7 @@ class Size:
 
     def shown(self) -> str:
         if self.kind == "size":
+            assert self.first is not None  # a "size" is made only by swept(first), with first an int
             return str(self.first) if self.previous == self.first - 1 else f"({self.previous},{self.first}]"
         if self.kind == "lanes":
             return f"lanes={self.first}"
