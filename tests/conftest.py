@@ -11,9 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from convprobe import cli
+from convprobe.backends import EmulatedBackend
+from convprobe.errors import UnsupportedConfiguration
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,3 +79,29 @@ def overflow_all() -> dict:
 def compare_all() -> dict:
     """`convprobe compare --accumulate all --backend all` with the question's shapes, run once."""
     return run_cli_json("compare", "--accumulate", "all", "--backend", "all", "--seed", "0")
+
+
+def assert_conv_ops_match_exact(backend, padding, strides, dilation, refused=lambda exc: False) -> None:
+    """A backend's conv2d and both gradients against the exact emulator on small integers, whose
+    products and sums are exact in fp32: a difference is a convention (padding, strides,
+    dilation, gradient shapes), not rounding. `refused(exc)`: whether an UnsupportedConfiguration
+    is the backend's known refusal of this case."""
+    rng = np.random.default_rng(11)
+    x = rng.integers(-3, 4, (2, 9, 8, 3)).astype(np.float32)
+    w = rng.integers(-3, 4, (3, 2, 3, 4)).astype(np.float32)
+    exact = EmulatedBackend("exact:fp64")
+    kwargs = {"strides": strides, "padding": padding, "dilation": dilation}
+    y = backend.conv2d(x, w, **kwargs)
+    np.testing.assert_array_equal(y, exact.conv2d(x.astype(np.float64), w.astype(np.float64), **kwargs))
+    dy = rng.integers(-3, 4, y.shape).astype(np.float32)
+    for got, want in (
+        (lambda: backend.conv2d_backprop_input(dy, w, x.shape, **kwargs),
+         exact.conv2d_backprop_input(dy.astype(np.float64), w.astype(np.float64), x.shape, **kwargs)),
+        (lambda: backend.conv2d_backprop_filter(x, dy, w.shape, **kwargs),
+         exact.conv2d_backprop_filter(x.astype(np.float64), dy.astype(np.float64), w.shape, **kwargs)),
+    ):
+        try:
+            np.testing.assert_array_equal(got(), want)
+        except UnsupportedConfiguration as exc:
+            assert refused(exc), exc
+

@@ -2,14 +2,12 @@
 fp32), each configuration runs in its own process with its switches, and identify names its
 arithmetic at a layer on both input sets."""
 
-import numpy as np
 import pytest
 
-from convprobe.backends import EmulatedBackend
 from convprobe.backends.configurations import JAX_MATRIX, matrix_configs, resolve_configs
 from convprobe.errors import InvalidArgument
 
-from conftest import rows_by_label, run_cli, run_cli_json
+from conftest import assert_conv_ops_match_exact, rows_by_label, run_cli, run_cli_json
 
 pytest.importorskip("jax", reason="the jax extra is not installed (pip install -e '.[jax]')")
 
@@ -21,22 +19,7 @@ pytestmark = pytest.mark.jax
 @pytest.mark.parametrize("padding", ["VALID", "SAME", [(1, 1), (0, 2)]])
 @pytest.mark.parametrize("strides,dilation", [(1, 1), (2, 1), (1, 2)])
 def test_jax_ops_follow_the_emulators_conventions(padding, strides, dilation):
-    """Small integers make every product and sum exact in fp32: any difference is a convention
-    (padding, strides, dilation, the vjp's gradient shapes), not rounding."""
-    rng = np.random.default_rng(11)
-    x = rng.integers(-3, 4, (2, 9, 8, 3)).astype(np.float32)
-    w = rng.integers(-3, 4, (3, 2, 3, 4)).astype(np.float32)
-    backend, exact = JaxBackend("cpu"), EmulatedBackend("exact:fp64")
-    kwargs = {"strides": strides, "padding": padding, "dilation": dilation}
-    y = backend.conv2d(x, w, **kwargs)
-    np.testing.assert_array_equal(y, exact.conv2d(x.astype(np.float64), w.astype(np.float64), **kwargs))
-    dy = rng.integers(-3, 4, y.shape).astype(np.float32)
-    np.testing.assert_array_equal(backend.conv2d_backprop_input(dy, w, x.shape, **kwargs),
-                                  exact.conv2d_backprop_input(dy.astype(np.float64), w.astype(np.float64), x.shape,
-                                                              **kwargs))
-    np.testing.assert_array_equal(backend.conv2d_backprop_filter(x, dy, w.shape, **kwargs),
-                                  exact.conv2d_backprop_filter(x.astype(np.float64), dy.astype(np.float64), w.shape,
-                                                               **kwargs))
+    assert_conv_ops_match_exact(JaxBackend("cpu"), padding, strides, dilation)
 
 
 def test_jax_configurations_are_validated_and_carry_their_switches():

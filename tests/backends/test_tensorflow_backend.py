@@ -7,8 +7,9 @@ convention bug (padding, strides, dilation, gradient shapes), not rounding.
 import numpy as np
 import pytest
 
-from convprobe.backends import EmulatedBackend, TensorFlowBackend
-from convprobe.errors import UnsupportedConfiguration
+from convprobe.backends import TensorFlowBackend
+
+from conftest import assert_conv_ops_match_exact
 
 
 @pytest.mark.tensorflow
@@ -17,25 +18,10 @@ from convprobe.errors import UnsupportedConfiguration
 def test_conv2d_and_both_gradients_match_exact_emulation(padding, strides, dilation):
     if padding == "SAME" and strides > 1 and dilation > 1:
         pytest.skip("TensorFlow rejects strides > 1 together with dilation > 1")
-    rng = np.random.default_rng(11)
-    x = rng.integers(-3, 4, (2, 9, 8, 3)).astype(np.float32)
-    w = rng.integers(-3, 4, (3, 2, 3, 4)).astype(np.float32)
-    tf_backend, exact = TensorFlowBackend("cpu"), EmulatedBackend("exact:fp64")
-    kwargs = {"strides": strides, "padding": padding, "dilation": dilation}
-    y = tf_backend.conv2d(x, w, **kwargs)
-    np.testing.assert_array_equal(y, exact.conv2d(x.astype(np.float64), w.astype(np.float64), **kwargs))
-    dy = rng.integers(-3, 4, y.shape).astype(np.float32)
-    for got, want in (
-        (lambda: tf_backend.conv2d_backprop_input(dy, w, x.shape, **kwargs),
-         exact.conv2d_backprop_input(dy.astype(np.float64), w.astype(np.float64), x.shape, **kwargs)),
-        (lambda: tf_backend.conv2d_backprop_filter(x, dy, w.shape, **kwargs),
-         exact.conv2d_backprop_filter(x.astype(np.float64), dy.astype(np.float64), w.shape, **kwargs)),
-    ):
-        try:
-            np.testing.assert_array_equal(got(), want)
-        except UnsupportedConfiguration as exc:  # CPU kernels without dilation (explicit padding): its words
-            assert dilation > 1 and str(exc).startswith("TensorFlow: Current CPU implementations do not yet "
-                                                        "support dilation rates larger than 1"), exc
+    assert_conv_ops_match_exact(  # CPU kernels without dilation (explicit padding) refuse in their words
+        TensorFlowBackend("cpu"), padding, strides, dilation,
+        refused=lambda exc: dilation > 1 and str(exc).startswith("TensorFlow: Current CPU implementations do not "
+                                                                 "yet support dilation rates larger than 1"))
 
 
 @pytest.mark.tensorflow
