@@ -72,26 +72,32 @@ class JaxBackend(AbstractBackend):
             raise UnsupportedConfiguration('JAX is not installed: pip install -e ".[jax]"')
         import jax
 
-        platform = "gpu" if self.device == "gpu" else "cpu"
-        try:
-            jax.devices(platform)
-        except RuntimeError as exc:
-            raise UnsupportedConfiguration(f"JAX sees no {platform.upper()} in this process ({exc})") from exc
         return jax
 
+    @functools.cached_property
     def _device(self):
-        return self.jax.devices("gpu" if self.device == "gpu" else "cpu")[0]
+        """The device every call runs on (one lookup per backend: identify makes thousands of calls)."""
+        platform = "gpu" if self.device == "gpu" else "cpu"
+        try:
+            return self.jax.devices(platform)[0]
+        except RuntimeError as exc:
+            raise UnsupportedConfiguration(f"JAX sees no {platform.upper()} in this process ({exc})") from exc
+
+    @functools.cached_property
+    def _settings(self) -> dict:
+        """The configuration's per-call arguments of lax.conv_general_dilated and jnp.matmul."""
+        lax = self.jax.lax
+        return {"precision": None if self.precision is None else lax.Precision[self.precision.upper()],
+                "preferred_element_type": (None if self.preferred_element_type is None
+                                           else np.dtype(self.preferred_element_type))}
 
     def _conv(self, strides, padding, dilation):
         """f(x, w): the forward convolution under this configuration, cast back to x's dtype."""
-        lax = self.jax.lax
-        precision = None if self.precision is None else lax.Precision[self.precision.upper()]
-        preferred = None if self.preferred_element_type is None else np.dtype(self.preferred_element_type)
+        lax, settings = self.jax.lax, self._settings
 
         def conv(x, w):
             y = lax.conv_general_dilated(x, w, window_strides=strides, padding=padding, rhs_dilation=dilation,
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=precision,
-                                         preferred_element_type=preferred)
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"), **settings)
             return y.astype(x.dtype)
 
         return conv
@@ -116,7 +122,10 @@ class JaxBackend(AbstractBackend):
     def _call(self, op: str, first, second, shape, strides, padding, dilation) -> np.ndarray:
         fn = self._compiled(op, normalize_pair(strides, "strides"), _padding(padding),
                             normalize_pair(dilation, "dilation"), shape)
-        device = self._device()
+        return self._run(fn, first, second)
+
+    def _run(self, fn, first, second) -> np.ndarray:
+        device = self._device
         return np.asarray(fn(*(self.jax.device_put(np.asarray(a), device) for a in (first, second))))
 
     def conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1):
@@ -132,15 +141,14 @@ class JaxBackend(AbstractBackend):
         return self._call("conv2d_backprop_filter", x, dy, tuple(int(v) for v in filter_shape), strides, padding,
                           dilation)
 
+    @functools.cached_property
+    def _matmul(self):
+        """jnp.matmul under this configuration, cast back to a's dtype, compiled once per shapes."""
+        jnp, settings = self.jax.numpy, self._settings
+        return self.jax.jit(lambda a, b: jnp.matmul(a, b, **settings).astype(a.dtype))
+
     def matmul(self, a, b):
-        jnp, lax = self.jax.numpy, self.jax.lax
-        precision = None if self.precision is None else lax.Precision[self.precision.upper()]
-        preferred = None if self.preferred_element_type is None else np.dtype(self.preferred_element_type)
-
-        def fn(a, b):
-            return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred).astype(a.dtype)
-
-        return np.asarray(self.jax.jit(fn)(np.asarray(a), np.asarray(b)))
+        return self._run(self._matmul, a, b)
 
     def runtime_info(self) -> dict:
         """What this JAX process reports about itself (for provenance)."""
