@@ -14,7 +14,8 @@ from typing import TypeVar
 from convprobe.errors import invalid_choice
 
 __all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "OutputFormat",
-           "FigureFormat", "Status", "Device", "ComputeDtype", "LossScaleMode", "ArithmeticKind", "ConvOp", "parse_option", "names_or_all",
+           "FigureFormat", "Status", "Device", "ComputeDtype", "LossScaleMode", "ArithmeticKind", "ConvOp", "Distribution", "parse_option",
+           "names_or_all",
            "comma_integers"]
 
 
@@ -162,6 +163,15 @@ class ConvOp(StrEnum):
     FORWARD = "conv2d"
     INPUT_GRADIENT = "conv2d_backprop_input"
     FILTER_GRADIENT = "conv2d_backprop_filter"
+
+
+class Distribution(StrEnum):
+    """The value distributions a sweep draws its rows from (`convprobe.probes.sweep`)."""
+
+    UNIFORM01 = "uniform01"
+    UNIFORM11 = "uniform11"
+    NORMAL = "normal"
+    HEAVY_TAILED = "heavy_tailed"
 
 
 def parse_option(argument: str, value: object, options: type[E],

@@ -44,6 +44,8 @@ __all__ = [
     "JAX_MATRIX",
     "JAX_MATRIX_DEFAULT",
     "MATRIX_BACKENDS",
+    "matrix_rows",
+    "matrix_defaults",
     "matrix_configs",
     "onednn_runs_fp16",
 ]
@@ -392,26 +394,35 @@ JAX_MATRIX_DEFAULT: dict[str, tuple[str, ...]] = {
 MATRIX_BACKENDS = ("tensorflow", "jax")
 
 
+def matrix_rows(device: str, backend: str = "tensorflow") -> dict[str, BackendConfig]:
+    """Every row of a framework's matrix on `device` ('cpu' or 'gpu', not resolved: listing
+    what would run needs no GPU), by name."""
+    if backend not in MATRIX_BACKENDS:
+        raise invalid_choice("backend", backend, MATRIX_BACKENDS)
+    if backend == "tensorflow":
+        return {name: BackendConfig("tensorflow", accumulate, device, env=dict(env), jit_compile=jit, note=note,
+                                    name=name)
+                for name, (env, jit, accumulate, note) in MATRIX[device].items()}
+    return {name: BackendConfig("jax", accumulate, device, env=dict(env), jit_compile=True, options=dict(options),
+                                note=note, name=name)
+            for name, (env, options, accumulate, note) in JAX_MATRIX[device].items()}
+
+
+def matrix_defaults(device: str, backend: str = "tensorflow") -> tuple[str, ...]:
+    """The rows a framework's matrix runs when none are named."""
+    return (MATRIX_DEFAULT if backend == "tensorflow" else JAX_MATRIX_DEFAULT)[device]
+
+
 def matrix_configs(device: str = "cpu", names: list[str] | str | None = None,
                    backend: str = "tensorflow") -> list[BackendConfig]:
     """A framework's configurations of the matrix, by name ('all' or None = the default rows)."""
     if backend not in MATRIX_BACKENDS:
         raise invalid_choice("backend", backend, MATRIX_BACKENDS)
     resolved = resolve_device(device)
-    table = MATRIX[resolved] if backend == "tensorflow" else JAX_MATRIX[resolved]
-    defaults = (MATRIX_DEFAULT if backend == "tensorflow" else JAX_MATRIX_DEFAULT)[resolved]
-    chosen = defaults if names is None else names_or_all(names, tuple(table), "configuration")
-    configs = []
-    for name in chosen:
-        if backend == "tensorflow":
-            env, jit, accumulate, note = MATRIX[resolved][name]
-            configs.append(BackendConfig("tensorflow", accumulate, resolved, env=dict(env), jit_compile=jit,
-                                         note=note, name=name))
-        else:
-            env, options, accumulate, note = JAX_MATRIX[resolved][name]
-            configs.append(BackendConfig("jax", accumulate, resolved, env=dict(env), jit_compile=True,
-                                         options=dict(options), note=note, name=name))
-    return configs
+    rows = matrix_rows(resolved, backend)
+    chosen = matrix_defaults(resolved, backend) if names is None else names_or_all(names, tuple(rows),
+                                                                                    "configuration")
+    return [rows[name] for name in chosen]
 
 
 #: The CPU features (LLVM's names, read from CPUID) with which TensorFlow 2.21 hands fp16 ops

@@ -164,24 +164,20 @@ def matrix_ops(args) -> tuple[str, ...]:
 
 def list_configs(device: str, backend: str = "tensorflow") -> int:
     """Print a framework's matrix rows on a device; listing needs no GPU (it only says what would run)."""
-    from convprobe.backends.configurations import JAX_MATRIX, JAX_MATRIX_DEFAULT, MATRIX, MATRIX_DEFAULT, resolve_device
+    from convprobe.backends.configurations import MATRIX, matrix_defaults, matrix_rows, resolve_device
 
     device = device if device in MATRIX else resolve_device(device)
+    defaults = matrix_defaults(device, backend)
+    for config in matrix_rows(device, backend).values():
+        default = "*" if config.name in defaults else " "
+        jit = "" if backend == "jax" else f"jit={'on ' if config.jit_compile else 'off'} "
+        print(f"{default} {config.name:24s} {jit}{config.environment or '(nothing set)'}  # {config.note}")
     if backend == "jax":
-        for name, (env, options, _acc, note) in JAX_MATRIX[device].items():
-            default = "*" if name in JAX_MATRIX_DEFAULT[device] else " "
-            settings = " ".join([*(f"{k}={v}" for k, v in env.items()),
-                                 *(f"{k}={v}" for k, v in options.items())]) or "(nothing set)"
-            print(f"{default} {name:24s} {settings}  # {note}")
         print("(* = run by default; every JAX row is compiled by XLA; options are per-call arguments of "
               "lax.conv_general_dilated and jnp.matmul)")
-        return 0
-    for name, (env, jit, _acc, note) in MATRIX[device].items():
-        default = "*" if name in MATRIX_DEFAULT[device] else " "
-        settings = " ".join(f"{k}={v}" for k, v in env.items()) or "(nothing set)"
-        print(f"{default} {name:24s} jit={'on ' if jit else 'off'} {settings}  # {note}")
-    print("(* = run by default; on CPU the cuDNN/cuBLAS switches change nothing, so only the "
-          "'gpu-switches' control row carries them)")
+    else:
+        print("(* = run by default; on CPU the cuDNN/cuBLAS switches change nothing, so only the "
+              "'gpu-switches' control row carries them)")
     return 0
 
 

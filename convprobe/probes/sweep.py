@@ -18,28 +18,17 @@ terms smaller than half an ulp of the running sum are lost one-sidedly
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import numpy as np
 
 from convprobe.errors import InvalidArgument, UnsupportedConfiguration
 from convprobe.formats import FP16
-from convprobe.options import names_or_all
+from convprobe.options import Distribution, names_or_all
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_rows
 from convprobe.provenance import memory_limit
 from convprobe.render import json_clean
 
-__all__ = ["CHANNELS", "Distribution", "DISTRIBUTIONS", "DISTRIBUTION_SEEDS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "check_size",
+__all__ = ["CHANNELS", "DISTRIBUTIONS", "DISTRIBUTION_SEEDS", "DEFAULT_KS", "DEFAULT_ROWS", "check_distributions", "check_size",
            "memory_estimate", "inputs", "run", "records", "interpret"]
-
-class Distribution(StrEnum):
-    """The value distributions a sweep draws its rows from."""
-
-    UNIFORM01 = "uniform01"
-    UNIFORM11 = "uniform11"
-    NORMAL = "normal"
-    HEAVY_TAILED = "heavy_tailed"
-
 
 DISTRIBUTIONS = tuple(Distribution)
 #: Each distribution's seed stream, keyed by name: adding one changes no other's rows.
