@@ -1,9 +1,10 @@
 """Crafted rows placed in a conv layer's three ops, at the layer's exact shape.
 
 Forward: x is the constant and the filter column of output channel o carries row
-o's terms over the taps (i, j, c). Input gradient (stride 1): dy is the constant
-and the 180-degree rotated filter carries input channel c's row over (i, j, o),
-the order `convprobe.emulation.conv2d_backprop_input` reduces. Filter gradient: x
+o's terms over the taps (i, j, c). Input gradient: dy is the constant and the
+180-degree rotated filter carries input channel c's row over (i, j, o), the order
+`convprobe.emulation.conv2d_backprop_input` reduces (strided, each dx pixel reads one
+phase of those taps: it is read by GEMM row, `row_groups`, never at a spot). Filter gradient: x
 is the constant and dy's channel o carries the row over the batch positions
 (n, oh, ow). Rows are read at an output whose window lies inside the image. Where no forward output
 has one (a 3x3 SAME conv of a 2x2 image), the rows are read at the output that reads the
@@ -31,7 +32,7 @@ from convprobe.identify.tile_patterns import measure_tiles
 from convprobe.probes.layers import Layer, run_ops
 from convprobe.probes.structure import FP16_PROBE, FP32_PROBE, Probe, Structure, blocks, candidate_specs, measure_rows
 
-__all__ = ["measure", "pattern_rows", "pattern_outputs", "row_groups", "partial_window"]
+__all__ = ["measure", "pattern_columns", "pattern_rows", "pattern_outputs", "row_groups", "partial_window"]
 
 
 def row_groups(layer: Layer, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -45,8 +46,9 @@ def row_groups(layer: Layer, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
     for size, k, out, s, d, top in layer.dimensions:
         if op == "conv2d":  # output o reads taps t
             per_dim.append([tuple(t for t in range(k) if 0 <= o * s - top + t * d < size) for o in range(out)])
-        elif op == "conv2d_backprop_input":  # dx pixel i reads rotated taps k-1-t
-            per_dim.append([tuple(sorted(k - 1 - t for t in range(k) if 0 <= i + top - t * d < out))
+        elif op == "conv2d_backprop_input":  # dx pixel i reads rotated tap k-1-t where dy[(i + top - t*d) / s] is
+            per_dim.append([tuple(sorted(k - 1 - t for t in range(k)  # (a strided layer: one phase of the taps)
+                                         if (i + top - t * d) % s == 0 and 0 <= (i + top - t * d) // s < out))
                             for i in range(size)])
         else:  # tap t reads positions o
             per_dim.append([tuple(o for o in range(out) if 0 <= o * s - top + t * d < size) for t in range(k)])
@@ -75,13 +77,20 @@ def row_groups(layer: Layer, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
     return sorted(result, key=lambda group: -len(group[0]))
 
 
+def pattern_columns(layer: Layer, op: str) -> int:
+    """The GEMM columns of `op`, each of which carries one row of terms in a call."""
+    return layer.input_shape[3] if op == "conv2d_backprop_input" else layer.filter_shape[3]
+
+
 def pattern_rows(layer: Layer, op: str) -> tuple[int, str]:
-    """(test rows one call carries, '' or why this op cannot carry crafted rows)."""
+    """(test rows one call carries when read at the spot, '' or why this op cannot carry
+    them there). Read at chosen GEMM rows (`pattern_outputs`' `rows`), any op carries
+    `pattern_columns`."""
     if op == "conv2d_backprop_input" and layer.strides != (1, 1):
-        return 0, "a strided input gradient reads zeros between dy values: not measured"
+        return 0, "a strided input gradient's dx pixels each read one phase of the taps: read by GEMM row only"
     if spot(layer, op) is None:
         return 0, "no output of this layer reads only in-bounds inputs: not measured"
-    return (layer.input_shape[3] if op == "conv2d_backprop_input" else layer.filter_shape[3]), ""
+    return pattern_columns(layer, op), ""
 
 
 def partial_window(layer: Layer, op: str) -> tuple[np.ndarray, tuple[int, int]] | None:
@@ -109,6 +118,8 @@ def pattern_outputs(backend, layer: Layer, op: str, patterns: np.ndarray, scale:
         spread = np.zeros((len(patterns), layer.k(op)), dtype=np.asarray(patterns).dtype)
         spread[:, leaves] = patterns
         patterns = spread
+    elif rows is not None:
+        capacity = pattern_columns(layer, op)
     else:
         capacity, why = pattern_rows(layer, op)
         if not capacity:

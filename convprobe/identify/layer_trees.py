@@ -30,7 +30,7 @@ from convprobe.emulation.specs import parse_model
 from convprobe.emulation.tree import Chain, Item, Tree, leaves_of, parse_tree, tree_text
 from convprobe.identify.tree_formats import COARSE, FINE, KEPT, SCALE, TreeFormats, measure_formats, terms_row, tree_models
 from convprobe.identify.tree_recovery import UNIT, NotRecovered, as_query, predicted, query_rows, recover
-from convprobe.identify.layer_patterns import pattern_outputs, pattern_rows, row_groups
+from convprobe.identify.layer_patterns import pattern_columns, pattern_outputs, row_groups
 from convprobe.probes.layers import Layer, op_result_shape
 from convprobe.probes.structure import Structure
 
@@ -80,7 +80,7 @@ class _Sums(Protocol):
 def _sums_at(backend, layer: Layer, op: str, row: int, carriers: list[int]) -> _Sums:
     """A black-box sum of rows of terms: each placed in one of `carriers` (GEMM columns),
     read at GEMM row `row`."""
-    capacity = pattern_rows(layer, op)[0]
+    capacity = pattern_columns(layer, op)
 
     def sums(terms: np.ndarray, scale: float = 1.0) -> np.ndarray:
         calls = -(-len(terms) // len(carriers))
@@ -126,7 +126,7 @@ class _Class:
 
 def _read_all(backend, layer: Layer, op: str, terms: np.ndarray, scale: float, rows: np.ndarray) -> np.ndarray:
     """Each row of terms carried by every column at once, read at `rows`: (terms, columns, rows)."""
-    capacity = pattern_rows(layer, op)[0]
+    capacity = pattern_columns(layer, op)
     out = []
     for start in range(0, len(terms), _SIGNATURE_BATCH):
         batch = terms[start:start + _SIGNATURE_BATCH]
@@ -163,7 +163,7 @@ def _signature_classes(backend, layer: Layer, op: str, seed: int) -> list[_Class
     (`row_groups`): order queries (three terms or more) and rows that show formats. Cells
     of one group that answer alike form one class. Raises `NotRecovered` on an order
     answer that is neither the unit nor 0."""
-    capacity, k = pattern_rows(layer, op)[0], layer.k(op)
+    capacity, k = pattern_columns(layer, op), layer.k(op)
     out = []
     for number, (leaves, rows) in enumerate(row_groups(layer, op)):
         if len(leaves) < min(k, 3):
@@ -197,10 +197,7 @@ def recover_at_layer(backend, layer: Layer, op: str, seed: int = 0) -> Recovered
     predicts takes that tree; any other is recovered at one of its rows, over the terms
     that row reads inside the operands (a border row's tree is then completed with its
     padding's zeros, `_completed`). Every class's formats are measured at its own cells."""
-    capacity, why = pattern_rows(layer, op)
-    k = layer.k(op)
-    if not capacity:
-        return RecoveredTrees(note=f"not recovered: {why}")
+    capacity, k = pattern_columns(layer, op), layer.k(op)
     if k > MAX_TREE_K:
         return RecoveredTrees(note=f"not recovered: K = {k} is above {MAX_TREE_K}")
     try:

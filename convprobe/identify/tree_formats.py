@@ -182,7 +182,8 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
 def _fold(chain: Chain, formats: ChainFormats, accumulator: str, addition: bool, build) -> Item:
     """One chain as nested folds: a run of steps with one format is one fold; a value stored
     to fp16 after a wider step closes its fold in a lone fp16 rounding; an item rounded alone
-    is wrapped in one (a fold's first product: written first)."""
+    is wrapped in one (a fold's first product: written first), and so is a whole fold whose
+    sum is stored to fp16 as it joins its parent."""
     items = [build(i) for i in chain.items]
     alone = list(formats.alone) + [None] * (len(items) - len(formats.alone))
     items = [Chain((item,), FP16) if alone[t] else item for t, item in enumerate(items)]
@@ -205,7 +206,8 @@ def _fold(chain: Chain, formats: ChainFormats, accumulator: str, addition: bool,
         run.append(items[t])
         if stores[t - 1] and t + 1 < len(items):
             run, fmt = [Chain((_close(run, fmt, accumulator),), FP16)], rounding[t] if t < len(rounding) else fmt
-    return _close(run, fmt, accumulator)
+    closed = _close(run, fmt, accumulator)  # a sum stored to fp16 as it joins its parent (a chunk's fp16 buffer)
+    return Chain((closed,), FP16) if stores[-1] and fmt != "fp16" else closed
 
 
 def _close(run: list[Item], fmt: str, accumulator: str) -> Chain:
