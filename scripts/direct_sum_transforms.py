@@ -1,6 +1,6 @@
 """How many outputs of Winograd and FFT convolutions each direct-sum test changes.
 
-Runs `convprobe.probes.direct_sum.probe` on the transform convolutions of
+Runs `convprobe.identify.direct_sum.probe` on the transform convolutions of
 `convprobe/backends/transformed.py` (F(2x2, 3x3) and F(4x4, 3x3) with fp16, fp32 or fp64
 transforms; FFTs in fp32 and fp64) at a few layers, for the forward conv and the
 gradients, over seeds, and prints each test's counts per seed:
@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 
 from convprobe.backends.transformed import FFTBackend, WinogradBackend
-from convprobe.probes import direct_sum
+from convprobe.identify import direct_sum
 from convprobe.probes.layers import Layer
 
 FORWARD = [Layer((1, 10, 10, 16), (3, 3, 16, 8), padding="VALID"), Layer((1, 6, 6, 64), (3, 3, 64, 2), padding="VALID"),

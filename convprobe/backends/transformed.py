@@ -2,7 +2,7 @@
 2016, for Winograd's F(m x m, 3 x 3) matrices; NumPy's pocketfft for the FFT): what
 cuDNN's WINOGRAD and FFT algorithms do on a GPU: backends whose outputs are not a direct
 sum of products, which the direct-sum probe must tell apart (`scripts/direct_sum_transforms.py`,
-tests/probes/test_direct_sum.py, which also checks that they compute the convolution)."""
+tests/identify/test_direct_sum.py, which also checks that they compute the convolution)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`convprobe identify`: the emulator model that reproduces an op bit for bit.
 
 Two modes. The battery (default): seeded dot products of length K through each op,
-the match fraction per K (`probes.identify`). A layer (`--input-shape` and
+the match fraction per K (`identify.battery`). A layer (`--input-shape` and
 `--filter-shape`) or a network's every distinct conv layer (`--keras-model`,
 `--resnet-size`): each layer's forward conv and both gradients measured at its
 own shape, then confirmed (`identify.layer_identify`). Everything is checked before
@@ -154,9 +154,9 @@ def run(args) -> int:
     if args.list_configs:
         return list_configs(args.device, args.backend)
     from convprobe.emulation.composites import split_arguments
-    from convprobe.probes import identify
+    from convprobe.identify import battery
     from convprobe.identify.layer_study import run_layer_identify
-    from convprobe.probes.studies import run_identify
+    from convprobe.identify.battery_study import run_identify
 
     ops = matrix_ops(args)
     specs = None
@@ -164,7 +164,7 @@ def run(args) -> int:
         specs = split_arguments(args.candidates)  # commas inside splitk(...) stay
         if not specs:
             raise InvalidArgument(f"--candidates must name at least one model spec; received {args.candidates!r}")
-    identify.candidates(specs)  # bad specs fail before anything runs
+    battery.candidates(specs)  # bad specs fail before anything runs
     configs = _with_threads(matrix_configs(args), args.threads)
     chosen = layers_from_args(args)
     announce_inherited_switches(args.command)
@@ -174,7 +174,7 @@ def run(args) -> int:
                                      timeout=args.timeout, jobs=args.jobs, not_identified=not_identified)
     else:
         outcome = run_identify(configs, ops, specs=specs, ks=args.ks,
-                               rows=args.rows or identify.DEFAULT_ROWS, seed=args.seed, device=args.device,
+                               rows=args.rows or battery.DEFAULT_ROWS, seed=args.seed, device=args.device,
                                timeout=args.timeout, jobs=args.jobs)
     emit(args, outcome)
     return 0

@@ -1,7 +1,12 @@
-"""identify's machinery at a conv layer's own shape. It imports `convprobe.probes` (the
-layers, the structure and direct-sum measurements, the battery's encodings); nothing in
-`convprobe.probes` imports it.
+"""identify's machinery: the battery and the layer mode, and every measurement behind
+them. It imports `convprobe.probes` (the layers, the runner, the battery's encodings);
+nothing in `convprobe.probes` imports it (the probe registry names `battery` by path).
 
+- `battery` (a probe module: `run` in the child, `interpret`) and `battery_study`
+  (`convprobe identify`'s battery call): seeded dot products per K and the best model.
+- `structure`: the structure of a black-box sum read from crafted rows (accumulator,
+  chunk starts, lanes, product rounding); `direct_sum`: whether the op is a direct sum
+  of products at all.
 - `layer_identify`: the layer mode, a probe module of its own (`run` in the child,
   `interpret`, `identify_observed`), run by module path from `layer_study`
   (`convprobe identify`'s layer call).

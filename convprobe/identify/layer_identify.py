@@ -46,11 +46,11 @@ from convprobe.identify.input_gradient_layout import forward_layer
 from convprobe.identify.layer_patterns import measure
 from convprobe.identify.layer_trees import RecoveredTrees, recover_at_layer, tree_specs
 from convprobe.identify.tile_patterns import RowRun, dx_row_models, row_models
-from convprobe.probes import direct_sum
-from convprobe.probes.direct_sum import DirectSum, not_direct
+from convprobe.identify import direct_sum
+from convprobe.identify.direct_sum import DirectSum, not_direct
 from convprobe.probes.encoding import encode_bits
 from convprobe.probes.layers import Layer, LayerKind, op_confirmation_inputs, op_inputs, op_result_shape, run_op
-from convprobe.probes.structure import Structure, best_of, bitwise_equal, candidate_specs
+from convprobe.identify.structure import Structure, best_of, bitwise_equal, candidate_specs
 
 __all__ = ["BASE_CANDIDATES", "DEPTHWISE_NOTE", "GROUPED_NOTE", "depthwise_candidates", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from convprobe.identify import layer_identify
 from convprobe.options import Status
-from convprobe.probes.direct_sum import not_direct
+from convprobe.identify.direct_sum import not_direct
 from convprobe.probes.layers import TRANSPOSED_SUFFIX
 from convprobe.probes.runner import run_probe
 from convprobe.probes.studies import Outcome, envelope, failure_notes

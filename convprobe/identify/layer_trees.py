@@ -32,7 +32,7 @@ from convprobe.identify.tree_formats import COARSE, FINE, KEPT, SCALE, TreeForma
 from convprobe.identify.tree_recovery import UNIT, NotRecovered, as_query, predicted, query_rows, recover
 from convprobe.identify.layer_patterns import pattern_columns, pattern_outputs, row_groups
 from convprobe.probes.layers import Layer, op_result_shape
-from convprobe.probes.structure import Structure
+from convprobe.identify.structure import Structure
 
 __all__ = ["RecoveredTrees", "recover_at_layer", "tree_specs"]
 

@@ -47,7 +47,7 @@ from convprobe.identify.column_patterns import (MAX_CALLS as WINDOW_CALLS, Colum
                                               column_count, column_k, column_spec, measure_columns,
                                               spec_by_column, window_row, window_sets)
 from convprobe.probes.layers import Layer, run_ops
-from convprobe.probes.structure import Structure, blocks, measure_rows
+from convprobe.identify.structure import Structure, blocks, measure_rows
 
 __all__ = ["RowRun", "Tiles", "Tiling", "SIGNATURE_CALLS", "MAX_CALLS", "proxy", "rows_read",
            "column_layout_outputs", "tile_classes", "measure_tiles", "row_models",

@@ -18,7 +18,7 @@ PROBES = {
     "overflow": "convprobe.probes.overflow",
     "compare": "convprobe.probes.compare",
     "fingerprint": "convprobe.probes.fingerprint",
-    "identify": "convprobe.probes.identify",
+    "identify": "convprobe.identify.battery",
     "sweep": "convprobe.probes.sweep",
 }
 

@@ -14,7 +14,7 @@ from convprobe.backends.emulated import EmulatedBackend
 from convprobe.errors import InvalidArgument
 from convprobe.emulation import conv2d, conv2d_backprop_filter, conv2d_backprop_input, parse_model
 from convprobe.identify import column_patterns, layer_patterns
-from convprobe.probes import structure
+from convprobe.identify import structure
 from convprobe.probes.layers import (DEPTHWISE_OPS, LAYER_OPS, Layer, LayerKind, op_confirmation_inputs, op_inputs,
                                      run_op)
 from conftest import run_cli, run_cli_json

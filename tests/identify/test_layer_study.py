@@ -8,7 +8,7 @@ from convprobe.backends.configurations import BackendConfig
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.errors import InvalidArgument
 from convprobe.identify.layer_study import run_layer_identify
-from convprobe.probes import identify
+from convprobe.identify import battery
 from convprobe.probes.layers import Layer
 
 SPEC = "sequential:fp32:output=fp16"
@@ -27,4 +27,4 @@ def test_a_layer_map_is_an_identify_document():
 
 def test_the_battery_refuses_layers():
     with pytest.raises(InvalidArgument, match="convprobe.identify.layer_identify"):
-        identify.run(EmulatedBackend(SPEC), layers=[LAYER.to_dict()])
+        battery.run(EmulatedBackend(SPEC), layers=[LAYER.to_dict()])

@@ -9,7 +9,7 @@ from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import parse_model
 from convprobe.identify.layer_trees import _signature_classes, recover_at_layer, tree_specs
 from convprobe.probes.layers import Layer, op_confirmation_inputs, run_op
-from convprobe.probes.structure import Structure
+from convprobe.identify.structure import Structure
 
 #: Rows 0-3 and the rest differ; within the first rows, columns 0-2 and the rest.
 KERNEL = ("rows(columns(lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16) * 3, "

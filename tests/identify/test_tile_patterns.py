@@ -8,7 +8,7 @@ from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import parse_model
 from convprobe.identify import column_patterns, tile_patterns
 from convprobe.identify.column_patterns import ColumnRun
-from convprobe.probes.structure import Structure
+from convprobe.identify.structure import Structure
 from convprobe.probes.layers import Layer
 from conftest import run_cli_json
 

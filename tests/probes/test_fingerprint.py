@@ -24,7 +24,7 @@ from convprobe.probes.fingerprint import (
 from convprobe.probes.fingerprint_ops import OPS, QUADRATIC_OPS, check_ops, reduce_rows
 from convprobe.probes.fingerprint import properties
 from convprobe.probes.fingerprint.inference import observations
-from convprobe.probes.structure import halving
+from convprobe.identify.structure import halving
 
 #: Models whose parameters the battery must recover (accumulator, rounding, products,
 #: subnormals, overflow, block and chunk sizes), one parameter varied at a time.

@@ -12,11 +12,22 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from convprobe.probes.structure import lost_at_multiples
+import numpy as np
+
 from convprobe.probes.fingerprint.battery import (ALIGNED_X, C_BITS, COPIES, D_BITS, DISTANCES, F16MAX,
                                                   LANE_DISTANCES, LANE_ENDS, MAX_J, ROUNDING_P, STRIDE)
 
 T = TypeVar("T")
+
+
+def lost_at_multiples(positions, lost) -> int | None:
+    """W > 1 when `lost` is true exactly at the positions that are multiples of W (W being
+    the first lost position): a term that shares B's narrow lane only there."""
+    positions, lost = np.asarray(positions), np.asarray(lost, dtype=bool)
+    if not lost.any() or lost.all():
+        return None
+    width = int(positions[np.argmax(lost)])
+    return width if width > 1 and np.array_equal(lost, positions % width == 0) else None
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Structure", "measure_rows", "grids", "candidate_specs", "blocks", "best_of", "bitwise_equal", "halving",
-           "lost_at_multiples"]
+from convprobe.probes.fingerprint.properties import lost_at_multiples
+
+__all__ = ["Structure", "measure_rows", "grids", "candidate_specs", "blocks", "best_of", "bitwise_equal", "halving"]
 
 class Probe(NamedTuple):
     """B and the unit whose sum with B is a tie in the accumulator under test."""
@@ -239,16 +240,6 @@ def _narrow_lanes(run, k: int) -> int | None:
                         for i in range(0, len(js), _BLOCK)]) == FP16_PROBE.unit
         for end in (k - 1, k - 2, k - 3)])
     return lost_at_multiples(js, ~kept)
-
-
-def lost_at_multiples(positions, lost) -> int | None:
-    """W > 1 when `lost` is true exactly at the positions that are multiples of W (W being
-    the first lost position): a term that shares B's narrow lane only there."""
-    positions, lost = np.asarray(positions), np.asarray(lost, dtype=bool)
-    if not lost.any() or lost.all():
-        return None
-    width = int(positions[np.argmax(lost)])
-    return width if width > 1 and np.array_equal(lost, positions % width == 0) else None
 
 
 #: The direction triple is also placed this far apart: all in one lane of any lane count

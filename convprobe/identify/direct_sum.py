@@ -48,7 +48,7 @@ import numpy as np
 
 from convprobe.probes.fingerprint_ops import BATTERY_OP_SEEDS, reduce_many
 from convprobe.probes.layers import OP_SEEDS, Layer, op_shapes, run_ops
-from convprobe.probes.structure import bitwise_equal
+from convprobe.identify.structure import bitwise_equal
 
 __all__ = ["DirectSum", "not_direct", "probe", "probe_rows", "safely", "TRIALS"]
 

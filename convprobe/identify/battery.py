@@ -28,7 +28,7 @@ from convprobe.emulation import AccumulationModel, dot, parse_model
 from convprobe.errors import InvalidArgument, UnsupportedConfiguration
 from convprobe.probes.encoding import encode_bits
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_many, reduce_rows
-from convprobe.probes.structure import Structure, best_of, bitwise_equal, blocks, candidate_specs, measure_rows
+from convprobe.identify.structure import Structure, best_of, bitwise_equal, blocks, candidate_specs, measure_rows
 
 __all__ = [
     "DEFAULT_KS",
@@ -164,7 +164,7 @@ def run(backend, *, ops="conv2d", ks=None, rows: int = DEFAULT_ROWS, seed: int =
         raise InvalidArgument("the identify battery takes no layers: the layer mode is the probe "
                               "convprobe.identify.layer_identify")
 
-    from convprobe.probes import direct_sum
+    from convprobe.identify import direct_sum
     results = {}
     for op in check_ops(ops):
         try:

@@ -11,8 +11,8 @@ from conftest import run_cli_json
 from convprobe.backends import EmulatedBackend
 from convprobe.emulation import dot, parse_model
 from convprobe.errors import InvalidArgument
-from convprobe.probes import identify
-from convprobe.probes.identify import (
+from convprobe.identify import battery
+from convprobe.identify.battery import (
     DEFAULT_CANDIDATES,
     DEFAULT_KS,
     identify_backend,
@@ -27,20 +27,20 @@ def test_default_ks_run_from_16_to_8192():
 
 
 def test_conv2d_is_identified_up_to_16384_by_default():
-    assert identify.default_ks("conv2d") == identify.default_ks("conv2d_spatial") == DEFAULT_KS + (16384,)
-    assert identify.default_ks("matmul") == identify.default_ks("conv2d_backprop_filter") == DEFAULT_KS
-    assert identify.battery_ks(["matmul"]) == list(DEFAULT_KS)
-    assert identify.battery_ks(["conv2d_backprop_input_spatial"])[-1] == 1024  # quadratic in K: capped
-    assert identify.battery_ks(["matmul", "conv2d"]) == [*DEFAULT_KS, 16384]
-    assert identify.battery_ks(["matmul", "conv2d"], ks=[64, 16384]) == [64, 16384]  # asked for: as asked
+    assert battery.default_ks("conv2d") == battery.default_ks("conv2d_spatial") == DEFAULT_KS + (16384,)
+    assert battery.default_ks("matmul") == battery.default_ks("conv2d_backprop_filter") == DEFAULT_KS
+    assert battery.battery_ks(["matmul"]) == list(DEFAULT_KS)
+    assert battery.battery_ks(["conv2d_backprop_input_spatial"])[-1] == 1024  # quadratic in K: capped
+    assert battery.battery_ks(["matmul", "conv2d"]) == [*DEFAULT_KS, 16384]
+    assert battery.battery_ks(["matmul", "conv2d"], ks=[64, 16384]) == [64, 16384]  # asked for: as asked
 
 
 def test_a_default_run_measures_each_op_at_its_own_ks():
-    observed = identify.run(EmulatedBackend("sequential:fp16"), ops=["conv2d", "matmul"], rows=8, measure=False)
+    observed = battery.run(EmulatedBackend("sequential:fp16"), ops=["conv2d", "matmul"], rows=8, measure=False)
     assert observed["ks"] == [*DEFAULT_KS, 16384]
     assert list(observed["ops"]["conv2d"]["bits"]) == [str(k) for k in (*DEFAULT_KS, 16384)]
     assert list(observed["ops"]["matmul"]["bits"]) == [str(k) for k in DEFAULT_KS]
-    summary = identify.identify_observed(observed, ["sequential:fp16", "pairwise:fp16"])["conv2d"]["summary"]
+    summary = battery.identify_observed(observed, ["sequential:fp16", "pairwise:fp16"])["conv2d"]["summary"]
     assert summary["best"] == "sequential:fp16" and summary["fractions"][16384] == 1.0
     assert summary["direct_per_k"][16384]["direct"] is True
 
@@ -121,14 +121,14 @@ def test_bad_candidates_are_invalid_arguments(spec, message):
 
 
 def test_every_default_candidate_parses_and_names_itself():
-    names = [c.name for c in identify.candidates()]
+    names = [c.name for c in battery.candidates()]
     assert names == list(DEFAULT_CANDIDATES) and len(set(names)) == len(names)
 
 
 def test_inputs_are_seeded_and_carry_offset_rows():
     a1, b1 = inputs(7, 32)
     a2, b2 = inputs(7, 32)
-    assert b1.shape == (identify.CHANNELS, 32)
+    assert b1.shape == (battery.CHANNELS, 32)
     assert np.array_equal(a1.view(np.uint16), a2.view(np.uint16)) and np.array_equal(b1.view(np.uint16), b2.view(np.uint16))
     third = a1.shape[0] // 3
     assert np.all(a1[-third:, 0] >= 2.0**15) and np.array_equal(a1[-third:, -1], -a1[-third:, 0])
@@ -143,9 +143,9 @@ def test_summary_prefers_the_earlier_of_equal_candidates_and_finds_the_stop():
 
 
 def test_run_is_json_and_interpret_names_the_model():
-    observed = json.loads(json.dumps(identify.run(EmulatedBackend("sequential:fp16"), ops=["matmul"], ks=(16, 32))))
+    observed = json.loads(json.dumps(battery.run(EmulatedBackend("sequential:fp16"), ops=["matmul"], ks=(16, 32))))
     assert set(observed["ops"]["matmul"]["bits"]) == {"16", "32"}
-    verdict = identify.interpret(observed)
+    verdict = battery.interpret(observed)
     assert verdict["accumulation"] == "fp16"
     assert verdict["verdict"] == "matmul: sequential:fp16 (matches at every K; K=16: 100%, K=32: 100%)"
 
@@ -164,7 +164,7 @@ def test_identify_names_a_model_for_each_tensorflow_cpu_configuration():
     found = {}
     for result in results:
         assert result.status == "ok", result.error
-        for op, entry in identify.identify_observed(result.observed).items():
+        for op, entry in battery.identify_observed(result.observed).items():
             found[(result.config.name, op)] = entry["summary"]
     assert found[("jit", "conv2d")]["best"] == "lanes:fp32:w=4:then=sequential"
     assert found[("jit", "conv2d")]["stops_matching_at"] is None
@@ -206,7 +206,7 @@ def test_the_cli_battery_runs_conv2d_to_16384_and_matmul_to_8192_by_default():
     matches = doc["matches"]["emulated/sequential:fp16"]
     assert list(matches["conv2d"]["summary"]["fractions"]) == [str(k) for k in (*DEFAULT_KS, 16384)]
     assert list(matches["matmul"]["summary"]["fractions"]) == [str(k) for k in DEFAULT_KS]
-    assert doc["params"]["ks"] is None  # each op's default (identify.default_ks)
+    assert doc["params"]["ks"] is None  # each op's default (battery.default_ks)
     assert doc["params"]["ks_by_op"] == {"conv2d": [*DEFAULT_KS, 16384], "matmul": list(DEFAULT_KS)}
 
 

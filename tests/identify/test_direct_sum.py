@@ -13,7 +13,7 @@ import pytest
 
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.identify import layer_identify
-from convprobe.probes import direct_sum, identify, studies
+from convprobe.identify import battery, battery_study, direct_sum
 from convprobe.probes.fingerprint_ops import OPS
 from convprobe.probes.layers import LAYER_OPS, Layer, run_op
 from conftest import run_cli_json
@@ -138,7 +138,7 @@ def test_noise_in_a_rescaled_call_is_not_taken_for_a_transform(test):
     if test == "probe":
         found = direct_sum.probe(backend, LAYERS[0], "conv2d")
     else:
-        found = direct_sum.probe_rows(backend, "conv2d", 64, identify.channels(64))
+        found = direct_sum.probe_rows(backend, "conv2d", 64, battery.channels(64))
     assert found.direct is None and "nondeterministic" in found.note, found
 
 
@@ -162,7 +162,7 @@ def test_the_rescaling_uses_the_largest_exponent_and_keeps_every_product():
     assert exponents == {-direct_sum.EXPONENT, 0, direct_sum.EXPONENT}, exponents
     assert np.array_equal(np.einsum("hwc,co->hwo", xr[0], wr[0, 0])[0, 0], np.einsum("hwc,co->hwo", x[0], w[0, 0])[0, 0])
     backend.calls.clear()
-    direct_sum.probe_rows(backend, "conv2d", 32, identify.channels(8))
+    direct_sum.probe_rows(backend, "conv2d", 32, battery.channels(8))
     (x, w), (xr, wr) = backend.calls[0], backend.calls[1]
     assert set(np.unique(np.log2(np.abs(xr / x)))) == {-direct_sum.EXPONENT, direct_sum.EXPONENT}
     assert np.array_equal(xr[:, 0, 0, :] @ wr[0, 0], x[:, 0, 0, :] @ w[0, 0])
@@ -338,7 +338,7 @@ def test_every_battery_op_of_the_emulator_is_a_direct_sum(spec):
     backend = EmulatedBackend(spec)
     for op in OPS:
         for k in (16, 100, 600):
-            found = direct_sum.probe_rows(backend, op, k, identify.channels(64))
+            found = direct_sum.probe_rows(backend, op, k, battery.channels(64))
             assert found.direct is True and found.outputs == 64, (op, k, found)
 
 
@@ -354,36 +354,36 @@ class SwitchingBackend(EmulatedBackend):
 
 def test_a_battery_k_that_is_a_transform_gets_no_model_and_says_so():
     ks = [16, 32, 64, 128]
-    entry = identify.identify_backend(SwitchingBackend("sequential:fp32:output=fp16"), "conv2d_spatial", ks=ks)
+    entry = battery.identify_backend(SwitchingBackend("sequential:fp32:output=fp16"), "conv2d_spatial", ks=ks)
     summary = entry["summary"]
     assert summary["not_direct_at"] == [64, 128]
     assert set(summary["fractions"]) == {16, 32} and summary["stops_matching_at"] is None, summary
     assert all(summary["per_k"][k]["best"] is None and summary["per_k"][k]["closest"] for k in (64, 128))
     assert summary["per_k"][16]["best"] and summary["per_k"][16]["fraction"] == 1.0
     assert set(entry["table"][summary["best"]]) == set(ks), "the table keeps every K's closest models"
-    assert identify._describe(summary).endswith("; not a direct sum of products at K=64, 128")
+    assert battery._describe(summary).endswith("; not a direct sum of products at K=64, 128")
     row = {}
-    records = studies._battery_summary(row, {"op": "conv2d_spatial"}, summary, 64)
+    records = battery_study._battery_summary(row, {"op": "conv2d_spatial"}, summary, 64)
     assert row["K=64"] == row["K=128"] == "not direct" and row["K=16"] == "100%"
     assert row["every K (own model)"] == "100% (2 not direct)"
     (k64,) = [r for r in records if r["property"] == "model_k64"]
     assert k64["value"] is None and k64["evidence"].startswith("not a direct sum of products: of 64 outputs, 64")
     saved = json.loads(json.dumps(summary))  # a battery document read back: its K keys are strings
     again = {}
-    assert studies._battery_summary(again, {"op": "conv2d_spatial"}, saved, 64) == records and again == row
+    assert battery_study._battery_summary(again, {"op": "conv2d_spatial"}, saved, 64) == records and again == row
 
 
 def test_a_battery_op_that_is_a_transform_at_every_k_has_no_best_model():
-    entry = identify.identify_backend(FFTBackend(), "conv2d_spatial", ks=[16, 100])
+    entry = battery.identify_backend(FFTBackend(), "conv2d_spatial", ks=[16, 100])
     summary = entry["summary"]
     assert summary["best"] is None and summary["fractions"] == {} and summary["not_direct_at"] == [16, 100]
     row = {}
-    studies._battery_summary(row, {}, summary, 64)
+    battery_study._battery_summary(row, {}, summary, 64)
     assert row["best model"] == "none: not a direct sum of products"
     assert row["every K (own model)"] == "0/0 K (2 not direct)"
-    assert identify._describe(summary) == "not a direct sum of products at K=16, 100"
-    observed = identify.run(FFTBackend(), ops=["conv2d_spatial"], ks=(16,))
-    assert identify.interpret(observed)["accumulation"] == "unknown"
+    assert battery._describe(summary) == "not a direct sum of products at K=16, 100"
+    observed = battery.run(FFTBackend(), ops=["conv2d_spatial"], ks=(16,))
+    assert battery.interpret(observed)["accumulation"] == "unknown"
 
 
 class FailingRescaleBackend(EmulatedBackend):
@@ -405,7 +405,7 @@ def test_the_battery_still_identifies_an_op_whose_test_failed(monkeypatch):
         raise RuntimeError("broken")
 
     monkeypatch.setattr(direct_sum, "probe_rows", broken)  # a fault in the test, not in the op
-    summary = identify.identify_backend(EmulatedBackend("sequential:fp16"), "conv2d", ks=[16, 32])["summary"]
+    summary = battery.identify_backend(EmulatedBackend("sequential:fp16"), "conv2d", ks=[16, 32])["summary"]
     assert summary["best"] == "sequential:fp16" and summary["not_direct_at"] == []
     assert summary["direct_per_k"][16] == direct_sum.DirectSum(None, note="not tested: RuntimeError: broken").to_dict()
 
@@ -417,5 +417,5 @@ def test_every_tensorflow_cpu_battery_op_is_a_direct_sum():
     backend = TensorFlowBackend("cpu")
     for op in OPS:
         for k in (16, 300):
-            found = direct_sum.probe_rows(backend, op, k, identify.channels(64))
+            found = direct_sum.probe_rows(backend, op, k, battery.channels(64))
             assert found.direct is True, (op, k, found)
