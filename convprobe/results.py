@@ -47,7 +47,10 @@ SCHEMA_HISTORY = {
        "telemetry.csv the counterfactual columns bf16_/fp8_e4m3_/fp8_e5m2_{flushed,subnormal}_fraction "
        "(header.json's 'columns' lists what a run holds; an older run is still read, not resumed); a "
        "'train' header may come from the Keras callback convprobe.training.UnderflowTelemetry "
-       "(params.source 'keras-callback').",
+       "(params.source 'keras-callback'). Later still, no layout change: each result's 'config' carries "
+       "its backend's fields only - tensorflow: device, env, jit_compile; jax: device, env, options; "
+       "emulated: model (no device 'emulated', and accumulate null where a model was named, was "
+       "'model'). An older config is still read.",
 }
 
 

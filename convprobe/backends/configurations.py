@@ -16,13 +16,18 @@ generated from the same data). Facts verified on TensorFlow 2.21 (DESIGN.md):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 from convprobe.backends.jax import jax_installed
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.options import Device, names_or_all
+
+if TYPE_CHECKING:  # (the emulator's import starts numba: it is imported where a model is built)
+    from convprobe.emulation.models import AccumulationModel
 
 __all__ = [
     "ACCUMULATE_CHOICES",
@@ -31,6 +36,10 @@ __all__ = [
     "SETTINGS",
     "MANAGED_VARIABLES",
     "BackendConfig",
+    "FrameworkConfig",
+    "TensorFlowConfig",
+    "JaxConfig",
+    "EmulatedConfig",
     "emulated_config",
     "resolve_configs",
     "resolve_device",
@@ -115,66 +124,160 @@ def inherited_switches(environ: dict[str, str] | None = None) -> dict[str, str]:
 EMULATED_MODELS = {"fp16": "sequential:fp16", "fp32": "sequential:fp32", "default": "sequential:fp32"}
 
 
-@dataclass(frozen=True)
 class BackendConfig:
-    """One backend configuration: everything needed to run it in a fresh process."""
+    """One configuration: everything needed to run it, in a fresh process where its backend
+    reads switches. Tagged by backend (`TensorFlowConfig`, `JaxConfig`, `EmulatedConfig`):
+    each carries only what its backend has."""
 
-    backend: str
-    accumulate: str
-    device: str
-    env: dict[str, str] = field(default_factory=dict)
-    jit_compile: bool = False
-    model: str | None = None
-    #: A framework's per-call settings (JAX: precision, preferred_element_type).
-    options: dict[str, str] = field(default_factory=dict)
-    note: str = ""
+    backend: ClassVar[str]
+    #: The request it stands for ('fp16', 'fp32', 'default'); None where it was named
+    #: directly (an emulator model, a matrix row that asks for nothing in particular).
+    accumulate: str | None
+    note: str
     #: Name of a configuration-matrix row ('onednn-off'); None for request-built configs.
-    name: str | None = None
+    name: str | None
     #: Things the user should know about this configuration (a switch with no effect here).
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...]
 
     @property
     def label(self) -> str:
         """Short, unique name for tables: 'tensorflow/cpu/fp16', 'emulated/sequential:fp16'."""
-        if self.backend == "emulated":  # the default request shares fp32's model: say which row
-            return f"emulated/{self.model}" + (" (default)" if self.accumulate == "default" else "")
-        if self.name is not None:
-            return f"{self.backend}/{self.device}/{self.name}"
-        parts = [self.backend, self.device, self.accumulate]
-        if self.jit_compile and self.backend == "tensorflow":  # (JAX always compiles)
-            parts.append("jit")
-        return "/".join(parts)
+        raise NotImplementedError
+
+    #: Where it computes: 'cpu' or 'gpu'.
+    device: str
 
     @property
     def isolated(self) -> bool:
         """Whether it runs in a child process of its own: a framework reads its switches once
         per process; the emulator has no global state and runs in the caller's."""
-        return self.backend != "emulated"
+        return True
 
     @property
     def environment(self) -> str:
-        """The configuration's switches as 'NAME=VALUE ... option=value' ('' if none): the
-        environment, then a framework's per-call options."""
-        return " ".join([*(f"{k}={v}" for k, v in sorted(self.env.items())),
-                         *(f"{k}={v}" for k, v in sorted(self.options.items()))])
+        """The configuration's switches as 'NAME=VALUE ... option=value' ('' if none)."""
+        return ""
+
+    @property
+    def process_key(self) -> str:
+        """Configurations with one key may share a process: everything the process reads (not
+        the request, the names or the notes)."""
+        fields = {k: v for k, v in self.to_dict().items()
+                  if k not in ("accumulate", "note", "label", "name", "warnings")}
+        return json.dumps(fields, sort_keys=True)
+
+    def _common(self) -> dict:
+        return {"backend": self.backend, "accumulate": self.accumulate, "note": self.note, "label": self.label,
+                "name": self.name, "warnings": list(self.warnings)}
 
     def to_dict(self) -> dict:
-        return {
-            "backend": self.backend, "accumulate": self.accumulate, "device": self.device,
-            "env": dict(self.env), "jit_compile": self.jit_compile, "model": self.model,
-            "options": dict(self.options), "note": self.note, "label": self.label, "name": self.name,
-            "warnings": list(self.warnings),
-        }
+        raise NotImplementedError
 
-    @classmethod
-    def from_dict(cls, data: dict) -> BackendConfig:
-        return cls(
-            backend=data["backend"], accumulate=data["accumulate"], device=data["device"],
-            env=dict(data.get("env", {})), jit_compile=bool(data.get("jit_compile", False)),
-            model=data.get("model"), options=dict(data.get("options", {})), note=data.get("note", ""),
-            name=data.get("name"),
-            warnings=tuple(data.get("warnings", ())),
-        )
+    @staticmethod
+    def from_dict(data: dict) -> BackendConfig:
+        """The configuration a `to_dict` wrote (also one of results schema 2 and earlier, where an
+        emulated configuration carried device 'emulated' and accumulate 'model')."""
+        kinds: dict[str, type[BackendConfig]] = {"tensorflow": TensorFlowConfig, "jax": JaxConfig,
+                                                 "emulated": EmulatedConfig}
+        if data.get("backend") not in kinds:
+            raise invalid_choice("config backend", str(data.get("backend")), tuple(kinds))
+        accumulate = data.get("accumulate")
+        common = {"accumulate": None if accumulate == "model" else accumulate, "note": data.get("note", ""),
+                  "name": data.get("name"), "warnings": tuple(data.get("warnings", ()))}
+        if data["backend"] == "emulated":
+            from convprobe.emulation import parse_model  # noqa: PLC0415 - numba only when asked
+
+            return EmulatedConfig(model=parse_model(data["model"]), **common)
+        framework = {"device": data["device"], "env": dict(data.get("env", {})), **common}
+        if data["backend"] == "jax":
+            return JaxConfig(options=dict(data.get("options", {})), **framework)
+        return TensorFlowConfig(jit_compile=bool(data.get("jit_compile", False)), **framework)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Common:
+    accumulate: str | None = None
+    note: str = ""
+    name: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameworkConfig(_Common, BackendConfig):
+    """A framework on a device, with its environment switches (read once per process)."""
+
+    device: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if self.name is not None:
+            return f"{self.backend}/{self.device}/{self.name}"
+        return "/".join([self.backend, self.device, str(self.accumulate), *self._label_tail()])
+
+    def _label_tail(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def environment(self) -> str:
+        return " ".join([*(f"{k}={v}" for k, v in sorted(self.env.items())),
+                         *(f"{k}={v}" for k, v in sorted(self._options().items()))])
+
+    def _options(self) -> dict[str, str]:
+        return {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorFlowConfig(FrameworkConfig):
+    """TensorFlow: environment switches, and whether the op is compiled by XLA."""
+
+    backend: ClassVar[str] = "tensorflow"
+    jit_compile: bool = False
+
+    def _label_tail(self) -> tuple[str, ...]:
+        return ("jit",) if self.jit_compile else ()
+
+    def to_dict(self) -> dict:
+        return {**self._common(), "device": self.device, "env": dict(self.env), "jit_compile": self.jit_compile}
+
+
+@dataclass(frozen=True, kw_only=True)
+class JaxConfig(FrameworkConfig):
+    """JAX (every op compiled by XLA): environment switches and per-call options
+    (precision, preferred_element_type)."""
+
+    backend: ClassVar[str] = "jax"
+    options: dict[str, str] = field(default_factory=dict)
+
+    def _options(self) -> dict[str, str]:
+        return self.options
+
+    def to_dict(self) -> dict:
+        return {**self._common(), "device": self.device, "env": dict(self.env), "options": dict(self.options)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulatedConfig(_Common, BackendConfig):
+    """The exact emulator under one accumulation model; it computes on the host's CPU, in
+    the caller's process."""
+
+    backend: ClassVar[str] = "emulated"
+    model: AccumulationModel
+
+    @property
+    def label(self) -> str:  # the default request shares fp32's model: say which row
+        return f"emulated/{self.model.to_spec()}" + (" (default)" if self.accumulate == "default" else "")
+
+    @property
+    def device(self) -> str:  # type: ignore[override]  # (the others' field: the emulator runs on the host CPU)
+        return "cpu"
+
+    @property
+    def isolated(self) -> bool:
+        return False
+
+    def to_dict(self) -> dict:
+        return {**self._common(), "model": self.model.to_spec()}
 
 
 def gpu_visible() -> bool:
@@ -227,13 +330,12 @@ def _expand(value: str, choices: tuple[str, ...], argument: str) -> tuple[str, .
     return (value,)
 
 
-def emulated_config(spec: str) -> BackendConfig:
-    """The emulator under the model `spec` (validated; labelled by its canonical spec)."""
+def emulated_config(model: str | AccumulationModel, accumulate: str | None = None, note: str = "") -> EmulatedConfig:
+    """The emulator under `model` (a spec is validated here, at the edge)."""
     from convprobe.emulation import parse_model  # noqa: PLC0415 - numba only when asked
 
-    model = parse_model(spec)
-    return BackendConfig("emulated", "model", "emulated", model=model.to_spec(),
-                         note=f"exact emulation: {model.describe()}")
+    value = parse_model(model) if isinstance(model, str) else model
+    return EmulatedConfig(model=value, accumulate=accumulate, note=note or f"exact emulation: {value.describe()}")
 
 
 def resolve_configs(
@@ -255,7 +357,7 @@ def resolve_configs(
     resolved_device = resolve_device(device)
     if model is not None and "emulated" not in backends:
         raise InvalidArgument("model applies only to --backend emulated (or all); received --model with --backend tensorflow")
-    configs = []
+    configs: list[BackendConfig] = []
     for name in backends:
         if name == "emulated" and model is not None:
             configs.append(emulated_config(model))
@@ -263,20 +365,17 @@ def resolve_configs(
         for acc in accumulates:
             if name == "jax":
                 env, options, note = JAX_SETTINGS[(resolved_device, acc)]
-                configs.append(BackendConfig("jax", acc, resolved_device, env={**env, **(extra_env or {})},
-                                             jit_compile=True, options=dict(options), note=note))
+                configs.append(JaxConfig(accumulate=acc, device=resolved_device, env={**env, **(extra_env or {})},
+                                         options=dict(options), note=note))
             elif name == "tensorflow":
                 setting = SETTINGS[(resolved_device, acc)]
                 env = {**setting.env, **(extra_env or {})}
-                configs.append(BackendConfig(
-                    "tensorflow", acc, resolved_device, env=env, jit_compile=jit_compile,
+                configs.append(TensorFlowConfig(
+                    accumulate=acc, device=resolved_device, env=env, jit_compile=jit_compile,
                     note=setting.note, warnings=gpu_switch_warnings(resolved_device, extra_env or {}),
                 ))
             else:
-                configs.append(BackendConfig(
-                    "emulated", acc, "emulated", model=EMULATED_MODELS[acc],
-                    note=f"exact emulation: {EMULATED_MODELS[acc]}",
-                ))
+                configs.append(emulated_config(EMULATED_MODELS[acc], acc, f"exact emulation: {EMULATED_MODELS[acc]}"))
     return configs
 
 
@@ -400,11 +499,11 @@ def matrix_rows(device: str, backend: str = "tensorflow") -> dict[str, BackendCo
     if backend not in MATRIX_BACKENDS:
         raise invalid_choice("backend", backend, MATRIX_BACKENDS)
     if backend == "tensorflow":
-        return {name: BackendConfig("tensorflow", accumulate, device, env=dict(env), jit_compile=jit, note=note,
-                                    name=name)
+        return {name: TensorFlowConfig(accumulate=accumulate, device=device, env=dict(env), jit_compile=jit,
+                                       note=note, name=name)
                 for name, (env, jit, accumulate, note) in MATRIX[device].items()}
-    return {name: BackendConfig("jax", accumulate, device, env=dict(env), jit_compile=True, options=dict(options),
-                                note=note, name=name)
+    return {name: JaxConfig(accumulate=accumulate, device=device, env=dict(env), options=dict(options), note=note,
+                            name=name)
             for name, (env, options, accumulate, note) in JAX_MATRIX[device].items()}
 
 

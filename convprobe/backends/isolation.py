@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from convprobe import children
-from convprobe.backends.configurations import MANAGED_VARIABLES, BackendConfig
+from convprobe.backends.configurations import MANAGED_VARIABLES, FrameworkConfig
 from convprobe.options import Status
 
 __all__ = ["IsolatedOutcome", "child_environment", "run_isolated", "STATUSES"]
@@ -46,7 +46,7 @@ class IsolatedOutcome:
     environment: dict[str, str]
 
 
-def child_environment(config: BackendConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+def child_environment(config: FrameworkConfig, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: the parent's, minus the managed switches, plus the config's.
 
     Removing managed switches inherited from the user's shell makes 'default'
@@ -74,7 +74,7 @@ def _describe_exit(returncode: int) -> str:
 
 
 def run_isolated(
-    config: BackendConfig, task: dict, *, module: str, timeout: float = DEFAULT_TIMEOUT_S
+    config: FrameworkConfig, task: dict, *, module: str, timeout: float = DEFAULT_TIMEOUT_S
 ) -> IsolatedOutcome:
     """Run `task` (a JSON-able request on stdin of `python -m MODULE`, which answers on
     stdout) under `config` in a child: the caller names its own worker, so this layer

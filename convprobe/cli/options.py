@@ -8,8 +8,13 @@ checks raise `InvalidArgument` (the same line, before any work starts).
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from convprobe.backends.configurations import DEVICE_CHOICES, MATRIX_BACKENDS
+from convprobe.backends.configurations import (ACCUMULATE_CHOICES, BACKEND_CHOICES, DEVICE_CHOICES, MATRIX, MATRIX_BACKENDS, TensorFlowConfig, emulated_config,
+                                               inherited_switches, matrix_defaults, matrix_rows,
+                                               parse_env_assignments, resolve_configs, resolve_device)
+from convprobe.backends.configurations import matrix_configs as named_rows
 from convprobe.errors import InvalidArgument
 from convprobe.options import comma_integers
 from convprobe.render import FORMATS, check_output_path, json_clean, render_csv, render_json, render_table, write_atomic
@@ -92,7 +97,6 @@ def check_output(path: str | None, file_format: str, allowed: tuple[str, ...] | 
     taken as "no output"."""
     if path is None:
         return
-    from pathlib import Path
 
     suffix = Path(path).suffix.lower().lstrip(".")
     if allowed is not None and suffix not in allowed:
@@ -103,9 +107,7 @@ def check_output(path: str | None, file_format: str, allowed: tuple[str, ...] | 
 
 def announce_inherited_switches(command: str) -> None:
     """Name, on stderr, the precision switches of the user's shell that no child will see."""
-    import sys
 
-    from convprobe.backends.configurations import inherited_switches
 
     found = inherited_switches()
     if found:
@@ -137,9 +139,7 @@ def add_matrix_options(parser: argparse.ArgumentParser, *, default_ops: str, tim
 
 def matrix_configs(args) -> list:
     """TensorFlow matrix rows plus emulator models, validated before anything runs."""
-    from convprobe.backends.configurations import emulated_config
-    from convprobe.backends.configurations import matrix_configs as rows
-    configs = [] if args.configs == "none" else rows(args.device, args.configs, args.backend)
+    configs = [] if args.configs == "none" else named_rows(args.device, args.configs, args.backend)
     models = [emulated_config(spec) for spec in args.model]
     labels = [config.label for config in models]
     twice = sorted({label for label in labels if labels.count(label) > 1})
@@ -164,13 +164,12 @@ def matrix_ops(args) -> tuple[str, ...]:
 
 def list_configs(device: str, backend: str = "tensorflow") -> int:
     """Print a framework's matrix rows on a device; listing needs no GPU (it only says what would run)."""
-    from convprobe.backends.configurations import MATRIX, matrix_defaults, matrix_rows, resolve_device
 
     device = device if device in MATRIX else resolve_device(device)
     defaults = matrix_defaults(device, backend)
     for config in matrix_rows(device, backend).values():
         default = "*" if config.name in defaults else " "
-        jit = "" if backend == "jax" else f"jit={'on ' if config.jit_compile else 'off'} "
+        jit = f"jit={'on ' if config.jit_compile else 'off'} " if isinstance(config, TensorFlowConfig) else ""
         print(f"{default} {config.name:24s} {jit}{config.environment or '(nothing set)'}  # {config.note}")
     if backend == "jax":
         print("(* = run by default; every JAX row is compiled by XLA; options are per-call arguments of "
@@ -185,8 +184,6 @@ def emit(args, outcome, *, file_format: str | None = None) -> None:
     """Write --output (a JSON envelope, or a CSV: the tidy frame when there is one, else the
     flat rows), then print `outcome` in --format (its notes under a table). The file comes
     first: it is the record, and a terminal or pipe that fails afterwards cannot lose it."""
-    import sys
-    from pathlib import Path
 
     from convprobe import results
     if args.output:
@@ -221,7 +218,6 @@ EXPECT_CHOICES = ("fp16", "fp32")
 def add_classic_options(parser: argparse.ArgumentParser) -> None:
     """The options of overflow and compare: backend x accumulate x device, --env, --jit,
     --model, running, output and --expect."""
-    from convprobe.backends.configurations import ACCUMULATE_CHOICES, BACKEND_CHOICES
 
     config = parser.add_argument_group("configurations")
     config.add_argument("--accumulate", choices=(*ACCUMULATE_CHOICES, "all"), default="all",
@@ -245,9 +241,7 @@ def add_classic_options(parser: argparse.ArgumentParser) -> None:
 
 def run_classic_command(probe: str, args, params: dict) -> int:
     """overflow / compare after their own checks: configurations, run, render, --expect."""
-    import sys
 
-    from convprobe.backends.configurations import parse_env_assignments, resolve_configs
     from convprobe.probes.studies import run_classic
 
     file_format = "json" if args.format == "table" else args.format

@@ -17,7 +17,7 @@ from convprobe.provenance import SCHEMA_VERSION
 __all__ = ["ProbeResult", "honoured"]
 
 
-def honoured(requested: str, observed: str | None) -> bool | None:
+def honoured(requested: str | None, observed: str | None) -> bool | None:
     """Did the backend do what was asked? None when nothing specific was asked."""
     if requested not in ("fp16", "fp32") or observed in (None, "unknown"):
         return None
@@ -72,7 +72,7 @@ class ProbeResult:
     @property
     def device(self) -> str:
         """Where the arithmetic ran: cpu or gpu (the emulator always runs on the CPU)."""
-        return "cpu" if self.config.backend == "emulated" else self.config.device
+        return self.config.device
 
     def identity(self) -> dict:
         """The identity columns every table row of this result carries (tables.py's schemas)."""

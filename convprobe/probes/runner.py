@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from convprobe import provenance
-from convprobe.backends.configurations import BackendConfig
+from convprobe.backends.configurations import BackendConfig, FrameworkConfig
 from convprobe.backends.isolation import DEFAULT_TIMEOUT_S, run_isolated
 from convprobe.probes import worker
 from convprobe.probes.registry import get_probe
@@ -30,7 +30,7 @@ def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float =
     `name` is the probe's name in the row (default `probe`)."""
     task = {"probe": probe, "params": params}
     started = time.perf_counter()
-    if config.isolated:
+    if isinstance(config, FrameworkConfig):  # (`config.isolated`)
         outcome = run_isolated(config, task, module=worker.__name__, timeout=timeout)
         status, payload, error, environment = outcome.status, outcome.payload, outcome.error, outcome.environment
         wall = outcome.wall_s

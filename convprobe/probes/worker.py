@@ -15,7 +15,7 @@ import os
 import sys
 import traceback
 
-from convprobe.backends.configurations import BackendConfig
+from convprobe.backends.configurations import BackendConfig, EmulatedConfig, JaxConfig, TensorFlowConfig
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.backends.jax import JaxBackend
 from convprobe.errors import UnsupportedConfiguration
@@ -25,12 +25,13 @@ from convprobe.probes.registry import get_probe
 
 def make_backend(config: BackendConfig):
     """The backend object a configuration describes."""
-    if config.backend == "tensorflow":
+    if isinstance(config, TensorFlowConfig):
         from convprobe.backends.tensorflow import TensorFlowBackend
 
         return TensorFlowBackend(config.device, jit_compile=config.jit_compile)
-    if config.backend == "jax":
+    if isinstance(config, JaxConfig):
         return JaxBackend(config.device, **config.options)
+    assert isinstance(config, EmulatedConfig)  # (the three kinds `BackendConfig.from_dict` builds)
     return EmulatedBackend(config.model)
 
 

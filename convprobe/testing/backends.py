@@ -25,8 +25,11 @@ from convprobe.backends.configurations import (
     ACCUMULATE_CHOICES,
     MANAGED_VARIABLES,
     MATRIX,
-    matrix_configs,
     BackendConfig,
+    EmulatedConfig,
+    TensorFlowConfig,
+    emulated_config,
+    matrix_configs,
     resolve_configs,
 )
 from convprobe.errors import InvalidArgument, invalid_choice
@@ -45,13 +48,6 @@ _TARGET_FORMS = (
     "'tensorflow/cpu/default/jit', a matrix row 'tensorflow/cpu/jit+strict', "
     "'emulated/sequential:fp16' or a model spec like 'sequential:fp16'"
 )
-
-
-def _emulated(spec: str, note: str = "") -> BackendConfig:
-    from convprobe.emulation import parse_model
-
-    model = parse_model(spec)  # validates; raises InvalidArgument naming the valid kinds
-    return BackendConfig("emulated", "model", "emulated", model=model.to_spec(), note=note or model.describe())
 
 
 def _tensorflow_from_label(text: str) -> BackendConfig:
@@ -88,31 +84,29 @@ def resolve_target(target: object) -> BackendConfig:
     from convprobe.backends.tensorflow import TensorFlowBackend
 
     if isinstance(target, EmulatedBackend):
-        return _emulated(target.model.to_spec())
+        return emulated_config(target.model)
     if isinstance(target, TensorFlowBackend):
         # The object lives in this process: its arithmetic is whatever this
         # process's precision switches say, so the child inherits exactly those.
         env = {k: v for k, v in os.environ.items() if k in MANAGED_VARIABLES}
-        return BackendConfig(
-            "tensorflow", "default", target.device, env=env, jit_compile=target.jit_compile,
-            note="this process's TensorFlow settings",
-        )
+        return TensorFlowConfig(accumulate="default", device=target.device, env=env, jit_compile=target.jit_compile,
+                                note="this process's TensorFlow settings")
     if isinstance(target, str):
         text = target.strip()
         if text == "tensorflow" or text.startswith("tensorflow/"):
             return _tensorflow_from_label(text)
         if text.startswith("emulated/"):
-            return _emulated(text.removeprefix("emulated/"))
+            return emulated_config(text.removeprefix("emulated/"))
         if text == "emulated":
-            return _emulated("sequential:fp32")
+            return emulated_config("sequential:fp32")
         try:
-            return _emulated(text)
+            return emulated_config(text)
         except InvalidArgument as exc:
             raise InvalidArgument(f"backend must be {_TARGET_FORMS}; received {target!r} ({exc})") from None
     from convprobe.emulation import AccumulationModel
 
     if isinstance(target, AccumulationModel):
-        return _emulated(target.to_spec())
+        return emulated_config(target)
     raise InvalidArgument(f"backend must be {_TARGET_FORMS}; received {type(target).__name__} {target!r}")
 
 
@@ -174,7 +168,7 @@ class ConvBackend:
     def conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1) -> np.ndarray:
         """NHWC `x` (*) HWIO `w` on this configuration; the output in the backend's dtype."""
         x, w = np.asarray(x), np.asarray(w)
-        if not self.is_tensorflow:
+        if isinstance(self.config, EmulatedConfig):
             from convprobe.backends.emulated import EmulatedBackend
 
             return EmulatedBackend(self.config.model).conv2d(x, w, strides=strides, padding=padding, dilation=dilation)

@@ -1,9 +1,11 @@
+import dataclasses
+
 import pytest
 
 from convprobe.backends.jax import jax_installed
 from convprobe.backends.configurations import (
-    MANAGED_VARIABLES, SETTINGS, BackendConfig, emulated_config, gpu_visible, parse_env_assignments,
-    onednn_runs_fp16, resolve_configs, resolve_device,
+    MANAGED_VARIABLES, SETTINGS, BackendConfig, TensorFlowConfig, emulated_config, gpu_visible, parse_env_assignments,
+    matrix_rows, onednn_runs_fp16, resolve_configs, resolve_device,
 )
 from convprobe.backends.isolation import child_environment
 from convprobe.errors import InvalidArgument
@@ -65,7 +67,7 @@ def test_gpu_without_a_gpu_is_bad_input(monkeypatch):
 
 def test_child_environment_drops_inherited_switches_and_applies_the_config():
     parent = {"PATH": "/bin", "TF_CONV2D_USE_FP16_ACCUMULATE": "1", "XLA_FLAGS": "--x", "TF_ENABLE_ONEDNN_OPTS": "0"}
-    default = BackendConfig("tensorflow", "default", "cpu")
+    default = TensorFlowConfig(accumulate="default", device="cpu")
     env = child_environment(default, base=parent)
     assert env["PATH"] == "/bin" and not (MANAGED_VARIABLES & set(env))
     fp16 = resolve_configs(backend="tensorflow", accumulate="fp16")[0]
@@ -75,6 +77,34 @@ def test_child_environment_drops_inherited_switches_and_applies_the_config():
 def test_config_round_trips_through_its_dict():
     for config in resolve_configs(backend="all", accumulate="all", jit_compile=True):
         assert BackendConfig.from_dict(config.to_dict()) == config
+
+
+def test_each_configuration_carries_only_its_backends_fields():
+    """Tagged per backend: no device 'emulated', no accumulate 'model', no jit on JAX."""
+    emulated = emulated_config("a100").to_dict()
+    assert emulated["model"] == "a100" and emulated["accumulate"] is None
+    assert not {"device", "env", "jit_compile", "options"} & set(emulated)
+    jax_row = matrix_rows("cpu", "jax")["f32-result"].to_dict()
+    assert jax_row["options"] == {"preferred_element_type": "float32"} and "jit_compile" not in jax_row
+    assert "options" not in matrix_rows("cpu")["jit+strict"].to_dict()
+    # a document of an earlier layout is still read
+    old = {"backend": "emulated", "accumulate": "model", "device": "emulated", "env": {}, "jit_compile": False,
+           "model": "sequential:fp16", "options": {}, "note": "", "name": None, "warnings": []}
+    read = BackendConfig.from_dict(old)
+    assert (read.model, read.accumulate, read.device) == (emulated_config("sequential:fp16").model, None, "cpu")
+
+
+def test_configurations_share_a_process_only_where_it_reads_the_same_switches():
+    """JAX's rows that differ only in per-call options are separate processes' worth of
+    answers (fingerprint runs one process per key); TensorFlow's jit is per function."""
+    jax_rows = matrix_rows("cpu", "jax")
+    assert jax_rows["strict"].process_key != jax_rows["strict+f32-result"].process_key
+    assert jax_rows["default"].process_key != jax_rows["f32-result"].process_key
+    rows = matrix_rows("cpu")
+    jitted = [r for r in rows.values() if r.jit_compile]
+    plain = {r.process_key for r in rows.values() if not r.jit_compile}
+    assert any(dataclasses.replace(r, jit_compile=False).process_key in plain for r in jitted)
+    assert all(r.process_key not in plain for r in jitted)
 
 
 def test_a_model_spec_gets_one_canonical_label_and_is_validated_up_front():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from convprobe.backends.configurations import BackendConfig, resolve_configs
+from convprobe.backends.configurations import TensorFlowConfig, resolve_configs
 from convprobe.backends.isolation import run_isolated
 from convprobe.probes import worker
 from convprobe.probes.runner import run_one
@@ -62,29 +62,30 @@ def probe_dir(tmp_path):
     return str(tmp_path)
 
 
-def _emulated(probe_dir):
-    return BackendConfig("emulated", "fp16", "emulated", env={"PYTHONPATH": probe_dir}, model="sequential:fp16")
+def _isolated(probe_dir):
+    """A configuration that runs in a child of its own, which finds the user's probes."""
+    return TensorFlowConfig(device="cpu", env={"PYTHONPATH": probe_dir})
 
 
 def test_a_child_that_crashes_becomes_a_crashed_outcome(probe_dir):
-    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.aborts", "params": {}}, module=WORKER, timeout=120)
+    outcome = run_isolated(_isolated(probe_dir), {"probe": "userprobes.aborts", "params": {}}, module=WORKER, timeout=120)
     assert outcome.status == "crashed"
     assert "SIGABRT" in outcome.error
 
 
 def test_a_child_that_hangs_becomes_a_timeout_outcome(probe_dir):
-    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.sleeps", "params": {}}, module=WORKER, timeout=5)
+    outcome = run_isolated(_isolated(probe_dir), {"probe": "userprobes.sleeps", "params": {}}, module=WORKER, timeout=5)
     assert outcome.status == "timeout" and outcome.wall_s < 30
 
 
 def test_an_exception_in_the_child_becomes_a_failed_outcome(probe_dir):
-    outcome = run_isolated(_emulated(probe_dir), {"probe": "userprobes.raises", "params": {}}, module=WORKER, timeout=120)
+    outcome = run_isolated(_isolated(probe_dir), {"probe": "userprobes.raises", "params": {}}, module=WORKER, timeout=120)
     assert outcome.status == "failed" and outcome.error == "RuntimeError: kernel exploded"
 
 
 @pytest.mark.tensorflow
 def test_a_gpu_config_without_a_gpu_becomes_an_unsupported_row():
-    config = BackendConfig("tensorflow", "fp16", "gpu", env={"CUDA_VISIBLE_DEVICES": ""})
+    config = TensorFlowConfig(accumulate="fp16", device="gpu", env={"CUDA_VISIBLE_DEVICES": ""})
     result = run_one("overflow", config, {"seed": 0})
     assert result.status == "unsupported"
     assert "no GPU" in result.error
@@ -121,10 +122,9 @@ def test_a_worker_dies_with_a_sigkilled_parent_and_leaves_no_temporary_file(prob
     temp, announced = tmp_path / "temp", tmp_path / "announced"
     temp.mkdir()
     parent_code = textwrap.dedent(f"""
-        from convprobe.backends.configurations import BackendConfig
+        from convprobe.backends.configurations import TensorFlowConfig
         from convprobe.backends.isolation import run_isolated
-        config = BackendConfig("emulated", "fp16", "emulated", env={{"PYTHONPATH": {probe_dir!r}}},
-                               model="sequential:fp16")
+        config = TensorFlowConfig(device="cpu", env={{"PYTHONPATH": {probe_dir!r}}})
         run_isolated(config, {{"probe": "userprobes.announces", "params": {{}}}}, module="convprobe.probes.worker", timeout=120)
     """)
     env = {**os.environ, "TMPDIR": str(temp), "ANNOUNCE": str(announced)}

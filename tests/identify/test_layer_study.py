@@ -4,7 +4,7 @@
 
 import pytest
 
-from convprobe.backends.configurations import BackendConfig
+from convprobe.backends.configurations import emulated_config
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.errors import InvalidArgument
 from convprobe.identify.layer_study import run_layer_identify
@@ -16,7 +16,7 @@ LAYER = Layer((1, 4, 4, 4), (3, 3, 4, 4))
 
 
 def test_a_layer_map_is_an_identify_document():
-    config = BackendConfig("emulated", "model", "emulated", model=SPEC)
+    config = emulated_config(SPEC)
     outcome = run_layer_identify([config], [LAYER], specs=None, seed=0, device="cpu", timeout=60, jobs=1)
     document = outcome.document
     assert document["kind"] == "identify" and document["params"]["layers"] == [LAYER.to_dict()]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from convprobe.analysis.tables import SWEEP_SCHEMA, add_bounds, frame_from_records
-from convprobe.backends.configurations import BackendConfig
+from convprobe.backends.configurations import emulated_config
 from convprobe.errors import InvalidArgument
 from convprobe.probes import fingerprint_ops, layers, sweep
 from convprobe.probes.runner import run_probe
@@ -14,7 +14,7 @@ from convprobe.probes.runner import run_probe
 
 @pytest.fixture(scope="module")
 def frame():
-    configs = [BackendConfig("emulated", "model", "emulated", model=m)
+    configs = [emulated_config(m)
                for m in ("sequential:fp16", "sequential:fp32:output=fp16", "blocked:fp16:b=8")]
     results = run_probe("sweep", configs, {"ops": ["conv2d"], "seed": 0}, jobs=1)
     records = [r for result in results for r in sweep.records(result, 0)]
@@ -74,7 +74,7 @@ def test_distributions_are_validated():
 
 
 def test_failed_configurations_keep_their_row():
-    results = run_probe("sweep", [BackendConfig("emulated", "model", "emulated", model="sequential:fp16")],
+    results = run_probe("sweep", [emulated_config("sequential:fp16")],
                         {"ops": ["conv2d"], "ks": [9], "distributions": ["normal"], "rows": 2, "seed": 0}, jobs=1)
     results[0].status, results[0].error = "crashed", "child exited"
     rows = sweep.records(results[0], 0)

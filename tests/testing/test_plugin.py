@@ -208,7 +208,8 @@ def test_needs_gpu():
 
 
 def test_resolve_target_accepts_every_documented_form():
-    from convprobe.backends import BackendConfig, EmulatedBackend
+    from convprobe.backends import EmulatedBackend
+    from convprobe.backends.configurations import emulated_config
     from convprobe.emulation import parse_model
 
     assert resolve_target("tensorflow").label == "tensorflow/cpu/default"
@@ -218,10 +219,10 @@ def test_resolve_target_accepts_every_documented_form():
     assert strict.label == "tensorflow/cpu/jit+strict" and strict.jit_compile is True
     assert strict.env == {"XLA_FLAGS": "--xla_cpu_strict_dot_conv_math=true"}
     assert resolve_target("emulated/sequential:fp16").label == "emulated/sequential:fp16"
-    assert resolve_target("a100").model == parse_model("a100").to_spec()
+    assert resolve_target("a100").model == parse_model("a100")
     assert resolve_target(parse_model("pairwise:bf16")).label == "emulated/pairwise:bf16"
     assert resolve_target(EmulatedBackend("chunked:fp16:n=8")).label == "emulated/chunked:fp16:n=8"
-    config = BackendConfig("emulated", "fp16", "emulated", model="sequential:fp16")
+    config = emulated_config("sequential:fp16", "fp16")
     assert resolve_target(config) is config
     assert resolve_target(ConvBackend(config)) is config
     for bad, message in (

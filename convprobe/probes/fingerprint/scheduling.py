@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from convprobe.backends.configurations import TensorFlowConfig
 from convprobe.probes.fingerprint.inference import interpret
 
 __all__ = ["run_grouped"]
@@ -15,19 +18,17 @@ def run_grouped(configs, params: dict, *, timeout: float, jobs: int | None = Non
     own `ProbeResult`, in the order given, with a crashed child marking all of
     its configurations.
     """
-    import dataclasses
-
     from convprobe.probes.runner import annotate, run_many, run_one
 
-    groups: dict[tuple, list] = {}
+    groups: dict[str, list] = {}
     for config in configs:
-        key = (config.backend, config.device, tuple(sorted(config.env.items())), config.model)
-        groups.setdefault(key, []).append(config)
+        shared = dataclasses.replace(config, jit_compile=False) if isinstance(config, TensorFlowConfig) else config
+        groups.setdefault(shared.process_key, []).append(config)
     leaders, leader_params = [], []
     for members in groups.values():
         leaders.append(members[0])
-        jits = sorted({c.jit_compile for c in members})
-        grouped = members[0].backend == "tensorflow" and len(jits) > 1
+        jits = sorted({c.jit_compile for c in members if isinstance(c, TensorFlowConfig)})
+        grouped = len(jits) > 1
         leader_params.append({**params, "jit_variants": jits} if grouped else params)
     results_by_leader = dict(enumerate(run_many(
         lambda pair: run_one("fingerprint", pair[0], pair[1], timeout=timeout),
@@ -38,7 +39,7 @@ def run_grouped(configs, params: dict, *, timeout: float, jobs: int | None = Non
         result = results_by_leader[i]
         observed = result.observed
         if result.status == "ok" and "variants" in observed:
-            observed = observed["variants"][str(bool(config.jit_compile))]
+            observed = observed["variants"][str(bool(getattr(config, "jit_compile", False)))]
         copy = dataclasses.replace(result, config=config, observed=observed)
         if copy.status == "ok":
             annotate(copy, interpret(observed))
