@@ -28,7 +28,8 @@ from convprobe.emulation import AccumulationModel, dot, parse_model
 from convprobe.errors import InvalidArgument, UnsupportedConfiguration
 from convprobe.probes.encoding import encode_bits
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_many, reduce_rows
-from convprobe.identify.structure import Structure, best_of, bitwise_equal, blocks, candidate_specs, measure_rows
+from convprobe.identify.candidates import candidate_specs
+from convprobe.identify.structure import Structure, best_of, bitwise_equal, blocks, measure_rows
 
 __all__ = [
     "DEFAULT_KS",
@@ -284,7 +285,7 @@ def _parseable(specs) -> list[Candidate]:
 
 def best_per_k(result: dict, table: dict[str, dict[int, float]], *, rows: int, seed: int) -> dict[int, dict]:
     """{K: {"best", "fraction", "measured", "structure"}}: at each K, the specs the crafted
-    inputs measured there (`structure.candidate_specs`), then the family; ties go to the
+    inputs measured there (`candidates.candidate_specs`), then the family; ties go to the
     measured spec. The arithmetic changes with K (blocking, threads), so each K has its own."""
     out = {}
     for key, hexes in result["bits"].items():

@@ -37,7 +37,8 @@ import numpy as np
 from convprobe.emulation import parse_model
 from convprobe.identify.spot import spot
 from convprobe.probes.layers import Layer, run_ops
-from convprobe.identify.structure import Structure, blocks, candidate_specs, measure_rows
+from convprobe.identify.candidates import candidate_specs
+from convprobe.identify.structure import Structure, blocks, measure_rows
 
 __all__ = ["ColumnRun", "column_count", "column_k", "column_capacity", "column_calls", "column_outputs", "measure_columns",
            "column_models", "column_spec", "spec_by_column", "window_sets", "window_row", "windows_in", "spot_rows", "MAX_CALLS"]

@@ -18,7 +18,7 @@ For every layer and each of its three ops (`Layer.ops`: conv2d's or a depthwise 
 3. tests that the op is a direct sum of products at all (`direct_sum`): a Winograd or
    FFT convolution is said to be one, not fitted with a dot-product model.
 
-The parent turns the structure into emulator specs (`structure.candidate_specs`; where
+The parent turns the structure into emulator specs (`candidates.candidate_specs`; where
 the columns differ, first the one spec of them all, `column_patterns.column_models`),
 adds those the layer's layout suggests (`layer_patterns`: an input gradient's one-tap
 chunks), a few plain models (`BASE_CANDIDATES`) and any the
@@ -50,7 +50,8 @@ from convprobe.identify import direct_sum
 from convprobe.identify.direct_sum import DirectSum, not_direct
 from convprobe.probes.encoding import encode_bits
 from convprobe.probes.layers import Layer, LayerKind, op_confirmation_inputs, op_inputs, op_result_shape, run_op
-from convprobe.identify.structure import Structure, best_of, bitwise_equal, candidate_specs
+from convprobe.identify.candidates import candidate_specs
+from convprobe.identify.structure import Structure, best_of, bitwise_equal
 
 __all__ = ["BASE_CANDIDATES", "DEPTHWISE_NOTE", "GROUPED_NOTE", "depthwise_candidates", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
 

@@ -30,7 +30,8 @@ from convprobe.identify.input_gradient_layout import AsForward, forward_layer
 from convprobe.identify.spot import spot
 from convprobe.identify.tile_patterns import measure_tiles
 from convprobe.probes.layers import Layer, run_ops
-from convprobe.identify.structure import FP16_PROBE, FP32_PROBE, Probe, Structure, blocks, candidate_specs, measure_rows
+from convprobe.identify.candidates import candidate_specs
+from convprobe.identify.structure import FP16_PROBE, FP32_PROBE, Probe, Structure, blocks, measure_rows
 
 __all__ = ["measure", "pattern_columns", "pattern_rows", "pattern_outputs", "row_groups", "partial_window"]
 

@@ -36,8 +36,8 @@ a pure function of observed outputs:
 - **double rounding** (fp16 accumulators with exact products): a sum just below
   an fp16 tie that fp32 rounds onto the tie (`_additions_in_fp32`).
 
-`candidate_specs` turns the measured structure into emulator specs, which
-`identify` and `layer_identify` then confirm (or not) on random inputs.
+`convprobe.identify.candidates` turns the measured structure into emulator models,
+which the battery and `layer_identify` then confirm (or not) on fresh inputs.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import numpy as np
 
 from convprobe.probes.fingerprint.properties import lost_at_multiples
 
-__all__ = ["Structure", "measure_rows", "grids", "candidate_specs", "blocks", "best_of", "bitwise_equal", "halving"]
+__all__ = ["Structure", "measure_rows", "grids", "blocks", "best_of", "bitwise_equal"]
 
 class Probe(NamedTuple):
     """B and the unit whose sum with B is a tie in the accumulator under test."""
@@ -413,17 +413,6 @@ def _lane_structure(quiet, k: int, width: int) -> Structure:
                      total=lane.total, combine="fp32")
 
 
-def halving(width: int, fmt: str = "fp32", output: str = "fp16") -> str:
-    """The usual SIMD horizontal sum of `width` lanes as a spec: lane i + lane i + width/2,
-    halving until one is left (Eigen's `predux`), in `fmt`, the result rounded to `output`.
-    `width` must be a power of two."""
-    if width < 1 or width & (width - 1):
-        raise ValueError(f"the halving tree needs a power-of-two width; received {width}")
-    if width <= 2:
-        return f"sequential:{fmt}" + (f":output={output}" if output != fmt else "")
-    return f"lanes({width // 2}, sequential:{fmt}, combine={halving(width // 2, fmt, output)})"
-
-
 def grids(boundaries: list[int], k: int, lanes: int = 1) -> tuple[int | None, int | None] | None:
     """(split-K range length, chunk length) whose grids give exactly these boundaries: chunks
     of n from 0 (the last may be shorter), or ranges of P each chunked by n from its own
@@ -437,86 +426,6 @@ def grids(boundaries: list[int], k: int, lanes: int = 1) -> tuple[int | None, in
     expected = sorted({m for s in starts for m in range(s + n, min(s + span, k), n)} | set(starts[1:]))
     visible = k - 2 - lanes  # a start this close to the end has no room for its pair of units
     return (outer, n) if [m for m in expected if m <= visible] == [m for m in boundaries if m <= visible] else None
-
-
-def candidate_specs(structure: Structure, k: int) -> list[str]:
-    """Emulator specs with the measured structure (empty when nothing was measured or the
-    boundaries fit no chunk/split grid)."""
-    if structure.backwards:
-        return [f"reverse({spec})" for spec in candidate_specs(replace(structure, backwards=False), k)]
-    acc = structure.accumulator
-    if acc == "wider than fp32":
-        return ["exact:fp64:output=fp16", "sequential:fp64:output=fp16"]
-    if structure.combine is not None:
-        return _wide_lane_specs(structure, k)
-    bounds = structure.boundaries or []
-    fit = grids(bounds, k, structure.lanes or 1)
-    if fit is None and bounds and bounds[0] >= 16 and all(b % bounds[0] == 0 for b in bounds):
-        fit = None, bounds[0]  # a tree of chunk sums hides the starts of chunks it pairs first
-    if acc is None or structure.lanes is None or fit is None:
-        return list(structure.derived)
-    outer, n = fit
-    # the measured product rounding first; the other is cheap to confirm or rule out
-    steps = ["", ":product=fp16"] if structure.products_rounded is False else [":product=fp16", ""]
-    if structure.additions_in_fp32:  # exact products, each addition rounded to fp32 then fp16
-        steps = [":addition=fp32", *steps]
-    total = structure.total or acc
-    output = "" if acc == total == "fp16" else ", output=fp16"
-    specs, trees = [], []
-    for step in steps:
-        inner = f"sequential:{acc}{step}"
-        # the combined sum enters the tail as a product: only where the product format holds it
-        tail = (f", tail={structure.lanes_tail}" if structure.lanes_tail and (acc == "fp16" or not step.startswith(
-            ":product")) else "")
-        bodies = [inner] if structure.lanes == 1 else [
-            f"lanes({structure.lanes}, {inner}, combine={order}:{acc}{tail})" for order in ("sequential", "pairwise")]
-        for body in bodies:
-            if n is not None and outer is None and structure.lanes == 1:
-                model = f"chunked:{acc}:n={n}{step}:total={total}"
-            elif n is not None:
-                model = f"splitk(length={n}, {body}, combine={total})"
-            else:
-                model = body
-            if outer is not None:
-                model = f"splitk(length={outer}, {model}, combine={total})"
-            if n is not None and outer is None:  # the chunk sums in a tree instead of in order
-                trees.append(f"splitk(length={n}, {body}, combine=pairwise:{total}{output})")
-                # threads' halves or quarters at chunk multiples: the starts are the same
-                trees += [f"splitk(length={k // parts}, {model}, combine={total}{output})"
-                          for parts in (2, 4) if k % (parts * n) == 0 and k // parts > n]
-            if output:
-                model = model[:-1] + output + ")" if model.endswith(")") else model + ":output=fp16"
-            specs.append(model)
-    if acc == "fp16" and n is not None and outer is None:  # the other total format: cheap to rule out
-        specs += [_other_totals(spec, total) for spec in specs]
-    return specs + trees
-
-
-def _wide_lane_specs(structure: Structure, k: int) -> list[str]:
-    """Narrow lanes summed wide: each of the lane's own specs in W lanes, combined by the
-    halving tree, in order or pairwise in the wide format, rounded to fp16."""
-    width, wide = structure.lanes, structure.combine
-    if width is None or wide is None or structure.boundaries is None:  # (wide: the caller's test)
-        return list(structure.derived)
-    lane = Structure(structure.accumulator, [b // width for b in structure.boundaries], 1,
-                     structure.products_rounded, additions_in_fp32=structure.additions_in_fp32,
-                     total=structure.total)
-    combines = [f"sequential:{wide}:output=fp16", f"pairwise:{wide}:output=fp16"]
-    if width & (width - 1) == 0:
-        combines.insert(0, halving(width, wide))
-    # lanes folded last to first in the lane format also keep a lone unit outside B's lane
-    combines += [f"reverse(sequential:{structure.accumulator})", f"reverse(sequential:{structure.accumulator}:addition=fp32)"]
-    return [f"lanes({width}, {inner}, combine={combine})"
-            for inner in candidate_specs(lane, -(-k // width)) for combine in combines]
-
-
-def _other_totals(spec: str, total: str) -> str:
-    """An fp16-accumulator chunk spec with its totals in the other format (fp16 <-> fp32)."""
-    other = "fp32" if total == "fp16" else "fp16"
-    if spec.startswith("chunked"):
-        return spec.replace(f":total={total}", f":total={other}")
-    body = spec.removesuffix(f"combine={total})").removesuffix(f"combine={total}, output=fp16)")
-    return body + ("combine=fp32, output=fp16)" if other == "fp32" else "combine=fp16)")
 
 
 def best_of(scores: dict[str, float]) -> str:

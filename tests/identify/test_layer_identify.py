@@ -14,7 +14,7 @@ from convprobe.backends.emulated import EmulatedBackend
 from convprobe.errors import InvalidArgument
 from convprobe.emulation import conv2d, conv2d_backprop_filter, conv2d_backprop_input, parse_model
 from convprobe.identify import column_patterns, layer_patterns
-from convprobe.identify import structure
+from convprobe.identify import candidates, structure
 from convprobe.probes.layers import (DEPTHWISE_OPS, LAYER_OPS, Layer, LayerKind, op_confirmation_inputs, op_inputs,
                                      run_op)
 from conftest import run_cli, run_cli_json
@@ -34,7 +34,7 @@ MODELS = [  # each a structure the probe must recover at LAYER's forward conv (K
     "chunked:fp32:n=64:product=fp16:total=fp16:output=fp16",  # wide chunks into an fp16 total
     "chunked:fp32:n=512:total=fp32:output=fp16",
     # fp16 SIMD lanes summed in fp32 by the halving tree (Eigen's vectorised half dot product)
-    f"lanes(8, sequential:fp16:addition=fp32, combine={structure.halving(8)})",
+    f"lanes(8, sequential:fp16:addition=fp32, combine={candidates.halving(8).to_spec()})",
     "lanes(4, chunked:fp16:n=96:total=fp16, combine=pairwise:fp32:output=fp16)",
     # summed from K-1 down (an input gradient over a reversed dy), in fp16 and in fp32
     "reverse(sequential:fp16:product=fp16)",
@@ -49,7 +49,7 @@ MODELS = [  # each a structure the probe must recover at LAYER's forward conv (K
 @pytest.mark.parametrize("spec", MODELS)
 def test_the_probe_measures_the_emulated_models_structure(spec):
     measured = layer_patterns.measure(EmulatedBackend(spec), LAYER, "conv2d")
-    specs = structure.candidate_specs(measured, LAYER.k("conv2d"))
+    specs = candidates.candidate_specs(measured, LAYER.k("conv2d"))
     assert parse_model(spec).to_spec() in [parse_model(s).to_spec() for s in specs], (measured, specs)
 
 
@@ -63,7 +63,7 @@ def test_the_probe_measures_the_emulated_models_structure(spec):
     # backward chunks that a triple 16 apart straddles (XLA's input gradient over a reversed dy)
     ("reverse(chunked:fp32:n=96:total=fp32:output=fp16)", Layer((1, 6, 6, 128), (1, 1, 128, 4))),
     # two terms a lane, products rounded: Eigen's K = 16 half dot product
-    (f"lanes(8, sequential:fp16:product=fp16, combine={structure.halving(8)})", Layer((1, 6, 6, 16), (1, 1, 16, 4))),
+    (f"lanes(8, sequential:fp16:product=fp16, combine={candidates.halving(8).to_spec()})", Layer((1, 6, 6, 16), (1, 1, 16, 4))),
     # the last terms after the lanes' combine: Eigen's depth remainder (K = 9 = 8 + 1)
     ("lanes(2, sequential:fp16:product=fp16, combine=sequential:fp16, tail=1)", Layer((2, 8, 8, 1), (3, 3, 1, 8))),
     ("lanes(4, sequential:fp32, combine=pairwise:fp32, tail=5, output=fp16)", Layer((1, 6, 6, 21), (1, 1, 21, 4))),
@@ -71,7 +71,7 @@ def test_the_probe_measures_the_emulated_models_structure(spec):
 def test_hard_structures_are_measured_and_reproduced(spec, layer):
     backend = EmulatedBackend(spec)
     measured = layer_patterns.measure(backend, layer, "conv2d")
-    specs = structure.candidate_specs(measured, layer.k("conv2d"))
+    specs = candidates.candidate_specs(measured, layer.k("conv2d"))
     x, w = op_inputs(layer, "conv2d", 5)
     truth = run_op(backend, layer, "conv2d", x, w)
     assert any(np.array_equal(run_op(EmulatedBackend(s), layer, "conv2d", x, w).view(np.uint16), truth.view(np.uint16))
@@ -97,7 +97,7 @@ def test_lanes_folded_last_to_first_are_not_taken_for_a_backward_sum():
         assert not measured.backwards and measured.lanes == 4, measured
         x, w = op_inputs(layer, "conv2d", 5)
         truth = run_op(backend, layer, "conv2d", x, w).view(np.uint16)
-        specs = structure.candidate_specs(measured, layer.k("conv2d"))
+        specs = candidates.candidate_specs(measured, layer.k("conv2d"))
         assert any(np.array_equal(run_op(EmulatedBackend(s), layer, "conv2d", x, w).view(np.uint16), truth)
                    for s in specs), (measured, specs)
 
@@ -110,7 +110,7 @@ def test_a_short_reduction_has_its_accumulator_and_products_measured(spec, k):
     the products, the direction and the double rounding are measured and give the model back."""
     measured = layer_patterns.measure(EmulatedBackend(spec), Layer((1, 4, 4, k), (1, 1, k, 4)), "conv2d")
     assert "one chain assumed" in measured.note and measured.lanes == 1, measured
-    assert parse_model(spec).to_spec() in [parse_model(s).to_spec() for s in structure.candidate_specs(measured, k)]
+    assert parse_model(spec).to_spec() in [parse_model(s).to_spec() for s in candidates.candidate_specs(measured, k)]
 
 
 @pytest.mark.parametrize("k", [4, 5, 7])
@@ -184,8 +184,8 @@ def test_a_strided_input_gradient_is_not_measured_and_says_why():
     layer = Layer((1, 8, 8, 4), (3, 3, 4, 6), strides=(2, 2))
     measured = layer_patterns.measure(EmulatedBackend("sequential:fp16"), layer, "conv2d_backprop_input")
     assert measured.accumulator is None and "strided" in measured.note
-    assert structure.candidate_specs(measured, layer.k("conv2d_backprop_input"))[0] == \
-        "chunked:fp16:n=6:product=fp16:total=fp16"
+    assert candidates.candidate_specs(measured, layer.k("conv2d_backprop_input"))[0] == \
+        "chunked:fp16:n=6:total=fp16:product=fp16"  # (canonical spelling: candidates are models)
 
 
 def test_run_op_is_the_emulator_conv_api():
@@ -210,7 +210,7 @@ def test_an_emulated_configuration_is_identified_as_its_own_model():
     doc = run_cli_json("identify", "--configs", "none", "--model", spec,
                        "--input-shape", "1,8,8,64", "--filter-shape", "3,3,64,16")
     (per_op,) = doc["matches"].values()
-    assert per_op["conv2d"]["summary"]["best"] == spec
+    assert per_op["conv2d"]["summary"]["best"] == parse_model(spec).to_spec()
     assert per_op["conv2d"]["summary"]["fractions"] == {"576": 1.0}
     assert all(e["summary"]["stops_matching_at"] is None for e in per_op.values())
 
@@ -620,7 +620,7 @@ def test_a_layer_whose_every_output_reads_padding_is_measured_on_its_widest_wind
     backend = EmulatedBackend(spec)
     measured = layer_patterns.measure(backend, PADDED, "conv2d")
     assert "in-bounds terms of output" in measured.note, measured
-    specs = [*structure.candidate_specs(measured, PADDED.k("conv2d")), *measured.derived]
+    specs = [*candidates.candidate_specs(measured, PADDED.k("conv2d")), *measured.derived]
     x, w = op_confirmation_inputs(PADDED, "conv2d", 3)
     truth = run_op(backend, PADDED, "conv2d", x, w)
     assert any(np.array_equal(run_op(EmulatedBackend(s), PADDED, "conv2d", x, w).view(np.uint16),

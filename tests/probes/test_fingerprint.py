@@ -24,7 +24,7 @@ from convprobe.probes.fingerprint import (
 from convprobe.probes.fingerprint_ops import OPS, QUADRATIC_OPS, check_ops, reduce_rows
 from convprobe.probes.fingerprint import properties
 from convprobe.probes.fingerprint.inference import observations
-from convprobe.identify.structure import halving
+from convprobe.identify.candidates import halving
 
 #: Models whose parameters the battery must recover (accumulator, rounding, products,
 #: subnormals, overflow, block and chunk sizes), one parameter varied at a time.
@@ -273,7 +273,7 @@ def test_full_matrix_every_op_runs_and_gpu_switches_change_nothing_on_cpu():
 def test_narrow_lanes_summed_wide_are_named_from_the_lane_rows(width):
     """fp16 SIMD lanes with an fp32 horizontal sum (TensorFlow's oneDNN-off input gradient):
     each lane is measured on its own, and the label says both formats."""
-    model = f"lanes({width}, sequential:fp16:addition=fp32, combine={halving(width)})"
+    model = f"lanes({width}, sequential:fp16:addition=fp32, combine={halving(width).to_spec()})"
     got = fingerprint_backend(EmulatedBackend(model), "matmul")
     assert got["accumulation"] == f"fp16 in {width} lanes, summed in fp32"
     assert (got["accumulator_bits"], got["rounding"], got["block_size"]) == ("11", "nearest_even", f"lanes={width}")
@@ -282,7 +282,7 @@ def test_narrow_lanes_summed_wide_are_named_from_the_lane_rows(width):
 def test_lanes_wider_than_the_stride_or_summed_narrow_are_not_taken_for_narrow_lanes():
     """32 lanes cannot be measured in one lane (terms 16 apart); fp16 lanes summed in fp16 keep 11 bits
     in every ordering, so no lane is narrower than their sum."""
-    outputs = fingerprint.run_battery(EmulatedBackend(f"lanes(32, sequential:fp16, combine={halving(32)})"), "matmul")
+    outputs = fingerprint.run_battery(EmulatedBackend(f"lanes(32, sequential:fp16, combine={halving(32).to_spec()})"), "matmul")
     assert properties.lanes(observations(outputs)).value == 32  # seen, but not measurable in one lane
     assert "lanes" not in infer(outputs)["accumulation"]["value"]
     narrow = fingerprint_backend(EmulatedBackend("lanes(8, sequential:fp16, combine=sequential:fp16)"), "matmul")
