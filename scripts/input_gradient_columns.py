@@ -24,7 +24,7 @@ os.environ.update({"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CONV2D_USE_FP16_ACCUMULATE"
 import numpy as np  # noqa: E402
 
 from convprobe import emulation as em  # noqa: E402
-from convprobe.identify.column_patterns import column_models, column_spec, measure_columns  # noqa: E402
+from convprobe.identify.column_patterns import column_model, column_models, measure_columns  # noqa: E402
 from convprobe.probes.layers import Layer, op_inputs  # noqa: E402
 
 #: The hypothesis: the micro kernel of an fp16 GEMM column by block (whole blocks of 16,
@@ -74,16 +74,16 @@ def main() -> None:
     runs, note = measure_columns(TensorFlowBackend(), layer, "conv2d_backprop_input")
     print(f"  measured column by column: {[(run.first, candidate) for run, candidate in zip(runs, column_specs(runs, fshape[3]))]}"
           f"{note}")
-    spec = column_models(layer, "conv2d_backprop_input", runs)
-    if spec is not None:  # identify's measured spec, through the emulator's own input gradient
-        ours = em.conv2d_backprop_input(dy, w, shape, em.parse_model(spec), padding="SAME")
+    model = column_models(layer, "conv2d_backprop_input", runs)
+    if model is not None:  # identify's measured model, through the emulator's own input gradient
+        ours = em.conv2d_backprop_input(dy, w, shape, model, padding="SAME")
         print(f"  the measured spec (column_patterns.column_models): "
               f"{np.mean(ours.view(np.uint16) == real.view(np.uint16)):.4f} match")
 
 
 def column_specs(runs, k: int) -> list[str]:
     """Each run's measured spec (a column reduces K = C_out terms)."""
-    return [column_spec(run.structure, k) or "no spec" for run in runs]
+    return [model.to_spec() if (model := column_model(run.structure, k)) else "no spec" for run in runs]
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ GEMM's rows, the other operand is the constant, and every column's output is rea
 `measure_columns` runs `structure.measure_rows` for each column on one cache of
 calls: a column whose outputs equal a measured column's on every call that
 measurement made would take the same path, so it gets the same structure with no
-call of its own. `column_models` turns the runs of columns into one spec.
+call of its own. `column_models` turns the runs of columns into one model.
 """
 
 from __future__ import annotations
@@ -34,14 +34,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convprobe.emulation import parse_model
+from convprobe.emulation import AccumulationModel
+from convprobe.emulation.composites import Columns, SplitK
 from convprobe.identify.spot import spot
 from convprobe.probes.layers import Layer, run_ops
-from convprobe.identify.candidates import candidate_specs
+from convprobe.identify.candidates import candidate_models
 from convprobe.identify.structure import Structure, blocks, measure_rows
 
 __all__ = ["ColumnRun", "column_count", "column_k", "column_capacity", "column_calls", "column_outputs", "measure_columns",
-           "column_models", "column_spec", "spec_by_column", "window_sets", "window_row", "windows_in", "spot_rows", "MAX_CALLS"]
+           "column_models", "column_model", "model_by_column", "window_sets", "window_row", "windows_in", "spot_rows", "MAX_CALLS"]
 
 #: Most op calls one column measurement may make (about 3 K + 1000 rows, `capacity` a call).
 MAX_CALLS = 512
@@ -240,45 +241,45 @@ def measure_columns(backend, layer: Layer, op: str, gemm_rows=None) -> tuple[lis
     return [ColumnRun(j, s) for j, s in enumerate(per_column) if j == 0 or s != per_column[j - 1]], ""
 
 
-def column_spec(structure: Structure, k: int) -> str | None:
-    """The measured spec of one column: the first the structure gives."""
-    specs = candidate_specs(structure, k)
-    return specs[0] if specs else None
+def column_model(structure: Structure, k: int) -> AccumulationModel | None:
+    """The measured model of one column: the first the structure gives."""
+    models = candidate_models(structure, k)
+    return models[0] if models else None
 
 
-def column_models(layer: Layer, op: str, runs: list[ColumnRun], combine: str = "fp16") -> str | None:
-    """One spec from the runs of columns, where they differ (None where one model serves every
-    column, or a column's structure gives no spec). Forward and filter gradient:
+def column_models(layer: Layer, op: str, runs: list[ColumnRun], combine: str = "fp16") -> AccumulationModel | None:
+    """One model from the runs of columns, where they differ (None where one model serves every
+    column, or a column's structure gives none). Forward and filter gradient:
     ``columns(M_0 * n_0, M_1 * n_1, ...)`` by output channel. Input gradient: each dx channel c adds its
     taps' columns (tap, c) in `combine`, in the rotated filter's order (the last tap first),
     as ``splitk(length=C_out, M, first=M_a | M_b ..., combine=...)``; then ``columns`` by channel."""
     if len(runs) < 2:
         return None
     k = column_k(layer, op)
-    specs = [column_spec(r.structure, k) for r in runs]
-    if None in specs or len(set(specs)) < 2:
+    models = [column_model(r.structure, k) for r in runs]
+    if any(m is None for m in models) or len(set(models)) < 2:
         return None
     firsts = [r.first for r in runs]
-    return spec_by_column(layer, op, lambda column: specs[int(np.searchsorted(firsts, column, side="right")) - 1],
-                          combine)
+    return model_by_column(layer, op, lambda column: models[int(np.searchsorted(firsts, column, side="right")) - 1],
+                           combine)
 
 
-def spec_by_column(layer: Layer, op: str, spec_of, combine: str = "fp16") -> str:
-    """One spec from `spec_of(column)`, the model of each GEMM column (see `column_models`)."""
+def model_by_column(layer: Layer, op: str, model_of, combine: str = "fp16") -> AccumulationModel:
+    """One model from `model_of(column)`, the model of each GEMM column (see `column_models`)."""
     kh, kw, c_in, c_out = layer.filter_shape
+    channels: list[AccumulationModel]
     if op == "conv2d_backprop_input":
         channels = []
         for c in range(c_in):  # range r of channel c is tap kh*kw-1-r (filter order)
-            taps = [spec_of((kh * kw - 1 - r) * c_in + c) for r in range(kh * kw)]
+            taps = [model_of((kh * kw - 1 - r) * c_in + c) for r in range(kh * kw)]
             inner, first = taps[-1], taps[:-1]
             while first and first[-1] == inner:
                 first.pop()
-            lead = f", first={' | '.join(first)}" if first else ""
-            channels.append(f"splitk(length={c_out}, {inner}{lead}, combine={combine})")
+            channels.append(SplitK(combine, inner=inner, first=tuple(first), length=c_out))
     else:
-        channels = [spec_of(j) for j in range(c_out)]
+        channels = [model_of(j) for j in range(c_out)]
     while len(channels) > 1 and channels[-1] == channels[-2]:
         channels.pop()  # the last model serves every channel after it
     if len(channels) == 1:
         return channels[0]
-    return parse_model(f"columns({', '.join(channels)})").to_spec()  # runs written MODEL * N
+    return Columns(models=tuple(channels))

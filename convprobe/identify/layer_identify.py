@@ -286,9 +286,9 @@ def _measured_specs(layer: Layer, op: str, structure) -> tuple[list[str], list[s
     """(every spec the structure gives, the columns' spec if any, the rows' specs): rows
     first, then columns (one row a channel measured a mixture where they differ)."""
     measured = candidate_specs(structure, layer.k(op))
-    column_spec = column_models(layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
-                                combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
-    by_column = [column_spec] if column_spec else []
+    by_columns = column_models(layer, op, [ColumnRun.from_dict(run) for run in structure.columns or ()],
+                               combine=structure.total if structure.total in ("fp16", "fp32") else "fp16")
+    by_column = [by_columns.to_spec()] if by_columns else []
     by_row = _row_specs(layer, op, structure, by_column or measured[:2])
     return [*by_row, *by_column, *measured], by_column, by_row
 
@@ -306,11 +306,11 @@ def _row_specs(layer: Layer, op: str, structure, references: list[str]) -> list[
     columns = [ColumnRun.from_dict(run) for run in structure.columns or ()]
     if not runs:
         return []
-    if op == "conv2d_backprop_input":  # its dx pixels' specs come from the columns alone
-        specs = [dx_row_models(layer, runs, columns, combine)]
+    if op == "conv2d_backprop_input":  # its dx pixels' models come from the columns alone
+        models = [dx_row_models(layer, runs, columns, combine)]
     else:
-        specs = [row_models(layer, op, runs, reference, combine) for reference in references]
-    return list(dict.fromkeys(spec for spec in specs if spec))
+        models = [row_models(layer, op, runs, parse_model(reference), combine) for reference in references]
+    return list(dict.fromkeys(model.to_spec() for model in models if model))
 
 
 def _explain(structure, measured: list[str], table: dict, best: str | None, by_column: Sequence[str] = (),

@@ -24,13 +24,15 @@ from typing import TypedDict
 
 import numpy as np
 
+from convprobe.emulation import AccumulationModel, Chunked
+from convprobe.emulation.composites import SplitK
 from convprobe.identify.batch_order import BatchInnermost
-from convprobe.identify.column_patterns import column_k, column_spec
+from convprobe.identify.column_patterns import column_k, column_model
 from convprobe.identify.input_gradient_layout import AsForward, forward_layer
 from convprobe.identify.spot import spot
 from convprobe.identify.tile_patterns import measure_tiles
 from convprobe.probes.layers import Layer, run_ops
-from convprobe.identify.candidates import candidate_specs
+from convprobe.identify.candidates import candidate_models, candidate_specs
 from convprobe.identify.structure import FP16_PROBE, FP32_PROBE, Probe, Structure, blocks, measure_rows
 
 __all__ = ["measure", "pattern_columns", "pattern_rows", "pattern_outputs", "row_groups", "partial_window"]
@@ -161,14 +163,15 @@ def _layout_specs(layer: Layer, op: str, columns=()) -> tuple[str, ...]:
     if op != "conv2d_backprop_input":
         return ()
     n = layer.filter_shape[3]
-    specs = [f"chunked:fp16:n={n}:product=fp16:total=fp16", f"chunked:fp32:n={n}:total=fp32:output=fp16"]
+    models: list[AccumulationModel] = [Chunked("fp16", chunk=n, product="fp16", total="fp16"),
+                                       Chunked("fp32", chunk=n, total="fp32", output="fp16")]
     if len(columns) == 1:
         kernel = columns[0].structure
-        specs += candidate_specs(kernel, layer.k(op))
-        tap = column_spec(kernel, n)
+        models += candidate_models(kernel, layer.k(op))
+        tap = column_model(kernel, n)
         if tap and kernel.accumulator in ("fp16", "fp32"):
-            specs.append(f"splitk(length={n}, {tap}, combine={kernel.accumulator})")
-    return tuple(dict.fromkeys(specs))
+            models.append(SplitK(kernel.accumulator, inner=tap, length=n))
+    return tuple(dict.fromkeys(model.to_spec() for model in models))
 
 
 def measure(backend, layer: Layer, op: str, seed: int = 0) -> Structure:

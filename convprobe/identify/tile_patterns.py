@@ -41,11 +41,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convprobe.emulation import parse_model
+from convprobe.emulation import AccumulationModel
+from convprobe.emulation.composites import Rows
 from convprobe.errors import InvalidArgument
 from convprobe.identify.column_patterns import (MAX_CALLS as WINDOW_CALLS, ColumnRun, column_calls, column_capacity,
-                                              column_count, column_k, column_spec, measure_columns,
-                                              spec_by_column, window_row, window_sets)
+                                              column_count, column_k, column_model, measure_columns,
+                                              model_by_column, window_row, window_sets)
 from convprobe.probes.layers import Layer, run_ops
 from convprobe.identify.structure import Structure, blocks, measure_rows
 
@@ -297,54 +298,57 @@ def measure_tiles(backend, layer: Layer, op: str, main_row: int | None, seed: in
     return Tiling(columns, columns_note, row_runs, "")
 
 
-def _class_spec(layer: Layer, op: str, runs: tuple[ColumnRun, ...], combine: str) -> str | None:
-    """The spec of one class of rows: its columns' (None where a structure gives no spec)."""
-    spec_of = _column_spec_of(runs, column_k(layer, op))
-    return spec_of and spec_by_column(layer, op, spec_of, combine)
+def _class_model(layer: Layer, op: str, runs: tuple[ColumnRun, ...], combine: str) -> AccumulationModel | None:
+    """The model of one class of rows: its columns' (None where a structure gives none)."""
+    model_of = _column_model_of(runs, column_k(layer, op))
+    return model_of and model_by_column(layer, op, model_of, combine)
 
 
-def row_models(layer: Layer, op: str, runs: list[RowRun], main_spec: str, combine: str = "fp16") -> str | None:
-    """``rows(S_0 * n_0, S_1 * n_1, ...)`` from the forward's or filter gradient's runs of rows,
-    the main class taking `main_spec` (None where one model serves every row, or a class
-    gives no spec). The input gradient's rows are dx pixels: `dx_row_models`."""
+def row_models(layer: Layer, op: str, runs: list[RowRun], main_model: AccumulationModel,
+               combine: str = "fp16") -> AccumulationModel | None:
+    """``rows(M_0 * n_0, M_1 * n_1, ...)`` from the forward's or filter gradient's runs of rows,
+    the main class taking `main_model` (None where one model serves every row, or a class
+    gives none). The input gradient's rows are dx pixels: `dx_row_models`."""
     if len(runs) < 2:
         return None
-    specs = [main_spec if run.columns is None else _class_spec(layer, op, run.columns, combine) for run in runs]
-    return _rows_spec(specs, [nxt.first - run.first for run, nxt in zip(runs, runs[1:])] + [1])
+    models = [main_model if run.columns is None else _class_model(layer, op, run.columns, combine) for run in runs]
+    return _rows_model(models, [nxt.first - run.first for run, nxt in zip(runs, runs[1:])] + [1])
 
 
-def dx_row_models(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRun], combine: str = "fp16") -> str | None:
+def dx_row_models(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRun],
+                  combine: str = "fp16") -> AccumulationModel | None:
     """``rows(...)`` over the input gradient's dx pixels: each takes, for each tap, the kernel
     of the dy position that tap reads (its GEMM row), from `main_columns` (the main class's)
-    or its class's columns (None where one model serves every pixel, or a run gives no spec)."""
+    or its class's columns (None where one model serves every pixel, or a run gives none)."""
     if len(runs) < 2:
         return None
-    return _rows_spec(*_dx_pixel_runs(layer, runs, list(main_columns), combine))
+    return _rows_model(*_dx_pixel_runs(layer, runs, list(main_columns), combine))
 
 
-def _rows_spec(specs: list[str | None], counts: list[int]) -> str | None:
-    if None in specs or len(set(specs)) < 2:
+def _rows_model(models: list[AccumulationModel | None], counts: list[int]) -> AccumulationModel | None:
+    known = [m for m in models if m is not None]
+    if len(known) < len(models) or len(set(known)) < 2:
         return None
-    return parse_model(f"rows({', '.join(f'{s} * {n}' for s, n in zip(specs, counts))})").to_spec()
+    return Rows(models=tuple(m for m, n in zip(known, counts) for _ in range(n)))
 
 
-def _column_spec_of(runs, k: int):
-    """column -> the spec of its run; None where a run's structure gives no spec."""
-    firsts, specs = [r.first for r in runs], [column_spec(r.structure, k) for r in runs]
-    if None in specs:
+def _column_model_of(runs, k: int):
+    """column -> the model of its run; None where a run's structure gives none."""
+    firsts, models = [r.first for r in runs], [column_model(r.structure, k) for r in runs]
+    if any(m is None for m in models):
         return None
-    return lambda column: specs[int(np.searchsorted(firsts, column, side="right")) - 1]
+    return lambda column: models[int(np.searchsorted(firsts, column, side="right")) - 1]
 
 
 def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRun], combine: str):
-    """(specs, counts): runs of dx pixels (n, h, w) with one spec. A pixel's column (tap t,
+    """(models, counts): runs of dx pixels (n, h, w) with one model. A pixel's column (tap t,
     channel c) takes the kernel of GEMM row p, the dy position tap t of p reads the pixel
     at; taps that read no dy position (padding, stride) sum zeros: the main kernel."""
     op, k = "conv2d_backprop_input", layer.filter_shape[3]
     if not main_columns:
         return [None], [1]
-    spec_of = [_column_spec_of(main_columns if run.columns is None else run.columns, k) for run in runs]
-    if None in spec_of:
+    spec_of = [_column_model_of(main_columns if run.columns is None else run.columns, k) for run in runs]
+    if any(of is None for of in spec_of):
         return [None], [1]
     firsts = [run.first for run in runs]
     main = spec_of[next(i for i, run in enumerate(runs) if run.columns is None)]
@@ -353,7 +357,7 @@ def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRu
     _, oh, ow, _ = layer.output_shape
     (top, _), (left, _) = layer.pads
     (sh, sw), (dh, dw) = layer.strides, layer.dilation
-    main_spec = spec_by_column(layer, op, main, combine)
+    main_spec = model_by_column(layer, op, main, combine)
     reached = set()  # the pixels a non-main row reaches
     for run, nxt in zip(runs, [*firsts[1:], n * oh * ow]):
         if run.columns is None:
@@ -381,12 +385,12 @@ def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRu
     for pixel in reached:
         taps = tap_runs(pixel)
         if taps not in spec_of_taps:
-            def of(column: int, taps=taps) -> str | None:
+            def of(column: int, taps=taps) -> AccumulationModel | None:
                 run_index = taps[column // c_in]
                 return main(column) if run_index < 0 else spec_of[run_index](column)
-            spec_of_taps[taps] = spec_by_column(layer, op, of, combine)
+            spec_of_taps[taps] = model_by_column(layer, op, of, combine)
         pixel_specs[pixel] = spec_of_taps[taps]
-    specs: list[str | None] = []
+    specs: list[AccumulationModel | None] = []
     counts: list[int] = []
     for pixel in np.ndindex(n, h, w):
         spec = pixel_specs.get(pixel, main_spec)

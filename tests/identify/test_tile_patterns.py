@@ -22,9 +22,9 @@ BY_TAP = (f"columns(splitk(length=16, {ROUNDED}, first=sequential:fp16 | {LANES2
 
 def _measured(spec: str, layer: Layer, op: str, main_row: int | None = 0):
     tiling = tile_patterns.measure_tiles(EmulatedBackend(spec), layer, op, main_row)
-    main_spec = tiling.columns and (column_patterns.column_models(layer, op, tiling.columns)
-                                    or column_patterns.column_spec(tiling.columns[0].structure, layer.k(op)))
-    return tiling, main_spec  # (no columns: the layer's crafted rows measure the main class)
+    main_model = tiling.columns and (column_patterns.column_models(layer, op, tiling.columns)
+                                     or column_patterns.column_model(tiling.columns[0].structure, layer.k(op)))
+    return tiling, main_model  # (no columns: the layer's crafted rows measure the main class)
 
 
 @pytest.mark.parametrize("op,layer,spec", [
@@ -38,10 +38,10 @@ def _measured(spec: str, layer: Layer, op: str, main_row: int | None = 0):
 ])
 def test_the_rows_are_grouped_and_each_class_measured(op, layer, spec):
     """The runs of rows and their columns give back the model, spec for spec."""
-    tiling, main_spec = _measured(spec, layer, op)
+    tiling, main_model = _measured(spec, layer, op)
     assert tiling.rows_note == "" and len(tiling.rows) >= 2, tiling
     assert tiling.rows[0].columns is None  # row 0's class is the main one: the layer's measured structure
-    assert tile_patterns.row_models(layer, op, tiling.rows, main_spec) == parse_model(spec).to_spec()
+    assert tile_patterns.row_models(layer, op, tiling.rows, main_model).to_spec() == parse_model(spec).to_spec()
 
 
 def test_the_main_class_is_the_row_the_crafted_rows_are_read_at():
@@ -51,7 +51,8 @@ def test_the_main_class_is_the_row_the_crafted_rows_are_read_at():
     tiling, _ = _measured(spec, layer, "conv2d", main_row=48)
     assert tiling.columns == [] and "one kernel for every column" in tiling.columns_note
     assert [run.first for run in tiling.rows] == [0, 48] and tiling.rows[1].columns is None
-    assert tile_patterns.row_models(layer, "conv2d", tiling.rows, ROUNDED) == parse_model(spec).to_spec()
+    assert tile_patterns.row_models(layer, "conv2d", tiling.rows, parse_model(ROUNDED)).to_spec() == \
+        parse_model(spec).to_spec()
 
 
 def test_columns_the_window_probe_cannot_afford_are_measured_in_the_column_layout():
@@ -64,11 +65,12 @@ def test_columns_the_window_probe_cannot_afford_are_measured_in_the_column_layou
         assert column_patterns.measure_columns(EmulatedBackend(by_column), tile_patterns.proxy(layer), op)[0] == []
         tiling, _ = _measured(by_column, layer, op, None)
         assert tiling.columns_note == "" and [run.first for run in tiling.columns] == [0, 16], tiling.columns_note
-        assert column_patterns.column_models(layer, op, tiling.columns) == parse_model(by_column).to_spec()
+        assert column_patterns.column_models(layer, op, tiling.columns).to_spec() == parse_model(by_column).to_spec()
     layer = Layer((1, 3, 3, 3), (3, 3, 3, 16))  # 27 columns (tap, channel): 16, 8 and 3 (test_layer_identify)
     tiling, _ = _measured(BY_TAP, layer, "conv2d_backprop_input", None)
     assert tiling.columns_note == "" and [run.first for run in tiling.columns] == [0, 16, 24], tiling.columns_note
-    assert column_patterns.column_models(layer, "conv2d_backprop_input", tiling.columns) == parse_model(BY_TAP).to_spec()
+    assert column_patterns.column_models(layer, "conv2d_backprop_input", tiling.columns).to_spec() == \
+        parse_model(BY_TAP).to_spec()
 
 
 def test_one_kernel_for_every_tile_gives_no_runs_of_rows():
@@ -90,7 +92,7 @@ def test_an_input_gradients_rows_are_dy_positions_mapped_to_dx_pixels():
     layer = Layer((1, 6, 6, 18), (2, 2, 18, 21), padding="VALID")
     tiling = tile_patterns.measure_tiles(EmulatedBackend(DX_ROWS), layer, "conv2d_backprop_input", None)
     assert [run.first for run in tiling.rows] == [0, 24] and [run.first for run in tiling.columns] == [0, 64]
-    assert tile_patterns.dx_row_models(layer, tiling.rows, tiling.columns) == parse_model(DX_ROWS).to_spec()
+    assert tile_patterns.dx_row_models(layer, tiling.rows, tiling.columns).to_spec() == parse_model(DX_ROWS).to_spec()
     same = [tile_patterns.RowRun(0), tile_patterns.RowRun(24, tuple(tiling.columns))]  # row 24 as the main rows
     assert tile_patterns.dx_row_models(layer, same, tiling.columns) is None
 
@@ -100,9 +102,9 @@ def test_a_class_with_an_unmeasured_run_of_columns_gives_no_spec():
     layer = Layer((1, 7, 7, 16), (3, 3, 16, 8))
     runs = [tile_patterns.RowRun(0), tile_patterns.RowRun(48, (
         ColumnRun(0, Structure("fp16", [], 1, True, total="fp16")), ColumnRun(4, Structure(note="not measured"))))]
-    assert tile_patterns.row_models(layer, "conv2d", runs, "sequential:fp16") is None
+    assert tile_patterns.row_models(layer, "conv2d", runs, parse_model("sequential:fp16")) is None
     runs[1] = tile_patterns.RowRun(48, (ColumnRun(0, Structure("fp16", [], 1, True, total="fp16")),))
-    assert tile_patterns.row_models(layer, "conv2d", runs, "sequential:fp16") == \
+    assert tile_patterns.row_models(layer, "conv2d", runs, parse_model("sequential:fp16")).to_spec() == \
         "rows(sequential:fp16 * 48, sequential:fp16:product=fp16)"
 
 
