@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from convprobe.backends.jax import jax_installed
+from convprobe.backends.pytorch import torch_installed
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.options import Device, names_or_all
 
@@ -39,6 +40,10 @@ __all__ = [
     "FrameworkConfig",
     "TensorFlowConfig",
     "JaxConfig",
+    "TorchConfig",
+    "TORCH_SETTINGS",
+    "TORCH_MATRIX",
+    "TORCH_MATRIX_DEFAULT",
     "EmulatedConfig",
     "emulated_config",
     "resolve_configs",
@@ -60,7 +65,7 @@ __all__ = [
 ]
 
 ACCUMULATE_CHOICES = ("fp16", "fp32", "default")
-BACKEND_CHOICES = ("tensorflow", "emulated", "jax")
+BACKEND_CHOICES = ("tensorflow", "emulated", "jax", "torch")
 DEVICE_CHOICES = tuple(d.value for d in Device)
 
 
@@ -178,7 +183,7 @@ class BackendConfig:
         """The configuration a `to_dict` wrote (also one of results schema 2 and earlier, where an
         emulated configuration carried device 'emulated' and accumulate 'model')."""
         kinds: dict[str, type[BackendConfig]] = {"tensorflow": TensorFlowConfig, "jax": JaxConfig,
-                                                 "emulated": EmulatedConfig}
+                                                 "torch": TorchConfig, "emulated": EmulatedConfig}
         if data.get("backend") not in kinds:
             raise invalid_choice("config backend", str(data.get("backend")), tuple(kinds))
         accumulate = data.get("accumulate")
@@ -189,8 +194,9 @@ class BackendConfig:
 
             return EmulatedConfig(model=parse_model(data["model"]), **common)
         framework = {"device": data["device"], "env": dict(data.get("env", {})), **common}
-        if data["backend"] == "jax":
-            return JaxConfig(options=dict(data.get("options", {})), **framework)
+        if data["backend"] in ("jax", "torch"):
+            kind = JaxConfig if data["backend"] == "jax" else TorchConfig
+            return kind(options=dict(data.get("options", {})), **framework)
         return TensorFlowConfig(jit_compile=bool(data.get("jit_compile", False)), **framework)
 
 
@@ -242,11 +248,9 @@ class TensorFlowConfig(FrameworkConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class JaxConfig(FrameworkConfig):
-    """JAX (every op compiled by XLA): environment switches and per-call options
-    (precision, preferred_element_type)."""
+class _OptionsConfig(FrameworkConfig):
+    """A framework whose switches are also set in code (`options`), not only in the environment."""
 
-    backend: ClassVar[str] = "jax"
     options: dict[str, str] = field(default_factory=dict)
 
     def _options(self) -> dict[str, str]:
@@ -254,6 +258,21 @@ class JaxConfig(FrameworkConfig):
 
     def to_dict(self) -> dict:
         return {**self._common(), "device": self.device, "env": dict(self.env), "options": dict(self.options)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class JaxConfig(_OptionsConfig):
+    """JAX (every op compiled by XLA): environment switches and per-call options
+    (precision, preferred_element_type)."""
+
+    backend: ClassVar[str] = "jax"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchConfig(_OptionsConfig):
+    """PyTorch: its process-wide switches (`convprobe.backends.pytorch.SWITCHES`) as options."""
+
+    backend: ClassVar[str] = "torch"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,8 +370,9 @@ def resolve_configs(
 
     Validates every argument before anything runs, so bad input costs nothing.
     """
-    backends = tuple(name for name in _expand(backend, BACKEND_CHOICES, "backend")
-                     if backend != "all" or name != "jax" or jax_installed())  # all: the installed frameworks
+    installed = {"jax": jax_installed, "torch": torch_installed}
+    backends = tuple(name for name in _expand(backend, BACKEND_CHOICES, "backend")  # all: the installed frameworks
+                     if backend != "all" or name not in installed or installed[name]())
     accumulates = _expand(accumulate, ACCUMULATE_CHOICES, "accumulate")
     resolved_device = resolve_device(device)
     if model is not None and "emulated" not in backends:
@@ -363,10 +383,11 @@ def resolve_configs(
             configs.append(emulated_config(model))
             continue
         for acc in accumulates:
-            if name == "jax":
-                env, options, note = JAX_SETTINGS[(resolved_device, acc)]
-                configs.append(JaxConfig(accumulate=acc, device=resolved_device, env={**env, **(extra_env or {})},
-                                         options=dict(options), note=note))
+            if name in ("jax", "torch"):
+                kind = JaxConfig if name == "jax" else TorchConfig
+                env, options, note = (JAX_SETTINGS if name == "jax" else TORCH_SETTINGS)[(resolved_device, acc)]
+                configs.append(kind(accumulate=acc, device=resolved_device, env={**env, **(extra_env or {})},
+                                    options=dict(options), note=note))
             elif name == "tensorflow":
                 setting = SETTINGS[(resolved_device, acc)]
                 env = {**setting.env, **(extra_env or {})}
@@ -489,8 +510,50 @@ JAX_MATRIX_DEFAULT: dict[str, tuple[str, ...]] = {
     "gpu": ("default", "f32-result", "f16-result"),
 }
 
+# -- PyTorch's switches (convprobe.backends.pytorch) ----------------------------------------
+
+_NO_CPU_SWITCH = "PyTorch has no switch that asks for {} accumulation of fp16 convs on the CPU: its default runs"
+
+#: (device, accumulate) -> (environment, switches, note) for PyTorch.
+TORCH_SETTINGS: dict[tuple[str, str], tuple[dict[str, str], dict[str, str], str]] = {
+    ("cpu", "fp16"): ({}, {}, _NO_CPU_SWITCH.format("fp16")),
+    ("cpu", "fp32"): ({}, {}, _NO_CPU_SWITCH.format("fp32")),
+    ("cpu", "default"): ({}, {}, "nothing set: PyTorch's own choice"),
+    ("gpu", "fp16"): ({}, {"fp16_reduced_precision_reduction": "on"},
+                      "cuBLAS may reduce split-K partial sums in fp16 (allow_fp16_reduced_precision_reduction; "
+                      "matmul only; PyTorch's default)"),
+    ("gpu", "fp32"): ({}, {"fp16_reduced_precision_reduction": "off"},
+                      "cuBLAS reductions kept in fp32 (allow_fp16_reduced_precision_reduction=False; matmul only)"),
+    ("gpu", "default"): ({}, {}, "nothing set: PyTorch's own choice"),
+}
+
+#: device -> name -> (environment, switches, accumulate requested, note).
+TORCH_MATRIX: dict[str, dict[str, tuple[dict[str, str], dict[str, str], str, str]]] = {
+    "cpu": {
+        "default": ({}, {}, "default", "nothing set: PyTorch's own choice"),
+        "mkldnn-off": ({}, {"mkldnn": "off"}, "default", "torch.backends.mkldnn.enabled = False"),
+        "compile": ({}, {"compile": "inductor"}, "default", "torch.compile (Inductor), its backward by AOTAutograd"),
+        "compile+emulate-casts": ({}, {"compile": "inductor", "emulate_precision_casts": "on"}, "default",
+                                  "torch.compile with Inductor's emulate_precision_casts"),
+        "matmul-medium": ({}, {"float32_matmul_precision": "medium"}, "default",
+                          "torch.set_float32_matmul_precision('medium') (fp32 matmuls only)"),
+    },
+    "gpu": {
+        "default": ({}, {}, "default", "nothing set: PyTorch's own choice"),
+        "reduction-fp32": ({}, {"fp16_reduced_precision_reduction": "off"}, "fp32",
+                           "allow_fp16_reduced_precision_reduction = False"),
+        "cudnn-off": ({}, {"cudnn": "off"}, "default", "torch.backends.cudnn.enabled = False"),
+        "tf32": ({}, {"tf32": "on"}, "default", "cuDNN and cuBLAS TF32 on (fp32 ops only)"),
+        "compile": ({}, {"compile": "inductor"}, "default", "torch.compile (Inductor)"),
+    },
+}
+TORCH_MATRIX_DEFAULT: dict[str, tuple[str, ...]] = {
+    "cpu": ("default", "mkldnn-off"),
+    "gpu": ("default", "reduction-fp32", "cudnn-off"),
+}
+
 #: The frameworks with a configuration matrix (the study commands' --backend).
-MATRIX_BACKENDS = ("tensorflow", "jax")
+MATRIX_BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def matrix_rows(device: str, backend: str = "tensorflow") -> dict[str, BackendConfig]:
@@ -502,14 +565,15 @@ def matrix_rows(device: str, backend: str = "tensorflow") -> dict[str, BackendCo
         return {name: TensorFlowConfig(accumulate=accumulate, device=device, env=dict(env), jit_compile=jit,
                                        note=note, name=name)
                 for name, (env, jit, accumulate, note) in MATRIX[device].items()}
-    return {name: JaxConfig(accumulate=accumulate, device=device, env=dict(env), options=dict(options), note=note,
-                            name=name)
-            for name, (env, options, accumulate, note) in JAX_MATRIX[device].items()}
+    kind, matrix = (JaxConfig, JAX_MATRIX) if backend == "jax" else (TorchConfig, TORCH_MATRIX)
+    return {name: kind(accumulate=accumulate, device=device, env=dict(env), options=dict(options), note=note,
+                       name=name)
+            for name, (env, options, accumulate, note) in matrix[device].items()}
 
 
 def matrix_defaults(device: str, backend: str = "tensorflow") -> tuple[str, ...]:
     """The rows a framework's matrix runs when none are named."""
-    return (MATRIX_DEFAULT if backend == "tensorflow" else JAX_MATRIX_DEFAULT)[device]
+    return {"tensorflow": MATRIX_DEFAULT, "jax": JAX_MATRIX_DEFAULT, "torch": TORCH_MATRIX_DEFAULT}[backend][device]
 
 
 def matrix_configs(device: str = "cpu", names: list[str] | str | None = None,

@@ -171,12 +171,12 @@ def list_configs(device: str, backend: str = "tensorflow") -> int:
         default = "*" if config.name in defaults else " "
         jit = f"jit={'on ' if config.jit_compile else 'off'} " if isinstance(config, TensorFlowConfig) else ""
         print(f"{default} {config.name:24s} {jit}{config.environment or '(nothing set)'}  # {config.note}")
-    if backend == "jax":
-        print("(* = run by default; every JAX row is compiled by XLA; options are per-call arguments of "
-              "lax.conv_general_dilated and jnp.matmul)")
-    else:
-        print("(* = run by default; on CPU the cuDNN/cuBLAS switches change nothing, so only the "
-              "'gpu-switches' control row carries them)")
+    print({"jax": "(* = run by default; every JAX row is compiled by XLA; options are per-call arguments of "
+                  "lax.conv_general_dilated and jnp.matmul)",
+           "torch": "(* = run by default; options are PyTorch's process-wide switches, set in each row's own "
+                    "process before its first op)",
+           }.get(backend, "(* = run by default; on CPU the cuDNN/cuBLAS switches change nothing, so only the "
+                          "'gpu-switches' control row carries them)"))
     return 0
 
 

@@ -15,9 +15,10 @@ import os
 import sys
 import traceback
 
-from convprobe.backends.configurations import BackendConfig, EmulatedConfig, JaxConfig, TensorFlowConfig
+from convprobe.backends.configurations import BackendConfig, EmulatedConfig, JaxConfig, TensorFlowConfig, TorchConfig
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.backends.jax import JaxBackend
+from convprobe.backends.pytorch import TorchBackend
 from convprobe.errors import UnsupportedConfiguration
 from convprobe import provenance
 from convprobe.probes.registry import get_probe
@@ -31,6 +32,8 @@ def make_backend(config: BackendConfig):
         return TensorFlowBackend(config.device, jit_compile=config.jit_compile)
     if isinstance(config, JaxConfig):
         return JaxBackend(config.device, **config.options)
+    if isinstance(config, TorchConfig):
+        return TorchBackend(config.device, **config.options)
     assert isinstance(config, EmulatedConfig)  # (the three kinds `BackendConfig.from_dict` builds)
     return EmulatedBackend(config.model)
 

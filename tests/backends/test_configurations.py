@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from convprobe.backends.jax import jax_installed
+from convprobe.backends.pytorch import torch_installed
 from convprobe.backends.configurations import (
     MANAGED_VARIABLES, SETTINGS, BackendConfig, TensorFlowConfig, emulated_config, gpu_visible, parse_env_assignments,
     matrix_rows, onednn_runs_fp16, resolve_configs, resolve_device,
@@ -24,12 +25,13 @@ def test_gpu_requests_map_to_the_cudnn_compute_type_switch():
 
 
 def test_all_expands_to_one_config_per_backend_and_request():
-    """'all' is every installed framework: JAX's rows where the jax extra is installed."""
+    """'all' is every installed framework: JAX's and PyTorch's rows where their extras are installed."""
     labels = [c.label for c in resolve_configs(backend="all", accumulate="all", device="cpu")]
     assert labels == [
         "tensorflow/cpu/fp16", "tensorflow/cpu/fp32", "tensorflow/cpu/default",
         "emulated/sequential:fp16", "emulated/sequential:fp32", "emulated/sequential:fp32 (default)",
         *(["jax/cpu/fp16", "jax/cpu/fp32", "jax/cpu/default"] if jax_installed() else []),
+        *(["torch/cpu/fp16", "torch/cpu/fp32", "torch/cpu/default"] if torch_installed() else []),
     ]
 
 
@@ -41,7 +43,7 @@ def test_user_env_is_added_on_top_of_the_table():
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"accumulate": "fp8"}, "accumulate must be one of fp16, fp32, default, all; received 'fp8'"),
-    ({"backend": "torch"}, "backend must be one of tensorflow, emulated, jax, all; received 'torch'"),
+    ({"backend": "mxnet"}, "backend must be one of tensorflow, emulated, jax, torch, all; received 'mxnet'"),
     ({"device": "tpu"}, "device must be one of cpu, gpu, auto; received 'tpu'"),
     ({"backend": "tensorflow", "model": "sequential:fp16"}, "model applies only to --backend emulated"),
 ])

@@ -1,0 +1,80 @@
+"""The PyTorch backend: its conventions are TensorFlow's and the emulator's (integer data, exact
+in fp32), each configuration runs in its own process with its switches, and identify names
+its arithmetic at a layer on both input sets, through the same general method."""
+
+import pytest
+
+from convprobe.backends.configurations import TORCH_MATRIX, matrix_configs, resolve_configs
+from convprobe.errors import InvalidArgument
+
+from conftest import assert_conv_ops_match_exact, rows_by_label, run_cli, run_cli_json
+
+pytest.importorskip("torch", reason="the torch extra is not installed (pip install -e '.[torch]')")
+
+from convprobe.backends.pytorch import TorchBackend  # noqa: E402 - after the skip: it needs PyTorch
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.mark.parametrize("padding", ["VALID", "SAME", [(1, 1), (0, 2)]])
+@pytest.mark.parametrize("strides,dilation", [(1, 1), (2, 1), (1, 2)])
+def test_torch_ops_follow_the_emulators_conventions(padding, strides, dilation):
+    """Asymmetric and strided SAME padding too (an explicit pad before an unpadded conv)."""
+    assert_conv_ops_match_exact(TorchBackend("cpu"), padding, strides, dilation)
+
+
+def test_torch_configurations_are_validated_and_carry_their_switches():
+    configs = {c.label: c for c in resolve_configs(backend="torch", accumulate="all")}
+    assert sorted(configs) == ["torch/cpu/default", "torch/cpu/fp16", "torch/cpu/fp32"]
+    assert "no switch that asks for fp16 accumulation" in configs["torch/cpu/fp16"].note
+    assert all(c.isolated for c in configs.values())
+    rows = {c.name: c for c in matrix_configs("cpu", "all", "torch")}
+    assert list(rows) == list(TORCH_MATRIX["cpu"])
+    assert rows["mkldnn-off"].environment == "mkldnn=off" and rows["mkldnn-off"].to_dict()["options"] == {
+        "mkldnn": "off"}
+    with pytest.raises(InvalidArgument, match="configuration must be one of default, mkldnn-off"):
+        matrix_configs("cpu", "jit", "torch")
+    with pytest.raises(InvalidArgument, match="mkldnn must be one of on, off; received 'maybe'"):
+        TorchBackend("cpu", mkldnn="maybe")
+    with pytest.raises(InvalidArgument, match="torch switch must be one of mkldnn, compile"):
+        TorchBackend("cpu", tf16="on")
+
+
+def test_the_65519_test_on_torch_says_a_request_no_switch_grants_was_not_honoured():
+    """PyTorch on the CPU holds the fp16 products wide (0) whatever is asked: the fp16 request,
+    which no PyTorch switch expresses, reads 'not honoured'; each row ran in its own process."""
+    doc = run_cli_json("overflow", "--backend", "torch", "--accumulate", "all")
+    rows = rows_by_label(doc)
+    assert {label: row["observed"]["output"] for label, row in rows.items()} == {
+        "torch/cpu/fp16": ["0.0"] * 3, "torch/cpu/fp32": ["0.0"] * 3, "torch/cpu/default": ["0.0"] * 3}
+    assert rows["torch/cpu/fp16"]["honoured"] is False and rows["torch/cpu/fp32"]["honoured"] is True
+    assert rows["torch/cpu/default"]["runtime"]["torch_version"].startswith("2.")
+
+
+def test_a_switch_is_set_in_its_own_process_only():
+    doc = run_cli_json("overflow", "--backend", "torch", "--accumulate", "default")
+    (row,) = doc["results"]
+    assert row["runtime"]["mkldnn_enabled"] is True  # the default row: nothing set
+    off = run_cli_json("fingerprint", "--backend", "torch", "--configs", "mkldnn-off", "--op", "matmul")
+    (result,) = off["results"]
+    assert result["runtime"]["mkldnn_enabled"] is False and result["runtime"]["switches"] == {"mkldnn": "off"}
+
+
+@pytest.mark.slow
+def test_identify_names_torchs_arithmetic_at_a_layer_on_both_input_sets(tmp_path):
+    """PyTorch's CPU convs, with oneDNN on and off: every op at 100% on the U[0, 1) and the
+    signed confirmation inputs, through the recovered summation trees."""
+    doc = run_cli_json("identify", "--backend", "torch", "--configs", "default,mkldnn-off", "--input-shape",
+                       "2,6,6,20", "--filter-shape", "3,3,20,8", "--output", str(tmp_path / "torch.json"))
+    for label, per_op in doc["matches"].items():
+        assert label.startswith("torch/cpu/")
+        for op, entry in per_op.items():
+            summary = entry["summary"]
+            assert summary["stops_matching_at"] is None, (label, op, summary["explanation"])
+            assert summary["confirmation"]["fractions"][summary["best"]] == 1.0, (label, op, summary["best"])
+
+
+def test_study_commands_list_torchs_matrix():
+    proc = run_cli("identify", "--backend", "torch", "--list-configs")
+    assert proc.returncode == 0, proc.stderr
+    assert "mkldnn-off" in proc.stdout and "compile=inductor" in proc.stdout
