@@ -50,7 +50,9 @@ SCHEMA_HISTORY = {
        "(params.source 'keras-callback'). Later still, no layout change: each result's 'config' carries "
        "its backend's fields only - tensorflow: device, env, jit_compile; jax: device, env, options; "
        "emulated: model (no device 'emulated', and accumulate null where a model was named, was "
-       "'model'). An older config is still read.",
+       "'model'). An older config is still read. Later still, a new kind and no layout change: 'contract' "
+       "(convprobe contract): the fingerprint results in 'results', and per (configuration, op) what was "
+       "declared and observed, with the verdict and its evidence, in 'cells'.",
 }
 
 
@@ -61,6 +63,7 @@ class Kind(StrEnum):
     COMPARE = "compare"
     FINGERPRINT = "fingerprint"
     IDENTIFY = "identify"
+    CONTRACT = "contract"
     SWEEP = "sweep"
     REPLAY = "replay"
     TRAIN = "train"
@@ -283,8 +286,9 @@ def validate(document, *, where: str) -> dict:
     return document
 
 
-def _probe_records(c: _Checker, document: dict) -> None:
-    kind = document["kind"]
+def _probe_records(c: _Checker, document: dict, probe_name: Kind | None = None) -> None:
+    """The probe results (each named `probe_name`, by default the document's kind)."""
+    kind = probe_name or Kind(document["kind"])
     for i, record in enumerate(c.field(document, "results", "list")):
         path = f"results[{i}]"
         c.check(record, "object", path)
@@ -334,6 +338,17 @@ def _table(c: _Checker, document: dict, schema: str) -> None:
 def _fingerprint(c: _Checker, document: dict) -> None:
     _probe_records(c, document)
     _table(c, document, "probe")
+
+
+def _contract(c: _Checker, document: dict) -> None:
+    _probe_records(c, document, Kind.FINGERPRINT)
+    for i, cell in enumerate(c.field(document, "cells", "list")):
+        path = f"cells[{i}]"
+        c.check(cell, "object", path)
+        for key in ("framework", "configuration", "switches", "op", "verdict", "evidence"):
+            c.field(cell, key, "str", path)
+        for key in ("declared", "observed"):
+            c.field(cell, key, "str?", path)
 
 
 def _identify(c: _Checker, document: dict) -> None:
@@ -461,7 +476,7 @@ def _train_comparison(c: _Checker, document: dict) -> None:
 
 _VALIDATORS = {
     Kind.OVERFLOW: _probe_records, Kind.COMPARE: _probe_records, Kind.FINGERPRINT: _fingerprint,
-    Kind.IDENTIFY: _identify, Kind.SWEEP: _sweep, Kind.REPLAY: _replay, Kind.TRAIN: _train,
+    Kind.IDENTIFY: _identify, Kind.CONTRACT: _contract, Kind.SWEEP: _sweep, Kind.REPLAY: _replay, Kind.TRAIN: _train,
     Kind.TRAIN_SUMMARY: _train_summary, Kind.TRAIN_COMPARISON: _train_comparison,
 }
 

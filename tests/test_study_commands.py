@@ -109,7 +109,7 @@ def test_report_refuses_foreign_or_old_results(tmp_path, results, capsys):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     cases = {
         "old.json": f"schema_version {SCHEMA_VERSION + 1} is not one this convprobe reads (versions 1, 2;",
-        "other.json": "kind must be one of overflow, compare, fingerprint, identify, sweep, replay, train, "
+        "other.json": "kind must be one of overflow, compare, fingerprint, identify, contract, sweep, replay, train, "
                       "train-summary, train-comparison; received 'training'",
         "list.json": "a convprobe result must be a JSON object; received list",
         "bad.csv": "does not match the probe schema",

@@ -38,6 +38,10 @@ FINGERPRINT_HIGHLIGHT = {
     "exact/wide": "#9ecae1", "inf (fp16 fused chain)": "#fcd5b4", "NaN (fp16 products)": "#f9b98a",
     "0 (wide or fused)": "#c6dbef", "fp32, products to 11 bits": "#e3d7f0",
 }
+#: A contract's verdicts: a declaration not kept stands out.
+CONTRACT_HIGHLIGHT = {"NOT HONOURED": "#f9b98a", "honoured": "#c6dbef"}
+#: The columns of a contract's table figure.
+_CONTRACT_COLUMNS = ["configuration", "switches", "op", "declared", "observed", "verdict"]
 
 #: What each column of a run's CSVs that the figures read must hold (`tables.VALUE_RULES`).
 _RUN_VALUES = {"steps": {"step": "count", "loss": "number", "loss_scale": "positive", "skipped": "bool"},
@@ -157,6 +161,12 @@ def figures_for(item: Loaded):
         yield "table", figures.table_figure(
             wide, title="Fingerprint: what each configuration and op really computes",
             highlight={**figures.DEFAULT_HIGHLIGHT, **FINGERPRINT_HIGHLIGHT}, max_rows=max(60, len(wide)))
+    elif kind == results.Kind.CONTRACT:
+        assert document is not None
+        cells = pd.DataFrame(document["cells"], columns=_CONTRACT_COLUMNS).fillna("-")
+        yield "table", figures.table_figure(
+            cells, title="Precision contract: the accumulation each switch declares, and what the op does",
+            highlight={**figures.DEFAULT_HIGHLIGHT, **CONTRACT_HIGHLIGHT}, max_rows=max(60, len(cells)))
     elif kind == "identify" and document is not None and "layers" in document["params"]:
         yield "layers", figures.layer_map_figure(document["matches"])
     elif kind == "identify":

@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from convprobe import __version__
-from convprobe.cli import compare, fingerprint, identify, overflow, replay, report, sweep, train
+from convprobe.cli import compare, contract, fingerprint, identify, overflow, replay, report, sweep, train
 from convprobe.errors import InvalidArgument, OutputWriteFailed
 
 __all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_EXPECTATION_FAILED", "EXIT_USAGE",
            "EXIT_WRITE_FAILED"]
 
 #: The command modules, in help order.
-COMMANDS = (overflow, compare, fingerprint, identify, sweep, report, replay, train)
+COMMANDS = (overflow, compare, fingerprint, contract, identify, sweep, report, replay, train)
 
 EXIT_OK = 0
 EXIT_EXPECTATION_FAILED = 1

@@ -67,10 +67,10 @@ from __future__ import annotations
 from convprobe.probes.fingerprint.battery import DISTANCES, ORDERINGS, PROPERTIES, Group, battery
 from convprobe.probes.fingerprint.execution import run, run_all, run_battery
 from convprobe.probes.fingerprint.expected import expected_properties, resolved_size
-from convprobe.probes.fingerprint.inference import fingerprint_backend, infer, infer_observed, interpret
+from convprobe.probes.fingerprint.inference import fingerprint_backend, findings_observed, infer, infer_observed, interpret
 from convprobe.probes.fingerprint.scheduling import run_grouped
 
 __all__ = [
     "PROPERTIES", "ORDERINGS", "DISTANCES", "Group", "battery", "run", "run_all", "run_battery", "infer",
-    "infer_observed", "interpret", "fingerprint_backend", "expected_properties", "resolved_size", "run_grouped",
+    "infer_observed", "findings_observed", "interpret", "fingerprint_backend", "expected_properties", "resolved_size", "run_grouped",
 ]

@@ -11,7 +11,7 @@ import numpy as np
 from convprobe.probes.fingerprint import properties as prop
 from convprobe.probes.fingerprint.battery import PROPERTIES, battery
 
-__all__ = ["infer", "infer_findings", "observations", "infer_observed", "interpret", "fingerprint_backend"]
+__all__ = ["infer", "infer_findings", "observations", "infer_observed", "findings_observed", "interpret", "fingerprint_backend"]
 
 
 def observations(outputs: dict[str, np.ndarray]) -> prop.Observations:
@@ -69,6 +69,12 @@ def infer_observed(observed: dict) -> dict[str, dict]:
         else:
             per_op[op] = {"status": result.get("status", "failed"), "error": result.get("error"), "properties": {}}
     return per_op
+
+
+def findings_observed(observed: dict) -> dict[str, dict[str, prop.Finding] | None]:
+    """{op: its typed findings (None for an op that did not run)} from `run`'s observations."""
+    return {op: infer_findings(_decode(result)) if result.get("status") == "ok" else None
+            for op, result in observed.get("ops", {}).items()}
 
 
 def _verdict(acc: prop.Accumulation) -> str:
