@@ -7,10 +7,10 @@ A test names a backend configuration the way the CLI prints it
 into one `BackendConfig`, validated before anything runs.
 
 `ConvBackend.conv2d` runs an emulated configuration in this process and a
-TensorFlow one in a fresh child process with the configuration's environment
-(TensorFlow reads its precision switches once per process, so that is the only
+framework's (TensorFlow, JAX, PyTorch) in a fresh child process with the
+configuration's switches (each reads them once per process, so that is the only
 way the setting is honoured), through the same isolation layer the probes use.
-Nothing here imports TensorFlow.
+Nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -28,16 +28,20 @@ from convprobe.backends.configurations import (
     BackendConfig,
     EmulatedConfig,
     TensorFlowConfig,
+    MATRIX_BACKENDS,
     emulated_config,
     matrix_configs,
+    matrix_rows,
     resolve_configs,
 )
+from convprobe.backends.jax import jax_installed
+from convprobe.backends.pytorch import torch_installed
 from convprobe.errors import InvalidArgument, invalid_choice
 
 __all__ = ["ConvBackend", "resolve_target", "available_configs", "BACKEND_SELECTIONS"]
 
 #: What `--convprobe-backends` may select for the `conv_backend` fixture.
-BACKEND_SELECTIONS = ("emulated", "tensorflow", "all")
+BACKEND_SELECTIONS = ("emulated", "tensorflow", "jax", "torch", "all")
 
 #: Child process task module (a probe-shaped module: `run` and `interpret`).
 _TASK_MODULE = "convprobe.testing._conv_task"
@@ -45,32 +49,33 @@ _TASK_MODULE = "convprobe.testing._conv_task"
 _TARGET_FORMS = (
     "a BackendConfig, a ConvBackend, an AccumulationModel, an EmulatedBackend or "
     "TensorFlowBackend, or a string: 'tensorflow', 'tensorflow/cpu/fp16', "
-    "'tensorflow/cpu/default/jit', a matrix row 'tensorflow/cpu/jit+strict', "
-    "'emulated/sequential:fp16' or a model spec like 'sequential:fp16'"
+    "'tensorflow/cpu/default/jit', a matrix row 'tensorflow/cpu/jit+strict', 'jax/cpu/fp32', "
+    "'torch/cpu/mkldnn-off', 'emulated/sequential:fp16' or a model spec like 'sequential:fp16'"
 )
 
 
-def _tensorflow_from_label(text: str) -> BackendConfig:
-    """'tensorflow[/DEVICE[/ACCUMULATE[/jit]]]' -> the configuration the CLI would run."""
-    parts = text.split("/")
-    device = parts[1] if len(parts) > 1 else "cpu"
-    accumulate = parts[2] if len(parts) > 2 else "default"
+def _framework_from_label(text: str) -> BackendConfig:
+    """'FRAMEWORK[/DEVICE[/ACCUMULATE or MATRIX ROW]]' (TensorFlow also '.../ACCUMULATE/jit') -> the
+    configuration the CLI would run, as its tables label it."""
+    framework, *parts = text.split("/")
+    device = parts[0] if parts else "cpu"
+    accumulate = parts[1] if len(parts) > 1 else "default"
     jit = False
-    if len(parts) > 3:
-        if parts[3] != "jit" or len(parts) > 4:
+    if len(parts) > 2:
+        if framework != "tensorflow" or parts[2] != "jit" or len(parts) > 3:
             raise InvalidArgument(f"backend must be {_TARGET_FORMS}; received {text!r}")
         jit = True
     if accumulate not in ACCUMULATE_CHOICES:
         # A row of the configuration matrix, as `convprobe fingerprint` labels it: 'tensorflow/cpu/jit+strict'.
-        rows = MATRIX.get(device if device in MATRIX else "cpu", {})
+        rows = matrix_rows(device if device in MATRIX else "cpu", framework)
         if accumulate in rows and not jit:
-            (config,) = matrix_configs(device, [accumulate])
+            (config,) = matrix_configs(device, [accumulate], framework)
             return config
         raise InvalidArgument(
             f"accumulate in {text!r} must be one of {', '.join(ACCUMULATE_CHOICES)} or a configuration "
             f"matrix row ({', '.join(rows)}); received {accumulate!r}"
         )
-    (config,) = resolve_configs(backend="tensorflow", accumulate=accumulate, device=device, jit_compile=jit)
+    (config,) = resolve_configs(backend=framework, accumulate=accumulate, device=device, jit_compile=jit)
     return config
 
 
@@ -93,8 +98,8 @@ def resolve_target(target: object) -> BackendConfig:
                                 note="this process's TensorFlow settings")
     if isinstance(target, str):
         text = target.strip()
-        if text == "tensorflow" or text.startswith("tensorflow/"):
-            return _tensorflow_from_label(text)
+        if text.split("/")[0] in MATRIX_BACKENDS:
+            return _framework_from_label(text)
         if text.startswith("emulated/"):
             return emulated_config(text.removeprefix("emulated/"))
         if text == "emulated":
@@ -114,8 +119,9 @@ def available_configs(selection: str = "emulated", *, device: str = "auto") -> l
     """The configurations the `conv_backend` fixture runs over.
 
     emulated: sequential fp16 and fp32 accumulation (cheap, in process);
-    tensorflow: TensorFlow's default, fp16 and fp32 requests on `device`
-    (auto = the GPU when one is visible, else the CPU), one child process each.
+    tensorflow, jax, torch: that framework's default, fp16 and fp32 requests on `device`
+    (auto = the GPU when one is visible, else the CPU), one child process each; all: the
+    emulator and every installed framework. A framework named but not installed is refused.
     """
     if selection not in BACKEND_SELECTIONS:
         raise invalid_choice("convprobe-backends", selection, BACKEND_SELECTIONS)
@@ -123,8 +129,13 @@ def available_configs(selection: str = "emulated", *, device: str = "auto") -> l
     if selection in ("emulated", "all"):
         configs += resolve_configs(backend="emulated", accumulate="fp16")
         configs += resolve_configs(backend="emulated", accumulate="fp32")
-    if selection in ("tensorflow", "all"):
-        configs += resolve_configs(backend="tensorflow", accumulate="all", device=device)
+    installed = {"tensorflow": lambda: True, "jax": jax_installed, "torch": torch_installed}
+    for framework, present in installed.items():
+        if selection == framework and not present():
+            raise InvalidArgument(f"convprobe-backends {framework} needs the {framework} extra: "
+                                  f"pip install 'convprobe[{framework}]'")
+        if selection == framework or (selection == "all" and present()):
+            configs += resolve_configs(backend=framework, accumulate="all", device=device)
     return configs
 
 

@@ -10,9 +10,10 @@ nothing changes for a test that does not ask for a fixture or marker.
   the two emulated ones by default (in process, cheap); TensorFlow's
   default/fp16/fp32 configurations (each in a child process) with
   `--convprobe-backends=tensorflow` or `all`, or for one test with
-  `@pytest.mark.conv_backends("tensorflow/cpu/fp16", "sequential:fp16")`.
-  TensorFlow cases carry the `tensorflow` marker, so `-m "not tensorflow"`
-  deselects them.
+  `@pytest.mark.conv_backends("tensorflow/cpu/fp16", "sequential:fp16")`;
+  `--convprobe-backends=jax` or `torch` the same for JAX or PyTorch (their extras).
+  A framework's cases carry its marker (`tensorflow`, `jax`, `torch`), so
+  `-m "not tensorflow"` deselects TensorFlow's.
 - `@pytest.mark.gpu`: skipped cleanly when no NVIDIA GPU is visible (checked
   without importing any framework).
 
@@ -37,6 +38,8 @@ _MAX_SEED = 2**63 - 1
 _MARKERS = (
     "gpu: needs a GPU; skipped cleanly without one (convprobe)",
     "tensorflow: runs real TensorFlow (in-process or in child processes) (convprobe)",
+    "jax: runs real JAX (in child processes) (convprobe)",
+    "torch: runs real PyTorch (in child processes) (convprobe)",
     "conv_backends(*backends): the configurations the conv_backend fixture runs over for this test, "
     "as labels ('tensorflow/cpu/fp16'), model specs ('sequential:fp16') or BackendConfigs (convprobe)",
 )
@@ -47,7 +50,8 @@ def pytest_addoption(parser) -> None:
     group.addoption(
         "--convprobe-backends", action="store", default=None, choices=BACKEND_SELECTIONS,
         help="configurations for the conv_backend fixture: emulated (default; in process), "
-        "tensorflow (default/fp16/fp32, one child process each) or all",
+        "tensorflow, jax or torch (default/fp16/fp32, one child process each), or all (the emulator and "
+        "every installed framework)",
     )
     group.addoption(
         "--convprobe-seed", action="store", default=None, metavar="SEED",
@@ -61,7 +65,10 @@ def pytest_configure(config) -> None:
     for line in _MARKERS:
         config.addinivalue_line("markers", line)
     _base_seed(config)  # a bad value is a usage error now, not an error in every test that uses rng
-    _selection(config)
+    try:
+        available_configs(_selection(config), device="cpu")  # a framework that is not installed: refused now
+    except InvalidArgument as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _base_seed(config) -> int:
@@ -124,10 +131,9 @@ def pytest_generate_tests(metafunc) -> None:
         configs = _marked_configs(marker, metafunc.definition.nodeid)
     else:
         configs = available_configs(_selection(metafunc.config))
-    params = [
-        pytest.param(c, id=c.label, marks=(pytest.mark.tensorflow,) if c.backend == "tensorflow" else ())
-        for c in configs
-    ]
+    framework_marks = {"tensorflow": pytest.mark.tensorflow, "jax": pytest.mark.jax, "torch": pytest.mark.torch}
+    params = [pytest.param(c, id=c.label, marks=[framework_marks[c.backend]] if c.backend in framework_marks else [])
+              for c in configs]
     metafunc.parametrize("conv_backend", params, indirect=True)
 
 

@@ -166,7 +166,7 @@ def test_chosen(conv_backend):
         "test_ids.py::test_default[[]tensorflow/cpu/fp32[]]",
         "test_ids.py::test_default[[]tensorflow/cpu/default[]]",
         "test_ids.py::test_chosen[[]tensorflow/cpu/fp16/jit[]]",
-        "4/7 tests collected (3 deselected)*",
+        "4/*tests collected*",
     ])
 
 
@@ -269,3 +269,32 @@ def test_accumulates_in_says_when_the_probes_disagree():
         "emulated/blocked:fp16:b=128 does not accumulate in fp16: the probes disagree (overflow says fp32, compare says fp16)."
     )
     assert "compare probe (real vs fake fp16): fp16 - differs: accumulation below fp32" in message
+
+
+@pytest.mark.torch
+def test_conv_backend_runs_pytorch_in_its_own_process(pytester):
+    """--convprobe-backends=torch: PyTorch's three requests, each marked torch, each conv2d in a
+    child process, and a claim about PyTorch checked on its real output."""
+    pytest.importorskip("torch", reason="the torch extra is not installed")
+    pytester.makepyfile(test_torch='''
+import numpy as np
+
+def test_sums_hold_wide(conv_backend):
+    x = np.array([65504, 65504], np.float16).reshape(1, 1, 1, 2)
+    w = np.array([65504, -65504], np.float16).reshape(1, 1, 2, 1)
+    assert conv_backend.label.startswith("torch/cpu/")
+    assert float(conv_backend.conv2d(x, w).ravel()[0]) == 0.0  # the 65519 test: products held wide
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--convprobe-backends=torch", "-m", "torch", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*test_sums_hold_wide?torch/cpu/fp16? PASSED*"])
+
+
+def test_a_framework_that_is_not_installed_is_a_usage_error(pytester, monkeypatch):
+    """Named on the command line, a framework without its extra stops the run before any test."""
+    import convprobe.testing.backends as backends
+
+    monkeypatch.setattr(backends, "torch_installed", lambda: False)
+    with pytest.raises(InvalidArgument, match="convprobe-backends torch needs the torch extra"):
+        backends.available_configs("torch")
+    assert all(c.backend != "torch" for c in backends.available_configs("all"))
