@@ -180,7 +180,8 @@ class TorchBackend(AbstractBackend):
         return {"torch_version": torch.__version__, "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
                 "mkldnn_available": bool(torch.backends.mkldnn.is_available()),
                 "float32_matmul_precision": torch.get_float32_matmul_precision(),
-                "cuda": torch.version.cuda, "switches": dict(self.switches)}
+                "cuda": torch.version.cuda, "switches": dict(self.switches),
+                "device_name": torch.cuda.get_device_name() if self.device == "gpu" else None}
 
     def describe(self) -> dict:
         return {"backend": self.name, "device": self.device, **self.switches}
