@@ -1,8 +1,9 @@
-"""Do a layer map's measured specs reproduce TensorFlow on inputs identify never saw?
+"""Do a layer map's measured specs reproduce the framework on inputs identify never saw?
 
 For every (configuration, layer, op) of an identify document in layer mode (`--input-shape`,
-`--resnet-size` or `--keras-model`) with a best spec, TensorFlow computes the op on fresh
-seeded inputs in a child process with that configuration's environment, and
+`--resnet-size` or `--keras-model`) with a best spec, the framework (TensorFlow, JAX or
+PyTorch) computes the op on fresh seeded inputs in a child process with that
+configuration's switches, and
 `convprobe.emulation` computes it under the spec. Prints the bitwise-equal outputs of each,
 and those of `sequential:fp16:product=fp16` beside them as the plain baseline. Each child
 runs the configuration the document recorded (its environment, threads and --env
@@ -24,7 +25,7 @@ import numpy as np
 
 from convprobe import results
 from convprobe.backends import EmulatedBackend
-from convprobe.backends.configurations import BackendConfig
+from convprobe.backends.configurations import BackendConfig, FrameworkConfig
 from convprobe.backends.isolation import child_environment
 from convprobe.probes.layers import Layer, op_confirmation_inputs, op_inputs, run_op
 
@@ -65,12 +66,13 @@ def main() -> None:
     for label, entries in document["matches"].items():
         cases = [(key, e) for key, e in entries.items() if "layer" in e and (e.get("summary") or {}).get("best")]
         skipped += [f"{label} {key}" for key, e in entries.items() if (key, e) not in cases]
-        if cases and configs[label].backend == "tensorflow":
-            table += _compare(configs[label], cases, args.seed, args.inputs)
+        config = configs[label]
+        if cases and isinstance(config, FrameworkConfig):
+            table += _compare(config, cases, args.seed, args.inputs)
         elif cases:
-            skipped += [f"{label} {key} (not TensorFlow)" for key, _ in cases]
+            skipped += [f"{label} {key} (the emulator: nothing to compare)" for key, _ in cases]
     if not table:
-        sys.exit(f"{args.document}: no TensorFlow layer with a best spec to compare (a layer map from "
+        sys.exit(f"{args.document}: no framework's layer with a best spec to compare (a layer map from "
                  "`convprobe identify --input-shape`, `--resnet-size` or `--keras-model` is needed)")
     print(f"inputs: {args.inputs}, seed {args.seed}")
     print("| configuration | layer / op | spec | plain |\n|---|---|---|---|")
@@ -79,9 +81,9 @@ def main() -> None:
         print(f"not compared (no layer or no best spec): {', '.join(skipped)}")
 
 
-def _compare(config: BackendConfig, cases: list, seed: int, inputs: str) -> list[str]:
-    """One table row per case: TensorFlow in a child with the configuration's environment,
-    the emulator here."""
+def _compare(config: FrameworkConfig, cases: list, seed: int, inputs: str) -> list[str]:
+    """One table row per case: the framework (TensorFlow, JAX, PyTorch) in a child with the
+    configuration's switches, the emulator here."""
     with tempfile.TemporaryDirectory() as folder:
         request, answer = Path(folder) / "request.json", Path(folder) / "answer.npz"
         request.write_text(json.dumps({"config": config.to_dict(), "seed": seed, "inputs": inputs,
@@ -89,7 +91,7 @@ def _compare(config: BackendConfig, cases: list, seed: int, inputs: str) -> list
         proc = subprocess.run([sys.executable, "-c", CHILD, str(request), str(answer)],
                               env=child_environment(config), capture_output=True, text=True)
         if proc.returncode != 0:
-            sys.exit(f"{config.label}: TensorFlow's child failed:\n{proc.stderr[-4000:]}")
+            sys.exit(f"{config.label}: the framework's child failed:\n{proc.stderr[-4000:]}")
         observed = np.load(answer)
         rows = []
         for i, (key, entry) in enumerate(cases):

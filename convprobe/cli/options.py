@@ -16,7 +16,9 @@ from convprobe.backends.configurations import (ACCUMULATE_CHOICES, BACKEND_CHOIC
                                                parse_env_assignments, resolve_configs, resolve_device)
 from convprobe.backends.configurations import matrix_configs as named_rows
 from convprobe.errors import InvalidArgument
-from convprobe.options import comma_integers
+from convprobe.backends.jax import jax_installed
+from convprobe.backends.pytorch import torch_installed
+from convprobe.options import comma_integers, names_or_all
 from convprobe.render import FORMATS, check_output_path, json_clean, render_csv, render_json, render_table, write_atomic
 
 __all__ = ["positive_int", "bounded_int", "int_list", "seed", "add_running_options",
@@ -120,9 +122,10 @@ def add_matrix_options(parser: argparse.ArgumentParser, *, default_ops: str, tim
     """The options of the study commands (fingerprint, identify, sweep): configurations of the
     matrix and emulator models, ops, running and output."""
     config = parser.add_argument_group("configurations")
-    config.add_argument("--backend", choices=MATRIX_BACKENDS, default="tensorflow",
-                        help="the framework whose configuration matrix runs (default: tensorflow; jax needs "
-                             "pip install -e '.[jax]')")
+    config.add_argument("--backend", default="tensorflow", metavar="FRAMEWORKS",
+                        help="the frameworks whose configuration matrices run: tensorflow, jax, torch, "
+                             "comma-separated, or 'all' (the installed ones; default: tensorflow; jax and torch "
+                             "need their extras)")
     config.add_argument("--configs", default=None, metavar="NAMES",
                         help="configurations of the framework's matrix, comma-separated, 'all', or 'none' "
                              "(default: the matrix's default rows; see --list-configs)")
@@ -137,9 +140,33 @@ def add_matrix_options(parser: argparse.ArgumentParser, *, default_ops: str, tim
                        output_help="write the results: FILE.json (document with provenance) or FILE.csv (tidy table)")
 
 
+def study_backends(value: str) -> tuple[str, ...]:
+    """A study command's --backend: one framework, a comma-separated list, or 'all' (the
+    frameworks installed here)."""
+    chosen = names_or_all(value, MATRIX_BACKENDS, "backend")
+    if value.strip() != "all":
+        return chosen
+    present = {"tensorflow": lambda: True, "jax": jax_installed, "torch": torch_installed}
+    return tuple(name for name in chosen if present[name]())
+
+
+def _framework_rows(args) -> list:
+    """The matrix rows of every chosen framework: --configs names each row once, whichever
+    framework has it (several frameworks: a name none of them has is refused)."""
+    backends = study_backends(args.backend)
+    if args.configs == "none":
+        return []
+    if len(backends) == 1 or args.configs in (None, "all"):
+        return [c for backend in backends for c in named_rows(args.device, args.configs, backend)]
+    rows_of = {backend: matrix_rows(resolve_device(args.device), backend) for backend in backends}
+    names = names_or_all(args.configs, tuple(dict.fromkeys(n for rows in rows_of.values() for n in rows)),
+                         "configuration")
+    return [rows[name] for rows in rows_of.values() for name in names if name in rows]
+
+
 def matrix_configs(args) -> list:
-    """TensorFlow matrix rows plus emulator models, validated before anything runs."""
-    configs = [] if args.configs == "none" else named_rows(args.device, args.configs, args.backend)
+    """The chosen frameworks' matrix rows plus emulator models, validated before anything runs."""
+    configs = _framework_rows(args)
     models = [emulated_config(spec) for spec in args.model]
     labels = [config.label for config in models]
     twice = sorted({label for label in labels if labels.count(label) > 1})
@@ -162,9 +189,18 @@ def matrix_ops(args) -> tuple[str, ...]:
     return check_ops(args.op)
 
 
-def list_configs(device: str, backend: str = "tensorflow") -> int:
-    """Print a framework's matrix rows on a device; listing needs no GPU (it only says what would run)."""
+def list_configs(device: str, backends: str = "tensorflow") -> int:
+    """Print each chosen framework's matrix rows on a device; listing needs no GPU (it only
+    says what would run)."""
+    chosen = study_backends(backends)
+    for backend in chosen:
+        if len(chosen) > 1:
+            print(f"{backend}:")
+        _list_rows(device, backend)
+    return 0
 
+
+def _list_rows(device: str, backend: str) -> None:
     device = device if device in MATRIX else resolve_device(device)
     defaults = matrix_defaults(device, backend)
     for config in matrix_rows(device, backend).values():
@@ -177,7 +213,6 @@ def list_configs(device: str, backend: str = "tensorflow") -> int:
                     "process before its first op)",
            }.get(backend, "(* = run by default; on CPU the cuDNN/cuBLAS switches change nothing, so only the "
                           "'gpu-switches' control row carries them)"))
-    return 0
 
 
 def emit(args, outcome, *, file_format: str | None = None) -> None:

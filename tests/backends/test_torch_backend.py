@@ -78,3 +78,17 @@ def test_study_commands_list_torchs_matrix():
     proc = run_cli("identify", "--backend", "torch", "--list-configs")
     assert proc.returncode == 0, proc.stderr
     assert "mkldnn-off" in proc.stdout and "compile=inductor" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_study_command_runs_several_frameworks_matrices():
+    """`--backend torch,jax`: each framework's default rows, each in its own process, and a
+    --configs name taken from whichever framework has it."""
+    pytest.importorskip("jax", reason="the jax extra is not installed")
+    doc = run_cli_json("fingerprint", "--backend", "torch,jax", "--op", "conv2d")
+    assert [r["config"]["label"] for r in doc["results"]] == [
+        "torch/cpu/default", "torch/cpu/mkldnn-off", "jax/cpu/default", "jax/cpu/f32-result", "jax/cpu/strict",
+        "jax/cpu/strict+f32-result"]
+    assert all(r["status"] == "ok" for r in doc["results"])
+    proc = run_cli("fingerprint", "--backend", "torch,jax", "--configs", "mkldnn-off,jit+strict")
+    assert proc.returncode == 2 and "received 'jit+strict'" in proc.stderr
