@@ -48,7 +48,7 @@ SCHEMA_HISTORY = {
        "(header.json's 'columns' lists what a run holds; an older run is still read, not resumed); a "
        "'train' header may come from the Keras callback convprobe.training.UnderflowTelemetry "
        "(params.source 'keras-callback'). Later still, no layout change: each result's 'config' carries "
-       "its backend's fields only - tensorflow: device, env, jit_compile; jax: device, env, options; "
+       "its backend's fields only - tensorflow: device, env, jit_compile; jax and torch: device, env, options; "
        "emulated: model (no device 'emulated', and accumulate null where a model was named, was "
        "'model'). An older config is still read. Later still, a new kind and no layout change: 'contract' "
        "(convprobe contract): the fingerprint results in 'results', and per (configuration, op) what was "

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from convprobe.probes.contract import contract_markdown, contract_summary
+
 ROOT = Path(__file__).resolve().parents[1]
 #: identify's layer: a conv of a real network's size, K = 576 (past every CPU kernel's chunk).
 LAYER = ("8,16,16,64", "3,3,64,64")
@@ -92,13 +94,7 @@ def page(directory: Path) -> str:
               *(f"{c['returncode']}  {c['wall_s']:.0f} s  {c['command']}" for c in commands), "```", ""]
     if contract:
         cells = contract["cells"]
-        declared = [c for c in cells if c["declared"]]
-        broken = [c for c in declared if c["verdict"] == "NOT HONOURED"]
-        lines += ["## The contract", "", f"{len(broken)} of {len(declared)} declared (configuration, op) cells "
-                  "not honoured.", "", "| configuration | switches | op | declared | observed | verdict |",
-                  "|---|---|---|---|---|---|",
-                  *(f"| {c['configuration']} | {c['switches']} | {c['op']} | {c['declared'] or '-'} | "
-                    f"{c['observed'] or '-'} | {c['verdict']} |" for c in cells), ""]
+        lines += ["## The contract", "", f"{contract_summary(cells)}.", "", *contract_markdown(cells), ""]
     for path in sorted(directory.glob("identify-*.json")):
         document = _read(path)
         if not document:

@@ -16,19 +16,18 @@ generated from the same data). Facts verified on TensorFlow 2.21 (DESIGN.md):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from convprobe.backends.jax import jax_installed
 from convprobe.backends.pytorch import torch_installed
 from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.emulation import AccumulationModel, parse_model
 from convprobe.options import Device, names_or_all
-
-if TYPE_CHECKING:  # (the emulator's import starts numba: it is imported where a model is built)
-    from convprobe.emulation.models import AccumulationModel
 
 __all__ = [
     "ACCUMULATE_CHOICES",
@@ -46,6 +45,7 @@ __all__ = [
     "TORCH_MATRIX_DEFAULT",
     "EmulatedConfig",
     "emulated_config",
+    "framework_installed",
     "resolve_configs",
     "resolve_device",
     "parse_env_assignments",
@@ -131,8 +131,8 @@ EMULATED_MODELS = {"fp16": "sequential:fp16", "fp32": "sequential:fp32", "defaul
 
 class BackendConfig:
     """One configuration: everything needed to run it, in a fresh process where its backend
-    reads switches. Tagged by backend (`TensorFlowConfig`, `JaxConfig`, `EmulatedConfig`):
-    each carries only what its backend has."""
+    reads switches. Tagged by backend (`TensorFlowConfig`, `JaxConfig`, `TorchConfig`,
+    `EmulatedConfig`): each carries only what its backend has."""
 
     backend: ClassVar[str]
     #: The request it stands for ('fp16', 'fp32', 'default'); None where it was named
@@ -180,8 +180,9 @@ class BackendConfig:
 
     @staticmethod
     def from_dict(data: dict) -> BackendConfig:
-        """The configuration a `to_dict` wrote (also one of results schema 2 and earlier, where an
-        emulated configuration carried device 'emulated' and accumulate 'model')."""
+        """The configuration a `to_dict` wrote, or one written before configurations were tagged
+        (an emulated configuration with device 'emulated' and accumulate 'model'; a JAX one
+        with jit_compile)."""
         kinds: dict[str, type[BackendConfig]] = {"tensorflow": TensorFlowConfig, "jax": JaxConfig,
                                                  "torch": TorchConfig, "emulated": EmulatedConfig}
         if data.get("backend") not in kinds:
@@ -190,8 +191,6 @@ class BackendConfig:
         common = {"accumulate": None if accumulate == "model" else accumulate, "note": data.get("note", ""),
                   "name": data.get("name"), "warnings": tuple(data.get("warnings", ()))}
         if data["backend"] == "emulated":
-            from convprobe.emulation import parse_model  # noqa: PLC0415 - numba only when asked
-
             return EmulatedConfig(model=parse_model(data["model"]), **common)
         framework = {"device": data["device"], "env": dict(data.get("env", {})), **common}
         if data["backend"] in ("jax", "torch"):
@@ -349,10 +348,17 @@ def _expand(value: str, choices: tuple[str, ...], argument: str) -> tuple[str, .
     return (value,)
 
 
+def framework_installed(name: str) -> bool:
+    """Whether a framework (tensorflow, jax, torch) can be imported here, without importing it."""
+    checks = {"tensorflow": lambda: importlib.util.find_spec("tensorflow") is not None, "jax": jax_installed,
+              "torch": torch_installed}
+    if name not in checks:
+        raise invalid_choice("framework", name, tuple(checks))
+    return checks[name]()
+
+
 def emulated_config(model: str | AccumulationModel, accumulate: str | None = None, note: str = "") -> EmulatedConfig:
     """The emulator under `model` (a spec is validated here, at the edge)."""
-    from convprobe.emulation import parse_model  # noqa: PLC0415 - numba only when asked
-
     value = parse_model(model) if isinstance(model, str) else model
     return EmulatedConfig(model=value, accumulate=accumulate, note=note or f"exact emulation: {value.describe()}")
 
@@ -370,13 +376,16 @@ def resolve_configs(
 
     Validates every argument before anything runs, so bad input costs nothing.
     """
-    installed = {"jax": jax_installed, "torch": torch_installed}
     backends = tuple(name for name in _expand(backend, BACKEND_CHOICES, "backend")  # all: the installed frameworks
-                     if backend != "all" or name not in installed or installed[name]())
+                     if backend != "all" or name == "emulated" or framework_installed(name))
     accumulates = _expand(accumulate, ACCUMULATE_CHOICES, "accumulate")
     resolved_device = resolve_device(device)
     if model is not None and "emulated" not in backends:
-        raise InvalidArgument("model applies only to --backend emulated (or all); received --model with --backend tensorflow")
+        raise InvalidArgument(f"model applies only to --backend emulated (or all); received --model with --backend "
+                              f"{backend}")
+    if jit_compile and "tensorflow" not in backends:
+        raise InvalidArgument(f"jit applies only to --backend tensorflow (or all; JAX always compiles, PyTorch by its "
+                              f"'compile' rows); received --jit with --backend {backend}")
     configs: list[BackendConfig] = []
     for name in backends:
         if name == "emulated" and model is not None:
@@ -387,7 +396,8 @@ def resolve_configs(
                 kind = JaxConfig if name == "jax" else TorchConfig
                 env, options, note = (JAX_SETTINGS if name == "jax" else TORCH_SETTINGS)[(resolved_device, acc)]
                 configs.append(kind(accumulate=acc, device=resolved_device, env={**env, **(extra_env or {})},
-                                    options=dict(options), note=note))
+                                    options=dict(options), note=note,
+                                    warnings=(note,) if note.startswith("PyTorch has no switch") else ()))
             elif name == "tensorflow":
                 setting = SETTINGS[(resolved_device, acc)]
                 env = {**setting.env, **(extra_env or {})}

@@ -45,8 +45,6 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "cudnn": ("on", "off"),
     "tf32": ("on", "off"),
 }
-#: The switches only a CUDA build on a GPU reads.
-GPU_SWITCHES = ("fp16_reduced_precision_reduction", "bf16_reduced_precision_reduction", "cudnn", "tf32")
 
 
 def torch_installed() -> bool:
@@ -108,7 +106,9 @@ class TorchBackend(AbstractBackend):
         if "compile" not in self.switches:
             return fn
         torch = self.torch
-        torch._dynamo.config.cache_size_limit = 1024  # identify asks many shapes: never drop to eager
+        limits = torch._dynamo.config  # identify asks many shapes: never drop to eager code past a limit
+        limits.recompile_limit = limits.accumulated_recompile_limit = 1 << 20
+        limits.fail_on_recompile_limit_hit = True
         return torch.compile(fn, backend=self.switches["compile"], dynamic=False)
 
     def _tensor(self, array, layout: tuple[int, ...]):
@@ -132,7 +132,8 @@ class TorchBackend(AbstractBackend):
 
     def _conv(self, x, w, strides, padding, dilation):
         strides, dilation = normalize_pair(strides, "strides"), normalize_pair(dilation, "dilation")
-        padding = padding if isinstance(padding, str) else tuple(tuple(int(v) for v in p) for p in padding)
+        if not isinstance(padding, str):  # validated (integers >= 0) before it keys the cache
+            padding = resolve_padding(padding, tuple(x.shape[2:]), tuple(w.shape[2:]), strides, dilation)
         return self._forward(strides, padding, dilation, tuple(x.shape[2:]), tuple(w.shape[2:]))(x, w)
 
     @staticmethod

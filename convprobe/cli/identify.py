@@ -146,6 +146,10 @@ def _with_threads(configs, threads: int | None) -> list:
 
     if threads is None:
         return configs
+    others = sorted({c.backend for c in configs if c.backend not in ("tensorflow", "emulated")})
+    if others:
+        raise InvalidArgument(f"threads applies to TensorFlow's configurations only (TF_NUM_INTRAOP_THREADS); "
+                              f"received --threads {threads} with --backend {','.join(others)}")
     return [dataclasses.replace(c, env={**c.env, "TF_NUM_INTRAOP_THREADS": str(threads)})
             if c.backend == "tensorflow" else c for c in configs]
 

@@ -13,11 +13,10 @@ from pathlib import Path
 
 from convprobe.backends.configurations import (ACCUMULATE_CHOICES, BACKEND_CHOICES, DEVICE_CHOICES, MATRIX, MATRIX_BACKENDS, TensorFlowConfig, emulated_config,
                                                inherited_switches, matrix_defaults, matrix_rows,
-                                               parse_env_assignments, resolve_configs, resolve_device)
+                                               framework_installed, parse_env_assignments, resolve_configs,
+                                               resolve_device)
 from convprobe.backends.configurations import matrix_configs as named_rows
 from convprobe.errors import InvalidArgument
-from convprobe.backends.jax import jax_installed
-from convprobe.backends.pytorch import torch_installed
 from convprobe.options import comma_integers, names_or_all
 from convprobe.render import FORMATS, check_output_path, json_clean, render_csv, render_json, render_table, write_atomic
 
@@ -146,8 +145,7 @@ def study_backends(value: str) -> tuple[str, ...]:
     chosen = names_or_all(value, MATRIX_BACKENDS, "backend")
     if value.strip() != "all":
         return chosen
-    present = {"tensorflow": lambda: True, "jax": jax_installed, "torch": torch_installed}
-    return tuple(name for name in chosen if present[name]())
+    return tuple(name for name in chosen if framework_installed(name))
 
 
 def _framework_rows(args) -> list:

@@ -18,7 +18,7 @@ def run_identify(configs, ops, *, specs, ks=None, rows: int, seed: int, device: 
                  jobs: int | None) -> Outcome:
     """Seeded random dot products per K through every op, and the model that matches best."""
     params = {"ops": list(ops), "ks": None if ks is None else list(ks), "rows": rows, "seed": seed}
-    probe_results = run_probe("identify", configs, params, timeout=timeout, jobs=jobs)
+    probe_results = run_probe(battery.__name__, configs, params, timeout=timeout, jobs=jobs, name="identify")
     if ks is None:  # each op's own Ks (`identify.default_ks`): a column for any of them
         ks = battery.battery_ks(ops)
     table_rows, records, matches = [], [], {}

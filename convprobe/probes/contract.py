@@ -17,9 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 
-from convprobe.backends.configurations import BackendConfig, matrix_configs, resolve_configs
-from convprobe.backends.jax import jax_installed
-from convprobe.backends.pytorch import torch_installed
+from convprobe.backends.configurations import BackendConfig, framework_installed, matrix_configs, resolve_configs
 from convprobe.options import Status
 from convprobe.probes.fingerprint import findings_observed, run_grouped
 from convprobe.probes.fingerprint.properties import Accumulation
@@ -27,7 +25,7 @@ from convprobe.probes.result import ProbeResult
 from convprobe.probes.studies import Outcome, envelope, failure_notes
 
 __all__ = ["Verdict", "ContractCell", "FRAMEWORKS", "ROWS", "contract_configs", "contract_cells", "run_contract",
-           "COLUMNS"]
+           "contract_summary", "contract_markdown", "COLUMNS"]
 
 #: The frameworks a contract covers (the emulator declares nothing: it is the reference).
 FRAMEWORKS = ("tensorflow", "jax", "torch")
@@ -62,19 +60,20 @@ class ContractCell:
 
 def installed(frameworks: tuple[str, ...] = FRAMEWORKS) -> tuple[str, ...]:
     """The frameworks of `frameworks` that can run here."""
-    present = {"tensorflow": lambda: True, "jax": jax_installed, "torch": torch_installed}
-    return tuple(name for name in frameworks if present[name]())
+    return tuple(name for name in frameworks if framework_installed(name))
 
 
 def contract_configs(frameworks: tuple[str, ...], device: str, rows: str) -> list[BackendConfig]:
-    """Each framework's configurations: its `--accumulate` requests, its matrix rows, or both."""
-    out: list[BackendConfig] = []
+    """Each framework's configurations: its `--accumulate` requests, its matrix rows, or both
+    (each label once: a request and a matrix row of one name are one configuration)."""
+    out: dict[str, BackendConfig] = {}
     for framework in frameworks:
-        if rows in ("requests", "all"):
-            out += resolve_configs(backend=framework, accumulate="all", device=device)
-        if rows in ("matrix", "all"):
-            out += matrix_configs(device, "all", framework)
-    return out
+        found = [*(resolve_configs(backend=framework, accumulate="all", device=device)
+                   if rows in ("requests", "all") else []),
+                 *(matrix_configs(device, "all", framework) if rows in ("matrix", "all") else [])]
+        for config in found:
+            out.setdefault(config.label, config)
+    return list(out.values())
 
 
 def _verdict(declared: str | None, accumulation: Accumulation) -> Verdict:
@@ -88,19 +87,40 @@ def contract_cells(result: ProbeResult, ops) -> list[ContractCell]:
     config = result.config
     declared = config.accumulate if config.accumulate in ("fp16", "fp32") else None
     findings = findings_observed(result.observed) if result.status == Status.OK else {}
+    per_op = result.observed.get("ops", {}) if result.status == Status.OK else {}
     cells = []
     for op in ops:
         found = findings.get(op)
         base = {"framework": config.backend, "configuration": config.label, "switches": config.environment or "-",
                 "op": op, "declared": declared}
-        if found is None:
-            cells.append(ContractCell(**base, observed=None, verdict=Verdict.NOT_MEASURED,
-                                      evidence=result.error or f"{op} did not run"))
+        if found is None:  # the process failed, or it ran and this op did not
+            reason = result.error or per_op.get(op, {}).get("error") or f"{op} did not run"
+            cells.append(ContractCell(**base, observed=None, verdict=Verdict.NOT_MEASURED, evidence=reason))
             continue
         accumulation = found["accumulation"]
         cells.append(ContractCell(**base, observed=accumulation.shown, verdict=_verdict(declared, accumulation.value),
                                   evidence=accumulation.evidence))
     return cells
+
+
+def contract_summary(cells) -> str:
+    """'N of M declared (configuration, op) cells not honoured', and the declared cells that
+    could not be measured, apart (cells as `ContractCell.to_dict`s or cells)."""
+    cells = [c if isinstance(c, dict) else c.to_dict() for c in cells]
+    declared = [c for c in cells if c["declared"]]
+    broken = sum(c["verdict"] == Verdict.NOT_HONOURED for c in declared)
+    unmeasured = sum(c["verdict"] == Verdict.NOT_MEASURED for c in declared)
+    return (f"{broken} of {len(declared) - unmeasured} declared (configuration, op) cells not honoured"
+            + (f"; {unmeasured} declared cells not measured" if unmeasured else ""))
+
+
+def contract_markdown(cells) -> list[str]:
+    """The cells as a Markdown table (a declaration not kept in bold), for the generated pages."""
+    return ["| framework | configuration | switches | op | declared | observed | verdict |",
+            "|---|---|---|---|---|---|---|",
+            *(f"| {c['framework']} | {c['configuration']} | {c['switches']} | {c['op']} | {c['declared'] or '-'} | "
+              f"{c['observed'] or '-'} | {'**NOT HONOURED**' if c['verdict'] == Verdict.NOT_HONOURED else c['verdict']} |"
+              for c in cells)]
 
 
 def run_contract(configs: list[BackendConfig], ops, *, seed: int, device: str, timeout: float,
@@ -115,8 +135,7 @@ def run_contract(configs: list[BackendConfig], ops, *, seed: int, device: str, t
     broken = [cell for cell in cells if cell.verdict is Verdict.NOT_HONOURED]
     notes = [f"{cell.configuration} {cell.op}: declared {cell.declared}, observed {cell.observed} ({cell.evidence})"
              for cell in broken] + failure_notes(probe_results)
-    summary = (f"{len(broken)} of {sum(c.declared is not None for c in cells)} declared (configuration, op) cells "
-               f"not honoured")
+    summary = contract_summary(cells)
     document = envelope("contract", params, probe_results, seed=seed, device=device,
                          cells=[cell.to_dict() for cell in cells])
     return Outcome(document, rows, COLUMNS, notes, csv_rows=[cell.to_dict() for cell in cells],

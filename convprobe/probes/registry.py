@@ -18,7 +18,6 @@ PROBES = {
     "overflow": "convprobe.probes.overflow",
     "compare": "convprobe.probes.compare",
     "fingerprint": "convprobe.probes.fingerprint",
-    "identify": "convprobe.identify.battery",
     "sweep": "convprobe.probes.sweep",
 }
 

@@ -30,7 +30,8 @@ def run_one(probe: str, config: BackendConfig, params: dict, *, timeout: float =
     `name` is the probe's name in the row (default `probe`)."""
     task = {"probe": probe, "params": params}
     started = time.perf_counter()
-    if isinstance(config, FrameworkConfig):  # (`config.isolated`)
+    if config.isolated:
+        assert isinstance(config, FrameworkConfig)  # (the configurations that run isolated)
         outcome = run_isolated(config, task, module=worker.__name__, timeout=timeout)
         status, payload, error, environment = outcome.status, outcome.payload, outcome.error, outcome.environment
         wall = outcome.wall_s

@@ -1,4 +1,5 @@
-"""Child-process task behind `ConvBackend.conv2d` for TensorFlow configurations.
+"""Child-process task behind `ConvBackend.conv2d` for a framework's configurations
+(TensorFlow, JAX, PyTorch).
 
 Shaped like a probe module (`run`, `interpret`) so that the isolation layer and
 the worker run it unchanged: arrays travel bit exact as base64 bytes.

@@ -30,12 +30,11 @@ from convprobe.backends.configurations import (
     TensorFlowConfig,
     MATRIX_BACKENDS,
     emulated_config,
+    framework_installed,
     matrix_configs,
     matrix_rows,
     resolve_configs,
 )
-from convprobe.backends.jax import jax_installed
-from convprobe.backends.pytorch import torch_installed
 from convprobe.errors import InvalidArgument, invalid_choice
 
 __all__ = ["ConvBackend", "resolve_target", "available_configs", "BACKEND_SELECTIONS"]
@@ -129,12 +128,12 @@ def available_configs(selection: str = "emulated", *, device: str = "auto") -> l
     if selection in ("emulated", "all"):
         configs += resolve_configs(backend="emulated", accumulate="fp16")
         configs += resolve_configs(backend="emulated", accumulate="fp32")
-    installed = {"tensorflow": lambda: True, "jax": jax_installed, "torch": torch_installed}
-    for framework, present in installed.items():
-        if selection == framework and not present():
+    for framework in ("tensorflow", "jax", "torch"):
+        present = framework_installed(framework)
+        if selection == framework and not present:
             raise InvalidArgument(f"convprobe-backends {framework} needs the {framework} extra: "
                                   f"pip install 'convprobe[{framework}]'")
-        if selection == framework or (selection == "all" and present()):
+        if selection == framework or (selection == "all" and present):
             configs += resolve_configs(backend=framework, accumulate="all", device=device)
     return configs
 
@@ -169,7 +168,8 @@ class ConvBackend:
 
     @property
     def accumulate(self) -> str | None:
-        """The accumulation the configuration asks for: fp16, fp32, or None (TensorFlow's default / a model)."""
+        """The accumulation the configuration asks for: fp16, fp32, or None (a framework's default / a model).
+        A request no switch expresses (PyTorch's on the CPU) is still what was asked: see its warnings."""
         return self.config.accumulate if self.config.accumulate in ("fp16", "fp32") else None
 
     @property

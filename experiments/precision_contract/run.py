@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from convprobe import experiment, results
+from convprobe.probes.contract import contract_markdown, contract_summary
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,8 +43,6 @@ def _page(document: dict, config: dict, command: str, script: str) -> str:
     versions = provenance["versions"]
     runtimes = {r["config"]["label"]: r.get("runtime", {}) for r in document["results"]}
     frameworks = sorted({c["framework"] for c in cells})
-    declared = [c for c in cells if c["declared"]]
-    broken = [c for c in declared if c["verdict"] == "NOT HONOURED"]
     framework_versions = {"tensorflow": versions.get("tensorflow"),
                           "jax": next((r.get("jax_version") for r in runtimes.values() if "jax_version" in r), None),
                           "torch": next((r.get("torch_version") for r in runtimes.values() if "torch_version" in r),
@@ -55,14 +54,9 @@ def _page(document: dict, config: dict, command: str, script: str) -> str:
              f"- CPU: {provenance.get('cpu')} (identity {json.dumps(provenance.get('cpu_identity'))}, flags "
              f"{', '.join(provenance.get('cpu_flags', []))})",
              f"- seed {provenance.get('seed')}", "", f"Command: `{command}`", "",
-             f"**{len(broken)} of {len(declared)} declared (configuration, op) cells are not honoured.** The "
-             "observed accumulation is the fingerprint battery's reading at its own crafted shapes; how a kernel "
-             "rounds between blocks or taps at a given layer is identify's to say there.", "",
-             "| framework | configuration | switches | op | declared | observed | verdict |",
-             "|---|---|---|---|---|---|---|",
-             *(f"| {c['framework']} | {c['configuration']} | {c['switches']} | {c['op']} | {c['declared'] or '-'} | "
-               f"{c['observed'] or '-'} | {'**NOT HONOURED**' if c['verdict'] == 'NOT HONOURED' else c['verdict']} |"
-               for c in cells), ""]
+             f"**{contract_summary(cells)}.** The observed accumulation is the fingerprint battery's reading at its "
+             "own crafted shapes; how a kernel rounds between blocks or taps at a given layer is identify's to say "
+             "there.", "", *contract_markdown(cells), ""]
     return "\n".join(lines)
 
 

@@ -149,3 +149,12 @@ def test_inherited_switches_are_named():
 def test_onednn_runs_fp16_on_the_cpus_tensorflow_names(features, runs):
     assert onednn_runs_fp16(features) is runs
 
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"backend": "jax", "jit_compile": True}, "jit applies only to --backend tensorflow .*received --jit with --backend jax"),
+    ({"backend": "torch", "model": "sequential:fp16"}, "model applies only to --backend emulated .*--backend torch"),
+])
+def test_an_option_the_chosen_framework_does_not_read_is_refused(kwargs, message):
+    with pytest.raises(InvalidArgument, match=message):
+        resolve_configs(**kwargs)

@@ -92,3 +92,9 @@ def test_a_study_command_runs_several_frameworks_matrices():
     assert all(r["status"] == "ok" for r in doc["results"])
     proc = run_cli("fingerprint", "--backend", "torch,jax", "--configs", "mkldnn-off,jit+strict")
     assert proc.returncode == 2 and "received 'jit+strict'" in proc.stderr
+
+
+def test_threads_is_refused_for_a_framework_that_does_not_read_it():
+    proc = run_cli("identify", "--backend", "torch", "--threads", "2", "--input-shape", "1,4,4,8",
+                   "--filter-shape", "3,3,8,4")
+    assert proc.returncode == 2 and "threads applies to TensorFlow's configurations only" in proc.stderr

@@ -1,6 +1,6 @@
 """identify's layer mode is a probe of its own (`layer_identify`), run by module path from
 `layer_study`; its document stays an ordinary identify document, and the battery probe
-(`probes.identify`) refuses layers rather than answer with the battery."""
+(`identify.battery`) refuses layers rather than answer with the battery."""
 
 import pytest
 

@@ -7,7 +7,8 @@ import pytest
 
 from convprobe import results
 from convprobe.backends.configurations import emulated_config
-from convprobe.probes.contract import Verdict, run_contract
+from convprobe.probes.contract import Verdict, contract_cells, contract_configs, contract_summary, run_contract
+from convprobe.probes.result import ProbeResult
 
 from conftest import run_cli
 
@@ -59,3 +60,23 @@ def test_bad_contract_requests_are_refused_before_any_work(args, message):
     proc = run_cli("contract", *args)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_an_op_that_failed_in_a_process_that_ran_is_not_measured_with_its_own_reason():
+    """The battery ran (status ok) but one op raised: that cell is 'not measured', its reason the
+    op's own error, and it is counted apart from the declared cells that were measured."""
+    config = emulated_config("sequential:fp16", "fp16")
+    ran = run_contract([config], ("matmul",), seed=0, device="cpu", timeout=300, jobs=1).probe_results[0]
+    observed = {"ops": {**ran.observed["ops"], "conv2d": {"status": "failed", "error": "ValueError: no kernel"}}}
+    result = ProbeResult("fingerprint", config, "ok", observed=observed)
+    cells = {c.op: c for c in contract_cells(result, ("matmul", "conv2d"))}
+    assert cells["matmul"].verdict is Verdict.HONOURED
+    assert (cells["conv2d"].verdict, cells["conv2d"].evidence) == (Verdict.NOT_MEASURED, "ValueError: no kernel")
+    assert contract_summary(list(cells.values())) == ("0 of 1 declared (configuration, op) cells not honoured; "
+                                                      "1 declared cells not measured")
+
+
+def test_a_request_and_a_matrix_row_of_one_name_are_one_configuration():
+    labels = [c.label for c in contract_configs(("tensorflow",), "cpu", "all")]
+    assert len(labels) == len(set(labels)) and "tensorflow/cpu/default" in labels
+    assert "tensorflow/cpu/jit+strict" in labels and "tensorflow/cpu/fp16" in labels
