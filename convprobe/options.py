@@ -14,7 +14,7 @@ from typing import TypeVar
 from convprobe.errors import invalid_choice
 
 __all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "OutputFormat",
-           "FigureFormat", "Status", "Device", "ComputeDtype", "LossScaleMode", "ArithmeticKind", "ConvOp", "Distribution", "parse_option",
+           "FigureFormat", "Status", "Accumulate", "Backend", "Device", "ComputeDtype", "LossScaleMode", "ArithmeticKind", "ConvOp", "Distribution", "parse_option",
            "names_or_all",
            "comma_integers"]
 
@@ -113,6 +113,23 @@ class Status(StrEnum):
     FAILED = "failed"
     CRASHED = "crashed"
     TIMEOUT = "timeout"
+
+
+class Accumulate(StrEnum):
+    """What `--accumulate` asks of a configuration; `default` asks nothing."""
+
+    FP16 = "fp16"
+    FP32 = "fp32"
+    DEFAULT = "default"
+
+
+class Backend(StrEnum):
+    """The backends a configuration runs on: the frameworks and the exact emulator."""
+
+    TENSORFLOW = "tensorflow"
+    EMULATED = "emulated"
+    JAX = "jax"
+    TORCH = "torch"
 
 
 class Device(StrEnum):

@@ -27,7 +27,7 @@ from convprobe.backends.jax import jax_installed
 from convprobe.backends.pytorch import torch_installed
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.emulation import AccumulationModel, parse_model
-from convprobe.options import Device, names_or_all
+from convprobe.options import Accumulate, Backend, Device, names_or_all
 
 __all__ = [
     "ACCUMULATE_CHOICES",
@@ -64,8 +64,8 @@ __all__ = [
     "onednn_runs_fp16",
 ]
 
-ACCUMULATE_CHOICES = ("fp16", "fp32", "default")
-BACKEND_CHOICES = ("tensorflow", "emulated", "jax", "torch")
+ACCUMULATE_CHOICES = tuple(a.value for a in Accumulate)
+BACKEND_CHOICES = tuple(b.value for b in Backend)
 DEVICE_CHOICES = tuple(d.value for d in Device)
 
 
@@ -563,7 +563,7 @@ TORCH_MATRIX_DEFAULT: dict[str, tuple[str, ...]] = {
 }
 
 #: The frameworks with a configuration matrix (the study commands' --backend).
-MATRIX_BACKENDS = ("tensorflow", "jax", "torch")
+MATRIX_BACKENDS = tuple(b.value for b in Backend if b is not Backend.EMULATED)
 
 
 def matrix_rows(device: str, backend: str = "tensorflow") -> dict[str, BackendConfig]:

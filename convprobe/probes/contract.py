@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 
-from convprobe.backends.configurations import BackendConfig, framework_installed, matrix_configs, resolve_configs
+from convprobe.backends.configurations import (MATRIX_BACKENDS, BackendConfig, framework_installed, matrix_configs,
+                                               resolve_configs)
 from convprobe.options import Status
 from convprobe.probes.fingerprint import findings_observed, run_grouped
 from convprobe.probes.fingerprint.properties import Accumulation
@@ -28,7 +29,7 @@ __all__ = ["Verdict", "ContractCell", "FRAMEWORKS", "ROWS", "contract_configs", 
            "contract_summary", "contract_markdown", "COLUMNS"]
 
 #: The frameworks a contract covers (the emulator declares nothing: it is the reference).
-FRAMEWORKS = ("tensorflow", "jax", "torch")
+FRAMEWORKS = MATRIX_BACKENDS
 #: Which configurations are asked: the `--accumulate` requests, the matrix rows, or both.
 ROWS = ("requests", "matrix", "all")
 COLUMNS = ["framework", "configuration", "switches", "op", "declared", "observed", "verdict"]
