@@ -106,7 +106,9 @@ def page(directory: Path) -> str:
             for op, entry in per_op.items():
                 summary = entry.get("summary") or {}
                 best = summary.get("best")
-                fraction = (summary.get("confirmation") or {}).get("fractions", {}).get(best) if best else None
+                both = [(summary.get("table") or {}).get(best),
+                        (summary.get("confirmation") or {}).get("fractions", {}).get(best)] if best else []
+                fraction = min(both) if both and None not in both else None  # the lower of the two input sets
                 shown = "-" if fraction is None else ("100%" if fraction == 1.0 else f"{int(fraction * 1000) / 10}%")
                 name = best or entry.get("status", "-")
                 lines.append(f"| {label} | {op} | `{name if len(name) <= 90 else name[:89] + '…'}` | {shown} |")
