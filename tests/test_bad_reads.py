@@ -471,7 +471,7 @@ PLUGIN_USAGE_CASES = [
     ([], "convprobe_seed = -5", "ini value convprobe_seed must be an integer from 0 to 2**63 - 1; received '-5'"),
     ([], "convprobe_seed = seven", "ini value convprobe_seed must be an integer from 0 to 2**63 - 1; received 'seven'"),
     ([], "convprobe_seed = 0x10", "received '0x10'"),
-    ([], "convprobe_backends = tensorflw", "ini value convprobe_backends must be one of emulated, tensorflow, all; received 'tensorflw'"),
+    ([], "convprobe_backends = tensorflw", "ini value convprobe_backends must be one of emulated, tensorflow, jax, torch, all; received 'tensorflw'"),
     (["--convprobe-backends=gpu"], "", "argument --convprobe-backends: invalid choice: 'gpu'"),
 ]
 

@@ -38,7 +38,7 @@ def test_python_dash_m_shows_the_commands():
 @pytest.mark.parametrize("args,expected", [
     (["overflow", "--accumulate", "fp8"], "argument --accumulate: invalid choice: 'fp8' (choose from 'fp16', 'fp32', 'default', 'all')"),
     (["overflow", "--format", "xml"], "argument --format: invalid choice: 'xml' (choose from 'table', 'json', 'csv')"),
-    (["compare", "--backend", "torch"], "argument --backend: invalid choice: 'torch'"),
+    (["compare", "--backend", "mxnet"], "argument --backend: invalid choice: 'mxnet'"),
     (["overflow", "--env", "NOEQUALS"], "env must be NAME=VALUE"),
     (["compare", "--batch", "0"], "argument --batch: must be an integer from 1 to 4096; received '0'"),
     (["compare", "--kernel", "40"], "kernel must be at most height and width (32); received 40"),

@@ -51,6 +51,7 @@ def test_the_65519_test_on_torch_says_a_request_no_switch_grants_was_not_honoure
     assert rows["torch/cpu/default"]["runtime"]["torch_version"].startswith("2.")
 
 
+@pytest.mark.slow
 def test_a_switch_is_set_in_its_own_process_only():
     doc = run_cli_json("overflow", "--backend", "torch", "--accumulate", "default")
     (row,) = doc["results"]

@@ -274,6 +274,7 @@ def test_accumulates_in_says_when_the_probes_disagree():
     assert "compare probe (real vs fake fp16): fp16 - differs: accumulation below fp32" in message
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_conv_backend_runs_pytorch_in_its_own_process(pytester):
     """--convprobe-backends=torch: PyTorch's three requests, each marked torch, each conv2d in a
