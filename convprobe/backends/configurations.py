@@ -393,11 +393,11 @@ def resolve_configs(
             continue
         for acc in accumulates:
             if name in ("jax", "torch"):
-                kind = JaxConfig if name == "jax" else TorchConfig
+                kind = JaxConfig if name == "jax" else TorchConfig  # (a request no switch expresses: a warning)
                 env, options, note = (JAX_SETTINGS if name == "jax" else TORCH_SETTINGS)[(resolved_device, acc)]
                 configs.append(kind(accumulate=acc, device=resolved_device, env={**env, **(extra_env or {})},
                                     options=dict(options), note=note,
-                                    warnings=(note,) if note.startswith("PyTorch has no switch") else ()))
+                                    warnings=(note,) if acc != "default" and not env and not options else ()))
             elif name == "tensorflow":
                 setting = SETTINGS[(resolved_device, acc)]
                 env = {**setting.env, **(extra_env or {})}

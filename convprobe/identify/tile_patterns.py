@@ -347,17 +347,17 @@ def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRu
     op, k = "conv2d_backprop_input", layer.filter_shape[3]
     if not main_columns:
         return [None], [1]
-    spec_of = [_column_model_of(main_columns if run.columns is None else run.columns, k) for run in runs]
-    if any(of is None for of in spec_of):
+    model_of = [_column_model_of(main_columns if run.columns is None else run.columns, k) for run in runs]
+    if any(of is None for of in model_of):
         return [None], [1]
     firsts = [run.first for run in runs]
-    main = spec_of[next(i for i, run in enumerate(runs) if run.columns is None)]
+    main = model_of[next(i for i, run in enumerate(runs) if run.columns is None)]
     n, h, w, _ = layer.input_shape
     kh, kw, c_in, _ = layer.filter_shape
     _, oh, ow, _ = layer.output_shape
     (top, _), (left, _) = layer.pads
     (sh, sw), (dh, dw) = layer.strides, layer.dilation
-    main_spec = model_by_column(layer, op, main, combine)
+    main_model = model_by_column(layer, op, main, combine)
     reached = set()  # the pixels a non-main row reaches
     for run, nxt in zip(runs, [*firsts[1:], n * oh * ow]):
         if run.columns is None:
@@ -380,23 +380,23 @@ def _dx_pixel_runs(layer: Layer, runs: list[RowRun], main_columns: list[ColumnRu
             out.append(int(np.searchsorted(firsts, (b * oh + a) * ow + e, side="right")) - 1 if inside else -1)
         return tuple(out)
 
-    spec_of_taps = {}  # one spec for each distinct (run of every tap): pixels share them
-    pixel_specs = {}
+    model_of_taps = {}  # one model for each distinct (run of every tap): pixels share them
+    pixel_models = {}
     for pixel in reached:
         taps = tap_runs(pixel)
-        if taps not in spec_of_taps:
+        if taps not in model_of_taps:
             def of(column: int, taps=taps) -> AccumulationModel | None:
                 run_index = taps[column // c_in]
-                return main(column) if run_index < 0 else spec_of[run_index](column)
-            spec_of_taps[taps] = model_by_column(layer, op, of, combine)
-        pixel_specs[pixel] = spec_of_taps[taps]
-    specs: list[AccumulationModel | None] = []
+                return main(column) if run_index < 0 else model_of[run_index](column)
+            model_of_taps[taps] = model_by_column(layer, op, of, combine)
+        pixel_models[pixel] = model_of_taps[taps]
+    models: list[AccumulationModel | None] = []
     counts: list[int] = []
     for pixel in np.ndindex(n, h, w):
-        spec = pixel_specs.get(pixel, main_spec)
-        if specs and specs[-1] == spec:
+        model = pixel_models.get(pixel, main_model)
+        if models and models[-1] == model:
             counts[-1] += 1
         else:
-            specs.append(spec)
+            models.append(model)
             counts.append(1)
-    return specs, counts
+    return models, counts

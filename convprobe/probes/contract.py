@@ -22,7 +22,7 @@ from convprobe.backends.configurations import (MATRIX_BACKENDS, BackendConfig, f
 from convprobe.options import Status
 from convprobe.probes.fingerprint import findings_observed, run_grouped
 from convprobe.probes.fingerprint.properties import Accumulation
-from convprobe.probes.result import ProbeResult
+from convprobe.probes.result import ProbeResult, honoured
 from convprobe.probes.studies import Outcome, envelope, failure_notes
 
 __all__ = ["Verdict", "ContractCell", "FRAMEWORKS", "ROWS", "contract_configs", "contract_cells", "run_contract",
@@ -78,9 +78,9 @@ def contract_configs(frameworks: tuple[str, ...], device: str, rows: str) -> lis
 
 
 def _verdict(declared: str | None, accumulation: Accumulation) -> Verdict:
-    if declared not in ("fp16", "fp32"):
-        return Verdict.NOTHING_DECLARED
-    return Verdict.HONOURED if accumulation.format == declared else Verdict.NOT_HONOURED
+    """`result.honoured`'s answer (the rule every command's 'honoured' column uses), as a verdict."""
+    kept = honoured(declared, accumulation.format)
+    return Verdict.NOTHING_DECLARED if kept is None else Verdict.HONOURED if kept else Verdict.NOT_HONOURED
 
 
 def contract_cells(result: ProbeResult, ops) -> list[ContractCell]:

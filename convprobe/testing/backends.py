@@ -172,10 +172,6 @@ class ConvBackend:
         A request no switch expresses (PyTorch's on the CPU) is still what was asked: see its warnings."""
         return self.config.accumulate if self.config.accumulate in ("fp16", "fp32") else None
 
-    @property
-    def is_tensorflow(self) -> bool:
-        return self.config.backend == "tensorflow"
-
     def conv2d(self, x, w, *, strides=1, padding="VALID", dilation=1) -> np.ndarray:
         """NHWC `x` (*) HWIO `w` on this configuration; the output in the backend's dtype."""
         x, w = np.asarray(x), np.asarray(w)

@@ -27,6 +27,8 @@ def test_torch_configurations_are_validated_and_carry_their_switches():
     configs = {c.label: c for c in resolve_configs(backend="torch", accumulate="all")}
     assert sorted(configs) == ["torch/cpu/default", "torch/cpu/fp16", "torch/cpu/fp32"]
     assert "no switch that asks for fp16 accumulation" in configs["torch/cpu/fp16"].note
+    assert configs["torch/cpu/fp16"].warnings == (configs["torch/cpu/fp16"].note,)
+    assert configs["torch/cpu/default"].warnings == ()  # (asks nothing)
     assert all(c.isolated for c in configs.values())
     rows = {c.name: c for c in matrix_configs("cpu", "all", "torch")}
     assert list(rows) == list(TORCH_MATRIX["cpu"])
