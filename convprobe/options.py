@@ -88,6 +88,18 @@ class Positions(StrEnum):
     HWN = "hwn"
 
 
+class Zeros(StrEnum):
+    """The sign of a zero result.
+
+    ``signed``: as IEEE 754 rounds it (a negative sum that rounds to zero is -0).
+    ``positive``: +0 always, as a kernel that adds its sum onto a +0-initialised output
+    gives it (+0 + -0 = +0): Eigen's fp16 contraction and XLA's strict CPU conv.
+    """
+
+    SIGNED = "signed"
+    POSITIVE = "positive"
+
+
 class OutputFormat(StrEnum):
     """What a command prints (and, with --output, writes): an aligned table, JSON or CSV."""
 

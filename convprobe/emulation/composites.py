@@ -65,7 +65,7 @@ from convprobe.emulation.models import (AccumulationModel, Chunked, Exact, Pairw
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.formats import FP32, Format
-from convprobe.options import Positions, Rounding
+from convprobe.options import Positions, Rounding, Zeros
 
 __all__ = ["SplitK", "Lanes", "Reverse", "Columns", "Rows", "COMPOSITE_KINDS", "ranges", "split_arguments",
            "parse_composite"]
@@ -107,6 +107,9 @@ def _check_inner(model: AccumulationModel, argument: str) -> None:
     if model.positions != Positions.NHW:
         raise InvalidArgument(f"{argument} of a composite cannot set positions (the order of the whole "
                               f"sum, the outermost model's); received {model.to_spec()}")
+    if model.zeros != Zeros.SIGNED:
+        raise InvalidArgument(f"{argument} of a composite cannot set zeros (the sign of the whole sum's zero "
+                              f"result, the outermost model's); received {model.to_spec()}")
     if isinstance(model, _ByIndex):
         raise InvalidArgument(f"{argument} of a composite cannot be a {model.kind} model (it picks a model by "
                               f"{model.axis}, so it is the outermost, rows around columns); received "
@@ -148,8 +151,10 @@ class _Composite(AccumulationModel):
         return plan.plannable(self) and all(model.plannable() for model in self._parts())
 
     def _order(self) -> str:
-        """The spec's ``, positions=hwn`` where the whole sum takes the batch innermost."""
-        return "" if self.positions == Positions.NHW else f", positions={self.positions}"
+        """The spec's options of the whole sum: ``, positions=hwn`` where it takes the batch
+        innermost, ``, zeros=positive`` where a zero result is +0."""
+        return ("" if self.positions == Positions.NHW else f", positions={self.positions}") + (
+            "" if self.zeros == Zeros.SIGNED else f", zeros={self.zeros}")
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         self._inner.check_inputs(x, fp16_dtype, argument)
@@ -629,6 +634,9 @@ class Rows(_ByIndex):
         if model.positions != Positions.NHW:
             raise InvalidArgument(f"a rows model's models and columns cannot set positions (the order of the whole sum, "
                                   f"the outermost model's); received {model.to_spec()}")
+        if model.zeros != Zeros.SIGNED:
+            raise InvalidArgument(f"a rows model's models and columns cannot set zeros (the sign of the whole sum's zero "
+                                  f"result, the outermost model's); received {model.to_spec()}")
         for inner in model.models if isinstance(model, Columns) else (model,):
             _check_inner(inner, "a rows model")
 
@@ -689,11 +697,11 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
              "lanes": "lanes(WIDTH, INNER, combine=MODEL[, tail=N][, output=FORMAT]",
              "reverse": "reverse(INNER[, output=FORMAT]",
              "columns": "columns(MODEL[ * N], MODEL[ * N], ...",
-             "rows": "rows(MODEL[ * N], MODEL[ * N], ..."}[kind] + "[, positions=nhw|hwn])"
+             "rows": "rows(MODEL[ * N], MODEL[ * N], ..."}[kind] + "[, positions=nhw|hwn][, zeros=signed|positive])"
     allowed = {"splitk": {"length", "combine", "output", "inner", "parts", "first"},
                "lanes": {"combine", "output", "inner", "width", "tail"},
                "reverse": {"output", "inner"},
-               "columns": {"output"}, "rows": {"output"}}[kind] | {"positions"}
+               "columns": {"output"}, "rows": {"output"}}[kind] | {"positions", "zeros"}
     unknown = sorted(set(keywords) - allowed)
     if unknown:
         raise invalid_choice(f"{kind} parameter", unknown[0], sorted(allowed))
@@ -717,8 +725,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
             else:
                 models.append(parse_model(text))
         by_index: type[_ByIndex] = Columns if kind == "columns" else Rows
-        return by_index(models=tuple(models), output=keywords.get("output"),
-                        positions=keywords.get("positions", Positions.NHW))
+        return by_index(models=tuple(models), output=keywords.get("output"), **_whole_sum(keywords))
     values: dict[str, Any] = {}
     size_name = "parts" if kind == "splitk" else "width"
     if kind != "reverse" and positional and positional[0].strip().lstrip("-").isdigit():
@@ -735,7 +742,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         raise InvalidArgument(f"{kind} needs an inner model: {usage}; received {spec!r}")
     inner = parse_model(values.pop("inner"))
     if kind == "reverse":
-        return Reverse(inner=inner, output=values.pop("output", None), positions=values.pop("positions", Positions.NHW))
+        return Reverse(inner=inner, output=values.pop("output", None), **_whole_sum(values))
     if kind == "splitk":
         if "first" in values:
             text = values.pop("first")
@@ -753,7 +760,12 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
         raise InvalidArgument(f"lanes needs combine=MODEL: {usage}; received {spec!r}")
     combine = parse_model(values.pop("combine"))
     return Lanes(width=values.pop("width", 4), inner=inner, combine=combine, tail=values.pop("tail", 0),
-                 output=values.pop("output", None), positions=values.pop("positions", Positions.NHW))
+                 output=values.pop("output", None), **_whole_sum(values))
+
+
+def _whole_sum(keywords: dict[str, Any]) -> dict[str, Any]:
+    """The options of the whole sum a spec gave (positions, zeros), removed from `keywords`."""
+    return {key: keywords.pop(key) for key in ("positions", "zeros") if key in keywords}
 
 
 def lanes_shorthand(spec: str, parse_model) -> Lanes:

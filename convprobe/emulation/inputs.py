@@ -16,6 +16,7 @@ import numpy as np
 from convprobe.emulation.models import AccumulationModel, as_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP64
+from convprobe.options import Zeros
 
 __all__ = ["as_float64", "check_exact_products", "finish", "fp16_or_narrower", "NARROW_DTYPES"]
 
@@ -65,5 +66,9 @@ def check_exact_products(x64: np.ndarray, narrow: bool, model: AccumulationModel
 
 def finish(out64: np.ndarray, model: AccumulationModel) -> np.ndarray:
     """Results (already representable, in a float64, float32 or float16 carrier) in the output
-    format's storage dtype."""
-    return out64.astype(model.output_dtype, copy=False)
+    format's storage dtype; under ``zeros=positive`` added onto +0, as the kernel does (only a
+    -0 changes: +0 + -0 = +0)."""
+    out = out64.astype(model.output_dtype, copy=False)
+    if model.zeros == Zeros.POSITIVE:
+        return out + out.dtype.type(0)
+    return out

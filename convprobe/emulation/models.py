@@ -19,6 +19,9 @@ Every model reduces ``sum_k a_k * b_k`` in the order given. Common parameters:
   the default ``"hwc"`` is HWIO filter order.
 * ``positions`` - a filter gradient's order over the batch positions: ``"nhw"`` (the
   default, image by image) or ``"hwn"`` (the batch innermost; `options.Positions`).
+* ``zeros`` - the sign of a zero result: ``"signed"`` (the default, as IEEE 754 rounds it)
+  or ``"positive"`` (+0 always: the sum lands on a +0-initialised output; `options.Zeros`).
+  Like ``positions`` it belongs to the whole sum, so only the outermost model sets it.
 
 Sequential and chunked sums start from +0. Spec strings: see `convprobe.emulation.specs`.
 """
@@ -51,7 +54,7 @@ from convprobe.emulation.rounding import (
 from convprobe.random_stream import max_bits
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.formats import FP16, FP32, FP64, Format, custom_format
-from convprobe.options import Alignment, CAddition, KLayout, Positions, Rounding, parse_option
+from convprobe.options import Alignment, CAddition, KLayout, Positions, Rounding, Zeros, parse_option
 
 __all__ = [
     "AccumulationModel",
@@ -99,6 +102,7 @@ class AccumulationModel:
     rbits: int | None = None
     order: str = "hwc"
     positions: Positions | str = Positions.NHW
+    zeros: Zeros | str = Zeros.SIGNED
 
     kind: ClassVar[str] = "model"
     _kind_code: ClassVar[int] = -1
@@ -124,6 +128,7 @@ class AccumulationModel:
         self._set("overflow", check_choice("overflow", self.overflow, OVERFLOWS))
         self._set("order", check_choice("order", self.order, ORDERS))
         self._set("positions", parse_option("positions", self.positions, Positions))
+        self._set("zeros", parse_option("zeros", self.zeros, Zeros))
         if not is_integer(self.seed) or not (
             0 <= int(self.seed) < 2**64
         ):
@@ -205,7 +210,7 @@ class AccumulationModel:
         parts = [self.name]
         defaults = {f.name: f.default for f in fields(self)}
         for key in ("product", "addition", "output", "rounding", "subnormals", "overflow",
-                    "seed", "rbits", "order", "positions"):
+                    "seed", "rbits", "order", "positions", "zeros"):
             value = getattr(self, key)
             default = defaults[key]
             if key == "output":
@@ -234,6 +239,8 @@ class AccumulationModel:
             text += f"; seed {self.seed}, {self.random_bits} random bits per rounding"
         if self.positions == Positions.HWN:
             text += "; a filter gradient sums its positions (oh, ow, n), the batch innermost"
+        if self.zeros == Zeros.POSITIVE:
+            text += "; a zero result is +0 (the sum lands on a +0-initialised output)"
         return text
 
     def _describe_kind(self) -> str:

@@ -30,7 +30,7 @@ from convprobe.emulation.models import (
 from convprobe.emulation.rounding import check_rbits, resolve_format
 from convprobe.errors import InvalidArgument
 from convprobe.formats import Format
-from convprobe.options import Alignment, CAddition, KLayout
+from convprobe.options import Alignment, CAddition, KLayout, Zeros
 from convprobe.random_stream import LOWBIAS32, WEYL32
 
 __all__ = [
@@ -335,6 +335,11 @@ def reduce(a: list[float], b: list[float], model: AccumulationModel, index: int 
     return st.rnd(s, as_format(model.output))
 
 
+def _landed(model: AccumulationModel, value: float) -> float:
+    """A result as the model's kernel stores it: added onto +0 under ``zeros=positive``."""
+    return float(add_exact(0.0, value)) if model.zeros == Zeros.POSITIVE else value
+
+
 def _for_output(model: AccumulationModel, row: int, column: int) -> AccumulationModel:
     """The model of GEMM row `row` and output channel `column` (`Rows` differ by row,
     `Columns` by channel)."""
@@ -355,7 +360,7 @@ def dot(a, b, model: AccumulationModel, c=None) -> np.ndarray:
     aa = np.broadcast_to(a64, (*lead, k)).reshape(rows, k)
     bb = np.broadcast_to(b64, (*lead, k)).reshape(rows, k)
     cc = None if c is None else np.broadcast_to(np.asarray(c, np.float64), lead).reshape(rows)
-    out = [reduce(list(aa[i]), list(bb[i]), model, i, None if cc is None else float(cc[i]))
+    out = [_landed(model, reduce(list(aa[i]), list(bb[i]), model, i, None if cc is None else float(cc[i])))
            for i in range(aa.shape[0])]
     return np.array(out, dtype=np.float64).reshape(lead).astype(model.output_dtype)
 
@@ -394,7 +399,7 @@ def conv2d(x, w, model: AccumulationModel, *, strides=1, padding="VALID", dilati
             a_terms.append(x[b_, ih, iw, g * cg + ci] if inside else 0.0)
             b_terms.append(w[i, j, ci, co])
         flat = ((b_ * oh + y) * ow + z) * cout + co
-        out[idx] = reduce(a_terms, b_terms, _for_output(model, (b_ * oh + y) * ow + z, co), flat)
+        out[idx] = _landed(model, reduce(a_terms, b_terms, _for_output(model, (b_ * oh + y) * ow + z, co), flat))
     return out.astype(model.output_dtype)
 
 
@@ -422,7 +427,7 @@ def conv2d_backprop_input(dy, w, input_shape, model: AccumulationModel, *, strid
             a_terms.append(dy[b_, t // sh, u // sw, g * og + co_l] if on_grid else 0.0)
             b_terms.append(w[kh - 1 - i, kw - 1 - j, ci_l, g * og + co_l])
         flat = ((b_ * h + y) * wd + z) * c + ci
-        out[idx] = reduce(a_terms, b_terms, _for_output(model, (b_ * h + y) * wd + z, ci), flat)
+        out[idx] = _landed(model, reduce(a_terms, b_terms, _for_output(model, (b_ * h + y) * wd + z, ci), flat))
     return out.astype(model.output_dtype)
 
 
@@ -451,5 +456,5 @@ def conv2d_backprop_filter(x, dy, filter_shape, model: AccumulationModel, *, str
             a_terms.append(x[b_, ih, iw, g * cg + ci_l] if inside else 0.0)
             b_terms.append(dy[b_, y, z, co])
         flat = ((i * kw + j) * cg + ci_l) * cout + co
-        out[idx] = reduce(a_terms, b_terms, _for_output(model, (i * kw + j) * cg + ci_l, co), flat)
+        out[idx] = _landed(model, reduce(a_terms, b_terms, _for_output(model, (i * kw + j) * cg + ci_l, co), flat))
     return out.astype(model.output_dtype)

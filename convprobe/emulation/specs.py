@@ -27,7 +27,7 @@ def parse_model(spec: str) -> AccumulationModel:
       or rn|rz|sr), subnormals (keep|flush), overflow (inf|saturate), seed, rbits (random
       bits per stochastic rounding; `convprobe.random_stream`), order
       (permutation of hwc), positions (nhw|hwn: a filter gradient's order over n, oh,
-      ow), n (chunk, any length); blocked also takes b, extra (extra bits, negative to
+      ow), zeros (signed|positive: the sign of a zero result), n (chunk, any length); blocked also takes b, extra (extra bits, negative to
       narrow), in (input format), adder (format), alignment
       (input_exponents|values), truncate (true|false), step, layout
       (contiguous|pair_interleaved), c_addition (fused|separate).

@@ -39,7 +39,7 @@ from convprobe.emulation.models import AccumulationModel, Exact, as_format
 from convprobe.emulation.rounding import resolve_format, round_to_format
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.formats import Format
-from convprobe.options import Positions, Rounding
+from convprobe.options import Positions, Rounding, Zeros
 
 __all__ = ["Chain", "Fused", "Tree", "parse_tree", "parse_tree_model", "tree_text", "leaves_of"]
 
@@ -231,6 +231,8 @@ class Tree(AccumulationModel):
             parts.append(f"subnormals={self.subnormals}")
         if self.overflow != "inf":
             parts.append(f"overflow={self.overflow}")
+        if self.zeros != Zeros.SIGNED:
+            parts.append(f"zeros={self.zeros}")
         return f"tree({', '.join(parts)})"
 
     def to_dict(self) -> dict:
@@ -349,7 +351,7 @@ def parse_tree_model(spec: str) -> Tree:
     args = split_arguments(body[len("tree("):-1])
     if not args:
         raise InvalidArgument("a tree spec needs its root: tree((0 1 2), accumulator=fp32)")
-    allowed = ("accumulator", "product", "addition", "output", "subnormals", "overflow")
+    allowed = ("accumulator", "product", "addition", "output", "subnormals", "overflow", "zeros")
     kwargs: dict = {"root": args[0]}
     for arg in args[1:]:
         key, sep, value = arg.partition("=")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from convprobe.emulation.oracle import Value, add_exact, multiply_exact, round_value
 from convprobe.emulation.tree import Chain, Fused, Item, Tree
+from convprobe.options import Zeros
 
 __all__ = ["reduce"]
 
@@ -42,4 +43,5 @@ def reduce(a: list[float], b: list[float], model: Tree) -> float:
 
     root = model.root
     assert isinstance(root, (Chain, Fused))  # (`Tree._validate` parses a text root and refuses None)
-    return rounded(value(root), model.output)
+    total = rounded(value(root), model.output)
+    return float(add_exact(0.0, total)) if model.zeros == Zeros.POSITIVE else total  # (landed on +0)

@@ -41,6 +41,7 @@ import numpy as np
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import parse_model
 from convprobe.errors import InvalidArgument, UnsupportedConfiguration
+from convprobe.options import Zeros
 from convprobe.identify.column_patterns import ColumnRun, column_models
 from convprobe.identify.input_gradient_layout import forward_layer
 from convprobe.identify.layer_patterns import measure
@@ -49,7 +50,8 @@ from convprobe.identify.tile_patterns import RowRun, dx_row_models, row_models
 from convprobe.identify import direct_sum
 from convprobe.identify.direct_sum import DirectSum, not_direct
 from convprobe.probes.encoding import encode_bits
-from convprobe.probes.layers import Layer, LayerKind, op_confirmation_inputs, op_inputs, op_result_shape, run_op
+from convprobe.probes.layers import (Layer, LayerKind, op_confirmation_inputs, op_inputs, op_result_shape,
+                                     op_zero_sign_inputs, run_op)
 from convprobe.identify.candidates import candidate_specs
 from convprobe.identify.structure import Structure, best_of, bitwise_equal
 
@@ -64,8 +66,9 @@ BASE_CANDIDATES = (
 SAMPLE = 8192
 #: How many of the closest specs are confirmed beside the perfect ones (the best of them is shown).
 CONFIRMED_CLOSEST = 3
-#: The two input sets every op runs on: the first chooses, the second confirms.
-INPUT_SETS = {"uniform": op_inputs, "confirmation": op_confirmation_inputs}
+#: The input sets every op runs on: the first chooses, the second confirms, the third asks the
+#: sign of a zero result (`layers.op_zero_sign_inputs`).
+INPUT_SETS = {"uniform": op_inputs, "confirmation": op_confirmation_inputs, "zero_sign": op_zero_sign_inputs}
 #: What the confirmation inputs are, in the words the summary records.
 CONFIRMATION_INPUTS = ("signed operands, exponents from 2**-8 to 2**4, fp16 subnormals, coarse values that "
                        "make ties, and a cancelling +-M pair in each reduction (layers.op_confirmation_inputs)")
@@ -137,6 +140,7 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
                     trees = (recover_at_layer(backend, layer, op, seed) if direct.direct is not False
                              else RecoveredTrees(note="not recovered: the op is not a direct sum of products"))
                 ops[op] = {"status": "ok", "bits": bits["uniform"], "confirmation_bits": bits["confirmation"],
+                           "zero_sign_bits": bits["zero_sign"],
                            "direct": direct.to_dict(), "structure": structure.to_dict(), "trees": trees.to_dict()}
             except UnsupportedConfiguration as exc:
                 ops[op] = {"status": "unsupported", "error": str(exc)}
@@ -170,18 +174,21 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     k = layer.k(op)
     structure = Structure(**result["structure"])
     measured_at = layer.one_group() if layer.groups > 1 else layer  # where the structure was measured
-    measured, by_column, by_row = _measured_specs(measured_at, op, structure)
+    signed_zeros = _zero_sign(layer, op, seed, result.get("zero_sign_bits"))
+    measured, by_column, by_row = ([signed_zeros(spec) for spec in part]
+                                   for part in _measured_specs(measured_at, op, structure))
     others = []  # (specs, structure, how): the same op measured in another layout
     for other, at, as_op, convert, how, first in _other_layouts(measured_at, structure):
         found, column_spec, row_specs = _measured_specs(at, as_op, other)
-        converted = {spec: convert(spec) for spec in found}  # the column and row specs are among them
+        converted = {spec: signed_zeros(convert(spec)) for spec in found}  # the column and row specs are among them
         specs, column_spec, row_specs = ([converted[spec] for spec in part] for part in (found, column_spec, row_specs))
         measured = [*specs, *measured] if first else [*measured, *specs]  # the earliest wins a tie
         by_column, by_row = [*by_column, *column_spec], [*by_row, *row_specs]
         others.append((specs, other, how))
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
     table = {}
-    for spec in dict.fromkeys([*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]):
+    candidates = [*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]
+    for spec in dict.fromkeys(signed_zeros(spec) for spec in candidates):
         predicted = _predicted(spec, layer, op, seed)
         if predicted is not None:
             table[spec] = float(np.mean(bitwise_equal(predicted, observed)))
@@ -197,7 +204,8 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         keep = np.ones(len(observed), bool) if cells is None else cells.reshape(-1)[sampled]
         return float(np.mean(bitwise_equal(predicted[keep], observed[keep]))) if keep.any() else 0.0
 
-    recovered = [spec for spec in tree_specs(layer, op, trees, structure, score) if spec not in table]
+    recovered = [spec for spec in dict.fromkeys(signed_zeros(spec) for spec in tree_specs(layer, op, trees, structure, score))
+                 if spec not in table]
     for spec in recovered:  # after the grammar's specs: a readable spec wins a tie where it is the same arithmetic
         table[spec] = score(spec, None)
     direct = DirectSum.from_dict(result["direct"]) if result.get("direct") else None  # older documents lack it
@@ -224,14 +232,44 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         if failed:
             explanation += ("; matched every output of the U[0, 1) inputs but not of the confirmation inputs: "
                             + ", ".join(f"{spec} {confirmation['fractions'][spec]:.1%}" for spec in failed[:3]))
+    if best is not None and parse_model(best).zeros == Zeros.POSITIVE:
+        explanation += ("; zero results are +0: where every product is a negative tiny value the op returned +0 at "
+                        "every output the spec otherwise gives -0 (the sum lands on a +0-initialised output), so the "
+                        "spec says zeros=positive")
     if layer.groups > 1:
         explanation += f"; {GROUPED_NOTE}"
-    fraction = scores.get(best, 0.0)
+    fraction = 0.0 if best is None else scores.get(best, 0.0)
     return {"best": best, "fractions": {k: fraction} if best else {},
             "stops_matching_at": None if best and fraction == 1.0 else k, "perfect": perfect,
             "direct": direct.to_dict() if direct else None,
             "structure": structure.to_dict(), "trees": trees.to_dict(), "measured_specs": measured, "table": table,
             "confirmation": confirmation, "outputs_compared": len(observed), "explanation": explanation}
+
+
+def _zero_sign(layer: Layer, op: str, seed: int, bits: list[str] | None) -> Callable[[str], str]:
+    """spec -> the spec with ``zeros=positive`` where the op answered the zero-sign inputs
+    (`layers.op_zero_sign_inputs`) with +0 at every output where the spec gives -0 and
+    agreed everywhere else: the kernel adds its sum onto a +0 output. Otherwise the spec
+    itself (its zeros then show in the scores like any other bit). Skipped where the op
+    returned no +0 (no spec can need it) or the document has no such outputs (older)."""
+    observed = None if bits is None else np.array([int(h, 16) for h in bits], dtype=np.uint16)
+    if observed is None or not (observed == 0).any():
+        return str
+
+    def adjusted(spec: str) -> str:
+        predicted = _predicted(spec, layer, op, seed, "zero_sign")
+        if predicted is None:
+            return spec
+        differ = predicted != observed
+        if differ.any() and (predicted[differ] == NEGATIVE_ZERO).all() and (observed[differ] == 0).all():
+            return replace(parse_model(spec), zeros=Zeros.POSITIVE).to_spec()
+        return spec
+
+    return adjusted
+
+
+#: The bits of fp16's -0.
+NEGATIVE_ZERO = 0x8000
 
 
 #: Further seeded confirmation input sets on which two specs must agree to be one arithmetic.

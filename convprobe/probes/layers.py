@@ -21,7 +21,7 @@ from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.options import comma_integers
 
 __all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "TRANSPOSED_SUFFIX", "LayerKind", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_result_shape", "op_inputs",
-           "op_confirmation_inputs", "CONFIRMATION_MIX", "op_call", "run_op",
+           "op_confirmation_inputs", "op_zero_sign_inputs", "CONFIRMATION_MIX", "op_call", "run_op",
            "run_ops",
            "keras_layers", "NotIdentified"]
 
@@ -237,6 +237,21 @@ def op_confirmation_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray
     else:
         _plant_cancelling_pairs(op, first, second, rng, layer.groups)
     return first, second
+
+
+#: The magnitude of each operand of `op_zero_sign_inputs`: fp16's smallest subnormal.
+ZERO_SIGN_MAGNITUDE = 2.0**-24
+
+
+def op_zero_sign_inputs(layer: Layer, op: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Operands whose every product is -2**-48 (or -0, where padding or a stride's zeros
+    meet a weight): each output's exact sum is a negative number far below fp16's smallest
+    subnormal. IEEE 754 rounds it to -0 wherever it reaches a rounding unrounded; a kernel
+    that adds its sum onto a +0-initialised output returns +0 (`options.Zeros`). The
+    seed is unused: the values are fixed, so every op sees the same question."""
+    first_shape, second_shape = op_shapes(layer, op)
+    return (np.full(first_shape, ZERO_SIGN_MAGNITUDE, np.float16),
+            np.full(second_shape, -ZERO_SIGN_MAGNITUDE, np.float16))
 
 
 #: The magnitude of the planted pair +M, -M: an fp16 accumulator holding M absorbs every term

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from convprobe import emulation as em
-from convprobe.emulation import oracle
+from convprobe.emulation import oracle, tree_reference
 from convprobe.errors import InvalidArgument
 from convprobe.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, custom_format
 
@@ -173,3 +173,52 @@ def test_positions_belong_to_the_outermost_model():
     assert lanes.positions == "hwn" and em.parse_model(lanes.to_spec()) == lanes
     with pytest.raises(InvalidArgument, match="columns cannot set positions"):
         em.parse_model("rows(columns(sequential:fp16, sequential:fp16, positions=hwn), sequential:fp16)")
+
+
+@pytest.mark.parametrize("spec", ["sequential:fp32:output=fp16", "sequential:fp16:addition=fp32", "pairwise:fp16",
+                                  "v100:out=fp16", "lanes(2, sequential:fp32, combine=sequential:fp32, output=fp16)",
+                                  "splitk(length=3, sequential:fp16:addition=fp32, combine=pairwise:fp16)",
+                                  "reverse(pairwise:fp16)", "rows(sequential:fp32:output=fp16 * 2, pairwise:fp16)"])
+def test_positive_zeros_turn_exactly_the_negative_zeros_to_plus_zero(spec):
+    """zeros=positive lands each result on +0, as a kernel that adds its sum onto a zeroed
+    output does: a -0 becomes +0 and no other bit changes, in the emulator and the oracle
+    alike, on every op. Signed inputs with tiny products make -0 results; the test first
+    checks that they do, so that the option is seen to act."""
+    signed = em.parse_model(spec)
+    positive = dataclasses.replace(signed, zeros="positive")
+    assert positive.zeros == "positive" and em.parse_model(positive.to_spec()) == positive
+    assert "zeros=positive" in positive.to_spec() and "+0" in positive.describe()
+    rng = np.random.default_rng(11)
+    x = (rng.choice([-1.0, 1.0], (2, 3, 3, 2)) * 2.0 ** rng.integers(-24, -10, (2, 3, 3, 2))).astype(np.float16)
+    w = (rng.choice([-1.0, 1.0], (1, 3, 2, 4)) * 2.0 ** rng.integers(-24, -12, (1, 3, 2, 4))).astype(np.float16)
+    x[0] = 0.0  # all-zero products too: -0 and +0 terms
+    with np.errstate(all="ignore"):
+        for model in (signed, positive):
+            assert_same_bits(em.conv2d(x, w, model, padding="SAME"), oracle.conv2d(x, w, model, padding="SAME"))
+        before = em.conv2d(x, w, signed, padding="SAME").view(np.uint16)
+        after = em.conv2d(x, w, positive, padding="SAME").view(np.uint16)
+    negative_zero = before == 0x8000
+    assert negative_zero.any(), "the inputs make no -0 result: the test would show nothing"
+    assert (after[negative_zero] == 0).all()
+    assert np.array_equal(after[~negative_zero], before[~negative_zero])
+    if not isinstance(signed, em.Rows):
+        assert em.dot(np.float16([2**-12]), np.float16([-2**-13]), positive).view(np.uint16) == 0
+        assert oracle.dot(np.float16([2**-12]), np.float16([-2**-13]), positive).view(np.uint16) == 0
+
+
+def test_a_tree_with_positive_zeros_lands_on_plus_zero_as_its_reference_does():
+    a, b = np.float16([2**-13, 0.0, 2**-15]), np.float16([-2**-13, 1.0, -2**-15])  # sum -(2**-26 + 2**-30)
+    for zeros, bits in (("signed", 0x8000), ("positive", 0)):
+        tree = em.parse_model(f"tree(((0 1) 2), accumulator=fp32, output=fp16, zeros={zeros})")
+        assert em.parse_model(tree.to_spec()) == tree
+        assert em.dot(a, b, tree).view(np.uint16) == bits
+        assert np.float16(tree_reference.reduce([float(v) for v in a], [float(v) for v in b], tree)).view(np.uint16) == bits
+
+
+def test_zeros_belong_to_the_outermost_model():
+    with pytest.raises(InvalidArgument, match="cannot set zeros"):
+        em.parse_model("splitk(2, sequential:fp16:zeros=positive, combine=fp32)")
+    with pytest.raises(InvalidArgument, match="columns cannot set zeros"):
+        em.parse_model("rows(columns(sequential:fp16, zeros=positive), sequential:fp16)")
+    with pytest.raises(InvalidArgument, match="zeros must be one of signed, positive; received 'plus'"):
+        em.parse_model("sequential:fp16:zeros=plus")

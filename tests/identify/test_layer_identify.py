@@ -376,14 +376,19 @@ def test_a_grouped_layer_reduces_one_group_and_is_measured_at_one_groups_conv():
 def test_a_grouped_layer_is_identified_in_every_op_strict_xla_runs(tmp_path):
     """Strict XLA runs a grouped conv's three ops on the CPU (TensorFlow's own kernels refuse the
     gradients); its filter gradient interleaves the batch's images, which only the tree recovered
-    through the grouped op itself reproduces. Every op at 100% on both input sets."""
-    doc = run_cli_json("identify", "--configs", "jit+strict", "--input-shape", "2,6,6,8", "--filter-shape", "3,3,2,12",
-                       "--output", str(tmp_path / "grouped.json"))
+    through the grouped op itself reproduces. Every op at 100% on both input sets, and the sign
+    of a zero result measured in each configuration."""
+    doc = run_cli_json("identify", "--configs", "default,jit+strict", "--input-shape", "2,6,6,8", "--filter-shape",
+                       "3,3,2,12", "--output", str(tmp_path / "grouped.json"))
     for op, entry in doc["matches"]["tensorflow/cpu/jit+strict"].items():
         summary = entry["summary"]
         assert summary["stops_matching_at"] is None, (op, summary["explanation"])
         assert summary["confirmation"]["fractions"][summary["best"]] == 1.0, (op, summary["best"])
         assert "summation trees through the grouped op itself" in summary["explanation"]
+        # strict XLA lands each sum on a +0 output; oneDNN's default conv keeps IEEE's -0
+        assert parse_model(summary["best"]).zeros == "positive", (op, summary["best"])
+    default = doc["matches"]["tensorflow/cpu/default"]["conv2d"]["summary"]
+    assert default["stops_matching_at"] is None and parse_model(default["best"]).zeros == "signed", default["best"]
 
 
 @pytest.mark.parametrize("op", ["conv2d", "conv2d_backprop_input"])
@@ -426,6 +431,23 @@ def test_a_spec_that_fails_the_confirmation_inputs_is_not_reported_at_100_percen
     assert summary["confirmation"]["fractions"]["sequential:fp32:output=fp16"] == 1.0
     assert summary["best"] == "sequential:fp32:output=fp16" and summary["fractions"] == {216: 1.0}
     assert "pairwise:fp32:output=fp16" not in summary["perfect"]
+
+
+@pytest.mark.parametrize("zeros", ["signed", "positive"])
+def test_the_sign_of_a_zero_result_is_measured_not_assumed(zeros):
+    """A kernel that adds its sum onto a +0 output returns +0 where IEEE rounding gives -0.
+    The zero-sign inputs (every product a tiny negative) ask it at every output, so the
+    reported spec carries zeros=positive exactly when the op does, and is 100% either way."""
+    from convprobe.identify import layer_identify
+
+    truth = f"sequential:fp32:output=fp16:zeros={zeros}"
+    layer = Layer((1, 6, 6, 12), (3, 3, 12, 8))
+    observed = layer_identify.run(EmulatedBackend(truth), layers=[layer.to_dict()], seed=0)
+    for _, op, entry in layer_identify.identify_observed(observed):
+        summary = entry["summary"]
+        assert summary["best"] is not None and parse_model(summary["best"]).zeros == zeros, (op, summary["best"])
+        assert summary["stops_matching_at"] is None, (op, summary["explanation"])
+        assert ("zero results are +0" in summary["explanation"]) == (zeros == "positive")
 
 
 @pytest.mark.tensorflow
