@@ -52,7 +52,9 @@ SCHEMA_HISTORY = {
        "emulated: model (no device 'emulated', and accumulate null where a model was named, was "
        "'model'). An older config is still read. Later still, a new kind and no layout change: 'contract' "
        "(convprobe contract): the fingerprint results in 'results', and per (configuration, op) what was "
-       "declared and observed, with the verdict and its evidence, in 'cells'.",
+       "declared and observed, with the verdict and its evidence, in 'cells'. Later still, no layout change: "
+       "an identify document's per-op results gain 'zero_sign_bits' (the op's outputs where every product "
+       "is -2**-48), and model specs may carry zeros=positive; an older document is read as before.",
 }
 
 

@@ -8,6 +8,8 @@ trees (`tree`), which is why it sits above all three.
 
 from __future__ import annotations
 
+import functools
+
 from convprobe.emulation import composites, tree
 from convprobe.emulation.models import AccumulationModel, parse_plain
 from convprobe.errors import InvalidArgument
@@ -49,6 +51,13 @@ def parse_model(spec: str) -> AccumulationModel:
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidArgument(f"model spec must be a non-empty string like 'sequential:fp16'; "
                               f"received {spec!r}")
+    return _parsed(spec)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(spec: str) -> AccumulationModel:
+    """`parse_model`'s work, once per spec: models are frozen values, and identify parses the
+    same composite specs (rows of trees) many times over."""
     head = spec.strip().split(":")[0].strip().lower()
     if head.startswith("tree("):
         return tree.parse_tree_model(spec)

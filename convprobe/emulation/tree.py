@@ -27,6 +27,8 @@ The exact rational reference is `convprobe.emulation.tree_reference`.
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Union
@@ -210,9 +212,9 @@ class Tree(AccumulationModel):
         assert isinstance(self.root, (Chain, Fused))
         return self.root
 
-    @property
+    @functools.cached_property
     def k(self) -> int:
-        """The number of products the tree sums."""
+        """The number of products the tree sums (counted once: kernels ask it per call)."""
         return len(leaves_of(self._root))
 
     @property

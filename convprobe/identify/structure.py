@@ -122,9 +122,10 @@ _BLOCK = 256
 
 def blocks(patterns: np.ndarray, capacity: int, scale: float) -> np.ndarray:
     """The rows as fp16 operands, `capacity` to a call: (calls, capacity, K), zero-padded."""
-    padded = np.zeros((-(-len(patterns) // capacity) * capacity, patterns.shape[1]))
-    padded[:len(patterns)] = patterns
-    return (padded / scale).astype(np.float16).reshape(-1, capacity, patterns.shape[1])
+    out = np.zeros((-(-len(patterns) // capacity) * capacity, patterns.shape[1]), np.float16)
+    rows, columns = np.nonzero(patterns)  # crafted rows are mostly zeros: convert only the rest
+    out[rows, columns] = (patterns[rows, columns] / scale).astype(np.float16)
+    return out.reshape(-1, capacity, patterns.shape[1])
 
 
 def _row(k: int, test: Probe, origin: int, units, end: int | None = None) -> np.ndarray:

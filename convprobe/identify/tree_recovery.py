@@ -243,17 +243,23 @@ def predicted(tree: Item, queries: list[Query]) -> list[bool]:
 
     walk(tree, -1)
 
-    def path(leaf: int) -> list[int]:
-        out, node = [], leaf_parent[leaf]
-        while node != -1:
-            out.append(node)
-            node = parent[node]
-        return out
+    paths: dict[int, tuple[list[int], set[int]]] = {}
+
+    def path(leaf: int) -> tuple[list[int], set[int]]:
+        """The nodes above `leaf`, lowest first, and as a set (each leaf's worked out once)."""
+        if leaf not in paths:
+            out, node = [], leaf_parent[leaf]
+            while node != -1:
+                out.append(node)
+                node = parent[node]
+            paths[leaf] = (out, set(out))
+        return paths[leaf]
 
     answers = []
     for i, j, unit in queries:
-        meet = next(n for n in path(i) if n in set(path(j)))
-        answers.append(meet not in path(unit))
+        above_j = path(j)[1]
+        meet = next(n for n in path(i)[0] if n in above_j)
+        answers.append(meet not in path(unit)[1])
     return answers
 
 
