@@ -126,7 +126,7 @@ def _page(rows, commands, provenance, config, script) -> str:
              "(confirmation inputs: signed, spread exponents, subnormals, ties, a cancelling +-M pair per reduction)",
              "", f"**{_count(rows, '100%')} of {len(rows)} (layer, configuration, op) cells match 100% on both "
              f"input sets**; {_count(rows, 'unsupported', column=4)} are ops TensorFlow refuses on this CPU "
-             "(dilated conv2d gradients); the rest read \"none matches; closest ...\" in identify's table.", "",
+             "(a dilated or grouped conv2d's gradients; the table gives TensorFlow's error); the rest read \"none matches; closest ...\" in identify's table.", "",
              "Commands:", "", "```", *commands, "```", "",
              "A match below 100% is rounded down, so it never reads 100%. Wall times are of this run, on a shared "
              "machine.", "",
