@@ -43,6 +43,7 @@ from convprobe.emulation import parse_model
 from convprobe.errors import InvalidArgument, UnsupportedConfiguration
 from convprobe.options import Zeros
 from convprobe.identify.column_patterns import ColumnRun, column_models
+from convprobe.identify.depthwise_as_grouped import AsGrouped, grouped_layer, grouped_op
 from convprobe.identify.input_gradient_layout import forward_layer
 from convprobe.identify.layer_patterns import measure
 from convprobe.identify.layer_trees import RecoveredTrees, recover_at_layer, tree_specs
@@ -74,9 +75,11 @@ CONFIRMATION_INPUTS = ("signed operands, exponents from 2**-8 to 2**4, fp16 subn
                        "make ties, and a cancelling +-M pair in each reduction (layers.op_confirmation_inputs)")
 
 
-#: Why a depthwise op has no measured structure and no direct-sum test.
-DEPTHWISE_NOTE = ("identify's crafted-input probes are laid out for conv2d; a depthwise op is tried against the "
-                  "models of TensorFlow's CPU kernels and plain models, each confirmed on both input sets")
+#: Why a depthwise op has no measured structure and no direct-sum test, and what it has.
+DEPTHWISE_NOTE = ("identify's structure probes are laid out for a dense conv2d; a depthwise op's summation trees are "
+                  "recovered through its own kernel as the grouped conv2d it is (depthwise_as_grouped), and the "
+                  "models of TensorFlow's CPU kernels and plain models are tried beside them, each confirmed on both "
+                  "input sets")
 
 
 #: How a grouped conv2d is measured: the crafted-structure probes (and the direct-sum test) are
@@ -128,11 +131,11 @@ def run(backend, *, layers, seed: int = 0, **_params) -> dict:
                     with np.errstate(over="ignore", invalid="ignore"):
                         y = run_op(backend, layer, op, *draw(layer, op, seed)).reshape(-1)
                     bits[name] = encode_bits(y[sample_indices(y.size, seed)])
-                if layer.kind is LayerKind.DEPTHWISE:
+                if layer.kind is LayerKind.DEPTHWISE:  # its trees through its own kernels, as a grouped conv2d
                     direct = DirectSum(None, note=f"not tested: {DEPTHWISE_NOTE}")
                     structure = Structure(note=f"not measured: {DEPTHWISE_NOTE}",
                                           derived=depthwise_candidates(layer, op))
-                    trees = RecoveredTrees(note=f"not recovered: {DEPTHWISE_NOTE}")
+                    trees = recover_at_layer(AsGrouped(backend, layer), grouped_layer(layer), grouped_op(op), seed)
                 else:  # a grouped conv's structure at one group's conv2d (GROUPED_NOTE), its trees at itself
                     at = layer.one_group() if layer.groups > 1 else layer
                     direct = direct_sum.safely(direct_sum.probe, backend, at, op, seed)
@@ -204,7 +207,8 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         keep = np.ones(len(observed), bool) if cells is None else cells.reshape(-1)[sampled]
         return float(np.mean(bitwise_equal(predicted[keep], observed[keep]))) if keep.any() else 0.0
 
-    recovered = [spec for spec in dict.fromkeys(signed_zeros(spec) for spec in tree_specs(layer, op, trees, structure, score))
+    at, as_op = (grouped_layer(layer), grouped_op(op)) if layer.kind is LayerKind.DEPTHWISE else (layer, op)
+    recovered = [spec for spec in dict.fromkeys(signed_zeros(spec) for spec in tree_specs(at, as_op, trees, structure, score))
                  if spec not in table]
     for spec in recovered:  # after the grammar's specs: a readable spec wins a tie where it is the same arithmetic
         table[spec] = score(spec, None)

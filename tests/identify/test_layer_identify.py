@@ -408,6 +408,23 @@ def test_every_output_meets_a_cancelling_pair_inside_its_own_group(op, filter_sh
         assert interior.min() >= 1, (sign, np.argwhere(interior < 1)[:5])
 
 
+def test_a_depthwise_layers_trees_are_recovered_through_its_own_ops():
+    """A depthwise kernel that no candidate foresees (two fp16 lanes combined pairwise) is
+    recovered as the grouped conv2d it is, through the depthwise ops themselves, and its
+    tree model reproduces every output of all three ops on both input sets."""
+    from convprobe.identify import layer_identify
+
+    truth = "lanes(2, sequential:fp16:product=fp16, combine=pairwise:fp16)"
+    layer = Layer((2, 7, 7, 6), (3, 3, 6, 2), (1, 1), "SAME", (1, 1), "dw", LayerKind.DEPTHWISE)
+    assert truth not in [spec for op in layer.ops for spec in layer_identify.depthwise_candidates(layer, op)]
+    observed = layer_identify.run(EmulatedBackend(truth), layers=[layer.to_dict()], seed=0)
+    for _, op, entry in layer_identify.identify_observed(observed):
+        summary = entry["summary"]
+        assert summary["trees"]["classes"] and not summary["trees"]["note"], (op, summary["trees"])
+        assert summary["best"].startswith("tree(") and summary["stops_matching_at"] is None, (op, summary["best"])
+        assert summary["confirmation"]["fractions"][summary["best"]] == 1.0
+
+
 def test_a_depthwise_layer_has_its_own_ops_and_reduction_lengths():
     layer = Layer((2, 9, 9, 6), (3, 3, 6, 2), (2, 2), "SAME", (1, 1), "dw", LayerKind.DEPTHWISE)
     assert layer.ops == DEPTHWISE_OPS and layer.output_shape == (2, 5, 5, 12)
