@@ -77,6 +77,21 @@ def test_identify_names_torchs_arithmetic_at_a_layer_on_both_input_sets(tmp_path
             assert summary["confirmation"]["fractions"][summary["best"]] == 1.0, (label, op, summary["best"])
 
 
+@pytest.mark.slow
+def test_sweep_measures_torchs_error_per_configuration_in_its_own_process():
+    """`sweep --backend torch`: every row is PyTorch's, each configuration ran in its own process
+    with its switch, and the errors are those of a wide accumulator (fp32 on the CPU, with
+    oneDNN on and off): at K = 576 every output is within one fp16 ulp of the exact sum, where
+    an fp16 accumulator of U[0, 1) products would be off by several."""
+    doc = run_cli_json("sweep", "--backend", "torch", "--configs", "default,mkldnn-off", "--ks", "9,576",
+                       "--distributions", "uniform01,uniform11", "--rows", "8")
+    assert [r["config"]["label"] for r in doc["results"]] == ["torch/cpu/default", "torch/cpu/mkldnn-off"]
+    assert [r["runtime"]["mkldnn_enabled"] for r in doc["results"]] == [True, False]
+    rows = doc["table"]["rows"]
+    assert len(rows) == 8 and {row["backend"] for row in rows} == {"torch"}
+    assert all(row["status"] == "ok" and row["max_ulp_distance"] <= 1 for row in rows), rows
+
+
 def test_study_commands_list_torchs_matrix():
     proc = run_cli("identify", "--backend", "torch", "--list-configs")
     assert proc.returncode == 0, proc.stderr
