@@ -13,7 +13,7 @@ is dropped, so the steps kept hold exactly one measured step in `every`. It prin
 process CPU time (every thread) and the wall time per step of both arms and their ratio,
 the median over repeats: on a shared machine CPU time is the steadier of the two. The cost
 of a measured step is the fp32 shadow's pass plus per-tensor statistics and records, so the
-ratio grows as layers shrink (``--image-size 16 --width 16``: about 1.15x in CPU time here).
+ratio grows as layers shrink (``--image-size 16 --width 16``: about 1.3x in CPU time here).
 """
 
 from __future__ import annotations

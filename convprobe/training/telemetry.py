@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convprobe.formats import Format
+from convprobe.formats import Format, parse_format
 
 __all__ = [
     "COUNT_FIELDS",
@@ -133,13 +133,14 @@ def _field_matrix() -> np.ndarray:
     return m
 
 
-def _tensor_table(tf, low, shadow, thresholds: Thresholds):
-    """The joint (low class, shadow class, low exponent bin, shadow exponent bin) table of one tensor.
+def _tensor_tables(tf, low, shadow, thresholds: Thresholds):
+    """One tensor's two tables: (joint int32 [_N_LOW, _N_SHADOW, N_BINS] over (low class,
+    shadow class, low exponent bin), shadow int32 [N_BINS + 1] over the shadow's exponent bin).
 
-    Returns int32 [_N_LOW, _N_SHADOW, N_BINS, N_BINS + 1]: the low bin is that of
-    |low| where it is finite (0 for non-finite), the shadow bin that of |shadow| where
-    it is finite and nonzero, else the extra last bin. One scatter-add per tensor
-    into a table that stays in cache.
+    The low bin is that of |low| where it is finite (0 for non-finite), the shadow bin that of
+    |shadow| where it is finite and nonzero, else the extra last bin. Two scatter-adds into
+    tables that stay in cache; the histograms need only these two marginals, so no table
+    over both exponents is filled and reduced again.
     """
     a = tf.abs(tf.reshape(tf.cast(low, tf.float32), [-1]))
     s = tf.abs(tf.reshape(tf.cast(shadow, tf.float32), [-1]))
@@ -156,19 +157,19 @@ def _tensor_table(tf, low, shadow, thresholds: Thresholds):
     low_bin = _exponent_bins(tf, tf.where(tf.math.is_finite(a), a, 1.0))
     shadow_bin = tf.where(tf.logical_and(s_finite, tf.not_equal(s, 0.0)),
                           _exponent_bins(tf, tf.where(s_finite, s, 1.0)), N_BINS)
-    index = ((low_class * _N_SHADOW + shadow_class) * N_BINS + low_bin) * (N_BINS + 1) + shadow_bin
-    size = _N_LOW * _N_SHADOW * N_BINS * (N_BINS + 1)
-    table = tf.math.unsorted_segment_sum(tf.ones_like(index), index, size)
-    return tf.reshape(table, [_N_LOW, _N_SHADOW, N_BINS, N_BINS + 1])
+    ones = tf.ones_like(low_bin)
+    joint = tf.math.unsorted_segment_sum(ones, (low_class * _N_SHADOW + shadow_class) * N_BINS + low_bin,
+                                         _N_LOW * _N_SHADOW * N_BINS)
+    return (tf.reshape(joint, [_N_LOW, _N_SHADOW, N_BINS]),
+            tf.math.unsorted_segment_sum(ones, shadow_bin, N_BINS + 1))
 
 
 def batched_stats(lows, shadows, thresholds: Thresholds):
     """The classification above for a list of tensors at once, as stacked arrays.
 
-    Each tensor gets its own joint (low class, shadow class, low exponent, shadow
-    exponent) table, filled by one scatter-add (XLA's CPU scatter is a serial
-    loop; a per-tensor table of ~70 KB stays in cache and nothing is
-    concatenated); the count fields and both histograms are sums over it.
+    Each tensor gets its own two tables (`_tensor_tables`), filled by scatter-adds
+    (XLA's CPU scatter is a serial loop, but one pass over the elements instead of
+    twelve); the count fields and both histograms are sums over them.
     Returns (counts [T, len(COUNT_FIELDS)] int32, extremes [T, 2] float32,
     hist_low [T, B] int32, hist_shadow [T, B] int32).
 
@@ -178,22 +179,37 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
     """
     import tensorflow as tf
 
-    tables = tf.stack([_tensor_table(tf, x, s, thresholds) for x, s in zip(lows, shadows)])
-    t = len(lows)
-    joint = tf.reshape(tf.reduce_sum(tables, axis=[3, 4]), [t, _N_LOW * _N_SHADOW])
-    counts = tf.matmul(joint, tf.constant(_field_matrix()))
-    hist_low = tf.reduce_sum(tables[:, 1:3], axis=[1, 2, 4])  # low finite nonzero
-    hist_shadow = tf.reduce_sum(tables[:, :, :, :, :N_BINS], axis=[1, 2, 3])  # shadow finite nonzero
+    tables = [_tensor_tables(tf, x, s, thresholds) for x, s in zip(lows, shadows)]
+    joint = tf.stack([table for table, _ in tables])  # [T, _N_LOW, _N_SHADOW, N_BINS]
+    counts = tf.matmul(tf.reshape(tf.reduce_sum(joint, axis=3), [len(lows), _N_LOW * _N_SHADOW]),
+                       tf.constant(_field_matrix()))
+    hist_low = tf.reduce_sum(joint[:, 1:3], axis=[1, 2])  # low finite nonzero
+    hist_shadow = tf.stack([shadow[:N_BINS] for _, shadow in tables])  # shadow finite nonzero
 
-    mins, maxs = [], []
-    for low in lows:  # in the tensor's own dtype (min and max are exact): less memory traffic
-        x = tf.abs(tf.reshape(low, [-1]))
-        ok = tf.math.is_finite(x)
-        inf, zero = tf.constant(np.inf, x.dtype), tf.zeros([], x.dtype)
-        mins.append(tf.cast(tf.reduce_min(tf.where(tf.logical_and(ok, x > 0), x, inf)), tf.float32))
-        maxs.append(tf.cast(tf.reduce_max(tf.where(ok, x, zero)), tf.float32))
-    extremes = tf.stack([tf.stack(mins), tf.stack(maxs)], axis=1)
+    extremes = tf.stack([_extremes(tf, low) for low in lows])
     return counts, extremes, hist_low, hist_shadow
+
+
+#: The unsigned integer type of each float dtype's bit patterns, by width.
+_BITS = {2: "uint16", 4: "uint32", 8: "uint64"}
+
+
+def _extremes(tf, low):
+    """float32 [2]: the smallest nonzero and the largest finite |low| (inf and 0 where there is
+    none), read on the bit patterns: with the sign cleared, their order is the magnitudes',
+    and no element is converted (XLA converts fp16 on the CPU element by element, the
+    costliest part of a measured step before this)."""
+    dtype = np.dtype(low.dtype.as_numpy_dtype)
+    unsigned = np.dtype(_BITS[dtype.itemsize])
+    as_bits = getattr(tf, unsigned.name)
+    largest = tf.constant(int(np.array(np.finfo(dtype).max, dtype).view(unsigned)), as_bits)
+    magnitude = tf.constant((1 << (8 * dtype.itemsize - 1)) - 1, as_bits)  # every bit but the sign
+    bits = tf.bitwise.bitwise_and(tf.bitcast(tf.reshape(low, [-1]), as_bits), magnitude)
+    finite = bits <= largest
+    smallest = tf.reduce_min(tf.where(tf.logical_and(finite, bits > 0), bits, largest + 1))  # (inf's bits)
+    biggest = tf.reduce_max(tf.where(finite, bits, tf.zeros_like(bits)))
+    as_float = tf.bitcast(tf.stack([smallest, biggest]), low.dtype)
+    return tf.cast(as_float, tf.float32)
 
 
 def numpy_tensor_stats(low: np.ndarray, shadow: np.ndarray, thresholds: Thresholds) -> dict:
@@ -252,23 +268,33 @@ def counterfactual_stats(shadows):
     """
     import tensorflow as tf
 
-    from convprobe.formats import parse_format
-
-    limits = []
-    for name in COUNTERFACTUAL_FORMATS:
-        t = Thresholds.of(parse_format(name))
-        limits.append((_fp32_bits(t.flush_below), _fp32_bits(t.smallest_normal)))
+    bounds, fields = _counterfactual_buckets()
     rows = []
     for shadow in shadows:
         bits = tf.bitwise.bitwise_and(tf.bitcast(tf.reshape(tf.cast(shadow, tf.float32), [-1]), tf.int32),
                                       0x7FFFFFFF)
-        row = []
-        for flush, normal in limits:
-            flushed = tf.logical_and(bits > 0, bits <= flush)
-            subnormal = tf.logical_and(bits > flush, bits < normal)
-            row += [tf.reduce_sum(tf.cast(flushed, tf.int32)), tf.reduce_sum(tf.cast(subnormal, tf.int32))]
-        rows.append(tf.stack(row))
-    return tf.stack(rows)
+        bucket = tf.add_n([tf.cast(bits > bound, tf.int32) for bound in bounds])  # how many bounds lie below
+        rows.append(tf.math.unsorted_segment_sum(tf.ones_like(bucket), bucket, len(bounds) + 1))
+    return tf.matmul(tf.stack(rows), tf.constant(fields))
+
+
+def _counterfactual_buckets() -> tuple[list[int], np.ndarray]:
+    """(the sorted fp32 bit patterns b that bucket |s| by how many satisfy bits > b, int32
+    [buckets, len(COUNTERFACTUAL_FIELDS)] 0/1: which buckets each field sums). A format flushes
+    0 < bits <= flush and lands subnormal flush < bits < normal, i.e. bits <= normal - 1: one
+    pass and one scatter-add per tensor count every format's two fields."""
+    limits = []
+    for name in COUNTERFACTUAL_FORMATS:
+        t = Thresholds.of(parse_format(name))
+        limits.append((_fp32_bits(t.flush_below), _fp32_bits(t.smallest_normal) - 1))
+    bounds = sorted({0, *(b for pair in limits for b in pair)})
+    fields = np.zeros((len(bounds) + 1, len(COUNTERFACTUAL_FIELDS)), dtype=np.int32)
+    for f, (flush, normal) in enumerate(limits):  # bucket k holds bounds[k - 1] < bits <= bounds[k]
+        for k in range(1, len(bounds) + 1):
+            low, high = bounds[k - 1], bounds[k] if k < len(bounds) else None
+            fields[k, 2 * f] = low >= 0 and high is not None and high <= flush
+            fields[k, 2 * f + 1] = low >= flush and high is not None and high <= normal
+    return bounds, fields
 
 
 def nonfinite_counts(grads):

@@ -66,8 +66,10 @@ def test_batched_stats_matches_reference_exactly(jit):
     shadow_r = (rng.standard_normal((3, 5, 7)) * 2.0 ** rng.integers(-32, 10, (3, 5, 7))).astype(np.float32)
     low_r = shadow_r.astype(np.float16)
     low_r[0, 0, :3] = 0
-    lows = [crafted_low, low_r, low_r[1]]
-    shadows = [crafted_shadow, shadow_r, shadow_r[1]]
+    fp32_low = shadow_r[2].copy()  # a tensor computed in fp32 (a batch-norm weight): its extremes from 32-bit patterns
+    fp32_low[0, :2] = (np.inf, np.nan)
+    lows = [crafted_low, low_r, low_r[1], fp32_low]
+    shadows = [crafted_shadow, shadow_r, shadow_r[1], shadow_r[2]]
     fn = tf.function(lambda a, b: batched_stats(a, b, T16), jit_compile=jit)
     counts, extremes, hist_low, hist_shadow = (np.asarray(x) for x in fn(
         [tf.constant(x) for x in lows], [tf.constant(x) for x in shadows]))
