@@ -12,8 +12,9 @@ nothing in `convprobe.probes` imports it (the probe registry names `battery` by 
   (`convprobe identify`'s layer call).
 - `layer_patterns`: crafted rows in a layer's three ops, read at their `spot`;
   `column_patterns` and `tile_patterns` measure the GEMM's columns and tiles;
-  `batch_order` and `input_gradient_layout` measure an op laid out the other way
-  (`rewritten_calls` is their frame).
+  `batch_order` and `input_gradient_layout` measure an op laid out the other way, and
+  `depthwise_as_grouped` runs a depthwise op as the grouped conv2d it is (`rewritten_calls`
+  is their frame).
 - The summation tree recovered from crafted sums (`tree_recovery`), the formats of its
   additions (`tree_formats`) and its placement in a conv layer's ops (`layer_trees`):
   these work from the op alone, whatever its kernel.

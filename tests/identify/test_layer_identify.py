@@ -560,6 +560,7 @@ def test_identify_confirms_the_measured_columns():
     assert summary["table"]["sequential:fp16:product=fp16"] < 1.0
 
 
+@pytest.mark.slow  # four identify runs at real layers: about 80 s
 @pytest.mark.tensorflow
 def test_real_gemm_columns_differ_by_block_and_are_measured():
     """onednn-off+fp16-acc: the first ResNet layer's input gradient (27 columns) at two seeds,
