@@ -158,9 +158,9 @@ def test_identify_names_a_model_for_each_tensorflow_cpu_configuration():
     from convprobe.backends.configurations import MUST_SHOW, matrix_configs, onednn_runs_fp16
     from convprobe.probes.runner import run_probe
 
-    results = run_probe("identify", matrix_configs("cpu", list(MUST_SHOW)),
+    results = run_probe(battery.__name__, matrix_configs("cpu", list(MUST_SHOW)),  # by path, as battery_study runs it
                         {"ops": ["conv2d", "conv2d_backprop_filter"], "ks": list(DEFAULT_KS), "rows": 64, "seed": 0},
-                        timeout=900)
+                        timeout=900, name="identify")
     found = {}
     for result in results:
         assert result.status == "ok", result.error
