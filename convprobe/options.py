@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from convprobe.errors import invalid_choice
 
-__all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "OutputFormat",
+__all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "Zeros", "OutputFormat",
            "FigureFormat", "Status", "Accumulate", "Backend", "Device", "ComputeDtype", "LossScaleMode", "ArithmeticKind", "ConvOp", "Distribution", "parse_option",
            "names_or_all",
            "comma_integers"]

@@ -197,8 +197,8 @@ _BITS = {2: "uint16", 4: "uint32", 8: "uint64"}
 def _extremes(tf, low):
     """float32 [2]: the smallest nonzero and the largest finite |low| (inf and 0 where there is
     none), read on the bit patterns: with the sign cleared, their order is the magnitudes',
-    and no element is converted (XLA converts fp16 on the CPU element by element, the
-    costliest part of a measured step before this)."""
+    and no element is converted (XLA converts fp16 on the CPU element by element, at a cost
+    that dominated these statistics)."""
     dtype = np.dtype(low.dtype.as_numpy_dtype)
     unsigned = np.dtype(_BITS[dtype.itemsize])
     as_bits = getattr(tf, unsigned.name)
