@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from convprobe.errors import invalid_choice
 
-__all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "Zeros", "OutputFormat",
+__all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "Zeros", "TreeRecovery", "OutputFormat",
            "FigureFormat", "Status", "Accumulate", "Backend", "Device", "ComputeDtype", "LossScaleMode", "ArithmeticKind", "ConvOp", "Distribution", "parse_option",
            "names_or_all",
            "comma_integers"]
@@ -98,6 +98,18 @@ class Zeros(StrEnum):
 
     SIGNED = "signed"
     POSITIVE = "positive"
+
+
+class TreeRecovery(StrEnum):
+    """When identify recovers an op's summation trees (thousands of crafted calls of the op).
+
+    ``needed``: unless a spec of the measured structure already reproduces every output of
+    the op on every input set, and on further seeded confirmation sets run for the purpose.
+    ``always``: at every op, so that every reported spec is also checked against its tree.
+    """
+
+    NEEDED = "needed"
+    ALWAYS = "always"
 
 
 class OutputFormat(StrEnum):

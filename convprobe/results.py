@@ -54,7 +54,9 @@ SCHEMA_HISTORY = {
        "(convprobe contract): the fingerprint results in 'results', and per (configuration, op) what was "
        "declared and observed, with the verdict and its evidence, in 'cells'. Later still, no layout change: "
        "an identify document's per-op results gain 'zero_sign_bits' (the op's outputs where every product "
-       "is -2**-48), and model specs may carry zeros=positive; an older document is read as before.",
+       "is -2**-48), and model specs may carry zeros=positive; an older document is read as before. Later, "
+       "no layout change: a layer identify document's params gain 'trees' (needed or always), and an op's "
+       "trees may be empty with a note that names the measured spec that made them unnecessary.",
 }
 
 

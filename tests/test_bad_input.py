@@ -56,6 +56,8 @@ CLI_CASES = [
     (["identify", "--ks", "100000", *EMU], "--ks: must be comma-separated integers from 1 to 65536"),
     (["identify", "--ks", "16,x", *EMU], "--ks: must be comma-separated integers"),
     (["identify", "--rows", "100000", *EMU], "--rows: must be an integer from 1 to 4096"),
+    (["identify", *EMU, "--input-shape", "1,8,8,16", "--filter-shape", "3,3,16,8", "--trees", "never"],
+     "invalid choice: 'never'"),
     # layer mode: every shape and mode conflict before anything runs
     (["identify", *EMU, "--input-shape", "1,8,8"], "--input-shape and --filter-shape go together"),
     (["identify", *EMU, "--input-shape", "1,8,8", "--filter-shape", "3,3,16,8"],

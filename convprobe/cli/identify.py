@@ -14,7 +14,7 @@ from convprobe.cli.options import (MAX_K, MAX_ROWS, add_matrix_options, announce
                                    bounded_int, emit, int_list, list_configs, matrix_configs,
                                    matrix_ops)
 from convprobe.errors import InvalidArgument
-from convprobe.options import comma_integers
+from convprobe.options import TreeRecovery, comma_integers
 
 __all__ = ["register"]
 
@@ -56,6 +56,9 @@ def register(subparsers) -> None:
     layer.add_argument("--keras-model", metavar="PATH", help="a saved Keras model: every distinct Conv2D layer")
     layer.add_argument("--resnet-size", type=int, default=None, metavar="DEPTH",
                        help="the training harness's ResNet (6n+2: 20, 32, ...): every distinct conv layer")
+    layer.add_argument("--trees", choices=[mode.value for mode in TreeRecovery], default=TreeRecovery.NEEDED.value,
+                       help="when to recover each op's summation trees: needed (unless a measured spec already "
+                            "reproduces every output on six input sets) or always (default: needed)")
     layer.add_argument("--batch", type=bounded_int(1, 4096), default=None, metavar="N",
                        help="batch size of --keras-model/--resnet-size layers (default: 4)")
     layer.add_argument("--image-size", type=bounded_int(8, 1024), default=None, metavar="PX",
@@ -175,7 +178,8 @@ def run(args) -> int:
     if chosen is not None:
         layers, not_identified = chosen
         outcome = run_layer_identify(configs, layers, specs=specs, seed=args.seed, device=args.device,
-                                     timeout=args.timeout, jobs=args.jobs, not_identified=not_identified)
+                                     timeout=args.timeout, jobs=args.jobs, not_identified=not_identified,
+                                     trees=TreeRecovery(args.trees))
     else:
         outcome = run_identify(configs, ops, specs=specs, ks=args.ks,
                                rows=args.rows or battery.DEFAULT_ROWS, seed=args.seed, device=args.device,

@@ -41,7 +41,7 @@ import numpy as np
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation import parse_model
 from convprobe.errors import InvalidArgument, UnsupportedConfiguration
-from convprobe.options import Zeros
+from convprobe.options import TreeRecovery, Zeros, parse_option
 from convprobe.identify.column_patterns import ColumnRun, column_models
 from convprobe.identify.depthwise_as_grouped import AsGrouped, grouped_layer, grouped_op
 from convprobe.identify.input_gradient_layout import forward_layer
@@ -70,6 +70,11 @@ CONFIRMED_CLOSEST = 3
 #: The input sets every op runs on: the first chooses, the second confirms, the third asks the
 #: sign of a zero result (`layers.op_zero_sign_inputs`).
 INPUT_SETS = {"uniform": op_inputs, "confirmation": op_confirmation_inputs, "zero_sign": op_zero_sign_inputs}
+#: Further seeded confirmation input sets on which two specs must agree to be one arithmetic, and on
+#: which a measured spec must reproduce the op for its trees to go unrecovered.
+SAME_ARITHMETIC_SETS = 3
+#: The seed step between those sets.
+CONFIRMATION_SEED_STEP = 7919
 #: What the confirmation inputs are, in the words the summary records.
 CONFIRMATION_INPUTS = ("signed operands, exponents from 2**-8 to 2**4, fp16 subnormals, coarse values that "
                        "make ties, and a cancelling +-M pair in each reduction (layers.op_confirmation_inputs)")
@@ -118,39 +123,94 @@ def sample_indices(size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng([seed, size]).choice(size, SAMPLE, replace=False))
 
 
-def run(backend, *, layers, seed: int = 0, **_params) -> dict:
-    """Child side: per layer and op, the measured structure and sampled output bits."""
+def run(backend, *, layers, seed: int = 0, trees: str = TreeRecovery.NEEDED, **_params) -> dict:
+    """Child side: per layer and op, the measured structure and sampled output bits; the
+    summation trees where `trees` asks for them (`TreeRecovery`)."""
+    recovery = parse_option("trees", trees, TreeRecovery)
     out = []
     for data in layers:
         layer = Layer.from_dict(data)
         ops = {}
         for op in layer.ops:
             try:
-                bits = {}
+                outputs = {}
                 for name, draw in INPUT_SETS.items():
                     with np.errstate(over="ignore", invalid="ignore"):
-                        y = run_op(backend, layer, op, *draw(layer, op, seed)).reshape(-1)
-                    bits[name] = encode_bits(y[sample_indices(y.size, seed)])
+                        outputs[name] = run_op(backend, layer, op, *draw(layer, op, seed))
+                bits = {name: encode_bits(y.reshape(-1)[sample_indices(y.size, seed)]) for name, y in outputs.items()}
                 if layer.kind is LayerKind.DEPTHWISE:  # its trees through its own kernels, as a grouped conv2d
                     direct = DirectSum(None, note=f"not tested: {DEPTHWISE_NOTE}")
                     structure = Structure(note=f"not measured: {DEPTHWISE_NOTE}",
                                           derived=depthwise_candidates(layer, op))
-                    trees = recover_at_layer(AsGrouped(backend, layer), grouped_layer(layer), grouped_op(op), seed)
                 else:  # a grouped conv's structure at one group's conv2d (GROUPED_NOTE), its trees at itself
                     at = layer.one_group() if layer.groups > 1 else layer
                     direct = direct_sum.safely(direct_sum.probe, backend, at, op, seed)
                     structure = measure(backend, at, op, seed)
-                    trees = (recover_at_layer(backend, layer, op, seed) if direct.direct is not False
-                             else RecoveredTrees(note="not recovered: the op is not a direct sum of products"))
+                settled = (_settling_spec(backend, layer, op, structure, outputs, seed)
+                           if recovery is TreeRecovery.NEEDED and direct.direct is not False else None)
+                if direct.direct is False:
+                    recovered = RecoveredTrees(note="not recovered: the op is not a direct sum of products")
+                elif settled is not None:
+                    recovered = RecoveredTrees(note=f"{NOT_NEEDED}: {settled}")
+                elif layer.kind is LayerKind.DEPTHWISE:
+                    recovered = recover_at_layer(AsGrouped(backend, layer), grouped_layer(layer), grouped_op(op), seed)
+                else:
+                    recovered = recover_at_layer(backend, layer, op, seed)
                 ops[op] = {"status": "ok", "bits": bits["uniform"], "confirmation_bits": bits["confirmation"],
                            "zero_sign_bits": bits["zero_sign"],
-                           "direct": direct.to_dict(), "structure": structure.to_dict(), "trees": trees.to_dict()}
+                           "direct": direct.to_dict(), "structure": structure.to_dict(), "trees": recovered.to_dict()}
             except UnsupportedConfiguration as exc:
                 ops[op] = {"status": "unsupported", "error": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
                 ops[op] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
         out.append({"layer": layer.to_dict(), "ops": ops})
     return {"layers": out, "seed": seed}
+
+
+#: How a trees note begins where a measured spec made the trees unnecessary (`TreeRecovery.NEEDED`).
+NOT_NEEDED = "summation trees not recovered (not needed)"
+#: How many of the measured structure's specs the child tries before it recovers the trees.
+SETTLING_CANDIDATES = 4
+
+
+def _settling_spec(backend, layer: Layer, op: str, structure: Structure, outputs: dict[str, np.ndarray],
+                   seed: int) -> str | None:
+    """Why the op's trees need not be recovered, or None: the first of the measured
+    structure's specs (`SETTLING_CANDIDATES`, with ``zeros=positive`` where the zero-sign
+    inputs ask for it) that reproduces every output of the op on the three input sets and
+    on `SAME_ARITHMETIC_SETS` further confirmation sets, run on the op only then."""
+    measured_at = layer.one_group() if layer.groups > 1 else layer
+    measured = _measured_candidates(measured_at, op, structure)[0]
+    extra: list[tuple[tuple[np.ndarray, np.ndarray], np.ndarray]] = []
+    for spec in list(dict.fromkeys([*measured, *structure.derived]))[:SETTLING_CANDIDATES]:
+        try:
+            zeros = _emulated(spec, layer, op, INPUT_SETS["zero_sign"](layer, op, seed))
+            observed = outputs["zero_sign"].view(np.uint16)
+            differ = zeros != observed
+            if differ.any() and (zeros[differ] == NEGATIVE_ZERO).all() and (observed[differ] == 0).all():
+                spec = replace(parse_model(spec), zeros=Zeros.POSITIVE).to_spec()
+            elif differ.any():
+                continue
+            if not all(bitwise_equal(_emulated(spec, layer, op, INPUT_SETS[name](layer, op, seed)),
+                                     outputs[name].view(np.uint16)).all() for name in ("uniform", "confirmation")):
+                continue
+        except InvalidArgument:
+            continue
+        if not extra:
+            for number in range(1, SAME_ARITHMETIC_SETS + 1):
+                inputs = op_confirmation_inputs(layer, op, seed + CONFIRMATION_SEED_STEP * number)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    extra.append((inputs, run_op(backend, layer, op, *inputs).view(np.uint16)))
+        if all(bitwise_equal(_emulated(spec, layer, op, inputs), observed).all() for inputs, observed in extra):
+            return (f"the measured {spec} reproduces every output of the op on the three input sets and on "
+                    f"{len(extra)} further seeded confirmation sets")
+    return None
+
+
+def _emulated(spec: str, layer: Layer, op: str, inputs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Every output of `op` at `layer` under `spec`, as fp16 bits."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return run_op(EmulatedBackend(spec), layer, op, *inputs).view(np.uint16)
 
 
 _PREDICTIONS: dict[tuple, np.ndarray | None] = {}
@@ -178,16 +238,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
     structure = Structure(**result["structure"])
     measured_at = layer.one_group() if layer.groups > 1 else layer  # where the structure was measured
     signed_zeros = _zero_sign(layer, op, seed, result.get("zero_sign_bits"))
-    measured, by_column, by_row = ([signed_zeros(spec) for spec in part]
-                                   for part in _measured_specs(measured_at, op, structure))
-    others = []  # (specs, structure, how): the same op measured in another layout
-    for other, at, as_op, convert, how, first in _other_layouts(measured_at, structure):
-        found, column_spec, row_specs = _measured_specs(at, as_op, other)
-        converted = {spec: signed_zeros(convert(spec)) for spec in found}  # the column and row specs are among them
-        specs, column_spec, row_specs = ([converted[spec] for spec in part] for part in (found, column_spec, row_specs))
-        measured = [*specs, *measured] if first else [*measured, *specs]  # the earliest wins a tie
-        by_column, by_row = [*by_column, *column_spec], [*by_row, *row_specs]
-        others.append((specs, other, how))
+    measured, by_column, by_row, others = _measured_candidates(measured_at, op, structure, signed_zeros)
     observed = np.array([int(h, 16) for h in result["bits"]], dtype=np.uint16)
     table = {}
     candidates = [*measured, *structure.derived, *(extra_specs or ()), *BASE_CANDIDATES]
@@ -236,6 +287,8 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         if failed:
             explanation += ("; matched every output of the U[0, 1) inputs but not of the confirmation inputs: "
                             + ", ".join(f"{spec} {confirmation['fractions'][spec]:.1%}" for spec in failed[:3]))
+    if trees.note.startswith(NOT_NEEDED):
+        explanation += f"; {trees.note}"
     if best is not None and parse_model(best).zeros == Zeros.POSITIVE:
         explanation += ("; zero results are +0: where every product is a negative tiny value the op returned +0 at "
                         "every output the spec otherwise gives -0 (the sum lands on a +0-initialised output), so the "
@@ -248,6 +301,22 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
             "direct": direct.to_dict() if direct else None,
             "structure": structure.to_dict(), "trees": trees.to_dict(), "measured_specs": measured, "table": table,
             "confirmation": confirmation, "outputs_compared": len(observed), "explanation": explanation}
+
+
+def _measured_candidates(layer: Layer, op: str, structure: Structure, signed_zeros: Callable[[str], str] = str):
+    """(the specs of the structure measured at `layer`, those of its columns, of its rows,
+    and (specs, structure, how) of each other layout it was measured in), each spec passed
+    through `signed_zeros`; the earliest spec wins a tie."""
+    measured, by_column, by_row = ([signed_zeros(spec) for spec in part] for part in _measured_specs(layer, op, structure))
+    others = []
+    for other, at, as_op, convert, how, first in _other_layouts(layer, structure):
+        found, column_spec, row_specs = _measured_specs(at, as_op, other)
+        converted = {spec: signed_zeros(convert(spec)) for spec in found}  # the column and row specs are among them
+        specs, column_spec, row_specs = ([converted[spec] for spec in part] for part in (found, column_spec, row_specs))
+        measured = [*specs, *measured] if first else [*measured, *specs]
+        by_column, by_row = [*by_column, *column_spec], [*by_row, *row_specs]
+        others.append((specs, other, how))
+    return measured, by_column, by_row, others
 
 
 def _zero_sign(layer: Layer, op: str, seed: int, bits: list[str] | None) -> Callable[[str], str]:
@@ -276,15 +345,13 @@ def _zero_sign(layer: Layer, op: str, seed: int, bits: list[str] | None) -> Call
 NEGATIVE_ZERO = 0x8000
 
 
-#: Further seeded confirmation input sets on which two specs must agree to be one arithmetic.
-SAME_ARITHMETIC_SETS = 3
 
 
 def _same_arithmetic(first: str, second: str, layer: Layer, op: str, seed: int) -> bool:
     """Whether two specs give the same bits on `SAME_ARITHMETIC_SETS` further seeded
     confirmation input sets, every output compared (the emulator alone: no TensorFlow)."""
     for extra in range(1, SAME_ARITHMETIC_SETS + 1):
-        x, w = op_confirmation_inputs(layer, op, seed + 7919 * extra)
+        x, w = op_confirmation_inputs(layer, op, seed + CONFIRMATION_SEED_STEP * extra)
         with np.errstate(over="ignore", invalid="ignore"):
             a, b = (run_op(EmulatedBackend(spec), layer, op, x, w).view(np.uint16) for spec in (first, second))
         if not bitwise_equal(a, b).all():

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from convprobe.identify import layer_identify
-from convprobe.options import Status
+from convprobe.options import Status, TreeRecovery
 from convprobe.identify.direct_sum import not_direct
 from convprobe.probes.layers import TRANSPOSED_SUFFIX
 from convprobe.probes.runner import run_probe
@@ -21,12 +21,13 @@ NOT_IDENTIFIED = "not identified"
 
 
 def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeout: float,
-                       jobs: int | None, not_identified=()) -> Outcome:
+                       jobs: int | None, not_identified=(), trees: TreeRecovery = TreeRecovery.NEEDED) -> Outcome:
     """Each layer's three ops at its own shape: measured structure, confirmed bit for bit; the
-    model's conv-like layers identify cannot measure (`not_identified`) are rows that say why."""
+    model's conv-like layers identify cannot measure (`not_identified`) are rows that say why;
+    `trees` says when the summation trees are recovered."""
     from convprobe.analysis.tables import frame_from_records
 
-    params = {"layers": [layer.to_dict() for layer in layers], "seed": seed,
+    params = {"layers": [layer.to_dict() for layer in layers], "seed": seed, "trees": TreeRecovery(trees).value,
               "not_identified": [item.to_dict() for item in not_identified]}
     # the layer mode is its own probe, run by module path; its rows are named identify's
     probe_results = run_probe(layer_identify.__name__, configs, params, timeout=timeout, jobs=jobs, name="identify")
