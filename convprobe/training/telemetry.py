@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convprobe.formats import Format, parse_format
+from convprobe.formats import FP16, Format, parse_format
 
 __all__ = [
     "COUNT_FIELDS",
@@ -93,6 +93,10 @@ class Thresholds:
         return cls(fmt.smallest_subnormal / 2, fmt.smallest_subnormal, fmt.tiny, fmt.max)
 
 
+#: fp16's thresholds: a tensor of fp16 classified against them is read on its bit patterns.
+_FP16_THRESHOLDS = Thresholds.of(FP16)
+
+
 def _exponent_bins(tf, a):
     """Bin index of floor(log2|a|) for float32 a, read exactly from the bits."""
     bits = tf.bitcast(a, tf.int32)
@@ -142,19 +146,15 @@ def _tensor_tables(tf, low, shadow, thresholds: Thresholds):
     tables that stay in cache; the histograms need only these two marginals, so no table
     over both exponents is filled and reduced again.
     """
-    a = tf.abs(tf.reshape(tf.cast(low, tf.float32), [-1]))
     s = tf.abs(tf.reshape(tf.cast(shadow, tf.float32), [-1]))
-    low_class = tf.where(
-        tf.math.is_nan(a), 4, tf.where(
-            tf.math.is_inf(a), 3, tf.where(
-                tf.equal(a, 0.0), 0, tf.where(a < thresholds.smallest_normal, 1, 2))))
+    low_class, low_bin = (_fp16_low_codes(tf, low) if low.dtype == tf.float16 and thresholds == _FP16_THRESHOLDS
+                          else _low_codes(tf, low, thresholds))
     s_finite = tf.math.is_finite(s)
     shadow_class = tf.where(
         tf.logical_not(s_finite), 5, tf.where(
             tf.equal(s, 0.0), 0, tf.where(
                 s <= thresholds.flush_below, 1, tf.where(
                     s < thresholds.smallest_normal, 2, tf.where(s <= thresholds.largest, 3, 4)))))
-    low_bin = _exponent_bins(tf, tf.where(tf.math.is_finite(a), a, 1.0))
     shadow_bin = tf.where(tf.logical_and(s_finite, tf.not_equal(s, 0.0)),
                           _exponent_bins(tf, tf.where(s_finite, s, 1.0)), N_BINS)
     ones = tf.ones_like(low_bin)
@@ -162,6 +162,33 @@ def _tensor_tables(tf, low, shadow, thresholds: Thresholds):
                                          _N_LOW * _N_SHADOW * N_BINS)
     return (tf.reshape(joint, [_N_LOW, _N_SHADOW, N_BINS]),
             tf.math.unsorted_segment_sum(ones, shadow_bin, N_BINS + 1))
+
+
+def _low_codes(tf, low, thresholds: Thresholds):
+    """(low class, low exponent bin) of every element of `low`, from its float32 value: the
+    bin of |low| where it is finite, of 1.0 (bin of exponent 0) where it is not."""
+    a = tf.abs(tf.reshape(tf.cast(low, tf.float32), [-1]))
+    low_class = tf.where(
+        tf.math.is_nan(a), 4, tf.where(
+            tf.math.is_inf(a), 3, tf.where(
+                tf.equal(a, 0.0), 0, tf.where(a < thresholds.smallest_normal, 1, 2))))
+    return low_class, _exponent_bins(tf, tf.where(tf.math.is_finite(a), a, 1.0))
+
+
+def _fp16_low_codes(tf, low):
+    """`_low_codes` of an fp16 tensor read on its bit patterns, with no float conversion (XLA
+    converts fp16 to float32 on the CPU one element at a time): with the sign cleared, above
+    0x7C00 is NaN, 0x7C00 inf, below 0x0400 subnormal; floor(log2|low|) is the exponent
+    field less 15, or for a subnormal m * 2**-24 the top bit of m less 24, read from the
+    float32 of the integer m (exact)."""
+    bits = tf.bitwise.bitwise_and(tf.cast(tf.bitcast(tf.reshape(low, [-1]), tf.int16), tf.int32), 0x7FFF)
+    low_class = tf.where(bits > 0x7C00, 4, tf.where(
+        tf.equal(bits, 0x7C00), 3, tf.where(tf.equal(bits, 0), 0, tf.where(bits < 0x0400, 1, 2))))
+    field = tf.bitwise.right_shift(bits, 10)
+    top_bit = tf.bitwise.right_shift(tf.bitcast(tf.cast(tf.bitwise.bitwise_and(bits, 0x3FF), tf.float32), tf.int32),
+                                     23) - 127
+    exponent = tf.where(low_class >= 3, 0, tf.where(field > 0, field - 15, top_bit - 24))
+    return low_class, tf.clip_by_value(exponent, HIST_MIN_EXPONENT - 1, HIST_MAX_EXPONENT) - (HIST_MIN_EXPONENT - 1)
 
 
 def batched_stats(lows, shadows, thresholds: Thresholds):

@@ -68,8 +68,11 @@ def test_batched_stats_matches_reference_exactly(jit):
     low_r[0, 0, :3] = 0
     fp32_low = shadow_r[2].copy()  # a tensor computed in fp32 (a batch-norm weight): its extremes from 32-bit patterns
     fp32_low[0, :2] = (np.inf, np.nan)
-    lows = [crafted_low, low_r, low_r[1], fp32_low]
-    shadows = [crafted_shadow, shadow_r, shadow_r[1], shadow_r[2]]
+    every_fp16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)  # all 65,536 code points
+    with np.errstate(over="ignore", invalid="ignore"):
+        every_shadow = (every_fp16.astype(np.float32) * rng.uniform(0.5, 2.0, every_fp16.size)).astype(np.float32)
+    lows = [crafted_low, low_r, low_r[1], fp32_low, every_fp16]
+    shadows = [crafted_shadow, shadow_r, shadow_r[1], shadow_r[2], every_shadow]
     fn = tf.function(lambda a, b: batched_stats(a, b, T16), jit_compile=jit)
     counts, extremes, hist_low, hist_shadow = (np.asarray(x) for x in fn(
         [tf.constant(x) for x in lows], [tf.constant(x) for x in shadows]))
