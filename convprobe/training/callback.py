@@ -7,7 +7,7 @@ Every `every` steps it measures the gradients of the user's compiled loss, on th
 current batch, scaled by the current loss scale, with respect to the trainable
 weights and the outputs of the watched layers, once in the model's compute dtype
 and once in an fp32 shadow, and classifies every element as `convprobe train`
-does (`telemetry.batched_stats`, `counterfactual_stats`; rows through
+does (`telemetry.batched_stats`; rows through
 `records.telemetry_rows`, the same code path). It writes a run directory that
 `convprobe report DIR` and `assert_no_gradient_underflow(DIR)` read (header.json,
 steps.csv, telemetry.csv, summary.json) and TensorBoard event files in
@@ -87,7 +87,6 @@ from convprobe.training.telemetry import (
     Thresholds,
     backward_order,
     batched_stats,
-    counterfactual_stats,
     nonfinite_counts,
 )
 
@@ -298,8 +297,8 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         # The statistics always under XLA, the user's step or not: its scatter-adds run about
         # twice as fast compiled (measured on CPU; `telemetry.batched_stats` is written for it).
         self._statistics = tf.function(
-            lambda lows, shadows: (batched_stats(lows, shadows, self.thresholds), counterfactual_stats(shadows),
-                                   nonfinite_counts(lows)), jit_compile=True)
+            lambda lows, shadows: (batched_stats(lows, shadows, self.thresholds), nonfinite_counts(lows)),
+            jit_compile=True)
         step = model.train_step
         wrapper_of = getattr(getattr(step, "func", step), "__self__", None)
         if isinstance(wrapper_of, UnderflowTelemetry):
@@ -346,7 +345,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             lows = self._gradients(self.low, self.low_forward, x, y, sample_weight, scale)
         self._copy_weights(self.shadow)
         shadows = self._gradients(self.shadow, self.shadow_forward, x, y, sample_weight, scale)
-        (counts, extremes, hist_low, hist_shadow), counterfactual, nonfinite = self._statistics(lows, shadows)
+        (counts, extremes, hist_low, hist_shadow, counterfactual), nonfinite = self._statistics(lows, shadows)
         context = tf.distribute.get_replica_context()
         if self._replicas > 1 and context is not None:  # pooled over replicas, as convprobe train does
             counts, hist_low, hist_shadow, counterfactual, nonfinite = (

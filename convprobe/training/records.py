@@ -231,7 +231,7 @@ class TensorNames:
 
 def telemetry_rows(step: int, loss_scale: float, names: TensorNames, stats: dict) -> list[dict]:
     """One telemetry.csv record per tensor of a telemetry step, from the statistics of
-    `telemetry.batched_stats` and `telemetry.counterfactual_stats` (NumPy arrays, one row
+    `telemetry.batched_stats` (NumPy arrays, one row
     per tensor of `names`: "counts", "min_abs", "max_abs", "hist_low", "hist_shadow",
     "counterfactual"). `convprobe train` and the Keras callback both write through here."""
     rows = []

@@ -25,7 +25,7 @@ in fp32 on the same scaled loss), the elements are sorted into:
 The thresholds come from `convprobe.formats`, so bf16 and fp32 runs report in
 the same terms (nothing flushes in fp32 by construction).
 
-Counterfactual formats (`counterfactual_stats`): from the same fp32 shadow, at the
+Counterfactual formats (`counterfactual_stats`; `batched_stats` counts them in its own pass): from the same fp32 shadow, at the
 same loss scale, how many elements would flush or land subnormal had the gradient
 been held in bf16, fp8_e4m3 or fp8_e5m2 (Transformer Engine's "what would another
 recipe underflow"), with no second run. They say nothing of what the other format's
@@ -34,6 +34,7 @@ own forward and backward arithmetic would have changed upstream.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,12 +140,13 @@ def _field_matrix() -> np.ndarray:
 
 def _tensor_tables(tf, low, shadow, thresholds: Thresholds):
     """One tensor's two tables: (joint int32 [_N_LOW, _N_SHADOW, N_BINS] over (low class,
-    shadow class, low exponent bin), shadow int32 [N_BINS + 1] over the shadow's exponent bin).
+    shadow class, low exponent bin), shadow int32 [N_BINS + 1, buckets] over the shadow's
+    exponent bin and its counterfactual bucket (`_counterfactual_buckets`)).
 
     The low bin is that of |low| where it is finite (0 for non-finite), the shadow bin that of
     |shadow| where it is finite and nonzero, else the extra last bin. Two scatter-adds into
-    tables that stay in cache; the histograms need only these two marginals, so no table
-    over both exponents is filled and reduced again.
+    tables that stay in cache; the histograms and the counterfactual counts need only their
+    marginals, so no table over both exponents is filled and reduced again.
     """
     s = tf.abs(tf.reshape(tf.cast(shadow, tf.float32), [-1]))
     low_class, low_bin = (_fp16_low_codes(tf, low) if low.dtype == tf.float16 and thresholds == _FP16_THRESHOLDS
@@ -157,11 +159,14 @@ def _tensor_tables(tf, low, shadow, thresholds: Thresholds):
                     s < thresholds.smallest_normal, 2, tf.where(s <= thresholds.largest, 3, 4)))))
     shadow_bin = tf.where(tf.logical_and(s_finite, tf.not_equal(s, 0.0)),
                           _exponent_bins(tf, tf.where(s_finite, s, 1.0)), N_BINS)
+    bounds = _counterfactual_buckets()[0]
+    bucket = _bucket(tf, tf.bitcast(s, tf.int32), bounds)
     ones = tf.ones_like(low_bin)
     joint = tf.math.unsorted_segment_sum(ones, (low_class * _N_SHADOW + shadow_class) * N_BINS + low_bin,
                                          _N_LOW * _N_SHADOW * N_BINS)
-    return (tf.reshape(joint, [_N_LOW, _N_SHADOW, N_BINS]),
-            tf.math.unsorted_segment_sum(ones, shadow_bin, N_BINS + 1))
+    shadow_table = tf.math.unsorted_segment_sum(ones, shadow_bin * (len(bounds) + 1) + bucket,
+                                                (N_BINS + 1) * (len(bounds) + 1))
+    return (tf.reshape(joint, [_N_LOW, _N_SHADOW, N_BINS]), tf.reshape(shadow_table, [N_BINS + 1, len(bounds) + 1]))
 
 
 def _low_codes(tf, low, thresholds: Thresholds):
@@ -198,7 +203,8 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
     (XLA's CPU scatter is a serial loop, but one pass over the elements instead of
     twelve); the count fields and both histograms are sums over them.
     Returns (counts [T, len(COUNT_FIELDS)] int32, extremes [T, 2] float32,
-    hist_low [T, B] int32, hist_shadow [T, B] int32).
+    hist_low [T, B] int32, hist_shadow [T, B] int32, counterfactual [T,
+    len(COUNTERFACTUAL_FIELDS)] int32: what `counterfactual_stats` counts, from the same pass).
 
     "Subnormal" is tested as "nonzero and below the smallest normal" rather than
     ">= smallest subnormal": TensorFlow's CPU threads run with
@@ -211,10 +217,11 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
     counts = tf.matmul(tf.reshape(tf.reduce_sum(joint, axis=3), [len(lows), _N_LOW * _N_SHADOW]),
                        tf.constant(_field_matrix()))
     hist_low = tf.reduce_sum(joint[:, 1:3], axis=[1, 2])  # low finite nonzero
-    hist_shadow = tf.stack([shadow[:N_BINS] for _, shadow in tables])  # shadow finite nonzero
-
+    shadow = tf.stack([table for _, table in tables])  # [T, N_BINS + 1, buckets]
+    hist_shadow = tf.reduce_sum(shadow[:, :N_BINS], axis=2)  # shadow finite nonzero
+    counterfactual = tf.matmul(tf.reduce_sum(shadow, axis=1), tf.constant(_counterfactual_buckets()[1]))
     extremes = tf.stack([_extremes(tf, low) for low in lows])
-    return counts, extremes, hist_low, hist_shadow
+    return counts, extremes, hist_low, hist_shadow, counterfactual
 
 
 #: The unsigned integer type of each float dtype's bit patterns, by width.
@@ -300,11 +307,17 @@ def counterfactual_stats(shadows):
     for shadow in shadows:
         bits = tf.bitwise.bitwise_and(tf.bitcast(tf.reshape(tf.cast(shadow, tf.float32), [-1]), tf.int32),
                                       0x7FFFFFFF)
-        bucket = tf.add_n([tf.cast(bits > bound, tf.int32) for bound in bounds])  # how many bounds lie below
+        bucket = _bucket(tf, bits, bounds)
         rows.append(tf.math.unsorted_segment_sum(tf.ones_like(bucket), bucket, len(bounds) + 1))
     return tf.matmul(tf.stack(rows), tf.constant(fields))
 
 
+def _bucket(tf, bits, bounds: list[int]):
+    """How many of `bounds` lie below each magnitude's fp32 bit pattern (sign cleared)."""
+    return tf.add_n([tf.cast(bits > bound, tf.int32) for bound in bounds])
+
+
+@functools.cache
 def _counterfactual_buckets() -> tuple[list[int], np.ndarray]:
     """(the sorted fp32 bit patterns b that bucket |s| by how many satisfy bits > b, int32
     [buckets, len(COUNTERFACTUAL_FIELDS)] 0/1: which buckets each field sums). A format flushes

@@ -59,7 +59,6 @@ from convprobe.training.telemetry import (
     Thresholds,
     backward_order,
     batched_stats,
-    counterfactual_stats,
     nonfinite_counts,
 )
 
@@ -288,8 +287,7 @@ class Trainer:
         """Telemetry of this replica's gradients, aggregated over all replicas: counts and
         histograms summed, extremes the smallest minimum and largest maximum."""
         tf = self.tf
-        counts, extremes, hist_low, hist_shadow = self._batched_stats(lows, shadows)
-        counterfactual = counterfactual_stats(shadows)
+        counts, extremes, hist_low, hist_shadow, counterfactual = self._batched_stats(lows, shadows)
         ctx = tf.distribute.get_replica_context()
         if ctx is not None and self.replicas > 1:
             counts, hist_low, hist_shadow, counterfactual = (

@@ -10,6 +10,7 @@ from convprobe.training.telemetry import (
     COUNT_FIELDS,
     Thresholds,
     batched_stats,
+    counterfactual_stats,
     decode_histogram,
     encode_histogram,
     histogram_edges,
@@ -74,8 +75,10 @@ def test_batched_stats_matches_reference_exactly(jit):
     lows = [crafted_low, low_r, low_r[1], fp32_low, every_fp16]
     shadows = [crafted_shadow, shadow_r, shadow_r[1], shadow_r[2], every_shadow]
     fn = tf.function(lambda a, b: batched_stats(a, b, T16), jit_compile=jit)
-    counts, extremes, hist_low, hist_shadow = (np.asarray(x) for x in fn(
+    counts, extremes, hist_low, hist_shadow, counterfactual = (np.asarray(x) for x in fn(
         [tf.constant(x) for x in lows], [tf.constant(x) for x in shadows]))
+    # the counterfactual counts from the same pass as the standalone count's
+    assert np.array_equal(counterfactual, counterfactual_stats([tf.constant(x) for x in shadows]).numpy())
     for t, (lo, sh) in enumerate(zip(lows, shadows)):
         assert dict(zip(COUNT_FIELDS, counts[t].tolist())) == numpy_tensor_stats(lo, sh, T16)
         a = np.abs(lo.astype(np.float64)).ravel()
