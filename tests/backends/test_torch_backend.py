@@ -66,7 +66,7 @@ def test_a_switch_is_set_in_its_own_process_only():
 @pytest.mark.slow
 def test_identify_names_torchs_arithmetic_at_a_layer_on_both_input_sets(tmp_path):
     """PyTorch's CPU convs, with oneDNN on and off: every op at 100% on the U[0, 1) and the
-    signed confirmation inputs, through the recovered summation trees."""
+    signed confirmation inputs (through a measured spec or the recovered summation trees)."""
     doc = run_cli_json("identify", "--backend", "torch", "--configs", "default,mkldnn-off", "--input-shape",
                        "2,6,6,20", "--filter-shape", "3,3,20,8", "--output", str(tmp_path / "torch.json"))
     for label, per_op in doc["matches"].items():
