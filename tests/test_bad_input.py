@@ -58,6 +58,7 @@ CLI_CASES = [
     (["identify", "--rows", "100000", *EMU], "--rows: must be an integer from 1 to 4096"),
     (["identify", *EMU, "--input-shape", "1,8,8,16", "--filter-shape", "3,3,16,8", "--trees", "never"],
      "invalid choice: 'never'"),
+    (["identify", *EMU, "--trees", "always"], "--trees applies to layer mode"),
     # layer mode: every shape and mode conflict before anything runs
     (["identify", *EMU, "--input-shape", "1,8,8"], "--input-shape and --filter-shape go together"),
     (["identify", *EMU, "--input-shape", "1,8,8", "--filter-shape", "3,3,16,8"],

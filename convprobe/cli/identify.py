@@ -56,7 +56,7 @@ def register(subparsers) -> None:
     layer.add_argument("--keras-model", metavar="PATH", help="a saved Keras model: every distinct Conv2D layer")
     layer.add_argument("--resnet-size", type=int, default=None, metavar="DEPTH",
                        help="the training harness's ResNet (6n+2: 20, 32, ...): every distinct conv layer")
-    layer.add_argument("--trees", choices=[mode.value for mode in TreeRecovery], default=TreeRecovery.NEEDED.value,
+    layer.add_argument("--trees", choices=[mode.value for mode in TreeRecovery], default=None,
                        help="when to recover each op's summation trees: needed (unless a measured spec already "
                             "reproduces every output on six input sets) or always (default: needed)")
     layer.add_argument("--batch", type=bounded_int(1, 4096), default=None, metavar="N",
@@ -88,6 +88,9 @@ def layers_from_args(args) -> tuple[list, list] | None:
     if not modes:
         if args.batch is not None:
             raise InvalidArgument("--batch applies to --keras-model and --resnet-size only")
+        if args.trees is not None:
+            raise InvalidArgument("--trees applies to layer mode (--input-shape/--filter-shape, --keras-model, "
+                                  "--resnet-size)")
         if args.strides != "1" or args.padding != "SAME" or args.dilation != "1":
             raise InvalidArgument("--strides, --padding and --dilation apply to --input-shape/--filter-shape")
         return None
@@ -179,7 +182,7 @@ def run(args) -> int:
         layers, not_identified = chosen
         outcome = run_layer_identify(configs, layers, specs=specs, seed=args.seed, device=args.device,
                                      timeout=args.timeout, jobs=args.jobs, not_identified=not_identified,
-                                     trees=TreeRecovery(args.trees))
+                                     trees=TreeRecovery(args.trees or TreeRecovery.NEEDED))
     else:
         outcome = run_identify(configs, ops, specs=specs, ks=args.ks,
                                rows=args.rows or battery.DEFAULT_ROWS, seed=args.seed, device=args.device,

@@ -5,18 +5,23 @@ map is an ordinary identify document (params.layers, matches keyed by op, or by
 'layer / op' for a map).
 
 For every layer and each of its three ops (`Layer.ops`: conv2d's or a depthwise conv's) the child process
-(the backend's own) does two things at the layer's exact shape:
+(the backend's own) does four things at the layer's exact shape:
 
-1. measures the reduction's structure with crafted inputs (`structure.measure`):
+1. runs the op on three sets of seeded fp16 inputs and returns the bit patterns of up to
+   `SAMPLE` outputs of each, picked by seed: U[0, 1) operands (`layers.op_inputs`), on
+   which fp16 accumulation shows; operands on which a wrong model can fail
+   (`layers.op_confirmation_inputs`: signed, spread exponents, subnormals, ties and a
+   cancelling +-M pair in each reduction, so a wide accumulator's association shows); and
+   operands whose every product is -2**-48, which ask the sign of a zero result;
+2. tests that the op is a direct sum of products at all (`direct_sum`): a Winograd or
+   FFT convolution is said to be one, not fitted with a dot-product model;
+3. measures the reduction's structure with crafted inputs (`structure.measure`):
    accumulator, partial-sum boundaries, interleaved lanes, product rounding, one
    row a channel, and again column by column of the op's GEMM (`column_patterns`);
-2. runs the op on two sets of seeded random fp16 inputs and returns the bit patterns of
-   up to `SAMPLE` outputs of each, picked by seed: U[0, 1) operands (`layers.op_inputs`),
-   on which fp16 accumulation shows, and operands on which a wrong model can fail
-   (`layers.op_confirmation_inputs`: signed, spread exponents, subnormals, ties and a
-   cancelling +-M pair in each reduction, so a wide accumulator's association shows);
-3. tests that the op is a direct sum of products at all (`direct_sum`): a Winograd or
-   FFT convolution is said to be one, not fitted with a dot-product model.
+4. recovers the summation trees (`layer_trees`), unless told `trees=needed` (the default)
+   and one of the first specs of the structure reproduces every output of the three sets
+   and of three further confirmation sets (`_settling_spec`): that spec is then recorded
+   as ``settled`` and the parent reports a spec only where it is the same arithmetic.
 
 The parent turns the structure into emulator specs (`candidates.candidate_specs`; where
 the columns differ, first the one spec of them all, `column_patterns.column_models`),
@@ -52,7 +57,7 @@ from convprobe.identify import direct_sum
 from convprobe.identify.direct_sum import DirectSum, not_direct
 from convprobe.probes.encoding import encode_bits
 from convprobe.probes.layers import (Layer, LayerKind, op_confirmation_inputs, op_inputs, op_result_shape,
-                                     op_zero_sign_inputs, run_op)
+                                     op_zero_sign_inputs, run_op, run_ops)
 from convprobe.identify.candidates import candidate_specs
 from convprobe.identify.structure import Structure, best_of, bitwise_equal
 
@@ -75,23 +80,28 @@ INPUT_SETS = {"uniform": op_inputs, "confirmation": op_confirmation_inputs, "zer
 SAME_ARITHMETIC_SETS = 3
 #: The seed step between those sets.
 CONFIRMATION_SEED_STEP = 7919
+#: How a trees note begins where a spec made the trees unnecessary (`TreeRecovery.NEEDED`).
+NOT_NEEDED = "summation trees not recovered (not needed)"
+#: How many of the measured and layout specs the child tries before it recovers the trees: the
+#: measured structure's own spec comes first, and its row, column and layout variants next.
+SETTLING_CANDIDATES = 4
 #: What the confirmation inputs are, in the words the summary records.
 CONFIRMATION_INPUTS = ("signed operands, exponents from 2**-8 to 2**4, fp16 subnormals, coarse values that "
                        "make ties, and a cancelling +-M pair in each reduction (layers.op_confirmation_inputs)")
 
 
 #: Why a depthwise op has no measured structure and no direct-sum test, and what it has.
-DEPTHWISE_NOTE = ("identify's structure probes are laid out for a dense conv2d; a depthwise op's summation trees are "
-                  "recovered through its own kernel as the grouped conv2d it is (depthwise_as_grouped), and the "
-                  "models of TensorFlow's CPU kernels and plain models are tried beside them, each confirmed on both "
-                  "input sets")
+DEPTHWISE_NOTE = ("identify's structure probes are laid out for a dense conv2d; the models of TensorFlow's CPU "
+                  "depthwise kernels and plain models are tried, each confirmed on both input sets, and where none "
+                  "reproduces the op the summation trees are recovered through its own kernel as the grouped conv2d "
+                  "it is (depthwise_as_grouped)")
 
 
 #: How a grouped conv2d is measured: the crafted-structure probes (and the direct-sum test) are
 #: laid out for a dense conv2d, so they run at one group's; the summation trees are recovered
 #: through the grouped op itself, and every spec is confirmed on the grouped layer's own outputs.
-GROUPED_NOTE = ("a grouped conv2d's structure is measured at the conv2d of one group; its summation trees through "
-                "the grouped op itself; every spec is confirmed on the grouped layer's own outputs")
+GROUPED_NOTE = ("a grouped conv2d's structure is measured at the conv2d of one group; its summation trees, where "
+                "needed, through the grouped op itself; every spec is confirmed on the grouped layer's own outputs")
 
 
 def depthwise_candidates(layer: Layer, op: str) -> tuple[str, ...]:
@@ -133,10 +143,11 @@ def run(backend, *, layers, seed: int = 0, trees: str = TreeRecovery.NEEDED, **_
         ops = {}
         for op in layer.ops:
             try:
+                drawn = {name: draw(layer, op, seed) for name, draw in INPUT_SETS.items()}
                 outputs = {}
-                for name, draw in INPUT_SETS.items():
+                for name, inputs in drawn.items():
                     with np.errstate(over="ignore", invalid="ignore"):
-                        outputs[name] = run_op(backend, layer, op, *draw(layer, op, seed))
+                        outputs[name] = run_op(backend, layer, op, *inputs)
                 bits = {name: encode_bits(y.reshape(-1)[sample_indices(y.size, seed)]) for name, y in outputs.items()}
                 if layer.kind is LayerKind.DEPTHWISE:  # its trees through its own kernels, as a grouped conv2d
                     direct = DirectSum(None, note=f"not tested: {DEPTHWISE_NOTE}")
@@ -146,18 +157,20 @@ def run(backend, *, layers, seed: int = 0, trees: str = TreeRecovery.NEEDED, **_
                     at = layer.one_group() if layer.groups > 1 else layer
                     direct = direct_sum.safely(direct_sum.probe, backend, at, op, seed)
                     structure = measure(backend, at, op, seed)
-                settled = (_settling_spec(backend, layer, op, structure, outputs, seed)
+                settled = (_settling_spec(backend, layer, op, structure, drawn, outputs, seed)
                            if recovery is TreeRecovery.NEEDED and direct.direct is not False else None)
                 if direct.direct is False:
                     recovered = RecoveredTrees(note="not recovered: the op is not a direct sum of products")
                 elif settled is not None:
-                    recovered = RecoveredTrees(note=f"{NOT_NEEDED}: {settled}")
+                    recovered = RecoveredTrees(note=f"{NOT_NEEDED}: {settled} reproduces every output of the op on "
+                                                    f"the three input sets and on {SAME_ARITHMETIC_SETS} further "
+                                                    f"seeded confirmation sets")
                 elif layer.kind is LayerKind.DEPTHWISE:
                     recovered = recover_at_layer(AsGrouped(backend, layer), grouped_layer(layer), grouped_op(op), seed)
                 else:
                     recovered = recover_at_layer(backend, layer, op, seed)
                 ops[op] = {"status": "ok", "bits": bits["uniform"], "confirmation_bits": bits["confirmation"],
-                           "zero_sign_bits": bits["zero_sign"],
+                           "zero_sign_bits": bits["zero_sign"], "settled": settled,
                            "direct": direct.to_dict(), "structure": structure.to_dict(), "trees": recovered.to_dict()}
             except UnsupportedConfiguration as exc:
                 ops[op] = {"status": "unsupported", "error": str(exc)}
@@ -167,44 +180,42 @@ def run(backend, *, layers, seed: int = 0, trees: str = TreeRecovery.NEEDED, **_
     return {"layers": out, "seed": seed}
 
 
-#: How a trees note begins where a measured spec made the trees unnecessary (`TreeRecovery.NEEDED`).
-NOT_NEEDED = "summation trees not recovered (not needed)"
-#: How many of the measured structure's specs the child tries before it recovers the trees.
-SETTLING_CANDIDATES = 4
-
-
-def _settling_spec(backend, layer: Layer, op: str, structure: Structure, outputs: dict[str, np.ndarray],
+def _settling_spec(backend, layer: Layer, op: str, structure: Structure,
+                   drawn: dict[str, tuple[np.ndarray, np.ndarray]], outputs: dict[str, np.ndarray],
                    seed: int) -> str | None:
-    """Why the op's trees need not be recovered, or None: the first of the measured
-    structure's specs (`SETTLING_CANDIDATES`, with ``zeros=positive`` where the zero-sign
-    inputs ask for it) that reproduces every output of the op on the three input sets and
-    on `SAME_ARITHMETIC_SETS` further confirmation sets, run on the op only then."""
+    """The spec that makes the op's trees unnecessary, or None: the first of the specs of its
+    measured structure and of the layer's layout (`SETTLING_CANDIDATES`; with
+    ``zeros=positive`` where the zero-sign inputs ask for it, `_positive_zeros`) that
+    reproduces every output of the op on the input sets `drawn` and on
+    `SAME_ARITHMETIC_SETS` further seeded confirmation sets, run on the op only then."""
     measured_at = layer.one_group() if layer.groups > 1 else layer
     measured = _measured_candidates(measured_at, op, structure)[0]
-    extra: list[tuple[tuple[np.ndarray, np.ndarray], np.ndarray]] = []
+    further: list[tuple[tuple[np.ndarray, np.ndarray], np.ndarray]] = []
     for spec in list(dict.fromkeys([*measured, *structure.derived]))[:SETTLING_CANDIDATES]:
         try:
-            zeros = _emulated(spec, layer, op, INPUT_SETS["zero_sign"](layer, op, seed))
             observed = outputs["zero_sign"].view(np.uint16)
-            differ = zeros != observed
-            if differ.any() and (zeros[differ] == NEGATIVE_ZERO).all() and (observed[differ] == 0).all():
+            if _positive_zeros(_emulated(spec, layer, op, drawn["zero_sign"]), observed):
                 spec = replace(parse_model(spec), zeros=Zeros.POSITIVE).to_spec()
-            elif differ.any():
+            if not all(bitwise_equal(_emulated(spec, layer, op, inputs), outputs[name].view(np.uint16)).all()
+                       for name, inputs in drawn.items()):
                 continue
-            if not all(bitwise_equal(_emulated(spec, layer, op, INPUT_SETS[name](layer, op, seed)),
-                                     outputs[name].view(np.uint16)).all() for name in ("uniform", "confirmation")):
-                continue
-        except InvalidArgument:
+        except InvalidArgument:  # a model that cannot take this op
             continue
-        if not extra:
-            for number in range(1, SAME_ARITHMETIC_SETS + 1):
-                inputs = op_confirmation_inputs(layer, op, seed + CONFIRMATION_SEED_STEP * number)
-                with np.errstate(over="ignore", invalid="ignore"):
-                    extra.append((inputs, run_op(backend, layer, op, *inputs).view(np.uint16)))
-        if all(bitwise_equal(_emulated(spec, layer, op, inputs), observed).all() for inputs, observed in extra):
-            return (f"the measured {spec} reproduces every output of the op on the three input sets and on "
-                    f"{len(extra)} further seeded confirmation sets")
+        if not further:
+            sets = [op_confirmation_inputs(layer, op, seed + CONFIRMATION_SEED_STEP * number)
+                    for number in range(1, SAME_ARITHMETIC_SETS + 1)]
+            with np.errstate(over="ignore", invalid="ignore"):
+                further = [(inputs, y.view(np.uint16)) for inputs, y in zip(sets, run_ops(backend, layer, op, sets))]
+        if all(bitwise_equal(_emulated(spec, layer, op, inputs), observed).all() for inputs, observed in further):
+            return spec
     return None
+
+
+def _positive_zeros(predicted: np.ndarray, observed: np.ndarray) -> bool:
+    """Whether fp16 bits `observed` are `predicted` with some -0 results +0 and nothing else
+    changed: a kernel that adds its sum onto a +0-initialised output."""
+    differ = predicted != observed
+    return bool(differ.any() and (predicted[differ] == NEGATIVE_ZERO).all() and (observed[differ] == 0).all())
 
 
 def _emulated(spec: str, layer: Layer, op: str, inputs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -263,6 +274,9 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
                  if spec not in table]
     for spec in recovered:  # after the grammar's specs: a readable spec wins a tie where it is the same arithmetic
         table[spec] = score(spec, None)
+    settled = result.get("settled")  # the spec that reproduced the op on six input sets, where trees were not needed
+    if settled and settled not in table:
+        table[settled] = score(settled, None)
     direct = DirectSum.from_dict(result["direct"]) if result.get("direct") else None  # older documents lack it
     confirmation = _confirm(table, layer, op, seed, result.get("confirmation_bits"))
     scores = {spec: min(fraction, confirmation["fractions"].get(spec, fraction)) for spec, fraction in table.items()}
@@ -273,21 +287,25 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         best = best_of(scores) if scores else None
         disagree = []
         tree_best = next((spec for spec in recovered if scores.get(spec) == 1.0), None)
-        if best is not None and tree_best is not None and best not in recovered:
-            # a readable spec is reported only where it is the recovered tree's arithmetic
-            disagree = [spec for spec in perfect if spec not in recovered
-                        and not _same_arithmetic(spec, tree_best, layer, op, seed)]
+        # the recovered tree, or the spec that reproduced the op on six input sets: a spec that
+        # matched both input sets is reported only where it is the same arithmetic
+        reference = tree_best or (settled if settled and scores.get(settled) == 1.0 else None)
+        if best is not None and reference is not None and best not in recovered and best != reference:
+            disagree = [spec for spec in perfect if spec not in recovered and spec != reference
+                        and not _same_arithmetic(spec, reference, layer, op, seed)]
             if best in disagree:
-                best = next((spec for spec in perfect if spec not in disagree and spec not in recovered), tree_best)
+                best = next((spec for spec in perfect if spec not in disagree and spec not in recovered), reference)
         explanation = _explain(structure, measured, scores, best, by_column, by_row, others, (recovered, trees))
         if disagree:
-            explanation += ("; " + ", ".join(disagree[:3]) + " also matched both input sets, but the emulator shows "
-                            "it differs from the recovered tree on further inputs: the measured tree is reported")
+            against, reported = (("the recovered tree", "the measured tree") if tree_best else
+                                 (f"{reference}, which reproduced the op on six input sets,", f"{reference}"))
+            explanation += ("; " + ", ".join(disagree[:3]) + f" also matched both input sets, but the emulator shows "
+                            f"it differs from {against} on further inputs: {reported} is reported")
         failed = [spec for spec, f in table.items() if f == 1.0 and scores[spec] < 1.0]
         if failed:
             explanation += ("; matched every output of the U[0, 1) inputs but not of the confirmation inputs: "
                             + ", ".join(f"{spec} {confirmation['fractions'][spec]:.1%}" for spec in failed[:3]))
-    if trees.note.startswith(NOT_NEEDED):
+    if trees.note.startswith(NOT_NEEDED) and best is not None and scores.get(best) == 1.0:
         explanation += f"; {trees.note}"
     if best is not None and parse_model(best).zeros == Zeros.POSITIVE:
         explanation += ("; zero results are +0: where every product is a negative tiny value the op returned +0 at "
@@ -333,18 +351,13 @@ def _zero_sign(layer: Layer, op: str, seed: int, bits: list[str] | None) -> Call
         predicted = _predicted(spec, layer, op, seed, "zero_sign")
         if predicted is None:
             return spec
-        differ = predicted != observed
-        if differ.any() and (predicted[differ] == NEGATIVE_ZERO).all() and (observed[differ] == 0).all():
-            return replace(parse_model(spec), zeros=Zeros.POSITIVE).to_spec()
-        return spec
+        return replace(parse_model(spec), zeros=Zeros.POSITIVE).to_spec() if _positive_zeros(predicted, observed) else spec
 
     return adjusted
 
 
 #: The bits of fp16's -0.
 NEGATIVE_ZERO = 0x8000
-
-
 
 
 def _same_arithmetic(first: str, second: str, layer: Layer, op: str, seed: int) -> bool:

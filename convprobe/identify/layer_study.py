@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from convprobe.identify import layer_identify
-from convprobe.options import Status, TreeRecovery
+from convprobe.options import Status, TreeRecovery, parse_option
 from convprobe.identify.direct_sum import not_direct
 from convprobe.probes.layers import TRANSPOSED_SUFFIX
 from convprobe.probes.runner import run_probe
@@ -27,7 +27,7 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
     `trees` says when the summation trees are recovered."""
     from convprobe.analysis.tables import frame_from_records
 
-    params = {"layers": [layer.to_dict() for layer in layers], "seed": seed, "trees": TreeRecovery(trees).value,
+    params = {"layers": [layer.to_dict() for layer in layers], "seed": seed, "trees": parse_option("trees", trees, TreeRecovery).value,
               "not_identified": [item.to_dict() for item in not_identified]}
     # the layer mode is its own probe, run by module path; its rows are named identify's
     probe_results = run_probe(layer_identify.__name__, configs, params, timeout=timeout, jobs=jobs, name="identify")

@@ -201,7 +201,8 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
 
     Each tensor gets its own two tables (`_tensor_tables`), filled by scatter-adds
     (XLA's CPU scatter is a serial loop, but one pass over the elements instead of
-    twelve); the count fields and both histograms are sums over them.
+    twelve); the count fields, both histograms and the counterfactual counts are sums
+    over them.
     Returns (counts [T, len(COUNT_FIELDS)] int32, extremes [T, 2] float32,
     hist_low [T, B] int32, hist_shadow [T, B] int32, counterfactual [T,
     len(COUNTERFACTUAL_FIELDS)] int32: what `counterfactual_stats` counts, from the same pass).

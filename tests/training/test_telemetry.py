@@ -77,8 +77,12 @@ def test_batched_stats_matches_reference_exactly(jit):
     fn = tf.function(lambda a, b: batched_stats(a, b, T16), jit_compile=jit)
     counts, extremes, hist_low, hist_shadow, counterfactual = (np.asarray(x) for x in fn(
         [tf.constant(x) for x in lows], [tf.constant(x) for x in shadows]))
-    # the counterfactual counts from the same pass as the standalone count's
+    # the counterfactual counts from the same pass as the standalone count's, fp32 subnormal
+    # shadows included (bf16 counts them; TensorFlow's CPU compares would read them as 0)
     assert np.array_equal(counterfactual, counterfactual_stats([tf.constant(x) for x in shadows]).numpy())
+    tiny = np.array([2.0**-133, -(2.0**-140), 2.0**-149, 2.0**-126, 2.0**-127, 0.0, 1.0], np.float32)
+    fused = fn([tf.constant(tiny.astype(np.float16))], [tf.constant(tiny)])[4].numpy()
+    assert np.array_equal(fused, counterfactual_stats([tf.constant(tiny)]).numpy()) and fused.sum() >= 4, fused
     for t, (lo, sh) in enumerate(zip(lows, shadows)):
         assert dict(zip(COUNT_FIELDS, counts[t].tolist())) == numpy_tensor_stats(lo, sh, T16)
         a = np.abs(lo.astype(np.float64)).ravel()
