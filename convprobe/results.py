@@ -56,7 +56,8 @@ SCHEMA_HISTORY = {
        "an identify document's per-op results gain 'zero_sign_bits' (the op's outputs where every product "
        "is -2**-48), and model specs may carry zeros=positive; an older document is read as before. Later, "
        "no layout change: a layer identify document's params gain 'trees' (needed or always), and an op's "
-       "trees may be empty with a note that names the measured spec that made them unnecessary.",
+       "trees may be empty with a note that names the spec that made them unnecessary, recorded as the op's "
+       "'settled' spec (null where the trees were recovered).",
 }
 
 
