@@ -202,8 +202,7 @@ def _settling_spec(backend, layer: Layer, op: str, structure: Structure,
         except InvalidArgument:  # a model that cannot take this op
             continue
         if not further:
-            sets = [op_confirmation_inputs(layer, op, seed + CONFIRMATION_SEED_STEP * number)
-                    for number in range(1, SAME_ARITHMETIC_SETS + 1)]
+            sets = _further_sets(layer, op, seed)
             with np.errstate(over="ignore", invalid="ignore"):
                 further = [(inputs, y.view(np.uint16)) for inputs, y in zip(sets, run_ops(backend, layer, op, sets))]
         if all(bitwise_equal(_emulated(spec, layer, op, inputs), observed).all() for inputs, observed in further):
@@ -236,9 +235,8 @@ def _predicted(spec: str, layer: Layer, op: str, seed: int, inputs: str = "unifo
         if key not in _PREDICTIONS:
             first, second = INPUT_SETS[inputs](layer, op, seed)
             try:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    y = run_op(EmulatedBackend(spec), layer, op, first, second).reshape(-1)
-                _PREDICTIONS[key] = np.ascontiguousarray(y[sample_indices(y.size, seed)]).view(np.uint16)
+                y = _emulated(spec, layer, op, (first, second)).reshape(-1)
+                _PREDICTIONS[key] = np.ascontiguousarray(y[sample_indices(y.size, seed)])
             except InvalidArgument:
                 _PREDICTIONS[key] = None
         return _PREDICTIONS[key]
@@ -363,13 +361,14 @@ NEGATIVE_ZERO = 0x8000
 def _same_arithmetic(first: str, second: str, layer: Layer, op: str, seed: int) -> bool:
     """Whether two specs give the same bits on `SAME_ARITHMETIC_SETS` further seeded
     confirmation input sets, every output compared (the emulator alone: no TensorFlow)."""
-    for extra in range(1, SAME_ARITHMETIC_SETS + 1):
-        x, w = op_confirmation_inputs(layer, op, seed + CONFIRMATION_SEED_STEP * extra)
-        with np.errstate(over="ignore", invalid="ignore"):
-            a, b = (run_op(EmulatedBackend(spec), layer, op, x, w).view(np.uint16) for spec in (first, second))
-        if not bitwise_equal(a, b).all():
-            return False
-    return True
+    return all(bitwise_equal(_emulated(first, layer, op, inputs), _emulated(second, layer, op, inputs)).all()
+               for inputs in _further_sets(layer, op, seed))
+
+
+def _further_sets(layer: Layer, op: str, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The `SAME_ARITHMETIC_SETS` further seeded confirmation input sets of the op."""
+    return [op_confirmation_inputs(layer, op, seed + CONFIRMATION_SEED_STEP * number)
+            for number in range(1, SAME_ARITHMETIC_SETS + 1)]
 
 
 def _confirm(table: dict, layer: Layer, op: str, seed: int, bits: list[str] | None) -> dict:
