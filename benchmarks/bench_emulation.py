@@ -25,7 +25,7 @@ float32 lanes, as native's FMA does: nearest even needs per term a widening of w
 multiply, TwoSum (6), the round-to-odd fix (about 5) and two conversions, about 15
 operations against native's one, a floor near 15x; toward zero one float32 FMA, two
 conversions and the overflow mark (about 5), near 5x. The block-FMA kernel on fp16/fp8
-inputs runs in the same 16 float32/int32 lanes (LLVM picks 512-bit vectors on Zen 4):
+inputs runs in the same 16 float32/int32 lanes (512-bit vectors, which its kernel asks LLVM for):
 per term an exponent add and max, two multiplies, a truncating conversion and an integer
 add (6 operations), and per block and lane about 25 more (the running sum's exponent, two
 powers of two, the rounding of an integer, overflow): 6 + 25 / b operations per term

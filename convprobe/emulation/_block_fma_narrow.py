@@ -30,7 +30,8 @@ import math
 import numpy as np
 from numba import njit
 
-from convprobe.emulation._kernel_arithmetic import NEAREST_EVEN, TOWARD_ZERO, add_odd, bitlen32, f2i32, i2f, i2f32
+from convprobe.emulation._kernel_arithmetic import (NEAREST_EVEN, TOWARD_ZERO, add_odd, bitlen32, f2i32, i2f, i2f32,
+                                                    prefer_512_bit_vectors)
 from convprobe.emulation._kernels_fast import fast_round, round_normal
 from convprobe.emulation._threads import over_tasks
 from convprobe.formats import FP16, FP32
@@ -287,6 +288,7 @@ def _gemm(t0, t1, a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, 
     (the running sum) is added after each MMA of `step` products, in one nearest
     rounding to the accumulator. Tiles of `a` holding an inf or NaN are
     skipped, and marked in `skipped`."""
+    prefer_512_bit_vectors()
     m_count, k_count = a.shape
     n_count = w.shape[0]
     in_emin, s_emin = np.int32(in_emin), np.int32(s_emin)  # (int64 arguments widen the lanes)

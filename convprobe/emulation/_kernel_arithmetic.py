@@ -150,6 +150,27 @@ def narrow(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def prefer_512_bit_vectors(typingctx):
+    """Ask LLVM to vectorise the calling kernel in 512-bit registers where the CPU has them.
+
+    Why: LLVM's tuning for Intel's AVX-512 server cores (Skylake-SP to Emerald Rapids) prefers
+    256-bit vectors, to spare the clock drop of 512-bit ones; for these long vector loops of
+    emulated arithmetic the wider lanes win (the plan kernel ran 1.6x faster with them on an
+    Emerald Rapids Xeon, `benchmarks/bench_emulation.py`). Zen 4's tuning picks them anyway.
+    It sets the function attribute clang's ``-mprefer-vector-width=512`` sets, on this kernel
+    alone (numba's global NUMBA_CPU_FEATURES would change every user's function too)."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        # (llvmlite's FunctionAttributes knows keyword attributes only; a string attribute is
+        # added to its underlying set, which prints it as it is)
+        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def load_f64(x):
     """A carrier's element as float64: itself, or the value of an fp16 bit pattern (uint16,
     the float16 carrier's view) widened by the hardware (exact; F16C, which the callers

@@ -53,7 +53,7 @@ from numba.extending import intrinsic
 from convprobe.emulation._kernel_arithmetic import add_fp32, add_odd32, fma_fp32, load_f64, narrow, store_f64, widen
 from convprobe.emulation._threads import over_tasks
 
-__all__ = ["available", "chunked_gemm_fp32_total", "convert", "sequential_gemm"]
+__all__ = ["available", "chunked_gemm_fp32_total", "convert", "sequential_gemm", "use_fp16_fma"]
 
 _ROWS = 4  # rows per task: independent accumulation chains
 _MXCSR_TOWARD_ZERO = 0x6000  # MXCSR rounding control bits 13-14: 11 is toward zero
@@ -295,7 +295,7 @@ _KERNELS = {(False, False, False, False): _gemm_fma, (True, False, False, False)
             (False, False, True, True): _gemm_f32_rz, (False, True, True, True): _gemm_f32_rz_flush}
 
 
-def _fp16_fma(requested: bool | None) -> bool:
+def use_fp16_fma(requested: bool | None) -> bool:
     """Whether a kernel runs the fp16 FMA: by default where the CPU has it; requested
     without it, refused (LLVM would widen it to float32 and round twice)."""
     if requested and not available():
@@ -319,7 +319,7 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
     """
     if toward_zero and (add32 or chunk) or flush and not toward_zero:
         raise ValueError("toward_zero takes the FMA alone (no add32, no chunk); flush needs toward_zero")
-    fp16_fma = _fp16_fma(fp16_fma)
+    fp16_fma = use_fp16_fma(fp16_fma)
     kernel = _KERNELS[bool(add32), bool(flush), bool(toward_zero), not (fp16_fma or add32)]
     over_tasks(kernel, a.shape[0], a.view(np.uint16), w.view(np.uint16), out.view(np.uint16), col0,
                int(chunk), per_task=_ROWS)
@@ -331,7 +331,7 @@ def chunked_gemm_fp32_total(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0:
     (split-K: fp16 partial sums of `chunk` terms combined in fp32); a and w float16."""
     if chunk < 1 or out.dtype != np.float32 or a.dtype != np.float16 or w.dtype != np.float16:
         raise ValueError("chunked_gemm_fp32_total takes chunk >= 1, float16 a and w, and a float32 out")
-    kernel = _KERNELS[bool(add32), False, False, not (_fp16_fma(fp16_fma) or add32)]
+    kernel = _KERNELS[bool(add32), False, False, not (use_fp16_fma(fp16_fma) or add32)]
     over_tasks(kernel, a.shape[0], a.view(np.uint16), w.view(np.uint16), out, col0,
                int(chunk), per_task=_ROWS)  # (float32 out: its own specialisation)
 

@@ -1,37 +1,64 @@
 """The one kernel that runs every program of `plan`: a tile of GEMM rows at a time (or of
-dot products, `run_pairs`), each step one vector loop over the tile's outputs in float32
-lanes (why that is exact: `plan`).
+dot products, `run_pairs`), each step one vector loop per output channel over the tile's
+rows in float32 lanes (why that is exact: `plan`).
 
 Step codes are `plan.Op`'s; flags: `HALF` (the step rounds to fp16, else fp32), `ADD32`
-(an fp16 step whose sum is rounded to fp32 first) and `PRODUCT16` (the step's product is
-rounded to fp16 first). The loops are written once
-(`_add_product`, `_add_register`) and called with constant flags, so each branch compiles
-to its own straight vector loop.
+(an fp16 step whose sum is rounded to fp32 first), `PRODUCT16` (the step's product is
+rounded to fp16 first) and `FMA16` (an exact fp16 step onto a register that holds an fp16
+value: the CPU's fp16 fused multiply-add, where the kernel runs it). The loops are written
+once (`_add_product`, `_add_register`) and called with constant flags, so each branch
+compiles to its own straight vector loop.
+
+Layout: a tile is `LANES` GEMM rows, transposed into lanes, by a block of up to
+`CHANNELS` output channels; a register holds one value per (channel, row), and a step's
+loop runs over the 64 rows of a channel (four 512-bit vectors) with the channel's weight
+broadcast. Rows in lanes keep each loop long whatever the layer's channel count (16 in
+ResNet-20's first stage: one vector, where loops over channels paid their set-up for each
+vector), and the weights, transposed once, are read as scalars.
+
+The fp16 FMA (`vfmadd231ph`, AVX512-FP16) computes fp16(s + a * w) with one rounding,
+exactly the exact fp16 step, where s, a and w are fp16 values; `plan` marks the steps where
+s is one. It runs in its own compiled kernel (`fma16=True`), chosen only where the CPU has
+the instruction (elsewhere LLVM would widen it and round twice: `_native_fp16`).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
-from convprobe.emulation._kernel_arithmetic import add_odd32, narrow, widen
+from convprobe.emulation._kernel_arithmetic import add_odd32, narrow, prefer_512_bit_vectors, widen
+from convprobe.emulation._native_fp16 import fma_fp16
 from convprobe.emulation._threads import over_tasks
 
-__all__ = ["HALF", "ADD32", "PRODUCT16", "ZERO", "LOAD", "ADD_LEAF", "ADD", "ROUND", "MOVE", "run_pairs",
-           "run_program"]
+__all__ = ["HALF", "ADD32", "PRODUCT16", "FMA16", "ZERO", "LOAD", "ADD_LEAF", "ADD", "ROUND", "MOVE", "LANES",
+           "CHANNELS", "run_pairs", "run_program"]
 
 HALF = 1
 ADD32 = 2
 PRODUCT16 = 4
+FMA16 = 8
 ZERO, LOAD, ADD_LEAF, ADD, ROUND, MOVE = 0, 1, 2, 3, 4, 5  # step codes (`plan.Op`)
-TILE_ROWS = _ROWS = 8  # GEMM rows per tile: each step's loop covers 8 rows by every column
-_LANES = 64  # dot products per pair tile: each step's loop covers 64 of them
-NARROW = 8  # fewer GEMM columns than this: rows in lanes (a step's loop over the columns is too short)
+LANES = 64  # GEMM rows (or dot products) per tile, in lanes
+CHANNELS = 16  # output channels per block of a tile: its registers stay in the L1 cache
 
 
 @njit(cache=True, inline="always")
 def _fp16(x):
     return widen(narrow(x))
+
+
+def _as_float32(x):
+    """A GEMM operand (float32) as it is; a dot operand (an fp16 bit pattern) widened."""
+    return x
+
+
+@overload(_as_float32, inline="always")
+def _as_float32_typed(x):
+    if isinstance(x, types.Integer):
+        return lambda x: widen(x)
+    return lambda x: x
 
 
 @njit(cache=True, inline="always")
@@ -45,46 +72,54 @@ def _rounded(s, v, half, add32):
 
 
 @njit(cache=True, inline="always")
-def _add_product(regs, r, a, w, m0, rows, k, pairs, product_fp16, half, add32):
-    """GEMM tiles: product (i, n) is a[m0 + i, k] * w[k, n]; pair tiles (`pairs`, one row of
-    lanes): a[k, n] * w[k, n], both operands transposed into the tile."""
-    for i in range(rows):
-        for n in range(w.shape[1]):
-            p = a[k, n] * w[k, n] if pairs else a[m0 + i, k] * w[k, n]
-            if product_fp16:
-                p = _fp16(p)
-            regs[r, i, n] = _rounded(regs[r, i, n], p, half, add32)
+def _add_product(regs, r, a, w, c0, rows, k, pairs, product_fp16, half, add32, fused):
+    """GEMM tiles: product (c, i) is a[c0 + c, k] * w[k, i] (a: the weights transposed,
+    w: the tile's rows transposed); pair tiles (`pairs`, one row of lanes): a[k, i] * w[k, i].
+    `fused`: fp16(s + product) by the fp16 FMA."""
+    for c in range(rows):
+        for i in range(w.shape[1]):
+            x = a[k, i] if pairs else a[c0 + c, k]
+            if fused:
+                regs[r, c, i] = widen(fma_fp16(narrow(x), narrow(w[k, i]), narrow(regs[r, c, i])))
+            else:
+                p = x * w[k, i]
+                if product_fp16:
+                    p = _fp16(p)
+                regs[r, c, i] = _rounded(regs[r, c, i], p, half, add32)
 
 
 @njit(cache=True, inline="always")
-def _add_product_rounded(regs, r, a, w, m0, rows, k, pairs, product_fp16, half, add32):
+def _add_product_rounded(regs, r, a, w, c0, rows, k, pairs, product_fp16, half, add32):
     """`_add_product` with the step's format as constants (one vector loop per branch)."""
     if not half:
-        _add_product(regs, r, a, w, m0, rows, k, pairs, product_fp16, False, False)
+        _add_product(regs, r, a, w, c0, rows, k, pairs, product_fp16, False, False, False)
     elif add32:
-        _add_product(regs, r, a, w, m0, rows, k, pairs, product_fp16, True, True)
+        _add_product(regs, r, a, w, c0, rows, k, pairs, product_fp16, True, True, False)
     else:
-        _add_product(regs, r, a, w, m0, rows, k, pairs, product_fp16, True, False)
+        _add_product(regs, r, a, w, c0, rows, k, pairs, product_fp16, True, False, False)
 
 
 @njit(cache=True, inline="always")
 def _add_register(regs, r, s, rows, half, add32):
-    for i in range(rows):
-        for n in range(regs.shape[2]):
-            regs[r, i, n] = _rounded(regs[r, i, n], regs[s, i, n], half, add32)
+    for c in range(rows):
+        for i in range(regs.shape[2]):
+            regs[r, c, i] = _rounded(regs[r, c, i], regs[s, c, i], half, add32)
 
 
 @njit(cache=True, inline="always")
-def _run_steps(regs, steps, a, w, m0, rows, pairs):
-    """Every step of the program on one tile (registers regs[:, :rows])."""
+def _run_steps(regs, steps, a, w, c0, rows, pairs, fma16):
+    """Every step of the program on one tile (registers regs[:, :rows]); `fma16`: steps
+    marked `FMA16` run the fp16 FMA."""
     for j in range(steps.shape[0]):
         op, r, x, flags = steps[j, 0], steps[j, 1], steps[j, 2], steps[j, 3]
         half, add32, product_fp16 = (flags & HALF) != 0, (flags & ADD32) != 0, (flags & PRODUCT16) != 0
         if op == ADD_LEAF:
-            if product_fp16:
-                _add_product_rounded(regs, r, a, w, m0, rows, x, pairs, True, half, add32)
+            if fma16 and (flags & FMA16) != 0:
+                _add_product(regs, r, a, w, c0, rows, x, pairs, False, True, False, True)
+            elif product_fp16:
+                _add_product_rounded(regs, r, a, w, c0, rows, x, pairs, True, half, add32)
             else:
-                _add_product_rounded(regs, r, a, w, m0, rows, x, pairs, False, half, add32)
+                _add_product_rounded(regs, r, a, w, c0, rows, x, pairs, False, half, add32)
         elif op == ADD:
             if not half:
                 _add_register(regs, r, x, rows, False, False)
@@ -97,82 +132,100 @@ def _run_steps(regs, steps, a, w, m0, rows, pairs):
         elif op == MOVE:
             regs[r, :rows, :] = regs[x, :rows, :]
         elif op == LOAD:
-            for i in range(rows):
-                for n in range(w.shape[1]):
-                    p = a[x, n] * w[x, n] if pairs else a[m0 + i, x] * w[x, n]
-                    regs[r, i, n] = _fp16(p) if product_fp16 else p
+            for c in range(rows):
+                for i in range(w.shape[1]):
+                    p = (a[x, i] if pairs else a[c0 + c, x]) * w[x, i]
+                    regs[r, c, i] = _fp16(p) if product_fp16 else p
         elif half:  # ROUND to fp16 (to fp32: the values are float32 numbers already)
-            for i in range(rows):
-                for n in range(regs.shape[2]):
-                    regs[r, i, n] = _fp16(regs[r, i, n])
+            for c in range(rows):
+                for i in range(regs.shape[2]):
+                    regs[r, c, i] = _fp16(regs[r, c, i])
 
 
-@njit(cache=True, nogil=True)
-def _gemm_tiles(t0, t1, a, w, steps, registers, out, col0):
-    """Tiles t0 .. t1 - 1 (`_ROWS` GEMM rows by every column) of `run_program`."""
-    m_count, n_count = a.shape[0], w.shape[1]
-    regs = np.zeros((registers, _ROWS, n_count), np.float32)
-    for t in range(t0, t1):
-        m0 = t * _ROWS
-        rows = min(_ROWS, m_count - m0)
-        _run_steps(regs, steps, a, w, m0, rows, False)
-        for i in range(rows):
-            for n in range(n_count):
-                out[m0 + i, col0 + n] = regs[0, i, n]
+@njit(cache=True, inline="always")
+def _transpose_rows(a, m0, rows, tile):
+    """tile[k, i] = a[m0 + i, k] as float32 (fp16 bit patterns widened), for i < rows: eight
+    rows at a time, so the stores go to eight adjacent lanes (a loop over k alone compiles
+    to scatter stores, several times slower)."""
+    for i0 in range(0, rows - rows % 8, 8):
+        for k in range(a.shape[1]):
+            for i in range(i0, i0 + 8):
+                tile[k, i] = _as_float32(a[m0 + i, k])
+    for i in range(rows - rows % 8, rows):
+        for k in range(a.shape[1]):
+            tile[k, i] = _as_float32(a[m0 + i, k])
 
 
-@njit(cache=True, nogil=True)
-def _pair_tiles(t0, t1, a, b, steps, registers, out):
-    """Tiles t0 .. t1 - 1 (`_LANES` rows each, transposed into lanes) of `run_pairs`."""
+@njit(cache=True, inline="always")
+def _gemm_tiles(t0, t1, a, wt, steps, registers, out, col0, fma16):
+    """Tiles t0 .. t1 - 1 of `run_program`: `LANES` rows of a transposed into lanes, by each
+    block of `CHANNELS` columns (rows of wt, w transposed)."""
     m_count, k_count = a.shape
-    regs = np.zeros((registers, 1, _LANES), np.float32)
-    at = np.zeros((k_count, _LANES), np.float32)
-    bt = np.zeros((k_count, _LANES), np.float32)
+    n_count = wt.shape[0]
+    regs = np.zeros((registers, CHANNELS, LANES), np.float32)
+    tile = np.zeros((k_count, LANES), np.float32)
     for t in range(t0, t1):
-        m0 = t * _LANES
-        rows = min(_LANES, m_count - m0)
-        for i in range(rows):
-            for k in range(k_count):
-                at[k, i] = widen(a[m0 + i, k])
-                bt[k, i] = widen(b[m0 + i, k])
-        _run_steps(regs, steps, at, bt, 0, 1, True)
+        m0 = t * LANES
+        rows = min(LANES, m_count - m0)
+        _transpose_rows(a, m0, rows, tile)
+        for c0 in range(0, n_count, CHANNELS):
+            channels = min(CHANNELS, n_count - c0)
+            _run_steps(regs, steps, wt, tile, c0, channels, False, fma16)
+            for c in range(channels):
+                for i in range(rows):
+                    out[m0 + i, col0 + c0 + c] = regs[0, c, i]
+
+
+@njit(cache=True, nogil=True)
+def _gemm_tiles_f32(t0, t1, a, wt, steps, registers, out, col0):
+    prefer_512_bit_vectors()
+    _gemm_tiles(t0, t1, a, wt, steps, registers, out, col0, False)
+
+
+@njit(cache=True, nogil=True)
+def _gemm_tiles_fma16(t0, t1, a, wt, steps, registers, out, col0):
+    prefer_512_bit_vectors()
+    _gemm_tiles(t0, t1, a, wt, steps, registers, out, col0, True)
+
+
+@njit(cache=True, inline="always")
+def _pair_tiles(t0, t1, a, b, steps, registers, out, fma16):
+    """Tiles t0 .. t1 - 1 (`LANES` rows each, transposed into lanes) of `run_pairs`."""
+    m_count, k_count = a.shape
+    regs = np.zeros((registers, 1, LANES), np.float32)
+    at = np.zeros((k_count, LANES), np.float32)
+    bt = np.zeros((k_count, LANES), np.float32)
+    for t in range(t0, t1):
+        m0 = t * LANES
+        rows = min(LANES, m_count - m0)
+        _transpose_rows(a, m0, rows, at)
+        _transpose_rows(b, m0, rows, bt)
+        _run_steps(regs, steps, at, bt, 0, 1, True, fma16)
         for i in range(rows):
             out[m0 + i] = regs[0, 0, i]
 
 
 @njit(cache=True, nogil=True)
-def _narrow_tiles(t0, t1, a, w, steps, registers, out, col0):
-    """Tiles t0 .. t1 - 1 of `run_program` for a few columns: `_LANES` GEMM rows transposed
-    into lanes, then each column as pair tiles against that column of w, broadcast."""
-    m_count, k_count = a.shape
-    regs = np.zeros((registers, 1, _LANES), np.float32)
-    at = np.zeros((k_count, _LANES), np.float32)
-    wt = np.zeros((k_count, _LANES), np.float32)
-    for t in range(t0, t1):
-        m0 = t * _LANES
-        rows = min(_LANES, m_count - m0)
-        for i in range(rows):
-            for k in range(k_count):
-                at[k, i] = a[m0 + i, k]
-        for n in range(w.shape[1]):
-            for k in range(k_count):
-                wt[k, :] = w[k, n]
-            _run_steps(regs, steps, at, wt, 0, 1, True)
-            for i in range(rows):
-                out[m0 + i, col0 + n] = regs[0, 0, i]
+def _pair_tiles_f32(t0, t1, a, b, steps, registers, out):
+    prefer_512_bit_vectors()
+    _pair_tiles(t0, t1, a, b, steps, registers, out, False)
 
 
-def run_program(a, w, steps, registers, out, col0):
+@njit(cache=True, nogil=True)
+def _pair_tiles_fma16(t0, t1, a, b, steps, registers, out):
+    prefer_512_bit_vectors()
+    _pair_tiles(t0, t1, a, b, steps, registers, out, True)
+
+
+def run_program(a, w, steps, registers, out, col0, fma16):
     """out[:, col0:col0 + N] = the program's sums (register 0) of a (M, K) against w (K, N),
-    float32: tiles of GEMM rows by every column, or for fewer than `NARROW` columns, rows in
-    lanes column by column."""
-    if w.shape[1] < NARROW:
-        over_tasks(_narrow_tiles, a.shape[0], a, w, steps, registers, out, col0, per_task=_LANES)
-    else:
-        over_tasks(_gemm_tiles, a.shape[0], a, w, steps, registers, out, col0, per_task=_ROWS)
+    float32; `fma16`: `FMA16` steps by the CPU's fp16 FMA (the caller checks it has one)."""
+    kernel = _gemm_tiles_fma16 if fma16 else _gemm_tiles_f32
+    over_tasks(kernel, a.shape[0], a, np.ascontiguousarray(w.T), steps, registers, out, col0, per_task=LANES)
 
 
-def run_pairs(a, b, steps, registers, out):
+def run_pairs(a, b, steps, registers, out, fma16):
     """out[m] = the program's sum of a[m, :] * b[m, :] (a, b (M, K) fp16 bit patterns, uint16;
     out (M,) float32)."""
-    over_tasks(_pair_tiles, a.shape[0], a, b, steps, registers, out, per_task=_LANES)
+    over_tasks(_pair_tiles_fma16 if fma16 else _pair_tiles_f32, a.shape[0], a, b, steps, registers, out,
+               per_task=LANES)

@@ -43,10 +43,10 @@ from typing import Union
 import numpy as np
 
 from convprobe.emulation import _native_fp16, _plan_kernel
-from convprobe.emulation._plan_kernel import ADD32, HALF, PRODUCT16, run_pairs, run_program
+from convprobe.emulation._plan_kernel import ADD32, FMA16, HALF, PRODUCT16, run_pairs, run_program
 from convprobe.formats import FP16, FP32, Format
 
-__all__ = ["Op", "Partial", "Program", "ProgramBuilder", "NotPlannable", "compile_model", "fits_memory", "plannable", "run",
+__all__ = ["ADD32", "FMA16", "HALF", "PRODUCT16", "Op", "Partial", "Program", "ProgramBuilder", "NotPlannable", "compile_model", "fits_memory", "plannable", "run",
            "run_rows"]
 
 _EXACT = "exact"
@@ -133,12 +133,14 @@ class ProgramBuilder:
         """Append one step. An exact fp16 addition of two fp16 values takes the float32 sum
         converted to fp16 (the `ADD32` step): double rounding through 24 bits >= 2 * 11 + 2
         is innocuous for a sum (Figueroa, "When is double rounding innocuous?", SIGNUM
-        Newsletter 30(3), 1995), and it costs a third of the TwoSum route. Which registers
-        hold fp16 values is tracked step by step to know."""
+        Newsletter 30(3), 1995), and it costs a third of the TwoSum route. An exact fp16
+        step of an exact product onto an fp16 value is marked `FMA16`: the fp16 fused
+        multiply-add, where the CPU has one. Which registers hold fp16 values is tracked
+        step by step to know."""
         if op in (Op.ADD_LEAF, Op.ADD) and flags & HALF and not flags & ADD32:
             operand_fp16 = bool(flags & PRODUCT16) if op == Op.ADD_LEAF else self._fp16.get(argument, False)
-            if operand_fp16 and self._fp16.get(register, False):
-                flags |= ADD32
+            if self._fp16.get(register, False):
+                flags |= ADD32 if operand_fp16 else FMA16 if op == Op.ADD_LEAF else 0
         reads = argument if op in (Op.ADD, Op.MOVE) else 0
         self._registers = max(self._registers, register + 1, reads + 1)
         self._steps.append((int(op), register, argument, flags))
@@ -201,19 +203,23 @@ REGISTER_BYTES = 64 * 2**20
 def fits_memory(program: Program, columns: int) -> bool:
     """Whether a task's registers for this program over `columns` GEMM columns fit
     `REGISTER_BYTES`."""
-    return program.registers * _plan_kernel.TILE_ROWS * columns * 4 <= REGISTER_BYTES
+    channels = min(columns, _plan_kernel.CHANNELS)
+    return program.registers * _plan_kernel.LANES * channels * 4 <= REGISTER_BYTES
 
 
-def run(program: Program, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int) -> None:
+def run(program: Program, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int, *,
+        fp16_fma: bool | None = None) -> None:
     """out[:, col0:col0 + N] = the program's sums of a (M, K) against w (K, N): float32
-    arrays holding fp16 (or narrower) values; out float32."""
-    run_program(np.ascontiguousarray(a), np.ascontiguousarray(w), program.steps, program.registers, out, col0)
+    arrays holding fp16 (or narrower) values; out float32. `fp16_fma`: whether `FMA16`
+    steps run on the CPU's fp16 FMA (default: where it has one; `_native_fp16.use_fp16_fma`)."""
+    run_program(np.ascontiguousarray(a), np.ascontiguousarray(w), program.steps, program.registers, out, col0,
+                _native_fp16.use_fp16_fma(fp16_fma))
 
 
-def run_rows(program: Program, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def run_rows(program: Program, a: np.ndarray, b: np.ndarray, *, fp16_fma: bool | None = None) -> np.ndarray:
     """The program's sums of a[m, :] * b[m, :] for each row m (`dot`): float16 arrays (M, K),
-    widened by F16C in the kernel; float32 results."""
+    widened by F16C in the kernel; float32 results. `fp16_fma` as in `run`."""
     out = np.empty(a.shape[0], np.float32)
     run_pairs(np.ascontiguousarray(a, np.float16).view(np.uint16), np.ascontiguousarray(b, np.float16).view(np.uint16),
-              program.steps, program.registers, out)
+              program.steps, program.registers, out, _native_fp16.use_fp16_fma(fp16_fma))
     return out

@@ -5,18 +5,20 @@ fp16 code point and on hypothesis-drawn models, trees and inputs."""
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from convprobe import emulation as em
-from convprobe.emulation.plan import NotPlannable, Op
+from convprobe.emulation import _native_fp16, plan
+from convprobe.emulation.plan import ADD32, FMA16, NotPlannable, Op
 from convprobe.emulation.tree import Tree, leaves_of
 
 from .conftest import assert_same_bits, fp16_arrays, needs_f16c, random_trees, signed_fp16
 
 pytestmark = needs_f16c
 
-#: One model per step kind and flag: fp16 steps exact and after an fp32 addition, fp32
+#: One model per step kind and flag: fp16 steps exact (by TwoSum, and by the fp16 FMA onto
+#: an fp16 value) and after an fp32 addition, fp32
 #: steps, products rounded, register additions (pairwise), a total without the addition's
 #: rounding (chunked), loads and lone roundings (trees), fp16 and fp32 outputs.
 MODELS = [
@@ -34,15 +36,17 @@ MODELS = [
     "lanes(4, sequential:fp32, combine=pairwise:fp16:addition=fp32, tail=3, output=fp16)",
     "lanes(3, chunked:fp16:n=2, combine=sequential:fp32:product=fp16)",
     "reverse(sequential:fp16:addition=fp32)",
+    "lanes(2, sequential:fp16, combine=pairwise:fp16)",
 ]
 
 
-def planned(model, a, w) -> np.ndarray:
-    """The model's GEMM of a (M, K) against w (K, N) through its program, as float64."""
+def planned(model, a, w, fp16_fma: bool) -> np.ndarray:
+    """The model's GEMM of a (M, K) against w (K, N) through its program (which its
+    `gemm_into` takes on fp16 inputs), as float64."""
     assert model.carrier(True) == np.float32, model.to_spec()
     out = np.empty((a.shape[0], w.shape[1]), np.float32)
     with np.errstate(all="ignore"):
-        model.gemm_into(a.astype(np.float32), w.astype(np.float32), out, 0, True)
+        plan.run(model.program(a.shape[1]), a.astype(np.float32), w.astype(np.float32), out, 0, fp16_fma=fp16_fma)
     return out.astype(np.float64)
 
 
@@ -55,9 +59,18 @@ def reference(model, a, w) -> np.ndarray:
         return np.asarray(model.reduce_rows(rows, columns, None), np.float64).reshape(m, n)
 
 
-@pytest.mark.parametrize("columns", [8, 3])  # tiles of rows by columns; rows in lanes (few columns)
+@pytest.fixture(params=[True, False], ids=["fp16 FMA", "float32 only"])
+def fp16_fma(request) -> bool:
+    """Both kernels of a program: the one that runs `FMA16` steps on the CPU's fp16 FMA
+    (where it has AVX512-FP16) and the one in float32 lanes alone."""
+    if request.param and not _native_fp16.available():
+        pytest.skip("this CPU has no fp16 FMA (AVX512-FP16)")
+    return request.param
+
+
+@pytest.mark.parametrize("columns", [3, 8, 20])  # one block of channels, part of one; two blocks
 @pytest.mark.parametrize("spec", MODELS)
-def test_every_fp16_code_point_through_each_step(spec, columns):
+def test_every_fp16_code_point_through_each_step(spec, columns, fp16_fma):
     """All 65,536 fp16 code points (inf and NaN included) as the first product's operand,
     beside signed terms of spread exponents, subnormals and ties, against columns of
     operands that keep it, halve it into subnormals and tie it."""
@@ -67,30 +80,30 @@ def test_every_fp16_code_point_through_each_step(spec, columns):
     codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     a = signed_fp16(rng, (codes.size, k))
     a[:, 0] = codes
-    w = signed_fp16(rng, (k, 8))
-    w[0] = np.float16([1, -1, 1.5, 2.0 ** -10, 3 * 2.0 ** -12, 2.0 ** 10, -0.75, 2.0 ** -24])
-    w = w[:, [0, 3, 4, 1, 2, 5, 6, 7][:columns]]
-    got, want = planned(model, a, w), reference(model, a, w)
+    w = signed_fp16(rng, (k, 20))
+    w[0, :8] = np.float16([1, -1, 1.5, 2.0 ** -10, 3 * 2.0 ** -12, 2.0 ** 10, -0.75, 2.0 ** -24])
+    w = w[:, [0, 3, 4, 1, 2, 5, 6, 7, *range(8, 20)][:columns]]
+    got, want = planned(model, a, w, fp16_fma), reference(model, a, w)
     assert_same_bits(got, want)
     assert np.isnan(got).any() and np.isinf(got).any()  # the code points reach the results
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=st.sampled_from(MODELS), k=st.integers(0, 40), data=st.data())
-def test_models_equal_their_reference(spec, k, data):
+def test_models_equal_their_reference(spec, k, data, fp16_fma):
     model = em.parse_model(spec)
     if spec.startswith("tree("):
         k = model.k
     a = data.draw(fp16_arrays((5, k)))
     w = data.draw(fp16_arrays((k, 3)))
-    assert_same_bits(planned(model, a, w), reference(model, a, w))
+    assert_same_bits(planned(model, a, w, fp16_fma), reference(model, a, w))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(root=random_trees(), seed=st.integers(0, 2**32 - 1),
        formats=st.sampled_from([dict(accumulator="fp16"), dict(accumulator="fp32", output="fp16"),
                                 dict(accumulator="fp16", addition="fp32", product="fp16")]))
-def test_random_trees_equal_their_evaluation(root, seed, formats):
+def test_random_trees_equal_their_evaluation(root, seed, formats, fp16_fma):
     """Trees whose nodes are all fp16 or fp32 and fused over at most two items run as
     programs; the others say they cannot."""
     model = Tree(root=root, **formats)
@@ -102,13 +115,25 @@ def test_random_trees_equal_their_evaluation(root, seed, formats):
         with pytest.raises(NotPlannable):
             model.program(k)
         return
-    assert_same_bits(planned(model, a, w), reference(model, a, w))
+    assert_same_bits(planned(model, a, w, fp16_fma), reference(model, a, w))
 
 
 def test_pairwise_program_keeps_registers_to_the_tree_depth():
     program = em.parse_model("pairwise:fp16").program(1000)
     assert program.registers <= 10  # ceil(log2(1000)) levels
     assert (program.steps[:, 0] == Op.LOAD).sum() + (program.steps[:, 0] == Op.ADD_LEAF).sum() == 1000
+
+
+def test_fp16_fma_steps_are_those_onto_an_fp16_value():
+    """Each lane of sequential fp16 starts from +0, so each of its exact steps adds a
+    product to an fp16 value (`FMA16`); pairwise fp16 adds a product to a product first (22
+    bits: TwoSum's step), then fp16 values to each other (`ADD32`)."""
+    lanes = em.parse_model("lanes(2, sequential:fp16, combine=pairwise:fp16)").program(10).steps
+    assert (lanes[lanes[:, 0] == Op.ADD_LEAF, 3] & FMA16 != 0).sum() == 10
+    assert not (lanes[lanes[:, 0] != Op.ADD_LEAF, 3] & FMA16).any()
+    pairwise = em.parse_model("pairwise:fp16").program(10).steps
+    assert not (pairwise[:, 3] & FMA16).any()
+    assert (pairwise[pairwise[:, 0] == Op.ADD, 3] & ADD32 != 0).all()
 
 
 @pytest.mark.parametrize("spec", ["sequential:bf16", "pairwise:fp16:subnormals=flush",
@@ -124,9 +149,9 @@ def test_models_a_program_cannot_express_keep_their_kernels(spec):
 
 
 @pytest.mark.parametrize("spec", MODELS)
-def test_dot_runs_the_program_on_every_fp16_code_point(spec):
-    """`dot` on fp16 operands takes the program row by row (pair tiles): the same bits as
-    the model's reduce_rows, all 65,536 code points in the first product."""
+def test_dot_runs_the_program_on_every_fp16_code_point(spec, fp16_fma):
+    """`dot` on fp16 operands takes the program row by row (pair tiles, `plan.run_rows`):
+    the same bits as the model's reduce_rows, all 65,536 code points in the first product."""
     model = em.parse_model(spec)
     k = model.k if spec.startswith("tree(") else 6
     rng = np.random.default_rng(5)
@@ -134,6 +159,6 @@ def test_dot_runs_the_program_on_every_fp16_code_point(spec):
     a, b = signed_fp16(rng, (codes.size, k)), signed_fp16(rng, (codes.size, k))
     a[:, 0] = codes
     with np.errstate(all="ignore"):
-        got = em.dot(a, b, model)
+        got = plan.run_rows(model.program(k), a, b, fp16_fma=fp16_fma)
         want = np.asarray(model.reduce_rows(a.astype(np.float64), b.astype(np.float64), None), np.float64)
     assert_same_bits(got.astype(np.float64), want)
