@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from convprobe.emulation._kernel_arithmetic import (NEAREST_EVEN, TOWARD_ZERO, add_odd, bitlen32, f2i32, i2f, i2f32,
-                                                    prefer_512_bit_vectors)
+                                                    load_tile, prefer_512_bit_vectors)
 from convprobe.emulation._kernels_fast import fast_round, round_normal
 from convprobe.emulation._threads import over_tasks
 from convprobe.formats import FP16, FP32
@@ -39,7 +39,8 @@ from convprobe.options import CAddition
 
 __all__ = ["applies", "fused", "gemm"]
 
-TILE = 128  # rows per task: 8 vectors of 16 lanes, independent chains through each block's pass
+TILE = 256  # rows per task: 16 vectors of 16 lanes, independent chains through each block's pass
+CHANNELS = 16  # output channels whose running sums take each block of the tile's rows in turn
 _NONE = -(1 << 28)  # the exponent of a zero addend, below every other; sums of two fit int32
 _LIVE = _NONE // 2  # an alignment exponent above this has a nonzero term or running sum
 # the fused pass's block formats (every integer here an int32: see below)
@@ -121,6 +122,20 @@ def _round_int(tv, bp, low, mode):
 
 
 @njit(cache=True, inline="always")
+def _round_int24(tv, mode):
+    """`_round_int(tv, 24, -64, mode)` by the conversion to float32 (|tv| < 2**30): it rounds
+    to 24 bits, nearest even (MXCSR's default); toward zero, a result above tv in magnitude
+    (converted back: exact) steps one ulp down (from a power of two, to the largest float32
+    below it, which is then the truncation)."""
+    f = np.float32(tv)
+    if mode == TOWARD_ZERO:
+        back = np.int32(f)
+        over = abs(back) > abs(tv)
+        f = i2f32(np.int32(f2i32(f) - np.int32(1))) if over else f
+    return f
+
+
+@njit(cache=True, inline="always")
 def _block_fused(s, at, et, j, ew, w, width, adder_p, mode, fp16):
     """A whole block of 4 or 8 terms in one int32 pass over the tile: alignment, the
     truncated sum, the rounding to the block format (`fused`): fp32, where every sum is
@@ -157,7 +172,7 @@ def _block_fused(s, at, et, j, ew, w, width, adder_p, mode, fp16):
                                                    + _term(at[j + 7, i], w7, sc))))
         q = np.int32(np.int32(top - adder_p) + _I1)  # the weight of tv's unit
         low = np.int32(np.int32(np.int32(emin - bits) + _I1) - q) if fp16 else np.int32(-64)
-        value = _round_int(tv, bits, low, mode) * _pow2(q)
+        value = (_round_int(tv, bits, low, mode) if fp16 else _round_int24(tv, mode)) * _pow2(q)
         if fp16:  # overflow: inf of value's sign
             value = i2f32(np.int32(f2i32(value) & _SIGN) | _INF_BITS) if abs(value) > _FP16_MAX else value
             live &= math.isfinite(sv)
@@ -292,14 +307,18 @@ def _gemm(t0, t1, a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, 
     m_count, k_count = a.shape
     n_count = w.shape[0]
     in_emin, s_emin = np.int32(in_emin), np.int32(s_emin)  # (int64 arguments widen the lanes)
+    at = np.zeros((k_count + 8, TILE), dtype=np.float32)
+    et = np.empty((k_count + 8, TILE), dtype=np.int32)
+    sums = np.empty((CHANNELS, TILE), dtype=np.float32)  # the running sums of a block of channels
+    c_in = np.empty((CHANNELS, TILE), dtype=np.float32)
+    top = np.empty(TILE, dtype=np.int32)
+    isum = np.empty(TILE, dtype=np.int32)
+    scale = np.empty(TILE, dtype=np.float32)
     for t in range(t0, t1):
         m0 = t * TILE
         rows = min(TILE, m_count - m0)
-        at = np.zeros((k_count + 8, TILE), dtype=np.float32)
-        et = np.empty((k_count + 8, TILE), dtype=np.int32)
-        for i in range(rows):  # a row of `a` read across, then the exponents in one pass
-            for j in range(k_count):
-                at[j, i] = np.float32(a[m0 + i, j])
+        load_tile(a, m0, rows, at)  # then the exponents in one pass
+        at[:, rows:] = 0.0  # (a last, partial tile: no earlier tile's values)
         finite = True
         for j in range(k_count + 8):
             for i in range(TILE):
@@ -309,30 +328,30 @@ def _gemm(t0, t1, a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, 
         skipped[t] = not finite
         if not finite:  # left to the float64 kernel
             continue
-        s = np.empty(TILE, dtype=np.float32)
-        top = np.empty(TILE, dtype=np.int32)
-        isum = np.empty(TILE, dtype=np.int32)
-        scale = np.empty(TILE, dtype=np.float32)
-        c_in = np.empty(TILE, dtype=np.float32)
-        for n in range(n_count):
-            s[:] = 0.0
-            wn, en = w[n], ew[n]
+        for c0 in range(0, n_count, CHANNELS):
+            c1 = min(c0 + CHANNELS, n_count)
+            sums[:c1 - c0] = 0.0
             for s0 in range(0, k_count, step):
                 if separate:
-                    c_in[:] = s
-                    s[:] = 0.0
+                    c_in[:c1 - c0] = sums[:c1 - c0]
+                    sums[:c1 - c0] = 0.0
                 for j0 in range(s0, min(s0 + step, k_count), b):
                     j1 = min(j0 + b, k_count)
-                    if fused_blocks:  # (j1 - j0 < b only at K's end, where the zero rows pad)
-                        _fused_constant(s, at, et, j0, en[j0:j0 + 8], wn[j0:j0 + 8], b, adder_p, mode, fused_blocks == 2)
-                    else:
-                        _align(top, s, et, en, j0, j1, s_emin)
-                        _terms(isum, scale, top, at, wn, j0, j1, adder_p)
-                        _finish_constant(s, isum, top, adder_p, block, mode, sat, normal)
+                    for n in range(c0, c1):  # (the block's rows of the tile stay in the L1 cache)
+                        s, wn, en = sums[n - c0], w[n], ew[n]
+                        if fused_blocks:  # (j1 - j0 < b only at K's end, where the zero rows pad)
+                            _fused_constant(s, at, et, j0, en[j0:j0 + 8], wn[j0:j0 + 8], b, adder_p, mode,
+                                            fused_blocks == 2)
+                        else:
+                            _align(top, s, et, en, j0, j1, s_emin)
+                            _terms(isum, scale, top, at, wn, j0, j1, adder_p)
+                            _finish_constant(s, isum, top, adder_p, block, mode, sat, normal)
                 if separate:
-                    _add_c(s, c_in, acc, sat, normal)
-            for i in range(rows):
-                out[m0 + i, n] = s[i]
+                    for n in range(c1 - c0):
+                        _add_c(sums[n], c_in[n], acc, sat, normal)
+            for n in range(c0, c1):
+                for i in range(rows):
+                    out[m0 + i, n] = sums[n - c0, i]
 
 
 @njit(cache=True)

@@ -546,11 +546,18 @@ TILE = 64  # rows of `a` per task in the row-tiled kernels: a (K, 64) float64 ti
 @njit(cache=True, inline="always")
 def load_tile(a, m0, rows, at):
     """at[j, i] = a[m0 + i, j] for the tile's rows (the rest of `at` untouched; a may hold
-    fp16 bit patterns, `load_f64`): a row of
-    `a` is read across, and stays in L1 for the next taps. The row-tiled kernels then run
-    their inner loops over the tile's rows - unit-stride, independent, vectorised."""
-    for j in range(a.shape[1]):
-        for i in range(rows):
+    fp16 bit patterns, `load_f64`; at float64 or float32, which holds every value a kernel
+    puts there exactly). The row-tiled kernels then run their inner loops over the tile's
+    rows - unit-stride, independent, vectorised. Eight rows of `a` are read across at a
+    time, so each store fills eight adjacent lanes: a loop over j alone compiles to scatter
+    stores, and over i alone to strided loads, both several times slower."""
+    whole = rows - rows % 8
+    for i0 in range(0, whole, 8):
+        for j in range(a.shape[1]):
+            for i in range(i0, i0 + 8):
+                at[j, i] = load_f64(a[m0 + i, j])
+    for i in range(whole, rows):
+        for j in range(a.shape[1]):
             at[j, i] = load_f64(a[m0 + i, j])
 
 

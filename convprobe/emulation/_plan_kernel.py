@@ -25,10 +25,9 @@ the instruction (elsewhere LLVM would widen it and round twice: `_native_fp16`).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
-from convprobe.emulation._kernel_arithmetic import add_odd32, narrow, prefer_512_bit_vectors, widen
+from convprobe.emulation._kernel_arithmetic import add_odd32, load_tile, narrow, prefer_512_bit_vectors, widen
 from convprobe.emulation._native_fp16 import fma_fp16
 from convprobe.emulation._threads import over_tasks
 
@@ -47,18 +46,6 @@ CHANNELS = 16  # output channels per block of a tile: its registers stay in the 
 @njit(cache=True, inline="always")
 def _fp16(x):
     return widen(narrow(x))
-
-
-def _as_float32(x):
-    """A GEMM operand (float32) as it is; a dot operand (an fp16 bit pattern) widened."""
-    return x
-
-
-@overload(_as_float32, inline="always")
-def _as_float32_typed(x):
-    if isinstance(x, types.Integer):
-        return lambda x: widen(x)
-    return lambda x: x
 
 
 @njit(cache=True, inline="always")
@@ -143,20 +130,6 @@ def _run_steps(regs, steps, a, w, c0, rows, pairs, fma16):
 
 
 @njit(cache=True, inline="always")
-def _transpose_rows(a, m0, rows, tile):
-    """tile[k, i] = a[m0 + i, k] as float32 (fp16 bit patterns widened), for i < rows: eight
-    rows at a time, so the stores go to eight adjacent lanes (a loop over k alone compiles
-    to scatter stores, several times slower)."""
-    for i0 in range(0, rows - rows % 8, 8):
-        for k in range(a.shape[1]):
-            for i in range(i0, i0 + 8):
-                tile[k, i] = _as_float32(a[m0 + i, k])
-    for i in range(rows - rows % 8, rows):
-        for k in range(a.shape[1]):
-            tile[k, i] = _as_float32(a[m0 + i, k])
-
-
-@njit(cache=True, inline="always")
 def _gemm_tiles(t0, t1, a, wt, steps, registers, out, col0, fma16):
     """Tiles t0 .. t1 - 1 of `run_program`: `LANES` rows of a transposed into lanes, by each
     block of `CHANNELS` columns (rows of wt, w transposed)."""
@@ -167,7 +140,7 @@ def _gemm_tiles(t0, t1, a, wt, steps, registers, out, col0, fma16):
     for t in range(t0, t1):
         m0 = t * LANES
         rows = min(LANES, m_count - m0)
-        _transpose_rows(a, m0, rows, tile)
+        load_tile(a, m0, rows, tile)
         for c0 in range(0, n_count, CHANNELS):
             channels = min(CHANNELS, n_count - c0)
             _run_steps(regs, steps, wt, tile, c0, channels, False, fma16)
@@ -198,8 +171,8 @@ def _pair_tiles(t0, t1, a, b, steps, registers, out, fma16):
     for t in range(t0, t1):
         m0 = t * LANES
         rows = min(LANES, m_count - m0)
-        _transpose_rows(a, m0, rows, at)
-        _transpose_rows(b, m0, rows, bt)
+        load_tile(a, m0, rows, at)
+        load_tile(b, m0, rows, bt)
         _run_steps(regs, steps, at, bt, 0, 1, True, fma16)
         for i in range(rows):
             out[m0 + i] = regs[0, 0, i]
