@@ -171,6 +171,27 @@ def reduce_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, model) -> np
     return _reduce(a, b, c, model, ea, eb)
 
 
+def dot_rows(a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
+    """`reduce_rows` from +0 (no c) as `dot` runs it, on inputs the caller has checked
+    (`check_inputs`): by the compiled 32-bit kernel where it applies (fp16/fp8 inputs), rows
+    of tiles holding an inf or NaN and other models by `reduce_rows` itself (the tests
+    compare both)."""
+    fast = None
+    if kernel.applies(model):
+        order = step_order(a.shape[-1], model)
+        in_order = np.array_equal(order, np.arange(order.size))
+        fast = kernel.rows(np.ascontiguousarray(a if in_order else a[:, order]),
+                           np.ascontiguousarray(b if in_order else b[:, order]), model)
+    if fast is None:
+        return reduce_rows(a, b, None, model)
+    out, skipped = fast
+    if not _output_is_identity(model):
+        out = _round(out, model.output, model, Rounding.NEAREST_EVEN)
+    if skipped.size:
+        out[skipped] = reduce_rows(a[skipped], b[skipped], None, model)
+    return out
+
+
 def _output_is_identity(model) -> bool:
     """Whether rounding the kernel's results (values of the block and accumulator formats)
     to the output format changes nothing: the output holds both, infinities included, and

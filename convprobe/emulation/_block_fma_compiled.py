@@ -284,8 +284,8 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narro
     """out[m, n] = the block-FMA reduction of c[m, n] (values of the accumulator; +0 when
     None) plus a[m, :] against w[:, n] (float64, K already in the adder's order), rounded to
     the accumulator. Convolutions pass no c; the test that replays the real MMA vectors
-    through this kernel does (`dot(c=...)` takes the NumPy path, whose rows each have their
-    own b). With `narrow` (the default), the 32-bit-lane kernel of `_block_fma_narrow`
+    through this kernel does (`dot(c=...)` takes the NumPy path; `dot`'s rows without c,
+    each with its own b, take `rows`). With `narrow` (the default), the 32-bit-lane kernel of `_block_fma_narrow`
     computes what it can - fp16/fp8 inputs, finite w, no c - and this float64 kernel the
     rows of tiles holding an inf or NaN; `narrow=False` is this kernel alone (the tests
     compare both)."""
@@ -296,9 +296,7 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narro
     normal = _sums_stay_normal(model, a.shape[1]) and (c is None or not np.any(c))
     from_plus_zero = c is None or not (np.any(c) or np.signbit(c).any())  # (the 32-bit kernel starts at +0)
     if narrow and narrow_kernel.applies(model) and from_plus_zero and np.isfinite(w).all():
-        out, rows = narrow_kernel.gemm(a, w, model, normal, _limits(fmt, keep),
-                                       _limits(acc, acc.subnormals and model.subnormals == "keep"),
-                                       MODE_CODES[model.rounding])
+        out, rows = narrow_kernel.gemm(a, w, model, *_narrow_arguments(model, normal))
         if rows.size:  # the tiles holding an inf or NaN: the IEEE fix-ups below
             out[rows] = gemm(a[rows], w, model, narrow=False)
         return out
@@ -314,3 +312,24 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narro
                _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
                MODE_CODES[model.rounding], model.overflow == "saturate", normal, out, per_task=TILE)
     return out
+
+
+def rows(a: np.ndarray, b: np.ndarray, model) -> tuple | None:
+    """(out, rows) where the 32-bit-lane kernel applies (fp16/fp8 inputs), else None:
+    out[m] = the block-FMA reduction from +0 of a[m, :] * b[m, :] (K already in the adder's
+    order), rounded to the accumulator, for every row m but those in `rows` (tiles holding
+    an inf or NaN, which the caller computes otherwise)."""
+    if not narrow_kernel.applies(model):
+        return None
+    return narrow_kernel.rows(a, b, model, *_narrow_arguments(model, _sums_stay_normal(model, a.shape[1])))
+
+
+def _narrow_arguments(model, normal: bool) -> tuple:
+    """The 32-bit kernel's arguments after the operands: whether every sum is normal, the
+    block format's and the accumulator's limits, the rounding code."""
+    from convprobe.emulation.rounding import MODE_CODES
+
+    fmt, acc = model.block_format, model.accumulator
+    keep = fmt.subnormals and model.subnormals == "keep"
+    return (normal, _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
+            MODE_CODES[model.rounding])

@@ -37,7 +37,7 @@ from convprobe.emulation._threads import over_tasks
 from convprobe.formats import FP16, FP32
 from convprobe.options import CAddition
 
-__all__ = ["applies", "fused", "gemm"]
+__all__ = ["applies", "fused", "gemm", "rows"]
 
 TILE = 256  # rows per task: 16 vectors of 16 lanes, independent chains through each block's pass
 CHANNELS = 16  # output channels whose running sums take each block of the tile's rows in turn
@@ -295,19 +295,25 @@ def _add_c(s, c_in, acc, sat, normal):
 
 @njit(cache=True, nogil=True)
 def _gemm(t0, t1, a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, acc, mode, sat, normal, fused_blocks,
-          out, skipped):
+          out, skipped, pairs):
     """Row tiles t0 .. t1 - 1 of out (M, N) = the block-FMA sums, from +0, of a (M, K)
     float32 against w (N, K + 8) float32 (zeros past K, each column of the GEMM's w a row here), ew its exponents;
     `fused_blocks`: `fused`'s answer; `block`, `acc`: `round_limits` of the block format
     and the accumulator; `separate`: c
     (the running sum) is added after each MMA of `step` products, in one nearest
     rounding to the accumulator. Tiles of `a` holding an inf or NaN are
-    skipped, and marked in `skipped`."""
+    skipped, and marked in `skipped`.
+
+    `pairs` (M, K), when it has rows: out[m, 0] = the sums of a[m, :] * pairs[m, :] instead,
+    as this GEMM with one column of ones (exponent 0) against the tile of products (exact
+    in float32) whose exponents are e_a + e_b, the alignment's own sum. A tile holding an
+    inf or NaN in either operand is skipped."""
     prefer_512_bit_vectors()
     m_count, k_count = a.shape
     n_count = w.shape[0]
     in_emin, s_emin = np.int32(in_emin), np.int32(s_emin)  # (int64 arguments widen the lanes)
     at = np.zeros((k_count + 8, TILE), dtype=np.float32)
+    bt = np.zeros((k_count + 8 if pairs.shape[0] else 0, TILE), dtype=np.float32)
     et = np.empty((k_count + 8, TILE), dtype=np.int32)
     sums = np.empty((CHANNELS, TILE), dtype=np.float32)  # the running sums of a block of channels
     c_in = np.empty((CHANNELS, TILE), dtype=np.float32)
@@ -320,11 +326,21 @@ def _gemm(t0, t1, a, w, ew, b, step, separate, adder_p, in_emin, s_emin, block, 
         load_tile(a, m0, rows, at)  # then the exponents in one pass
         at[:, rows:] = 0.0  # (a last, partial tile: no earlier tile's values)
         finite = True
-        for j in range(k_count + 8):
-            for i in range(TILE):
-                v = at[j, i]
-                finite &= math.isfinite(v)
-                et[j, i] = _exponent(v, in_emin)
+        if pairs.shape[0]:
+            load_tile(pairs, m0, rows, bt)
+            bt[:, rows:] = 0.0
+            for j in range(k_count + 8):
+                for i in range(TILE):
+                    v, u = at[j, i], bt[j, i]
+                    at[j, i] = v * u
+                    finite &= math.isfinite(v * u)  # (an inf or NaN operand: inf or NaN, times 0 too)
+                    et[j, i] = np.int32(_exponent(v, in_emin) + _exponent(u, in_emin))
+        else:
+            for j in range(k_count + 8):
+                for i in range(TILE):
+                    v = at[j, i]
+                    finite &= math.isfinite(v)
+                    et[j, i] = _exponent(v, in_emin)
         skipped[t] = not finite
         if not finite:  # left to the float64 kernel
             continue
@@ -370,16 +386,31 @@ def gemm(a: np.ndarray, w: np.ndarray, model, normal: bool, block: tuple, acc_li
     row m but those in `rows` (the tiles holding an inf or NaN, for the float64 kernel);
     `applies` must hold. `block`: `round_limits` of the block format; `mode`: its
     rounding code; `acc_limits`, the accumulator's (for a separate addition of c)."""
-    acc = model.accumulator
     w32 = np.zeros((w.shape[1], w.shape[0] + 8), dtype=np.float32)
     w32[:, :w.shape[0]] = w.T
-    out = np.empty((a.shape[0], w.shape[1]))
+    return _run(a, w32, _exponents(w32, model.input.emin), np.zeros((0, 0), np.float32), model, normal, block,
+                acc_limits, mode)
+
+
+def rows(a: np.ndarray, b: np.ndarray, model, normal: bool, block: tuple, acc_limits: tuple, mode: int) -> tuple:
+    """(out, rows): out[m] = the block-FMA reduction from +0 of a[m, :] * b[m, :] (`dot`'s
+    rows, each with its own b), for every row m but those in `rows` (tiles holding an inf
+    or NaN); the rest as `gemm`."""
+    k = a.shape[1]
+    out, skipped = _run(a, np.ones((1, k + 8), np.float32), np.zeros((1, k + 8), np.int32),
+                        np.ascontiguousarray(b, np.float32), model, normal, block, acc_limits, mode)
+    return out[:, 0], skipped
+
+
+def _run(a, w32, ew, pairs, model, normal, block, acc_limits, mode) -> tuple:
+    acc = model.accumulator
+    out = np.empty((a.shape[0], w32.shape[0]))
     skipped = np.zeros((a.shape[0] + TILE - 1) // TILE, dtype=np.bool_)
     # (float32 always: exact for these inputs, and one compiled signature - each costs ~45 s of LLVM)
-    over_tasks(_gemm, a.shape[0], np.ascontiguousarray(a, np.float32), w32, _exponents(w32, model.input.emin),
+    over_tasks(_gemm, a.shape[0], np.ascontiguousarray(a, np.float32), w32, ew,
                model.b, model.step, model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
                model.input.emin, acc.emin if acc.subnormals else -1022, block, acc_limits, mode,
-               model.overflow == "saturate", normal, fused(model, normal), out, skipped,
+               model.overflow == "saturate", normal, fused(model, normal), out, skipped, pairs,
                per_task=TILE)
     tiles = np.flatnonzero(skipped)
     rows = (tiles[:, None] * TILE + np.arange(TILE)).ravel()

@@ -101,5 +101,7 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
         except ValueError:
             raise InvalidArgument(f"c must broadcast to the result shape {lead}; received "
                                   f"shape {c64.shape}") from None
-    out = model.reduce_rows(_rows(a64, lead, k), _rows(b64, lead, k), cc)
+    model.check_inputs(a64, a_narrow, "a")
+    model.check_inputs(b64, b_narrow, "b")
+    out = model.dot_rows(_rows(a64, lead, k), _rows(b64, lead, k), cc)
     return finish(out.reshape(lead), model)

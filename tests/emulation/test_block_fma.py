@@ -346,3 +346,40 @@ def test_every_op_embedding_feeds_the_block_fma_model_in_index_order(op):
     because this file's process compiles the kernel the conv ops take, once for both)."""
     model = em.parse_model("blocked:fp16:b=4")
     assert fingerprint_backend(EmulatedBackend(model), op) == expected_properties(model)
+
+
+@pytest.mark.parametrize("spec", ["v100", "a100", "h100:in=fp8_e5m2:out=fp16", "v100:out=fp16",
+                                  "blocked:fp16:b=4:step=8:c_addition=separate",
+                                  "blocked:fp16:b=8:step=16:layout=pair_interleaved:rounding=nearest_even"])
+def test_dot_rows_run_the_32_bit_lanes_bit_for_bit(spec):
+    """`dot` on rows that each have their own b takes the 32-bit kernel (products of the
+    two operands, exponents e_a + e_b): the same bits as the NumPy `reduce_rows`, with every
+    fp16 code point (fp8's, for fp8 inputs) as a first operand beside signed terms of spread
+    exponents, ties and zeros, an inf and a NaN in two tiles (those rows by `reduce_rows`),
+    and an input order the layout permutes."""
+    from convprobe.emulation import _block_fma, _block_fma_compiled, _block_fma_narrow
+
+    model = em.parse_model(spec)
+    rng = np.random.default_rng(17)
+    codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float64)
+    codes = np.unique(round_to_format(codes[np.isfinite(codes)], model.input))
+    codes = codes[np.isfinite(codes)]  # (fp8's largest codes round fp16's to inf)
+    k, tile = 37, _block_fma_narrow.TILE
+    rows = max(codes.size, 3 * tile + 5)  # (fp8's few codes repeat: three tiles and a partial one)
+    scale = rng.choice([2.0**-12, 1.0, 2.0**6], size=(rows, k))
+    a = round_to_format(rng.standard_normal((rows, k)) * scale, model.input)
+    b = round_to_format(rng.standard_normal((rows, k)) * 4, model.input)
+    a[:, 0], b[:, 0] = np.resize(codes, rows), round_to_format(np.full(rows, 1.5), model.input)
+    a[:, 3] = -a[:, 2]  # (exact cancellations)
+    b[10:20, 5] = 0.0
+    if model.input.has_inf:
+        a[tile + 1, 4] = np.inf
+    b[2 * tile + 3, 7] = np.nan
+    with np.errstate(all="ignore"):
+        got = _block_fma.dot_rows(a, b, model)
+        want = _block_fma.reduce_rows(a, b, None, model)
+        assert_same_bits(got, np.asarray(want, np.float64))
+        assert_same_bits(em.dot(a, b, model).astype(np.float64), np.asarray(want, np.float64))
+    assert np.isnan(got[2 * tile + 3])
+    _, redone = _block_fma_compiled.rows(a, b, model)  # the kernel took every tile but those two
+    assert sorted(set(redone // tile)) == ([1, 2] if model.input.has_inf else [2])
