@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from convprobe.emulation._kernel_arithmetic import fma_fp32
+from convprobe.emulation._kernel_arithmetic import fma_fp32, load_tile, prefer_512_bit_vectors
 from convprobe.emulation._threads import over_tasks
 
 __all__ = ["lanes_gemm", "sequential_gemm"]
@@ -77,16 +77,15 @@ def sequential_gemm(a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int) ->
 @njit(cache=True, nogil=True)
 def _lanes_gemm(t0, t1, a, w, width, pairwise, out, col0):
     """Row tiles t0 .. t1 - 1 of `lanes_gemm`."""
+    prefer_512_bit_vectors()
     m_count, k_count = a.shape
     n_count = w.shape[1]
+    at = np.zeros((k_count, _TILE), np.float32)  # the tile's rows, transposed
+    s = np.empty((width, _TILE), np.float32)
     for t in range(t0, t1):
         m0 = t * _TILE
         rows = min(_TILE, m_count - m0)
-        at = np.zeros((k_count, _TILE), np.float32)  # the tile's rows, transposed
-        for i in range(rows):
-            for k in range(k_count):
-                at[k, i] = a[m0 + i, k]
-        s = np.empty((width, _TILE), np.float32)
+        load_tile(a, m0, rows, at)
         for n in range(n_count):
             s[:] = 0.0
             for k in range(k_count):
