@@ -29,7 +29,7 @@ import numpy as np
 from convprobe import random_stream
 from convprobe.emulation import _kernels as K
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
-from convprobe.formats import Format, custom_format, parse_format
+from convprobe.formats import FP16, Format, custom_format, parse_format
 from convprobe.options import ROUNDING_ALIASES, Overflow, Rounding, Subnormals
 
 __all__ = [
@@ -150,10 +150,12 @@ def round_to_format(
         x = x.astype(np.float64)
     x = np.ascontiguousarray(x, dtype=np.float64)
     flat = x.reshape(-1)
-    r = np.zeros(flat.shape, dtype=np.int64)
     if rounding != "stochastic":
         check_rbits(rbits, fmt, rounding)
-        rbits = 1
+        if _hardware_fp16(fmt, rounding, subnormals, overflow):
+            with np.errstate(over="ignore"):
+                return x.astype(np.float16).astype(np.float64)
+        r, rbits = np.zeros(flat.shape, dtype=np.int64), 1
     else:
         if fmt.precision > 50:
             raise InvalidArgument(
@@ -166,9 +168,22 @@ def round_to_format(
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         rbits = check_rbits(rbits, fmt)
         r = gen.integers(0, 1 << rbits, size=flat.shape, dtype=np.int64)
+    return _kernel_rounding(flat, fmt, rounding, subnormals, overflow, r, rbits).reshape(x.shape)
+
+
+def _hardware_fp16(fmt: Format, rounding, subnormals, overflow) -> bool:
+    """Whether NumPy's own float64 -> float16 conversion is this rounding: IEEE's, nearest
+    even, subnormals kept, overflow to inf, rounded once from the float64 value (tested
+    against `_kernel_rounding` at every fp16 value, midpoint and its neighbours). It runs
+    several times faster than the general kernel on a model's fp16 outputs."""
+    return fmt == FP16 and rounding == Rounding.NEAREST_EVEN and subnormals == "keep" and overflow == "inf"
+
+
+def _kernel_rounding(flat, fmt, rounding, subnormals, overflow, r, rbits) -> np.ndarray:
+    """The general rounding kernel (`_kernels.round_array`) over a flat float64 array."""
     row = format_row(fmt, subnormals)
     out = np.empty_like(flat)
     K.round_array(flat, out, int(row[K.F_PRECISION]), int(row[K.F_EMIN]), row[K.F_MAX], bool(row[K.F_HAS_INF]),
                   bool(row[K.F_KEEP_SUB]),
                   MODE_CODES[Rounding(rounding)], overflow == "saturate", r, rbits)
-    return out.reshape(x.shape)
+    return out

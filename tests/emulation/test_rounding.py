@@ -153,3 +153,28 @@ def test_format_registry_covers_ml_dtypes():
     for fmt in (f for f in FORMATS.values() if f.dtype_name):
         info = ml_dtypes.finfo(fmt.dtype) if fmt.bits < 32 and fmt.name != "fp16" else np.finfo(fmt.dtype)
         assert float(info.max) == fmt.max
+
+
+def test_fp16_nearest_even_by_numpys_conversion_equals_the_rounding_kernel():
+    """`round_to_format` to fp16, nearest even, subnormals kept, overflow to inf, takes NumPy's
+    float64 -> float16 conversion: the same bits as the general kernel at every finite fp16
+    value, every midpoint between neighbours and the float64 values either side of it (ties
+    to even, and the sticky bit that breaks them), past 65504 (65520 is the tie to inf),
+    below the smallest subnormal, at float32's values, and on a million values of spread
+    exponents."""
+    from convprobe.emulation.rounding import _kernel_rounding
+
+    values = np.sort(np.unique(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+                               .astype(np.float64)))
+    values = values[np.isfinite(values)]
+    mids = (values[:-1] + values[1:]) / 2
+    rng = np.random.default_rng(23)
+    x = np.concatenate([values, mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf),
+                        mids.astype(np.float32).astype(np.float64),
+                        [65519.99, 65520.0, 65520.0001, -65520.0, 1e300, -1e-300, 2.0**-25, 2.0**-25 + 2.0**-80,
+                         2.0**-26, np.inf, -np.inf, np.nan, -0.0],
+                        rng.standard_normal(10**6) * np.exp2(rng.integers(-40, 20, 10**6))])
+    want = _kernel_rounding(x, FP16, "nearest_even", "keep", "inf", np.zeros(x.size, np.int64), 1)
+    assert_same_bits(round_to_format(x, "fp16"), want)
+    assert np.isinf(round_to_format(np.array([65520.0]), "fp16")).all()
+    assert round_to_format(np.array([65519.99]), "fp16")[0] == 65504.0
