@@ -185,11 +185,15 @@ def dot_rows(a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
     if fast is None:
         return reduce_rows(a, b, None, model)
     out, skipped = fast
-    if not _output_is_identity(model):
-        out = _round(out, model.output, model, Rounding.NEAREST_EVEN)
+    out = _to_output(out, model)
     if skipped.size:
         out[skipped] = reduce_rows(a[skipped], b[skipped], None, model)
     return out
+
+
+def _to_output(out: np.ndarray, model) -> np.ndarray:
+    """The compiled kernel's results (accumulator values) in the output format."""
+    return out if _output_is_identity(model) else _round(out, model.output, model, Rounding.NEAREST_EVEN)
 
 
 def _output_is_identity(model) -> bool:
@@ -217,9 +221,7 @@ def gemm(a: np.ndarray, w: np.ndarray, model, compiled: bool = True,
             _check_inputs(a, model, "x")
             _check_inputs(w, model, "w")
         a, w = (a[:, order], w[order]) if permuted else (a, w)
-        out = kernel.gemm(a, w, model)
-        return out if _output_is_identity(model) else _round(out, model.output, model,
-                                                             Rounding.NEAREST_EVEN)
+        return _to_output(kernel.gemm(a, w, model), model)
     a, ea = _prepared(np.ascontiguousarray(a[:, order]), model, "x")
     wt, ewt = _prepared(np.ascontiguousarray(w.T[:, order]), model, "w")
     m, n = a.shape[0], wt.shape[0]

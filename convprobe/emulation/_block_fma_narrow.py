@@ -20,7 +20,8 @@ the conditions `applies` checks from the formats:
   `fast_round`).
 
 Rows of inputs with an inf or NaN, an accumulator input and wider formats go to the
-float64 kernel of `_block_fma_compiled` (whose `gemm` dispatches).
+float64 kernel of `_block_fma_compiled` (whose `gemm` dispatches); `dot`'s rows (`rows`)
+with an inf or NaN, to NumPy's `reduce_rows` (`_block_fma.dot_rows`).
 """
 
 from __future__ import annotations

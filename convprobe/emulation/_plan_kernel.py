@@ -40,7 +40,7 @@ PRODUCT16 = 4
 FMA16 = 8
 ZERO, LOAD, ADD_LEAF, ADD, ROUND, MOVE = 0, 1, 2, 3, 4, 5  # step codes (`plan.Op`)
 LANES = 64  # GEMM rows (or dot products) per tile, in lanes
-CHANNELS = 16  # output channels per block of a tile: its registers stay in the L1 cache
+CHANNELS = 16  # output channels per block of a tile (a register: 4 KiB, a dozen of them fit the L1 cache)
 
 
 @njit(cache=True, inline="always")
@@ -59,72 +59,79 @@ def _rounded(s, v, half, add32):
 
 
 @njit(cache=True, inline="always")
-def _add_product(regs, r, a, w, c0, rows, k, pairs, product_fp16, half, add32, fused):
-    """GEMM tiles: product (c, i) is a[c0 + c, k] * w[k, i] (a: the weights transposed,
-    w: the tile's rows transposed); pair tiles (`pairs`, one row of lanes): a[k, i] * w[k, i].
-    `fused`: fp16(s + product) by the fp16 FMA."""
-    for c in range(rows):
-        for i in range(w.shape[1]):
-            x = a[k, i] if pairs else a[c0 + c, k]
+def _product(first, tile, c0, c, k, i, pairs):
+    """Product (c, i) of a step's leaf k: GEMM tiles, first[c0 + c, k] * tile[k, i] (first:
+    the weights transposed, tile: the tile's GEMM rows transposed); pair tiles (`pairs`, one
+    channel): first[k, i] * tile[k, i], both operands transposed into lanes."""
+    return (first[k, i] if pairs else first[c0 + c, k]) * tile[k, i]
+
+
+@njit(cache=True, inline="always")
+def _add_product(regs, r, first, tile, c0, channels, k, pairs, product_fp16, half, add32, fused):
+    """regs[r] = round(regs[r] + product k) over the tile (`_product`); `fused`: fp16(s + a * w)
+    by the fp16 FMA, on the product's operands."""
+    for c in range(channels):
+        for i in range(tile.shape[1]):
             if fused:
-                regs[r, c, i] = widen(fma_fp16(narrow(x), narrow(w[k, i]), narrow(regs[r, c, i])))
+                x = first[k, i] if pairs else first[c0 + c, k]
+                regs[r, c, i] = widen(fma_fp16(narrow(x), narrow(tile[k, i]), narrow(regs[r, c, i])))
             else:
-                p = x * w[k, i]
+                p = _product(first, tile, c0, c, k, i, pairs)
                 if product_fp16:
                     p = _fp16(p)
                 regs[r, c, i] = _rounded(regs[r, c, i], p, half, add32)
 
 
 @njit(cache=True, inline="always")
-def _add_product_rounded(regs, r, a, w, c0, rows, k, pairs, product_fp16, half, add32):
+def _add_product_rounded(regs, r, first, tile, c0, channels, k, pairs, product_fp16, half, add32):
     """`_add_product` with the step's format as constants (one vector loop per branch)."""
     if not half:
-        _add_product(regs, r, a, w, c0, rows, k, pairs, product_fp16, False, False, False)
+        _add_product(regs, r, first, tile, c0, channels, k, pairs, product_fp16, False, False, False)
     elif add32:
-        _add_product(regs, r, a, w, c0, rows, k, pairs, product_fp16, True, True, False)
+        _add_product(regs, r, first, tile, c0, channels, k, pairs, product_fp16, True, True, False)
     else:
-        _add_product(regs, r, a, w, c0, rows, k, pairs, product_fp16, True, False, False)
+        _add_product(regs, r, first, tile, c0, channels, k, pairs, product_fp16, True, False, False)
 
 
 @njit(cache=True, inline="always")
-def _add_register(regs, r, s, rows, half, add32):
-    for c in range(rows):
+def _add_register(regs, r, s, channels, half, add32):
+    for c in range(channels):
         for i in range(regs.shape[2]):
             regs[r, c, i] = _rounded(regs[r, c, i], regs[s, c, i], half, add32)
 
 
 @njit(cache=True, inline="always")
-def _run_steps(regs, steps, a, w, c0, rows, pairs, fma16):
-    """Every step of the program on one tile (registers regs[:, :rows]); `fma16`: steps
-    marked `FMA16` run the fp16 FMA."""
+def _run_steps(regs, steps, first, tile, c0, channels, pairs, fma16):
+    """Every step of the program on one tile (registers regs[:, :channels]; operands as
+    `_product` reads them); `fma16`: steps marked `FMA16` run the fp16 FMA."""
     for j in range(steps.shape[0]):
         op, r, x, flags = steps[j, 0], steps[j, 1], steps[j, 2], steps[j, 3]
         half, add32, product_fp16 = (flags & HALF) != 0, (flags & ADD32) != 0, (flags & PRODUCT16) != 0
         if op == ADD_LEAF:
             if fma16 and (flags & FMA16) != 0:
-                _add_product(regs, r, a, w, c0, rows, x, pairs, False, True, False, True)
+                _add_product(regs, r, first, tile, c0, channels, x, pairs, False, True, False, True)
             elif product_fp16:
-                _add_product_rounded(regs, r, a, w, c0, rows, x, pairs, True, half, add32)
+                _add_product_rounded(regs, r, first, tile, c0, channels, x, pairs, True, half, add32)
             else:
-                _add_product_rounded(regs, r, a, w, c0, rows, x, pairs, False, half, add32)
+                _add_product_rounded(regs, r, first, tile, c0, channels, x, pairs, False, half, add32)
         elif op == ADD:
             if not half:
-                _add_register(regs, r, x, rows, False, False)
+                _add_register(regs, r, x, channels, False, False)
             elif add32:
-                _add_register(regs, r, x, rows, True, True)
+                _add_register(regs, r, x, channels, True, True)
             else:
-                _add_register(regs, r, x, rows, True, False)
+                _add_register(regs, r, x, channels, True, False)
         elif op == ZERO:
-            regs[r, :rows, :] = 0.0
+            regs[r, :channels, :] = 0.0
         elif op == MOVE:
-            regs[r, :rows, :] = regs[x, :rows, :]
+            regs[r, :channels, :] = regs[x, :channels, :]
         elif op == LOAD:
-            for c in range(rows):
-                for i in range(w.shape[1]):
-                    p = (a[x, i] if pairs else a[c0 + c, x]) * w[x, i]
+            for c in range(channels):
+                for i in range(tile.shape[1]):
+                    p = _product(first, tile, c0, c, x, i, pairs)
                     regs[r, c, i] = _fp16(p) if product_fp16 else p
         elif half:  # ROUND to fp16 (to fp32: the values are float32 numbers already)
-            for c in range(rows):
+            for c in range(channels):
                 for i in range(regs.shape[2]):
                     regs[r, c, i] = _fp16(regs[r, c, i])
 
@@ -135,7 +142,7 @@ def _gemm_tiles(t0, t1, a, wt, steps, registers, out, col0, fma16):
     block of `CHANNELS` columns (rows of wt, w transposed)."""
     m_count, k_count = a.shape
     n_count = wt.shape[0]
-    regs = np.zeros((registers, CHANNELS, LANES), np.float32)
+    regs = np.zeros((registers, min(CHANNELS, n_count), LANES), np.float32)
     tile = np.zeros((k_count, LANES), np.float32)
     for t in range(t0, t1):
         m0 = t * LANES

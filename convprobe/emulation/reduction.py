@@ -101,7 +101,7 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
         except ValueError:
             raise InvalidArgument(f"c must broadcast to the result shape {lead}; received "
                                   f"shape {c64.shape}") from None
-    model.check_inputs(a64, a_narrow, "a")
-    model.check_inputs(b64, b_narrow, "b")
+    model.check_inputs(a64, fp16_or_narrower(a), "a")  # (a block-FMA model's input format)
+    model.check_inputs(b64, fp16_or_narrower(b), "b")
     out = model.dot_rows(_rows(a64, lead, k), _rows(b64, lead, k), cc)
     return finish(out.reshape(lead), model)

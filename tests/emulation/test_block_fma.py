@@ -242,9 +242,11 @@ def test_convolutions_refuse_inputs_outside_the_input_format(spec):
                   em.parse_model("a100"))
 
 
-def test_inputs_outside_the_input_format_are_refused():
-    with pytest.raises(InvalidArgument, match="not fp16 numbers, the input format of a100"):
-        em.dot(np.full(8, 1.0 + 2.0**-20, np.float32), np.ones(8, np.float32), em.parse_model("a100"))
+@pytest.mark.parametrize("shape", [(8,), (4, 8)])  # a matrix product; rows, each with its own b
+def test_inputs_outside_the_input_format_are_refused(shape):
+    for dtype in (np.float32, np.float64):
+        with pytest.raises(InvalidArgument, match="not fp16 numbers, the input format of a100"):
+            em.dot(np.full(shape, 1.0 + 2.0**-20, dtype), np.ones(shape, dtype), em.parse_model("a100"))
 
 
 @budget(200, 2000)
@@ -319,7 +321,7 @@ def test_the_32_bit_lanes_equal_the_float64_kernel_and_the_numpy_gemm(spec):
     scale[10:20] = min(2.0**11, fmt.max / 8)  # fp16 inputs: sums past fp16's range
     scale[30:50] = 2.0**-20  # fp16 sums near 2**-14
     a = round_to_format(rng.standard_normal((rows, 301)) * scale, fmt)
-    w = round_to_format(rng.standard_normal((301, 3)) * 4, fmt)
+    w = round_to_format(rng.standard_normal((301, 20)) * 4, fmt)  # (a block of 16 channels, and part of one)
     a[:, 5] = 0.0
     a[7] = 0.0
     a[tile + 6, 3], a[2 * tile + 12, 9] = np.inf, np.nan
@@ -351,7 +353,7 @@ def test_every_op_embedding_feeds_the_block_fma_model_in_index_order(op):
 @pytest.mark.parametrize("spec", ["v100", "a100", "h100:in=fp8_e5m2:out=fp16", "v100:out=fp16",
                                   "blocked:fp16:b=4:step=8:c_addition=separate",
                                   "blocked:fp16:b=8:step=16:layout=pair_interleaved:rounding=nearest_even"])
-def test_dot_rows_run_the_32_bit_lanes_bit_for_bit(spec):
+def test_dot_rows_run_the_32_bit_lanes_bit_for_bit(spec, monkeypatch):
     """`dot` on rows that each have their own b takes the 32-bit kernel (products of the
     two operands, exponents e_a + e_b): the same bits as the NumPy `reduce_rows`, with every
     fp16 code point (fp8's, for fp8 inputs) as a first operand beside signed terms of spread
@@ -375,8 +377,17 @@ def test_dot_rows_run_the_32_bit_lanes_bit_for_bit(spec):
     if model.input.has_inf:
         a[tile + 1, 4] = np.inf
     b[2 * tile + 3, 7] = np.nan
+    reference, by_numpy = _block_fma.reduce_rows, []
+
+    def recorded(a, b, c, model):  # (the rows dot_rows leaves to NumPy)
+        by_numpy.append(len(a))
+        return reference(a, b, c, model)
+
     with np.errstate(all="ignore"):
+        monkeypatch.setattr(_block_fma, "reduce_rows", recorded)
         got = _block_fma.dot_rows(a, b, model)
+        monkeypatch.undo()
+        assert by_numpy == [tile * (2 if model.input.has_inf else 1)]  # those two tiles' rows, no more
         want = _block_fma.reduce_rows(a, b, None, model)
         assert_same_bits(got, np.asarray(want, np.float64))
         assert_same_bits(em.dot(a, b, model).astype(np.float64), np.asarray(want, np.float64))

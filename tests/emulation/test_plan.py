@@ -5,12 +5,14 @@ fp16 code point and on hypothesis-drawn models, trees and inputs."""
 
 import numpy as np
 import pytest
+from numba import njit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from convprobe import emulation as em
 from convprobe.emulation import _native_fp16, plan
-from convprobe.emulation.plan import ADD32, FMA16, NotPlannable, Op
+from convprobe.emulation._kernel_arithmetic import prefer_512_bit_vectors
+from convprobe.emulation.plan import ADD32, FMA16, HALF, NotPlannable, Op
 from convprobe.emulation.tree import Tree, leaves_of
 
 from .conftest import assert_same_bits, fp16_arrays, needs_f16c, random_trees, signed_fp16
@@ -78,8 +80,8 @@ def test_every_fp16_code_point_through_each_step(spec, columns, fp16_fma):
     k = 6
     rng = np.random.default_rng(3)
     codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
-    a = signed_fp16(rng, (codes.size, k))
-    a[:, 0] = codes
+    a = signed_fp16(rng, (codes.size + 69, k))  # (a last, partial tile of rows)
+    a[:codes.size, 0] = codes
     w = signed_fp16(rng, (k, 20))
     w[0, :8] = np.float16([1, -1, 1.5, 2.0 ** -10, 3 * 2.0 ** -12, 2.0 ** 10, -0.75, 2.0 ** -24])
     w = w[:, [0, 3, 4, 1, 2, 5, 6, 7, *range(8, 20)][:columns]]
@@ -136,6 +138,43 @@ def test_fp16_fma_steps_are_those_onto_an_fp16_value():
     assert (pairwise[pairwise[:, 0] == Op.ADD, 3] & ADD32 != 0).all()
 
 
+def test_the_fp16_fma_kernel_runs_the_marked_steps():
+    """A control: a program that marks an fp16 step onto a register holding a 22-bit product
+    (not an fp16 value) as `FMA16` gives other bits on the fp16 FMA's kernel (which rounds
+    the register to fp16 first) than on the float32 kernel (which ignores the mark), so the
+    FMA kernel does run the marked steps, and the planner must mark only fp16 registers."""
+    if not _native_fp16.available():
+        pytest.skip("this CPU has no fp16 FMA (AVX512-FP16)")
+    rng = np.random.default_rng(29)
+    a, w = signed_fp16(rng, (500, 2)), signed_fp16(rng, (2, 3))
+    marked = plan.Program(np.array([[Op.LOAD, 0, 0, 0], [Op.ADD_LEAF, 0, 1, HALF | FMA16]], np.int64), 1)
+    outs = {}
+    for fma in (True, False):
+        outs[fma] = np.empty((500, 3), np.float32)
+        plan.run(marked, a.astype(np.float32), w.astype(np.float32), outs[fma], 0, fp16_fma=fma)
+    assert (outs[True] != outs[False]).any()
+
+
+def test_dot_and_gemm_into_take_the_program(monkeypatch):
+    """`dot` on fp16 rows and a model's `gemm_into` on fp16 values run the model's program
+    (each call seen on its way to the kernel), with the reference's bits."""
+    model = em.parse_model("lanes(2, sequential:fp16, combine=pairwise:fp16)")
+    calls = []
+    for name in ("run", "run_rows"):
+        original = getattr(plan, name)
+        monkeypatch.setattr(plan, name, lambda *args, _f=original, _n=name, **kw: calls.append(_n) or _f(*args, **kw))
+    rng = np.random.default_rng(31)
+    a, b, w = signed_fp16(rng, (70, 9)), signed_fp16(rng, (70, 9)), signed_fp16(rng, (9, 5))
+    out = np.empty((70, 5), np.float32)
+    with np.errstate(all="ignore"):
+        rows = em.dot(a, b, model).astype(np.float64)
+        model.gemm_into(a.astype(np.float32), w.astype(np.float32), out, 0, True)
+        want_rows = np.asarray(model.reduce_rows(a.astype(np.float64), b.astype(np.float64), None), np.float64)
+    assert calls == ["run_rows", "run"]
+    assert_same_bits(rows, want_rows)
+    assert_same_bits(out.astype(np.float64), reference(model, a, w))
+
+
 @pytest.mark.parametrize("spec", ["sequential:bf16", "pairwise:fp16:subnormals=flush",
                                   "chunked:fp16:n=4:rounding=toward_zero:total=fp16", "sequential:fp16:overflow=saturate",
                                   "tree(((0 1)@bf16 2), accumulator=fp16)", "tree({0 1 2}, accumulator=fp16)",
@@ -162,3 +201,16 @@ def test_dot_runs_the_program_on_every_fp16_code_point(spec, fp16_fma):
         got = plan.run_rows(model.program(k), a, b, fp16_fma=fp16_fma)
         want = np.asarray(model.reduce_rows(a.astype(np.float64), b.astype(np.float64), None), np.float64)
     assert_same_bits(got.astype(np.float64), want)
+
+
+def test_a_kernel_asks_llvm_for_512_bit_vectors():
+    """`prefer_512_bit_vectors` puts clang's -mprefer-vector-width=512 attribute on the
+    calling function (llvmlite writes it as a string attribute: a change there shows here)."""
+
+    @njit
+    def kernel(x):
+        prefer_512_bit_vectors()
+        return x + 1
+
+    assert kernel(1) == 2
+    assert any('"prefer-vector-width"="512"' in ir for ir in kernel.inspect_llvm().values())
