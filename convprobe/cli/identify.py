@@ -58,7 +58,8 @@ def register(subparsers) -> None:
                        help="the training harness's ResNet (6n+2: 20, 32, ...): every distinct conv layer")
     layer.add_argument("--trees", choices=[mode.value for mode in TreeRecovery], default=None,
                        help="when to recover each op's summation trees: needed (unless a measured spec already "
-                            "reproduces every output on six input sets) or always (default: needed)")
+                            "reproduces every output on the input sets and on further seeded ones) or always "
+                            "(default: needed)")
     layer.add_argument("--batch", type=bounded_int(1, 4096), default=None, metavar="N",
                        help="batch size of --keras-model/--resnet-size layers (default: 4)")
     layer.add_argument("--image-size", type=bounded_int(8, 1024), default=None, metavar="PX",

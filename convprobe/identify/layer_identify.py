@@ -78,12 +78,15 @@ INPUT_SETS = {"uniform": op_inputs, "confirmation": op_confirmation_inputs, "zer
 #: Further seeded confirmation input sets on which two specs must agree to be one arithmetic, and on
 #: which a measured spec must reproduce the op for its trees to go unrecovered.
 SAME_ARITHMETIC_SETS = 3
+#: The sets a settling spec reproduces every output of: the input sets and those further ones.
+SETTLING_SETS = len(INPUT_SETS) + SAME_ARITHMETIC_SETS
 #: The seed step between those sets.
 CONFIRMATION_SEED_STEP = 7919
 #: How a trees note begins where a spec made the trees unnecessary (`TreeRecovery.NEEDED`).
 NOT_NEEDED = "summation trees not recovered (not needed)"
-#: How many of the measured and layout specs the child tries before it recovers the trees: the
-#: measured structure's own spec comes first, and its row, column and layout variants next.
+#: How many of the measured and layout specs the child tries before it recovers the trees, in
+#: `_measured_candidates`' order (its row and column variants, the measured structure's own
+#: spec, then the layer's layouts).
 SETTLING_CANDIDATES = 4
 #: What the confirmation inputs are, in the words the summary records.
 CONFIRMATION_INPUTS = ("signed operands, exponents from 2**-8 to 2**4, fp16 subnormals, coarse values that "
@@ -144,10 +147,8 @@ def run(backend, *, layers, seed: int = 0, trees: str = TreeRecovery.NEEDED, **_
         for op in layer.ops:
             try:
                 drawn = {name: draw(layer, op, seed) for name, draw in INPUT_SETS.items()}
-                outputs = {}
-                for name, inputs in drawn.items():
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        outputs[name] = run_op(backend, layer, op, *inputs)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    outputs = dict(zip(drawn, run_ops(backend, layer, op, list(drawn.values()))))
                 bits = {name: encode_bits(y.reshape(-1)[sample_indices(y.size, seed)]) for name, y in outputs.items()}
                 if layer.kind is LayerKind.DEPTHWISE:  # its trees through its own kernels, as a grouped conv2d
                     direct = DirectSum(None, note=f"not tested: {DEPTHWISE_NOTE}")
@@ -188,16 +189,18 @@ def _settling_spec(backend, layer: Layer, op: str, structure: Structure,
     ``zeros=positive`` where the zero-sign inputs ask for it, `_positive_zeros`) that
     reproduces every output of the op on the input sets `drawn` and on
     `SAME_ARITHMETIC_SETS` further seeded confirmation sets, run on the op only then."""
-    measured_at = layer.one_group() if layer.groups > 1 else layer
-    measured = _measured_candidates(measured_at, op, structure)[0]
+    measured = _measured_candidates(layer.one_group() if layer.groups > 1 else layer, op, structure)[0]
     further: list[tuple[tuple[np.ndarray, np.ndarray], np.ndarray]] = []
+    signs = outputs["zero_sign"].view(np.uint16)
     for spec in list(dict.fromkeys([*measured, *structure.derived]))[:SETTLING_CANDIDATES]:
         try:
-            observed = outputs["zero_sign"].view(np.uint16)
-            if _positive_zeros(_emulated(spec, layer, op, drawn["zero_sign"]), observed):
+            predicted = _emulated(spec, layer, op, drawn["zero_sign"])
+            if _positive_zeros(predicted, signs):
                 spec = replace(parse_model(spec), zeros=Zeros.POSITIVE).to_spec()
-            if not all(bitwise_equal(_emulated(spec, layer, op, inputs), outputs[name].view(np.uint16)).all()
-                       for name, inputs in drawn.items()):
+                predicted = _emulated(spec, layer, op, drawn["zero_sign"])
+            if not bitwise_equal(predicted, signs).all() or not all(
+                    bitwise_equal(_emulated(spec, layer, op, drawn[name]), outputs[name].view(np.uint16)).all()
+                    for name in drawn if name != "zero_sign"):
                 continue
         except InvalidArgument:  # a model that cannot take this op
             continue
@@ -236,7 +239,7 @@ def _predicted(spec: str, layer: Layer, op: str, seed: int, inputs: str = "unifo
             first, second = INPUT_SETS[inputs](layer, op, seed)
             try:
                 y = _emulated(spec, layer, op, (first, second)).reshape(-1)
-                _PREDICTIONS[key] = np.ascontiguousarray(y[sample_indices(y.size, seed)])
+                _PREDICTIONS[key] = y[sample_indices(y.size, seed)]
             except InvalidArgument:
                 _PREDICTIONS[key] = None
         return _PREDICTIONS[key]
@@ -272,7 +275,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
                  if spec not in table]
     for spec in recovered:  # after the grammar's specs: a readable spec wins a tie where it is the same arithmetic
         table[spec] = score(spec, None)
-    settled = result.get("settled")  # the spec that reproduced the op on six input sets, where trees were not needed
+    settled = result.get("settled")  # the spec that reproduced the op on every settling set, where trees were not needed
     if settled and settled not in table:
         table[settled] = score(settled, None)
     direct = DirectSum.from_dict(result["direct"]) if result.get("direct") else None  # older documents lack it
@@ -285,7 +288,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         best = best_of(scores) if scores else None
         disagree = []
         tree_best = next((spec for spec in recovered if scores.get(spec) == 1.0), None)
-        # the recovered tree, or the spec that reproduced the op on six input sets: a spec that
+        # the recovered tree, or the spec that reproduced the op on every settling set: a spec that
         # matched both input sets is reported only where it is the same arithmetic
         reference = tree_best or (settled if settled and scores.get(settled) == 1.0 else None)
         if best is not None and reference is not None and best not in recovered and best != reference:
@@ -296,7 +299,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         explanation = _explain(structure, measured, scores, best, by_column, by_row, others, (recovered, trees))
         if disagree:
             against, reported = (("the recovered tree", "the measured tree") if tree_best else
-                                 (f"{reference}, which reproduced the op on six input sets,", f"{reference}"))
+                                 (f"{reference}, which reproduced the op on {SETTLING_SETS} input sets,", reference))
             explanation += ("; " + ", ".join(disagree[:3]) + f" also matched both input sets, but the emulator shows "
                             f"it differs from {against} on further inputs: {reported} is reported")
         failed = [spec for spec, f in table.items() if f == 1.0 and scores[spec] < 1.0]

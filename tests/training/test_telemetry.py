@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convprobe.formats import FP16, FP32
+from convprobe.formats import FP16, FP32, parse_format
 from convprobe.training.telemetry import (
     COUNT_FIELDS,
+    COUNTERFACTUAL_FORMATS,
     Thresholds,
     batched_stats,
     counterfactual_stats,
@@ -82,7 +83,14 @@ def test_batched_stats_matches_reference_exactly(jit):
     assert np.array_equal(counterfactual, counterfactual_stats([tf.constant(x) for x in shadows]).numpy())
     tiny = np.array([2.0**-133, -(2.0**-140), 2.0**-149, 2.0**-126, 2.0**-127, 0.0, 1.0], np.float32)
     fused = fn([tf.constant(tiny.astype(np.float16))], [tf.constant(tiny)])[4].numpy()
-    assert np.array_equal(fused, counterfactual_stats([tf.constant(tiny)]).numpy()) and fused.sum() >= 4, fused
+    magnitudes = np.abs(tiny.astype(np.float64))  # (float64: no denormals-are-zero here)
+    want = []
+    for name in COUNTERFACTUAL_FORMATS:  # each format's own thresholds: flushed, then subnormal
+        t = Thresholds.of(parse_format(name))
+        want += [int(np.sum((magnitudes > 0) & (magnitudes <= t.flush_below))),
+                 int(np.sum((magnitudes > t.flush_below) & (magnitudes < t.smallest_normal)))]
+    assert fused[0].tolist() == want, (fused, want)
+    assert np.array_equal(fused, counterfactual_stats([tf.constant(tiny)]).numpy())
     for t, (lo, sh) in enumerate(zip(lows, shadows)):
         assert dict(zip(COUNT_FIELDS, counts[t].tolist())) == numpy_tensor_stats(lo, sh, T16)
         a = np.abs(lo.astype(np.float64)).ravel()
