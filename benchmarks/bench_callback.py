@@ -1,6 +1,6 @@
 """Benchmark: the overhead of `UnderflowTelemetry(every=10)` on a user's Keras `fit`.
 
-Run: ``python benchmarks/bench_callback.py [--steps 20] [--repeats 3] [--batch-size 32]
+Run: ``python benchmarks/bench_callback.py [--steps 40] [--repeats 3] [--batch-size 32]
 [--image-size 32] [--width 32] [--every 10] [--jit]``
 
 The goal (issue 43): fit steps with the callback at every=10 cost at most 1.10x plain
@@ -16,7 +16,8 @@ the median of the pairs' ratios (with their range): two fits run back to back sh
 machine's load, so a pair's ratio is steadier than a ratio of medians; on a shared machine
 CPU time is also the steadier of the two clocks. The cost
 of a measured step is the fp32 shadow's pass plus per-tensor statistics and records, so the
-ratio grows as layers shrink (``--image-size 16 --width 16``: about 1.3x in CPU time here).
+ratio grows as layers shrink. Forty steps per fit hold four measured ones (with twenty, one
+slow measured step moved a pair's ratio by several percent).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def main() -> None:
     from convprobe.training import UnderflowTelemetry
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per fit (default 20)")
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per fit (default 40)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=32)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from convprobe.formats import FP16, Format, parse_format
+from convprobe.training import _telemetry_kernel
 
 __all__ = [
     "COUNT_FIELDS",
@@ -48,6 +49,7 @@ __all__ = [
     "Thresholds",
     "histogram_edges",
     "batched_stats",
+    "use_host_tables",
     "numpy_tensor_stats",
     "encode_histogram",
     "decode_histogram",
@@ -196,13 +198,15 @@ def _fp16_low_codes(tf, low):
     return low_class, tf.clip_by_value(exponent, HIST_MIN_EXPONENT - 1, HIST_MAX_EXPONENT) - (HIST_MIN_EXPONENT - 1)
 
 
-def batched_stats(lows, shadows, thresholds: Thresholds):
+def batched_stats(lows, shadows, thresholds: Thresholds, host: bool = False):
     """The classification above for a list of tensors at once, as stacked arrays.
 
     Each tensor gets its own two tables (`_tensor_tables`), filled by scatter-adds
     (XLA's CPU scatter is a serial loop, but one pass over the elements instead of
     twelve); the count fields, both histograms and the counterfactual counts are sums
-    over them.
+    over them. `host`: the tables and extremes are counted by one compiled loop on the
+    host instead (`_telemetry_kernel`, through `tf.numpy_function`: not under XLA; see
+    `use_host_tables`), the sums are the same.
     Returns (counts [T, len(COUNT_FIELDS)] int32, extremes [T, 2] float32,
     hist_low [T, B] int32, hist_shadow [T, B] int32, counterfactual [T,
     len(COUNTERFACTUAL_FIELDS)] int32: what `counterfactual_stats` counts, from the same pass).
@@ -213,16 +217,55 @@ def batched_stats(lows, shadows, thresholds: Thresholds):
     """
     import tensorflow as tf
 
-    tables = [_tensor_tables(tf, x, s, thresholds) for x, s in zip(lows, shadows)]
-    joint = tf.stack([table for table, _ in tables])  # [T, _N_LOW, _N_SHADOW, N_BINS]
+    if host:
+        joint, shadow, extremes = _host_tables(tf, lows, shadows, thresholds)
+    else:
+        tables = [_tensor_tables(tf, x, s, thresholds) for x, s in zip(lows, shadows)]
+        joint = tf.stack([table for table, _ in tables])  # [T, _N_LOW, _N_SHADOW, N_BINS]
+        shadow = tf.stack([table for _, table in tables])  # [T, N_BINS + 1, buckets]
+        extremes = tf.stack([_extremes(tf, low) for low in lows])
     counts = tf.matmul(tf.reshape(tf.reduce_sum(joint, axis=3), [len(lows), _N_LOW * _N_SHADOW]),
                        tf.constant(_field_matrix()))
     hist_low = tf.reduce_sum(joint[:, 1:3], axis=[1, 2])  # low finite nonzero
-    shadow = tf.stack([table for _, table in tables])  # [T, N_BINS + 1, buckets]
     hist_shadow = tf.reduce_sum(shadow[:, :N_BINS], axis=2)  # shadow finite nonzero
     counterfactual = tf.matmul(tf.reduce_sum(shadow, axis=1), tf.constant(_counterfactual_buckets()[1]))
-    extremes = tf.stack([_extremes(tf, low) for low in lows])
     return counts, extremes, hist_low, hist_shadow, counterfactual
+
+
+def use_host_tables(jit: bool) -> bool:
+    """Whether `batched_stats` should count on the host: the step is not compiled by XLA
+    (`tf.numpy_function` cannot be) and no GPU holds the gradients (no copy to the host)."""
+    import tensorflow as tf
+
+    return not jit and not tf.config.list_logical_devices("GPU")
+
+
+def _host_tables(tf, lows, shadows, thresholds: Thresholds):
+    """`batched_stats`' joint and shadow tables and extremes, from `_telemetry_kernel.fill_tables`."""
+    bounds = tuple(np.int32(b) for b in _counterfactual_buckets()[0])
+    patterns = tuple(np.int32(_fp32_bits(v) & 0x7FFFFFFF) for v in (
+        thresholds.smallest_normal, thresholds.flush_below, thresholds.smallest_normal, thresholds.largest))
+    n = len(lows)
+
+    def count(*tensors):
+        joint = np.zeros((n, _N_LOW * _N_SHADOW * N_BINS), np.int32)
+        shadow = np.zeros((n, (N_BINS + 1) * (len(bounds) + 1)), np.int32)
+        extremes = np.zeros((n, 2), np.uint32)
+        for t in range(n):
+            bits, kind = _telemetry_kernel.low_bits(tensors[t])
+            shadow_bits = np.ascontiguousarray(tensors[n + t], dtype=np.float32).reshape(-1).view(np.uint32)
+            _telemetry_kernel.fill_tables(bits, kind, shadow_bits, patterns, bounds, np.int32(HIST_MIN_EXPONENT),
+                                          np.int32(HIST_MAX_EXPONENT), np.int32(_N_SHADOW), joint[t], shadow[t],
+                                          extremes[t])
+        return (joint.reshape(n, _N_LOW, _N_SHADOW, N_BINS), shadow.reshape(n, N_BINS + 1, len(bounds) + 1),
+                extremes.view(np.float32))
+
+    joint, shadow, extremes = tf.numpy_function(count, list(lows) + list(shadows),
+                                                [tf.int32, tf.int32, tf.float32], stateful=False)
+    joint.set_shape([n, _N_LOW, _N_SHADOW, N_BINS])
+    shadow.set_shape([n, N_BINS + 1, len(bounds) + 1])
+    extremes.set_shape([n, 2])
+    return joint, shadow, extremes
 
 
 #: The unsigned integer type of each float dtype's bit patterns, by width.

@@ -60,6 +60,7 @@ from convprobe.training.telemetry import (
     backward_order,
     batched_stats,
     nonfinite_counts,
+    use_host_tables,
 )
 
 __all__ = ["Trainer", "RunResult", "train"]
@@ -306,7 +307,8 @@ class Trainer:
                 target.assign(tf.cast(source, target.dtype))
 
         self._grads = {flag: functools.partial(self._gradients, with_telemetry=flag) for flag in (False, True)}
-        self._batched_stats = lambda lows, shadows: batched_stats(lows, shadows, self.thresholds)
+        host = use_host_tables(self.jit)  # on a CPU without XLA: one compiled loop counts the tables
+        self._batched_stats = lambda lows, shadows: batched_stats(lows, shadows, self.thresholds, host=host)
         if self.eager:
             self._copy = copy_weights
             self._plain = lambda images, labels: self._replica_step(images, labels, False)
@@ -320,8 +322,8 @@ class Trainer:
             # the cross-replica sums and the optimizer's update run outside them.
             self._grads = {flag: tf.function(functools.partial(self._gradients, with_telemetry=flag),
                                              jit_compile=self.jit) for flag in (False, True)}
-            self._batched_stats = tf.function(lambda lows, shadows: batched_stats(lows, shadows, self.thresholds),
-                                              jit_compile=self.jit)
+            self._batched_stats = tf.function(
+                lambda lows, shadows: batched_stats(lows, shadows, self.thresholds, host=host), jit_compile=self.jit)
             def plain(images, labels):
                 return strategy.run(self._replica_step, args=(images, labels, False))
 

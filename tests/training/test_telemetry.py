@@ -57,9 +57,9 @@ def test_numpy_reference_on_crafted_values():
     assert numpy_tensor_stats(low, shadow, T16) == expected_counts()
 
 
-@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize(("jit", "host"), [(False, False), (True, False), (False, True)], ids=["graph", "xla", "host"])
 @pytest.mark.tensorflow
-def test_batched_stats_matches_reference_exactly(jit):
+def test_batched_stats_matches_reference_exactly(jit, host):
     tf = pytest.importorskip("tensorflow")
     rng = np.random.default_rng(0)
     crafted_low = np.array([c[0] for c in CASES], dtype=np.float16)
@@ -75,7 +75,7 @@ def test_batched_stats_matches_reference_exactly(jit):
         every_shadow = (every_fp16.astype(np.float32) * rng.uniform(0.5, 2.0, every_fp16.size)).astype(np.float32)
     lows = [crafted_low, low_r, low_r[1], fp32_low, every_fp16]
     shadows = [crafted_shadow, shadow_r, shadow_r[1], shadow_r[2], every_shadow]
-    fn = tf.function(lambda a, b: batched_stats(a, b, T16), jit_compile=jit)
+    fn = tf.function(lambda a, b: batched_stats(a, b, T16, host=host), jit_compile=jit)
     counts, extremes, hist_low, hist_shadow, counterfactual = (np.asarray(x) for x in fn(
         [tf.constant(x) for x in lows], [tf.constant(x) for x in shadows]))
     # the counterfactual counts from the same pass as the standalone count's, fp32 subnormal
@@ -107,6 +107,34 @@ def test_batched_stats_matches_reference_exactly(jit):
         want = {int(k): int(v) for k, v in zip(*np.unique(e, return_counts=True))}
         assert decode_histogram(encode_histogram(hist_shadow[t])) == want
     assert counts[0].tolist() == [expected_counts()[f] for f in COUNT_FIELDS]
+
+
+@pytest.mark.tensorflow
+def test_host_tables_read_fp32_subnormals_as_the_reference_does():
+    """The host loop compares bit patterns only: an fp32 subnormal shadow or low value (which a
+    denormals-are-zero compare reads as 0) is counted as the NumPy reference counts it, in
+    bf16 and fp32 runs too, with the extremes and histograms it belongs to."""
+    import ml_dtypes
+    import tensorflow as tf
+
+    rng = np.random.default_rng(7)
+    magnitudes = 2.0 ** rng.integers(-149, 10, 4000).astype(np.float64) * rng.uniform(1, 2, 4000)
+    shadow = (magnitudes * rng.choice([-1, 1], 4000)).astype(np.float32)
+    shadow[:40] = (np.arange(1, 41, dtype=np.uint32) << 16).view(np.float32)  # fp32 (and bf16) subnormals, by bits
+    shadow[40:43] = (0.0, np.inf, np.nan)
+    as_bf16 = (shadow.view(np.uint32) >> 16).astype(np.uint16).view(ml_dtypes.bfloat16)  # truncated, by bits
+    for fmt, low in (("bf16", as_bf16), ("fp32", shadow.copy())):
+        thresholds = Thresholds.of(parse_format(fmt))
+        assert np.any(low.astype(np.float32)[:40] != 0)  # subnormal low values in both formats
+        fn = tf.function(lambda a, b, t=thresholds: batched_stats(a, b, t, host=True))
+        counts, extremes, hist_low, _, counterfactual = (np.asarray(x) for x in fn(
+            [tf.constant(low)], [tf.constant(shadow)]))
+        assert dict(zip(COUNT_FIELDS, counts[0].tolist())) == numpy_tensor_stats(low, shadow, thresholds), fmt
+        a = np.abs(low.astype(np.float64))
+        nonzero = np.isfinite(a) & (a != 0)
+        assert extremes[0, 0] == a[nonzero].min() and extremes[0, 1] == a[np.isfinite(a)].max(), fmt
+        assert hist_low[0].sum() == nonzero.sum(), fmt
+        assert np.array_equal(counterfactual, counterfactual_stats([tf.constant(shadow)]).numpy()), fmt
 
 
 def test_fp32_never_flushes():
@@ -164,3 +192,30 @@ def test_nonfinite_counts_and_backward_order_name_the_output_side_first():
     order = backward_order(model, variables, ["first", "second"])
     # second's output gradient, second's weights, first's output gradient, first's weights
     assert order == [5, 2, 3, 4, 0, 1]
+
+
+def test_host_tables_widen_every_fp16_and_bf16_pattern_exactly():
+    """The host loop's fp16 and bf16 patterns widened to fp32 patterns: |x| exactly, at all
+    65,536 patterns of each (subnormals, infinities and NaN payloads included)."""
+    import ml_dtypes
+    from numba import njit
+
+    from convprobe.training._telemetry_kernel import LowBits, _fp32_magnitude, low_bits
+
+    @njit
+    def widen(bits, kind):
+        out = np.empty(bits.size, np.int32)
+        for i in range(bits.size):
+            out[i] = _fp32_magnitude(bits[i], kind)
+        return out
+
+    patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    for dtype, kind in ((np.float16, LowBits.FP16), (ml_dtypes.bfloat16, LowBits.BF16)):
+        values = patterns.view(dtype)
+        bits, got_kind = low_bits(values)
+        assert got_kind == kind
+        want = (np.abs(values.astype(np.float32)).view(np.uint32)).astype(np.int64)
+        got = widen(bits, kind).astype(np.int64)
+        wrong = np.flatnonzero(got != want)
+        assert not wrong.size, (f"{wrong.size} {np.dtype(dtype).name} patterns widened wrongly, first "
+                                f"{patterns[wrong[0]]:#06x}: {got[wrong[0]]:#010x} for {want[wrong[0]]:#010x}")

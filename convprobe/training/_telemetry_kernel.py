@@ -1,0 +1,149 @@
+"""The telemetry tables of `telemetry.batched_stats`, counted by a compiled loop on the host.
+
+XLA's CPU backend runs the scatter-adds that fill the tables as serial loops of a few
+nanoseconds an element, and its reductions (the extremes) hardly faster: on a CPU they
+were most of a measured step's cost beyond the fp32 shadow's own pass. Here numba reads
+each element once, by blocks: a loop that computes each element's two table codes and the
+running extremes with no branch on the data (it vectorises), then a loop of increments. It
+reads the fp32 bit patterns alone (no float compare, so no denormals-are-zero: an fp32
+subnormal counts as the nonzero it is, as in `telemetry.numpy_tensor_stats`). `telemetry.batched_stats` calls it through
+`tf.numpy_function` when the step is not compiled by XLA and no GPU holds the tensors;
+its tables are those the XLA path fills (tested on every fp16 code point).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import ml_dtypes
+import numpy as np
+from numba import njit
+
+from convprobe.emulation._kernel_arithmetic import bitlen32, prefer_512_bit_vectors
+
+__all__ = ["LowBits", "fill_tables", "low_bits"]
+
+
+class LowBits(IntEnum):
+    """How `fill_tables` reads the low tensor's patterns into fp32 patterns."""
+
+    FP32 = 0
+    BF16 = 1
+    FP16 = 2
+
+#: Interleaved copies of each table: consecutive elements in one bin would otherwise wait on
+#: each other's increments (a store-to-load chain).
+_COPIES = 4
+
+
+def low_bits(x: np.ndarray) -> tuple[np.ndarray, LowBits]:
+    """(`x`'s bit patterns, flattened, how `fill_tables` widens them): fp16 and bf16 are read
+    as their 16-bit patterns, any other dtype as the fp32 patterns of its values."""
+    x = np.ascontiguousarray(x).reshape(-1)
+    if x.dtype == np.float16:
+        return x.view(np.uint16), LowBits.FP16
+    if x.dtype == ml_dtypes.bfloat16:
+        return x.view(np.uint16), LowBits.BF16
+    return x.astype(np.float32, copy=False).view(np.uint32), LowBits.FP32
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fp32_magnitude(bits, kind):
+    """The fp32 pattern of |x| (an int32) for `x`'s pattern `bits` read as `kind` (exact: fp16
+    and bf16 values are fp32 values); an fp16 subnormal m * 2^-24 normalised by its leading bit."""
+    if kind == LowBits.FP32:
+        return np.int32(bits & np.uint32(0x7FFFFFFF))
+    if kind == LowBits.BF16:
+        return np.int32(bits & np.uint16(0x7FFF)) << np.int32(16)
+    h = np.int32(bits & np.uint16(0x7FFF))
+    field = h >> np.int32(10)
+    mantissa = h & np.int32(0x3FF)
+    top = max(bitlen32(mantissa) - np.int32(1), np.int32(0))  # a subnormal's leading bit: exponent top - 24
+    subnormal = ((top + np.int32(103)) << np.int32(23)) | ((mantissa << (np.int32(23) - top)) & np.int32(0x7FFFFF))
+    normal = ((field + np.int32(112)) << np.int32(23)) | (mantissa << np.int32(13))
+    special = np.int32(0x7F800000) | (mantissa << np.int32(13))
+    return np.int32(special if field == np.int32(0x1F) else
+                    ((subnormal if mantissa != np.int32(0) else np.int32(0)) if field == np.int32(0) else normal))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exponent_bin(magnitude, min_exponent, max_exponent):
+    """Bin of floor(log2 x) for the fp32 pattern `magnitude`, as `telemetry._exponent_bins`."""
+    exponent = (magnitude >> np.int32(23)) - np.int32(127)
+    return np.int32(min(max(exponent, min_exponent - np.int32(1)), max_exponent) - (min_exponent - np.int32(1)))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _count(condition):
+    return np.int32(1) if condition else np.int32(0)
+
+
+@njit(cache=True, nogil=True)
+def _classify(low, kind, shadow, thresholds, bounds, min_exponent, max_exponent, n_shadow_classes,
+              joint_codes, shadow_codes, extremes):
+    """Each element's joint code and shadow code (as `fill_tables` counts them), and the running
+    extremes (int32 [2]: the smallest nonzero |low| less one, the largest finite), in int32
+    lanes only (one loop with no store but the codes': it vectorises)."""
+    prefer_512_bit_vectors()
+    low_normal, flush, normal, largest = thresholds
+    inf = np.int32(0x7F800000)
+    n_bins = max_exponent - min_exponent + np.int32(2)
+    n_buckets = np.int32(len(bounds) + 1)
+    one_bin = _exponent_bin(np.int32(0x3F800000), min_exponent, max_exponent)  # a non-finite low: 1.0's
+    smallest, biggest = extremes[0], extremes[1]
+    for j in range(low.size):
+        a = _fp32_magnitude(low[j], kind)
+        # 0 zero, 1 subnormal, 2 normal, 3 inf, 4 nan
+        low_class = _count(a > np.int32(0)) + _count(a >= low_normal) + _count(a >= inf) + _count(a > inf)
+        low_bin = _exponent_bin(a, min_exponent, max_exponent) if a < inf else one_bin
+        biggest = max(biggest, a if a < inf else np.int32(0))
+        smallest = min(smallest, a - np.int32(1) if a > np.int32(0) else inf)
+        s = np.int32(shadow[j] & np.uint32(0x7FFFFFFF))
+        # 0 zero, 1 rounds to zero, 2 subnormal, 3 normal, 4 finite beyond the range, 5 non-finite
+        shadow_class = (_count(s > np.int32(0)) + _count(s > flush) + _count(s >= normal) + _count(s > largest)
+                        + _count(s >= inf))
+        shadow_bin = _exponent_bin(s, min_exponent, max_exponent) if np.int32(0) < s < inf else n_bins
+        bucket = np.int32(0)
+        for bound in bounds:
+            bucket += _count(s > bound)
+        joint_codes[j] = (low_class * n_shadow_classes + shadow_class) * n_bins + low_bin
+        shadow_codes[j] = shadow_bin * n_buckets + bucket
+    extremes[0] = smallest
+    extremes[1] = biggest
+
+
+#: Elements classified per block before they are counted: the codes stay in the L1 cache.
+_BLOCK = 2048
+
+
+@njit(cache=True, nogil=True)
+def fill_tables(low, kind, shadow, thresholds, bounds, min_exponent, max_exponent, n_shadow_classes, joint,
+                shadow_table, extremes):
+    """Count one tensor into `joint` [low class, shadow class, low bin] and `shadow_table`
+    [shadow bin, bucket] (flattened, int32, added to), and write into `extremes` (uint32 [2])
+    the fp32 patterns of the smallest nonzero and the largest finite |low|.
+
+    `low`, `kind`: `low_bits`; `shadow`: uint32 fp32 patterns; `thresholds`: int32 fp32
+    patterns of the format's smallest normal (the low side) and of the shadow's thresholds:
+    flush below, smallest normal, largest (flush <= normal <= largest < inf); `bounds`: the
+    counterfactual bucket bounds (`telemetry._counterfactual_buckets`), a tuple of int32.
+    The classes and bins are `telemetry._tensor_tables'`, as sums of comparisons, by
+    blocks: `_classify`, then a loop of increments into interleaved copies of the tables."""
+    joint_copies = np.zeros((_COPIES, joint.size), np.int32)
+    shadow_copies = np.zeros((_COPIES, shadow_table.size), np.int32)
+    joint_codes = np.empty(_BLOCK, np.int32)
+    shadow_codes = np.empty(_BLOCK, np.int32)
+    running = np.array([0x7F800000 - 1, 0], np.int32)  # the smallest |low| less one, the largest
+    for start in range(0, low.size, _BLOCK):
+        stop = min(start + _BLOCK, low.size)
+        _classify(low[start:stop], kind, shadow[start:stop], thresholds, bounds, min_exponent, max_exponent,
+                  n_shadow_classes, joint_codes, shadow_codes, running)
+        for j in range(stop - start):
+            copy = j % _COPIES
+            joint_copies[copy, joint_codes[j]] += 1
+            shadow_copies[copy, shadow_codes[j]] += 1
+    for copy in range(_COPIES):
+        joint += joint_copies[copy]
+        shadow_table += shadow_copies[copy]
+    extremes[0] = running[0] + 1  # inf where none is nonzero and finite
+    extremes[1] = running[1]
