@@ -702,3 +702,28 @@ def test_trees_are_recovered_where_no_measured_spec_reproduces_the_op(truth, nee
             assert summary["confirmation"]["fractions"][summary["best"]] == 1.0, (op, mode)
         assert layer_identify._same_arithmetic(reports["needed"][op]["best"], reports["always"][op]["best"],
                                                layer, op, 3), (op, reports["needed"][op]["best"])
+
+
+@pytest.mark.parametrize("backend_spec, settled", [
+    ("sequential:fp32:output=fp16:zeros=positive", "sequential:fp32:output=fp16:zeros=positive"),
+    ("sequential:fp32:output=fp16", "sequential:fp32:output=fp16"),
+    ("sequential:fp16", None),
+])
+def test_a_settling_spec_takes_positive_zeros_only_where_the_op_answers_with_them(backend_spec, settled):
+    """The settling check on a backend that adds its sum onto a +0 output: the structure's
+    spec (-0 where its sum is -0) settles the op only with ``zeros=positive``, a backend with
+    -0 settles it as it is, and another arithmetic settles nothing."""
+    from convprobe.identify.layer_identify import INPUT_SETS, _settling_spec
+    from convprobe.identify.structure import Structure
+    from convprobe.probes.layers import run_ops
+
+    layer, op, seed = Layer((1, 4, 4, 8), (3, 3, 8, 2)), "conv2d", 3
+    backend = EmulatedBackend(backend_spec)
+    drawn = {name: make(layer, op, seed) for name, make in INPUT_SETS.items()}
+    outputs = dict(zip(drawn, run_ops(backend, layer, op, list(drawn.values()))))
+    signs = outputs["zero_sign"].view(np.uint16)
+    zero = 0 if "zeros=positive" in backend_spec else 0x8000  # the zero-sign inputs' zero sums: +0 or -0
+    assert (signs == zero).any()
+    structure = Structure(derived=("sequential:fp32:output=fp16",))
+    got = _settling_spec(backend, layer, op, structure, drawn, outputs, seed)
+    assert got == (None if settled is None else parse_model(settled).to_spec()), got
