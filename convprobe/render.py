@@ -18,9 +18,20 @@ from convprobe.files import can_create_in, write_atomic
 from convprobe.options import OutputFormat
 
 __all__ = ["FORMATS", "render_table", "render_csv", "render_json", "write_atomic",
-           "check_output_path", "can_create_in"]
+           "check_output_path", "can_create_in", "share_text"]
 
 FORMATS = tuple(f.value for f in OutputFormat)  # plain strings: argparse shows their repr
+
+
+def share_text(fraction: float) -> str:
+    """A share of matching outputs as a percentage, rounded down: "100.0%" only when every
+    output matched (rounded to nearest, one mismatch in 8,640 would read 100.0%)."""
+    if fraction >= 1.0:
+        return "100.0%"
+    tenths = math.floor(fraction * 1000)
+    if tenths == 999:  # above 99.9%: two places, still rounded down
+        return f"{math.floor(fraction * 10000) / 100:.2f}%"
+    return f"{tenths / 10:.1f}%"
 
 
 def _cell(value) -> str:

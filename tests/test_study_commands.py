@@ -142,3 +142,15 @@ def test_help_does_not_import_tensorflow():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False False"
+
+
+@pytest.mark.parametrize("fraction, text", [
+    (1.0, "100.0%"), (1 - 1 / 8640, "99.98%"), (0.99999, "99.99%"), (0.9989, "99.8%"), (0.982, "98.2%"),
+    (0.5, "50.0%"), (0.0, "0.0%"),
+])
+def test_a_match_share_reads_100_percent_only_when_every_output_matched(fraction, text):
+    """Shares are rounded down: one mismatching output in 8,640 (a conv's filter gradient) must
+    not read as the 100.0% that means every output matched."""
+    from convprobe.render import share_text
+
+    assert share_text(fraction) == text

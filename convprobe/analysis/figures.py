@@ -21,6 +21,7 @@ from convprobe.analysis.bounds import DEFAULT_LAMBDA, dot_error_bound, probabili
 from convprobe.analysis.tables import SWEEP_SCHEMA, validate_frame
 from convprobe.errors import InvalidArgument
 from convprobe.formats import Format, parse_format
+from convprobe.render import share_text
 
 __all__ = [
     "error_vs_k_figure",
@@ -381,7 +382,7 @@ def layer_map_figure(matches: dict) -> Figure:
         elif entry.get("status") == "ok" and fraction is not None:
             values[i, j] = 100 * float(fraction)
             closest = "" if float(fraction) == 1.0 else "none matches; closest:\n"
-            text = f"{closest}{_cell_spec(summary['best'])}\n{100 * float(fraction):.1f}%"
+            text = f"{closest}{_cell_spec(summary['best'])}\n{share_text(float(fraction))}"
         else:
             text = textwrap.fill(str(entry.get("error") or entry.get("status")), _CELL_WIDTH, break_on_hyphens=False)
         ax.text(j, i, text, ha="center", va="center", fontsize=6.5)

@@ -30,6 +30,7 @@ from convprobe.probes.encoding import encode_bits
 from convprobe.probes.fingerprint_ops import QUADRATIC_LIMIT, QUADRATIC_OPS, check_ops, reduce_many, reduce_rows
 from convprobe.identify.candidates import candidate_specs
 from convprobe.identify.structure import Structure, best_of, bitwise_equal, blocks, measure_rows
+from convprobe.render import share_text
 
 __all__ = [
     "DEFAULT_KS",
@@ -308,7 +309,7 @@ def _describe(summary: dict) -> str:
     transform = (f"not a direct sum of products at K={', '.join(map(str, not_direct))}" if not_direct else "")
     if not summary.get("best"):
         return transform or "no candidate could be evaluated"
-    fr = ", ".join(f"K={k}: {f:.0%}" for k, f in summary["fractions"].items())
+    fr = ", ".join(f"K={k}: {share_text(f)}" for k, f in summary["fractions"].items())
     stop = summary["stops_matching_at"]
     tail = "matches at every K" if stop is None else f"stops matching at K={stop}"
     return f"{summary['best']} ({tail}{' of the others' if not_direct else ''}; {fr})" + (f"; {transform}" if transform else "")

@@ -10,6 +10,7 @@ from convprobe.identify.direct_sum import DirectSum
 from convprobe.options import Status
 from convprobe.probes.runner import run_probe
 from convprobe.probes.studies import Outcome, envelope, failure_notes
+from convprobe.render import share_text
 
 __all__ = ["run_identify"]
 
@@ -67,9 +68,9 @@ def _battery_summary(row: dict, base: dict, summary: dict, rows: int) -> list[di
     row["best model"] = summary["best"] or ("none: not a direct sum of products" if not_direct else None)
     row["stops at K"] = "-" if stop is None else stop
     for k, fraction in fractions.items():
-        row[f"K={k}"] = f"{fraction:.0%}"
+        row[f"K={k}"] = share_text(fraction)
         if k in per_k and per_k[k]["fraction"] > fraction:  # a K-specific model does better
-            row[f"K={k}"] += f" ({per_k[k]['fraction']:.0%})"
+            row[f"K={k}"] += f" ({share_text(per_k[k]['fraction'])})"
     for k in not_direct:
         row[f"K={k}"] = "not direct"
     row["ties"] = len(summary["perfect"]) if summary["perfect"] else 0

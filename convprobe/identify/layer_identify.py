@@ -60,6 +60,7 @@ from convprobe.probes.layers import (Layer, LayerKind, op_confirmation_inputs, o
                                      op_zero_sign_inputs, run_op, run_ops)
 from convprobe.identify.candidates import candidate_specs
 from convprobe.identify.structure import Structure, best_of, bitwise_equal
+from convprobe.render import share_text
 
 __all__ = ["BASE_CANDIDATES", "DEPTHWISE_NOTE", "GROUPED_NOTE", "depthwise_candidates", "SAMPLE", "run", "interpret", "identify_observed", "sample_indices"]
 
@@ -305,7 +306,7 @@ def _summary(layer: Layer, op: str, result: dict, seed: int, extra_specs) -> dic
         failed = [spec for spec, f in table.items() if f == 1.0 and scores[spec] < 1.0]
         if failed:
             explanation += ("; matched every output of the U[0, 1) inputs but not of the confirmation inputs: "
-                            + ", ".join(f"{spec} {confirmation['fractions'][spec]:.1%}" for spec in failed[:3]))
+                            + ", ".join(f"{spec} {share_text(confirmation['fractions'][spec])}" for spec in failed[:3]))
     if trees.note.startswith(NOT_NEEDED) and best is not None and scores.get(best) == 1.0:
         explanation += f"; {trees.note}"
     if best is not None and parse_model(best).zeros == Zeros.POSITIVE:
@@ -476,7 +477,7 @@ def _explain(structure, measured: list[str], table: dict, best: str | None, by_c
 
 def _closest(table: dict) -> str:
     """The three specs that matched most, with their fractions."""
-    return ", ".join(f"{s} {f:.1%}" for s, f in sorted(table.items(), key=lambda i: -i[1])[:3])
+    return ", ".join(f"{s} {share_text(f)}" for s, f in sorted(table.items(), key=lambda i: -i[1])[:3])
 
 
 def key(layer: Layer, op: str, single: bool) -> str:

@@ -13,6 +13,7 @@ from convprobe.identify.direct_sum import not_direct
 from convprobe.probes.layers import TRANSPOSED_SUFFIX
 from convprobe.probes.runner import run_probe
 from convprobe.probes.studies import Outcome, envelope, failure_notes
+from convprobe.render import share_text
 
 __all__ = ["NOT_IDENTIFIED", "run_layer_identify"]
 
@@ -54,7 +55,7 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
             fraction = summary["fractions"].get(layer.k(op), 0.0)
             best = summary["best"] if fraction == 1.0 else f"none matches; closest {summary['best']}"
             row.update({"best model": "none: not a direct sum of products" if not_direct(summary) else best,
-                        "match": f"{fraction:.1%}", "measured": _structure_text(summary["structure"])})
+                        "match": share_text(fraction), "measured": _structure_text(summary["structure"])})
             evidence = f"{layer.label}: {summary['outputs_compared']} outputs; {summary['explanation']}"
             records.append({**base, "property": "best_model", "value": summary["best"], "evidence": evidence})
             records.append({**base, "property": f"match_fraction_k{layer.k(op)}", "value": f"{fraction:.6g}",
@@ -68,7 +69,8 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
     frame = frame_from_records(records, "probe")
     columns = ["configuration", "layer", "op", "K", "status", "best model", "match", "measured"]
     document = envelope("identify", params, probe_results, seed=seed, device=device, matches=matches)
-    notes = ["(match = share of compared outputs bitwise equal to the model's, the lower of two input sets: "
+    notes = ["(match = share of compared outputs bitwise equal to the model's, rounded down (100.0% only when "
+             "every output matched), the lower of two input sets: "
              "U[0, 1) operands, and confirmation operands that are signed, spread over exponents, with subnormals, "
              "ties and a cancelling +-M pair in each reduction; measured = crafted-input structure: accumulator, "
              "lanes, partial-sum boundaries)",

@@ -24,6 +24,7 @@ from convprobe import results
 from convprobe.emulation import AccumulationModel, Blocked, parse_model
 from convprobe.errors import InvalidArgument
 from convprobe.options import ArithmeticKind, ConvOp
+from convprobe.render import share_text
 
 __all__ = ["ArithmeticKind", "ConvOp", "ConvShape", "OpArithmetic", "LayerArithmetic", "Arithmetic",
            "GPU_PRESET_SCOPE", "identify_command", "read_identify_map", "twin_layers"]
@@ -195,5 +196,5 @@ def _op_arithmetic(summary: dict, where: str) -> OpArithmetic:
     best, perfect, fractions = summary.get("best"), summary.get("perfect") or [], summary.get("fractions") or {}
     if best is not None and best in perfect and summary.get("stops_matching_at") is None:
         return OpArithmetic(parse_model(best), f"{where}: every output of both input sets")
-    share = f" (closest {best}: {min(fractions.values()):.1%})" if best and fractions else ""
+    share = f" (closest {best}: {share_text(min(fractions.values()))})" if best and fractions else ""
     return OpArithmetic(None, f"TensorFlow's own kernel: {where} found no model that matches every output{share}")

@@ -147,7 +147,7 @@ def test_run_is_json_and_interpret_names_the_model():
     assert set(observed["ops"]["matmul"]["bits"]) == {"16", "32"}
     verdict = battery.interpret(observed)
     assert verdict["accumulation"] == "fp16"
-    assert verdict["verdict"] == "matmul: sequential:fp16 (matches at every K; K=16: 100%, K=32: 100%)"
+    assert verdict["verdict"] == "matmul: sequential:fp16 (matches at every K; K=16: 100.0%, K=32: 100.0%)"
 
 
 @pytest.mark.slow

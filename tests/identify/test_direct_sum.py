@@ -364,7 +364,7 @@ def test_a_battery_k_that_is_a_transform_gets_no_model_and_says_so():
     assert battery._describe(summary).endswith("; not a direct sum of products at K=64, 128")
     row = {}
     records = battery_study._battery_summary(row, {"op": "conv2d_spatial"}, summary, 64)
-    assert row["K=64"] == row["K=128"] == "not direct" and row["K=16"] == "100%"
+    assert row["K=64"] == row["K=128"] == "not direct" and row["K=16"] == "100.0%"
     assert row["every K (own model)"] == "100% (2 not direct)"
     (k64,) = [r for r in records if r["property"] == "model_k64"]
     assert k64["value"] is None and k64["evidence"].startswith("not a direct sum of products: of 64 outputs, 64")
