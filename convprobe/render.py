@@ -23,14 +23,19 @@ __all__ = ["FORMATS", "render_table", "render_csv", "render_json", "write_atomic
 FORMATS = tuple(f.value for f in OutputFormat)  # plain strings: argparse shows their repr
 
 
-def share_text(fraction: float) -> str:
-    """A share of matching outputs as a percentage, rounded down: "100.0%" only when every
-    output matched (rounded to nearest, one mismatch in 8,640 would read 100.0%)."""
-    if fraction >= 1.0:
+def share_text(fraction: float, *, up: bool = False) -> str:
+    """A share as a percentage that never claims all or none wrongly. A share of matching
+    outputs is rounded down, so it reads 100.0% only when every output matched (rounded to
+    nearest, one mismatch in 8,640 would read 100.0%); `up` rounds a share of differing
+    elements up, so it reads 0.0% only when none differs. Two places within 0.1% of that end."""
+    if fraction >= 1.0 and not up:
         return "100.0%"
-    tenths = math.floor(fraction * 1000)
-    if tenths == 999:  # above 99.9%: two places, still rounded down
-        return f"{math.floor(fraction * 10000) / 100:.2f}%"
+    if fraction <= 0.0 and up:
+        return "0.0%"
+    rounding = math.ceil if up else math.floor
+    tenths = rounding(round(fraction * 1000, 6))  # (round: 0.982 * 1000 is 981.999...)
+    if tenths == (1 if up else 999):
+        return f"{rounding(round(fraction * 10000, 6)) / 100:.2f}%"
     return f"{tenths / 10:.1f}%"
 
 

@@ -154,3 +154,12 @@ def test_a_match_share_reads_100_percent_only_when_every_output_matched(fraction
     from convprobe.render import share_text
 
     assert share_text(fraction) == text
+
+
+@pytest.mark.parametrize("fraction, text", [
+    (0.0, "0.0%"), (1 / 8640, "0.02%"), (0.00001, "0.01%"), (0.0011, "0.2%"), (0.5, "50.0%"), (1.0, "100.0%"),
+])
+def test_a_share_of_differing_elements_reads_0_percent_only_when_none_differs(fraction, text):
+    from convprobe.render import share_text
+
+    assert share_text(fraction, up=True) == text

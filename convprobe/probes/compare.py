@@ -30,6 +30,7 @@ from convprobe.errors import InvalidArgument
 from convprobe.formats import FP16, FP32
 from convprobe.probes.reference import conv2d_float64
 from convprobe.provenance import memory_limit
+from convprobe.render import share_text
 
 __all__ = ["DEFAULT_SHAPES", "inputs", "run", "interpret", "memory_estimate", "check_shapes"]
 
@@ -117,7 +118,7 @@ def interpret(observed: dict) -> dict:
     real, fake = observed["real"], observed["fake"]
     numbers = (
         f"max |real - fake| = {observed['max_abs_diff']:.6g}, "
-        f"{observed['fraction_different']:.2%} of elements differ; max error vs fp64: "
+        f"{share_text(observed['fraction_different'], up=True)} of elements differ; max error vs fp64: "
         f"real {real['max_ulp_error']:.3f} ulp, fake {fake['max_ulp_error']:.3f} ulp "
         f"(fp32-accumulation bound {observed['fp32_bound_max_ulp']:.3f} ulp)"
     )
