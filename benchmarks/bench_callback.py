@@ -1,6 +1,6 @@
 """Benchmark: the overhead of `UnderflowTelemetry(every=10)` on a user's Keras `fit`.
 
-Run: ``python benchmarks/bench_callback.py [--steps 40] [--repeats 3] [--batch-size 32]
+Run: ``python benchmarks/bench_callback.py [--steps 40] [--repeats 5] [--batch-size 32]
 [--image-size 32] [--width 32] [--every 10] [--jit]``
 
 The goal (issue 43): fit steps with the callback at every=10 cost at most 1.10x plain

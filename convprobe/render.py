@@ -24,18 +24,22 @@ FORMATS = tuple(f.value for f in OutputFormat)  # plain strings: argparse shows 
 
 
 def share_text(fraction: float, *, up: bool = False) -> str:
-    """A share as a percentage that never claims all or none wrongly. A share of matching
+    """A share as a percentage that claims no end it has not reached. A share of matching
     outputs is rounded down, so it reads 100.0% only when every output matched (rounded to
     nearest, one mismatch in 8,640 would read 100.0%); `up` rounds a share of differing
     elements up, so it reads 0.0% only when none differs. Two places within 0.1% of that end."""
+    if math.isnan(fraction):
+        return "nan"
     if fraction >= 1.0 and not up:
         return "100.0%"
     if fraction <= 0.0 and up:
         return "0.0%"
-    rounding = math.ceil if up else math.floor
-    tenths = rounding(round(fraction * 1000, 6))  # (round: 0.982 * 1000 is 981.999...)
+    if up:  # (round: 0.982 * 1000 is 981.999...; the clamps keep a share off the end it has not reached)
+        tenths, hundredths = max(math.ceil(round(fraction * 1000, 6)), 1), max(math.ceil(round(fraction * 10000, 6)), 1)
+    else:
+        tenths, hundredths = min(math.floor(round(fraction * 1000, 6)), 999), min(math.floor(round(fraction * 10000, 6)), 9999)
     if tenths == (1 if up else 999):
-        return f"{rounding(round(fraction * 10000, 6)) / 100:.2f}%"
+        return f"{hundredths / 100:.2f}%"
     return f"{tenths / 10:.1f}%"
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO
 from convprobe import cli
+from convprobe.render import share_text
 from convprobe.results import SCHEMA_VERSION
 
 
@@ -151,8 +152,6 @@ def test_help_does_not_import_tensorflow():
 def test_a_match_share_reads_100_percent_only_when_every_output_matched(fraction, text):
     """Shares are rounded down: one mismatching output in 8,640 (a conv's filter gradient) must
     not read as the 100.0% that means every output matched."""
-    from convprobe.render import share_text
-
     assert share_text(fraction) == text
 
 
@@ -160,6 +159,4 @@ def test_a_match_share_reads_100_percent_only_when_every_output_matched(fraction
     (0.0, "0.0%"), (1 / 8640, "0.02%"), (0.00001, "0.01%"), (0.0011, "0.2%"), (0.5, "50.0%"), (1.0, "100.0%"),
 ])
 def test_a_share_of_differing_elements_reads_0_percent_only_when_none_differs(fraction, text):
-    from convprobe.render import share_text
-
     assert share_text(fraction, up=True) == text

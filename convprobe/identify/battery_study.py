@@ -46,7 +46,8 @@ def run_identify(configs, ops, *, specs, ks=None, rows: int, seed: int, device: 
     ks_by_op = {op: battery.ks_for(op, params["ks"]) for op in ops}  # what "ks": null resolved to
     document = envelope("identify", {**params, "ks_by_op": ks_by_op}, probe_results, seed=seed, device=device,
                          matches=matches)
-    notes = ["(match = share of outputs bitwise equal to the best single model's, in brackets the K's own "
+    notes = ["(match = share of outputs bitwise equal to the best single model's, rounded down (100.0% only when "
+             "every output matched), in brackets the K's own "
              "measured model where it does better; 'ties' = models matching at every K; 'every K (own "
              "model)' = Ks where the model measured at that K matches 100%: see per_k in the JSON; "
              "'not direct' = a K where the op is no direct sum of products: it gets no model, and the best "

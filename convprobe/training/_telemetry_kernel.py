@@ -7,15 +7,15 @@ each element once, by blocks: a loop that computes each element's two table code
 running extremes with no branch on the data (it vectorises), then a loop of increments. It
 reads the fp32 bit patterns alone (no float compare, so no denormals-are-zero: an fp32
 subnormal counts as the nonzero it is, as in `telemetry.numpy_tensor_stats`). `telemetry.batched_stats` calls it through
-`tf.numpy_function` when the step is not compiled by XLA and no GPU holds the tensors;
-its tables are those the XLA path fills (tested on every fp16 code point).
+`tf.numpy_function` when the step is not compiled by XLA and no GPU holds the tensors,
+for fp16, bf16 and fp32 tensors and thresholds (`telemetry._host_reads`); its statistics
+are the XLA path's (tested on every fp16 code point and for each format).
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
 
-import ml_dtypes
 import numpy as np
 from numba import njit
 
@@ -38,11 +38,11 @@ _COPIES = 4
 
 def low_bits(x: np.ndarray) -> tuple[np.ndarray, LowBits]:
     """(`x`'s bit patterns, flattened, how `fill_tables` widens them): fp16 and bf16 are read
-    as their 16-bit patterns, any other dtype as the fp32 patterns of its values."""
+    as their 16-bit patterns, fp32 as its own (`telemetry._host_reads` admits no other dtype)."""
     x = np.ascontiguousarray(x).reshape(-1)
     if x.dtype == np.float16:
         return x.view(np.uint16), LowBits.FP16
-    if x.dtype == ml_dtypes.bfloat16:
+    if x.dtype.name == "bfloat16":  # (ml_dtypes' type, not imported: it costs half a second)
         return x.view(np.uint16), LowBits.BF16
     return x.astype(np.float32, copy=False).view(np.uint32), LowBits.FP32
 

@@ -206,7 +206,9 @@ def batched_stats(lows, shadows, thresholds: Thresholds, host: bool = False):
     twelve); the count fields, both histograms and the counterfactual counts are sums
     over them. `host`: the tables and extremes are counted by one compiled loop on the
     host instead (`_telemetry_kernel`, through `tf.numpy_function`: not under XLA; see
-    `use_host_tables`), the sums are the same.
+    `use_host_tables`), the sums are the same; where it cannot read the tensors or the
+    thresholds exactly (`_host_reads`: a float64 tensor, fp64's thresholds) the tables
+    are counted as without it.
     Returns (counts [T, len(COUNT_FIELDS)] int32, extremes [T, 2] float32,
     hist_low [T, B] int32, hist_shadow [T, B] int32, counterfactual [T,
     len(COUNTERFACTUAL_FIELDS)] int32: what `counterfactual_stats` counts, from the same pass).
@@ -217,7 +219,7 @@ def batched_stats(lows, shadows, thresholds: Thresholds, host: bool = False):
     """
     import tensorflow as tf
 
-    if host:
+    if host and _host_reads(lows, shadows, thresholds):
         joint, shadow, extremes = _host_tables(tf, lows, shadows, thresholds)
     else:
         tables = [_tensor_tables(tf, x, s, thresholds) for x, s in zip(lows, shadows)]
@@ -240,6 +242,19 @@ def use_host_tables(jit: bool) -> bool:
     return not jit and not tf.config.list_logical_devices("GPU")
 
 
+def _host_reads(lows, shadows, thresholds: Thresholds) -> bool:
+    """Whether the host loop reads every tensor and threshold exactly on fp32 patterns: fp16,
+    bf16 or fp32 tensors, and a smallest normal and a largest value that are normal fp32 numbers."""
+    fp32 = np.finfo(np.float32)
+    exact = all(fp32.tiny <= v <= fp32.max and float(np.float32(v)) == v
+                for v in (thresholds.smallest_normal, thresholds.largest))
+    return exact and all(t.dtype.name in _HOST_DTYPES for t in [*lows, *shadows])
+
+
+#: The tensor dtypes the host loop reads (`_telemetry_kernel.low_bits`).
+_HOST_DTYPES = ("float16", "bfloat16", "float32")
+
+
 def _host_tables(tf, lows, shadows, thresholds: Thresholds):
     """`batched_stats`' joint and shadow tables and extremes, from `_telemetry_kernel.fill_tables`."""
     bounds = tuple(np.int32(b) for b in _counterfactual_buckets()[0])
@@ -252,6 +267,8 @@ def _host_tables(tf, lows, shadows, thresholds: Thresholds):
         shadow = np.zeros((n, (N_BINS + 1) * (len(bounds) + 1)), np.int32)
         extremes = np.zeros((n, 2), np.uint32)
         for t in range(n):
+            if tensors[t].size != tensors[n + t].size:
+                raise ValueError(f"tensor {t} has {tensors[t].size} elements and its shadow {tensors[n + t].size}")
             bits, kind = _telemetry_kernel.low_bits(tensors[t])
             shadow_bits = np.ascontiguousarray(tensors[n + t], dtype=np.float32).reshape(-1).view(np.uint32)
             _telemetry_kernel.fill_tables(bits, kind, shadow_bits, patterns, bounds, np.int32(HIST_MIN_EXPONENT),
@@ -284,7 +301,8 @@ def _extremes(tf, low):
     magnitude = tf.constant((1 << (8 * dtype.itemsize - 1)) - 1, as_bits)  # every bit but the sign
     bits = tf.bitwise.bitwise_and(tf.bitcast(tf.reshape(low, [-1]), as_bits), magnitude)
     finite = bits <= largest
-    smallest = tf.reduce_min(tf.where(tf.logical_and(finite, bits > 0), bits, largest + 1))  # (inf's bits)
+    # (inf's bits; the minimum of no element is the type's largest: an empty tensor's too)
+    smallest = tf.minimum(tf.reduce_min(tf.where(tf.logical_and(finite, bits > 0), bits, largest + 1)), largest + 1)
     biggest = tf.reduce_max(tf.where(finite, bits, tf.zeros_like(bits)))
     as_float = tf.bitcast(tf.stack([smallest, biggest]), low.dtype)
     return tf.cast(as_float, tf.float32)

@@ -15,8 +15,10 @@ from convprobe.errors import InvalidArgument
 from convprobe.emulation import conv2d, conv2d_backprop_filter, conv2d_backprop_input, parse_model
 from convprobe.identify import column_patterns, layer_patterns
 from convprobe.identify import candidates, structure
+from convprobe.identify.layer_identify import INPUT_SETS, _settling_spec
+from convprobe.identify.structure import Structure
 from convprobe.probes.layers import (DEPTHWISE_OPS, LAYER_OPS, Layer, LayerKind, op_confirmation_inputs, op_inputs,
-                                     run_op)
+                                     run_op, run_ops)
 from conftest import run_cli, run_cli_json
 
 LAYER = Layer((1, 8, 8, 256), (3, 3, 256, 8))
@@ -713,10 +715,6 @@ def test_a_settling_spec_takes_positive_zeros_only_where_the_op_answers_with_the
     """The settling check on a backend that adds its sum onto a +0 output: the structure's
     spec (-0 where its sum is -0) settles the op only with ``zeros=positive``, a backend with
     -0 settles it as it is, and another arithmetic settles nothing."""
-    from convprobe.identify.layer_identify import INPUT_SETS, _settling_spec
-    from convprobe.identify.structure import Structure
-    from convprobe.probes.layers import run_ops
-
     layer, op, seed = Layer((1, 4, 4, 8), (3, 3, 8, 2)), "conv2d", 3
     backend = EmulatedBackend(backend_spec)
     drawn = {name: make(layer, op, seed) for name, make in INPUT_SETS.items()}

@@ -21,7 +21,7 @@ from .read_back import events, rows as read_rows
 BATCH = 8
 
 
-def _model(scale: float | None = 2.0**15, steps_per_execution: int = 1):
+def _model(scale: float | None = 2.0**15, steps_per_execution: int = 1, jit_compile: bool = False):
     """Conv2D, BatchNormalization, Dense under mixed_float16 (logits in fp32), compiled with a
     LossScaleOptimizer at `scale` (None: plain SGD, no loss scaling)."""
     import keras
@@ -42,7 +42,7 @@ def _model(scale: float | None = 2.0**15, steps_per_execution: int = 1):
     sgd = keras.optimizers.SGD(0.01)
     optimizer = sgd if scale is None else keras.optimizers.LossScaleOptimizer(sgd, initial_scale=scale)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], jit_compile=False, steps_per_execution=steps_per_execution)
+                  metrics=["accuracy"], jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     return model
 
 
@@ -190,6 +190,29 @@ def test_without_loss_scaling_counterfactual_columns_are_written(tmp_path):
     assert all(a >= b for a, b in zip(e4m3, e5m2))  # e4m3's range ends 6 binades above e5m2's
     for r in telemetry:  # bf16 has fp32's range: what fp32 holds, bf16 does not flush
         assert float(r["bf16_flushed_fraction"]) == 0
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["host-tables", "xla"])
+def test_the_statistics_run_on_the_host_without_xla_and_under_xla_with_it(tmp_path, jit_compile):
+    """A fit compiled by XLA keeps its statistics under XLA (a host call cannot sit in an XLA
+    step); without XLA, on this CPU, the host loop counts them. Either way every watched
+    tensor's elements are all classified at each measured step."""
+    from convprobe.training import UnderflowTelemetry
+    from convprobe.training.telemetry import use_host_tables
+
+    assert use_host_tables(jit_compile) is (not jit_compile)
+    xs, ys = _data()
+    model = _model(jit_compile=jit_compile)
+    model.fit(xs[:2 * BATCH], ys[:2 * BATCH], batch_size=BATCH, verbose=0,
+              callbacks=[UnderflowTelemetry(tmp_path / "run", every=1, watch=["conv", "dense"])])
+    telemetry = read_rows(tmp_path / "run" / "telemetry.csv")
+    sizes = {"conv/kernel": 3 * 3 * 3 * 4, "conv/bias": 4, "dense/kernel": 4 * 10, "dense/bias": 10,
+             "conv": BATCH * 8 * 8 * 4, "dense": BATCH * 10}
+    assert sorted((r["step"], r["layer"]) for r in telemetry) == sorted((step, layer) for step in "01" for layer in sizes)
+    for r in telemetry:
+        assert int(r["n"]) == sizes[r["layer"]], r["layer"]
+        classified = sum(int(r[k]) for k in ("routing_zero", "flushed", "lost", "subnormal", "inf", "nan"))
+        assert classified <= int(r["n"]) and int(r["n"]) > 0
 
 
 def test_bad_arguments_and_a_user_s_directory_are_refused(tmp_path):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
+from numba import njit
 
 from convprobe.formats import FP16, FP32, parse_format
+from convprobe.training._telemetry_kernel import LowBits, _fp32_magnitude, low_bits
 from convprobe.training.telemetry import (
     COUNT_FIELDS,
     COUNTERFACTUAL_FORMATS,
@@ -15,6 +18,7 @@ from convprobe.training.telemetry import (
     decode_histogram,
     encode_histogram,
     histogram_edges,
+    _host_reads,
     numpy_tensor_stats,
 )
 
@@ -114,7 +118,6 @@ def test_host_tables_read_fp32_subnormals_as_the_reference_does():
     """The host loop compares bit patterns only: an fp32 subnormal shadow or low value (which a
     denormals-are-zero compare reads as 0) is counted as the NumPy reference counts it, in
     bf16 and fp32 runs too, with the extremes and histograms it belongs to."""
-    import ml_dtypes
     import tensorflow as tf
 
     rng = np.random.default_rng(7)
@@ -137,6 +140,43 @@ def test_host_tables_read_fp32_subnormals_as_the_reference_does():
         assert np.array_equal(counterfactual, counterfactual_stats([tf.constant(shadow)]).numpy()), fmt
 
 
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("fmt, float64_tensor", [("fp16", False), ("bf16", False), ("fp32", False), ("fp64", False),
+                                                 ("fp16", True)])
+def test_the_graph_xla_and_host_paths_give_the_same_statistics(fmt, float64_tensor):
+    """Each path's every output, for each format's thresholds, on signed values spread over
+    exponents with fp16 subnormals, zeros, infinities and NaN (no fp32 subnormal: a CPU's
+    compares read those as zero), and an empty tensor. fp64's thresholds and a float64
+    tensor are beyond the host loop's fp32 patterns: it counts them as the others do."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    shadow = (rng.standard_normal(5000) * 2.0 ** rng.integers(-60, 20, 5000)).astype(np.float32)
+    shadow[:4] = (0.0, -0.0, np.inf, np.nan)
+    with np.errstate(over="ignore"):
+        low = shadow.astype(np.float16)
+    low[10:20] = 0  # flushed and lost values
+    lows = [low, shadow.reshape(50, 100), np.zeros(0, np.float16)]
+    shadows = [shadow, shadow.reshape(50, 100), np.zeros(0, np.float32)]
+    if float64_tensor:
+        lows.append(shadow.astype(np.float64))
+        shadows.append(shadow)
+    thresholds = Thresholds.of(parse_format(fmt))
+    results = {}
+    for name, jit, host in (("graph", False, False), ("xla", True, False), ("host", False, True)):
+        fn = tf.function(lambda a, b, host=host: batched_stats(a, b, thresholds, host=host), jit_compile=jit)
+        with np.errstate(over="ignore"):  # fp64's largest as a float32 constant: inf
+            results[name] = [np.asarray(x) for x in fn([tf.constant(x) for x in lows],
+                                                         [tf.constant(x) for x in shadows])]
+    for name in ("xla", "host"):
+        for field, want, got in zip(("counts", "extremes", "hist_low", "hist_shadow", "counterfactual"),
+                                    results["graph"], results[name]):
+            assert np.array_equal(want, got, equal_nan=True), (name, field, want, got)
+    assert results["host"][1][2].tolist() == [np.inf, 0.0]  # an empty tensor's extremes
+    reads = _host_reads([tf.constant(x) for x in lows], [tf.constant(x) for x in shadows], thresholds)
+    assert reads == (fmt != "fp64" and not float64_tensor)
+
+
 def test_fp32_never_flushes():
     t32 = Thresholds.of(FP32)
     x = np.array([0.0, 2.0**-126, 2.0**-149, 1.0], dtype=np.float32)
@@ -149,7 +189,6 @@ def test_counterfactual_formats_agree_with_ml_dtypes_casts():
     """A shadow value flushes in a format exactly when ml_dtypes rounds it to zero there, and
     lands subnormal when the rounded value is nonzero and below the format's smallest normal
     (the bit-pattern comparison sees fp32 subnormals that a DAZ CPU would compare as 0)."""
-    import ml_dtypes
     import tensorflow as tf
 
     from convprobe.formats import parse_format
@@ -197,11 +236,6 @@ def test_nonfinite_counts_and_backward_order_name_the_output_side_first():
 def test_host_tables_widen_every_fp16_and_bf16_pattern_exactly():
     """The host loop's fp16 and bf16 patterns widened to fp32 patterns: |x| exactly, at all
     65,536 patterns of each (subnormals, infinities and NaN payloads included)."""
-    import ml_dtypes
-    from numba import njit
-
-    from convprobe.training._telemetry_kernel import LowBits, _fp32_magnitude, low_bits
-
     @njit
     def widen(bits, kind):
         out = np.empty(bits.size, np.int32)
