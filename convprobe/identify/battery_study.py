@@ -85,11 +85,11 @@ def _battery_summary(row: dict, base: dict, summary: dict, rows: int) -> list[di
     records.append({**base, **ok, "property": "stops_matching_at", "value": "-" if stop is None else str(stop),
                     "evidence": "first K with a match fraction below 1"})
     for k, fraction in fractions.items():
-        records.append({**base, **ok, "property": f"match_fraction_k{k}", "value": f"{fraction:.6g}",
+        records.append({**base, **ok, "property": f"match_fraction_k{k}", "value": repr(float(fraction)),
                         "evidence": f"{summary['best']} vs observed, {rows} outputs"})
     for k, entry in per_k.items():
         evidence = (DirectSum.from_dict(evidence_at[k]).reason if k in not_direct else
-                    f"{entry['fraction']:.6g} of {rows} outputs; measured: "
+                    f"{float(entry['fraction'])!r} of {rows} outputs; measured: "
                     f"{', '.join(entry['measured']) or 'no structure'}")
         records.append({**base, **ok, "property": f"model_k{k}", "value": entry["best"], "evidence": evidence})
     return records

@@ -58,7 +58,7 @@ def run_layer_identify(configs, layers, *, specs, seed: int, device: str, timeou
                         "match": share_text(fraction), "measured": _structure_text(summary["structure"])})
             evidence = f"{layer.label}: {summary['outputs_compared']} outputs; {summary['explanation']}"
             records.append({**base, "property": "best_model", "value": summary["best"], "evidence": evidence})
-            records.append({**base, "property": f"match_fraction_k{layer.k(op)}", "value": f"{fraction:.6g}",
+            records.append({**base, "property": f"match_fraction_k{layer.k(op)}", "value": repr(float(fraction)),
                             "evidence": evidence})
         for item in not_identified:
             reason = f"not identified: {item.reason}"
