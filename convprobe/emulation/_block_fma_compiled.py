@@ -289,14 +289,11 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narro
     computes what it can - fp16/fp8 inputs, finite w, no c - and this float64 kernel the
     rows of tiles holding an inf or NaN; `narrow=False` is this kernel alone (the tests
     compare both)."""
-    from convprobe.emulation.rounding import MODE_CODES
-
-    fmt, acc = model.block_format, model.accumulator
-    keep = fmt.subnormals and model.subnormals == "keep"
+    acc = model.accumulator
     normal = _sums_stay_normal(model, a.shape[1]) and (c is None or not np.any(c))
     from_plus_zero = c is None or not (np.any(c) or np.signbit(c).any())  # (the 32-bit kernel starts at +0)
     if narrow and narrow_kernel.applies(model) and from_plus_zero and np.isfinite(w).all():
-        out, rows = narrow_kernel.gemm(a, w, model, *_narrow_arguments(model, normal))
+        out, rows = narrow_kernel.gemm(a, w, model, normal, *_rounding_arguments(model))
         if rows.size:  # the tiles holding an inf or NaN: the IEEE fix-ups below
             out[rows] = gemm(a[rows], w, model, narrow=False)
         return out
@@ -309,8 +306,7 @@ def gemm(a: np.ndarray, w: np.ndarray, model, c: np.ndarray | None = None, narro
                _exponents(w_padded, model.input.emin), model.b, model.step,
                model.c_addition == CAddition.SEPARATE, model.adder.precision + model.extra_bits,
                model.input.emin, acc.emin if acc.subnormals else -1022,
-               _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
-               MODE_CODES[model.rounding], model.overflow == "saturate", normal, out, per_task=TILE)
+               *_rounding_arguments(model), model.overflow == "saturate", normal, out, per_task=TILE)
     return out
 
 
@@ -321,15 +317,14 @@ def rows(a: np.ndarray, b: np.ndarray, model) -> tuple | None:
     an inf or NaN, which the caller computes otherwise)."""
     if not narrow_kernel.applies(model):
         return None
-    return narrow_kernel.rows(a, b, model, *_narrow_arguments(model, _sums_stay_normal(model, a.shape[1])))
+    return narrow_kernel.rows(a, b, model, _sums_stay_normal(model, a.shape[1]), *_rounding_arguments(model))
 
 
-def _narrow_arguments(model, normal: bool) -> tuple:
-    """The 32-bit kernel's arguments after the operands: whether every sum is normal, the
-    block format's and the accumulator's limits, the rounding code."""
-    from convprobe.emulation.rounding import MODE_CODES
+def _rounding_arguments(model) -> tuple:
+    """Every kernel's rounding arguments: the block format's and the accumulator's limits,
+    the rounding mode's code."""
+    from convprobe.emulation.rounding import MODE_CODES  # (rounding imports the kernels)
 
     fmt, acc = model.block_format, model.accumulator
-    keep = fmt.subnormals and model.subnormals == "keep"
-    return (normal, _limits(fmt, keep), _limits(acc, acc.subnormals and model.subnormals == "keep"),
-            MODE_CODES[model.rounding])
+    return (_limits(fmt, fmt.subnormals and model.subnormals == "keep"),
+            _limits(acc, acc.subnormals and model.subnormals == "keep"), MODE_CODES[model.rounding])

@@ -21,7 +21,10 @@ from numba import njit
 
 from convprobe.emulation._kernel_arithmetic import bitlen32, prefer_512_bit_vectors
 
-__all__ = ["LowBits", "fill_tables", "low_bits"]
+__all__ = ["DTYPES", "LowBits", "fill_tables", "low_bits"]
+
+#: The tensor dtypes `low_bits` reads exactly as fp32 patterns.
+DTYPES = ("float16", "bfloat16", "float32")
 
 
 class LowBits(IntEnum):
@@ -38,7 +41,7 @@ _COPIES = 4
 
 def low_bits(x: np.ndarray) -> tuple[np.ndarray, LowBits]:
     """(`x`'s bit patterns, flattened, how `fill_tables` widens them): fp16 and bf16 are read
-    as their 16-bit patterns, fp32 as its own (`telemetry._host_reads` admits no other dtype)."""
+    as their 16-bit patterns, fp32 as its own (`DTYPES`: `telemetry._host_reads` admits no other)."""
     x = np.ascontiguousarray(x).reshape(-1)
     if x.dtype == np.float16:
         return x.view(np.uint16), LowBits.FP16
@@ -85,7 +88,7 @@ def _classify(low, kind, shadow, thresholds, bounds, min_exponent, max_exponent,
     extremes (int32 [2]: the smallest nonzero |low| less one, the largest finite), in int32
     lanes only (one loop with no store but the codes': it vectorises)."""
     prefer_512_bit_vectors()
-    low_normal, flush, normal, largest = thresholds
+    flush, normal, largest = thresholds
     inf = np.int32(0x7F800000)
     n_bins = max_exponent - min_exponent + np.int32(2)
     n_buckets = np.int32(len(bounds) + 1)
@@ -94,7 +97,7 @@ def _classify(low, kind, shadow, thresholds, bounds, min_exponent, max_exponent,
     for j in range(low.size):
         a = _fp32_magnitude(low[j], kind)
         # 0 zero, 1 subnormal, 2 normal, 3 inf, 4 nan
-        low_class = _count(a > np.int32(0)) + _count(a >= low_normal) + _count(a >= inf) + _count(a > inf)
+        low_class = _count(a > np.int32(0)) + _count(a >= normal) + _count(a >= inf) + _count(a > inf)
         low_bin = _exponent_bin(a, min_exponent, max_exponent) if a < inf else one_bin
         biggest = max(biggest, a if a < inf else np.int32(0))
         smallest = min(smallest, a - np.int32(1) if a > np.int32(0) else inf)
@@ -124,8 +127,8 @@ def fill_tables(low, kind, shadow, thresholds, bounds, min_exponent, max_exponen
     the fp32 patterns of the smallest nonzero and the largest finite |low|.
 
     `low`, `kind`: `low_bits`; `shadow`: uint32 fp32 patterns; `thresholds`: int32 fp32
-    patterns of the format's smallest normal (the low side) and of the shadow's thresholds:
-    flush below, smallest normal, largest (flush <= normal <= largest < inf); `bounds`: the
+    patterns of the format's flush bound, smallest normal (both sides' subnormal bound) and
+    largest value (flush <= normal <= largest < inf); `bounds`: the
     counterfactual bucket bounds (`telemetry._counterfactual_buckets`), a tuple of int32.
     The classes and bins are `telemetry._tensor_tables'`, as sums of comparisons, by
     blocks: `_classify`, then a loop of increments into interleaved copies of the tables."""

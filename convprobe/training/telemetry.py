@@ -248,18 +248,14 @@ def _host_reads(lows, shadows, thresholds: Thresholds) -> bool:
     fp32 = np.finfo(np.float32)
     exact = all(fp32.tiny <= v <= fp32.max and float(np.float32(v)) == v
                 for v in (thresholds.smallest_normal, thresholds.largest))
-    return exact and all(t.dtype.name in _HOST_DTYPES for t in [*lows, *shadows])
-
-
-#: The tensor dtypes the host loop reads (`_telemetry_kernel.low_bits`).
-_HOST_DTYPES = ("float16", "bfloat16", "float32")
+    return exact and all(t.dtype.name in _telemetry_kernel.DTYPES for t in [*lows, *shadows])
 
 
 def _host_tables(tf, lows, shadows, thresholds: Thresholds):
     """`batched_stats`' joint and shadow tables and extremes, from `_telemetry_kernel.fill_tables`."""
     bounds = tuple(np.int32(b) for b in _counterfactual_buckets()[0])
-    patterns = tuple(np.int32(_fp32_bits(v) & 0x7FFFFFFF) for v in (
-        thresholds.smallest_normal, thresholds.flush_below, thresholds.smallest_normal, thresholds.largest))
+    patterns = tuple(np.int32(_fp32_bits(v) & 0x7FFFFFFF)
+                     for v in (thresholds.flush_below, thresholds.smallest_normal, thresholds.largest))
     n = len(lows)
 
     def count(*tensors):
