@@ -173,9 +173,9 @@ def reduce_rows(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, model) -> np
 
 def dot_rows(a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
     """`reduce_rows` from +0 (no c) as `dot` runs it, on inputs the caller has checked
-    (`check_inputs`): by the compiled 32-bit kernel where it applies (fp16/fp8 inputs), rows
-    of tiles holding an inf or NaN and other models by `reduce_rows` itself (the tests
-    compare both)."""
+    (`check_inputs`; float64, or float32 where `Blocked.carrier` says so): by the compiled
+    32-bit kernel where it applies (fp16/fp8 inputs), rows of tiles holding an inf or NaN
+    and other models by `reduce_rows` itself in float64 (the tests compare both)."""
     fast = None
     if kernel.applies(model):
         order = step_order(a.shape[-1], model)
@@ -183,11 +183,11 @@ def dot_rows(a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
         fast = kernel.rows(np.ascontiguousarray(a if in_order else a[:, order]),
                            np.ascontiguousarray(b if in_order else b[:, order]), model)
     if fast is None:
-        return reduce_rows(a, b, None, model)
+        return reduce_rows(a.astype(np.float64), b.astype(np.float64), None, model)
     out, skipped = fast
     out = _to_output(out, model)
     if skipped.size:
-        out[skipped] = reduce_rows(a[skipped], b[skipped], None, model)
+        out[skipped] = reduce_rows(a[skipped].astype(np.float64), b[skipped].astype(np.float64), None, model)
     return out
 
 

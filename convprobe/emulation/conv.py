@@ -30,7 +30,7 @@ from numba import njit
 
 from convprobe.emulation._threads import over_tasks
 from convprobe.emulation.models import AccumulationModel, kernel_config
-from convprobe.emulation.inputs import as_float64, check_exact_products, finish, fp16_or_narrower
+from convprobe.emulation.inputs import as_carrier, finish, fp16_or_narrower
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.options import Positions
 
@@ -234,24 +234,12 @@ def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
     and whether both hold only fp16-representable values."""
     kernel_config(model)  # (refuses what is not a model)
     narrow = fp16_or_narrower(x, w)
-    if model.carrier(narrow) == np.float16:
-        x16, w16 = np.ascontiguousarray(x, np.float16), np.ascontiguousarray(w, np.float16)
-        _check4(x16, x_name, x_layout)
-        _check4(w16, w_name, w_layout)
-        check_exact_products(x16, True, model, x_name)  # (exact products; infinities the formats lack)
-        check_exact_products(w16, True, model, w_name)
-        return x16, w16, narrow
-    x64, x_narrow = as_float64(x, x_name)
-    w64, w_narrow = as_float64(w, w_name)
-    _check4(x64, x_name, x_layout)
-    _check4(w64, w_name, w_layout)
-    check_exact_products(x64, x_narrow, model, x_name)
-    check_exact_products(w64, w_narrow, model, w_name)
-    model.check_inputs(x64, fp16_or_narrower(x), x_name)
-    model.check_inputs(w64, fp16_or_narrower(w), w_name)
-    if model.carrier(narrow) == np.float32:  # (exact: the values are fp16 numbers)
-        return x64.astype(np.float32), w64.astype(np.float32), narrow
-    return x64, w64, narrow
+    carrier = model.carrier(narrow)
+    xc = as_carrier(x, x_name, model, narrow, carrier)
+    wc = as_carrier(w, w_name, model, narrow, carrier)
+    _check4(xc, x_name, x_layout)
+    _check4(wc, w_name, w_layout)
+    return xc, wc, narrow
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, model: AccumulationModel, *,

@@ -18,7 +18,7 @@ from convprobe.errors import InvalidArgument
 from convprobe.formats import FP64
 from convprobe.options import Zeros
 
-__all__ = ["as_float64", "check_exact_products", "finish", "fp16_or_narrower", "NARROW_DTYPES"]
+__all__ = ["as_carrier", "as_float64", "check_exact_products", "finish", "fp16_or_narrower", "NARROW_DTYPES"]
 
 #: The dtypes of formats of at most 24 significand bits (their products are exact in float64).
 NARROW_DTYPES = ("float16", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -30,13 +30,35 @@ def fp16_or_narrower(*arrays) -> bool:
     return all(np.asarray(a).dtype.name in _FP16_OR_NARROWER for a in arrays)
 
 
-def as_float64(x: object, argument: str) -> tuple[np.ndarray, bool]:
-    """(`x` as a C-contiguous float64 array with values unchanged, whether its dtype is a
-    format of at most 24 significand bits); rejects non-numeric input."""
+def _numeric(x: object, argument: str) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiu" and arr.dtype.name not in NARROW_DTYPES:
         raise InvalidArgument(f"{argument} must be a numeric array; received dtype {arr.dtype}")
+    return arr
+
+
+def as_float64(x: object, argument: str) -> tuple[np.ndarray, bool]:
+    """(`x` as a C-contiguous float64 array with values unchanged, whether its dtype is a
+    format of at most 24 significand bits); rejects non-numeric input."""
+    arr = _numeric(x, argument)
     return np.ascontiguousarray(arr, dtype=np.float64), arr.dtype.name in NARROW_DTYPES
+
+
+def as_carrier(x: object, argument: str, model: AccumulationModel, narrow: bool, carrier: type) -> np.ndarray:
+    """`x` checked (exact products, the model's input format) and C-contiguous in `carrier`,
+    the dtype a kernel takes. `narrow`: every operand holds only fp16-representable values;
+    then x goes to a float16 or float32 carrier directly (exact), without the float64 copy
+    that the checks of wider inputs need (for `dot`'s rows, that copy cost more than the
+    block-FMA kernel itself)."""
+    if narrow and carrier != np.float64:
+        arr: np.ndarray = np.ascontiguousarray(_numeric(x, argument), carrier)
+        check_exact_products(arr, True, model, argument)
+        model.check_inputs(arr, True, argument)
+        return arr
+    x64, fits = as_float64(x, argument)
+    check_exact_products(x64, fits, model, argument)
+    model.check_inputs(x64, fp16_or_narrower(x), argument)
+    return x64 if carrier == np.float64 else x64.astype(carrier)  # (exact: `carrier` holds the model's inputs)
 
 
 def check_exact_products(x64: np.ndarray, narrow: bool, model: AccumulationModel,

@@ -252,6 +252,10 @@ class AccumulationModel:
         has one (the block-FMA models: their reference `reduce_rows` runs in NumPy)."""
         return self.reduce_rows(a, b, c)
 
+    def dot_carrier(self, inputs_fp16: bool) -> type:
+        """The dtype `dot_rows` takes without c: float64, the reference's."""
+        return np.float64
+
     def reduce_rows(self, a: np.ndarray, b: np.ndarray, c: np.ndarray | None) -> np.ndarray:
         """out[r] = the modelled reduction of a[r, :] * b[r, :] (float64 (R, K) operands)."""
         if c is not None:
@@ -527,6 +531,10 @@ class Blocked(AccumulationModel):
         from convprobe.emulation import _block_fma
 
         return _block_fma.reduce_rows(a, b, c, self) if c is not None else _block_fma.dot_rows(a, b, self)
+
+    def dot_carrier(self, inputs_fp16: bool) -> type:
+        """float32 where the 32-bit-lane kernel computes this model (`carrier`)."""
+        return self.carrier(inputs_fp16)
 
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         return sum_terms_as_rows(self, terms)  # (reduce_rows checks the input format)

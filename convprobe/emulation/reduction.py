@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from convprobe.emulation import conv, plan
-from convprobe.emulation.inputs import NARROW_DTYPES, as_float64, check_exact_products, finish, fp16_or_narrower
+from convprobe.emulation.inputs import NARROW_DTYPES, as_carrier, finish, fp16_or_narrower
 from convprobe.emulation.models import AccumulationModel, kernel_config
 from convprobe.errors import InvalidArgument
 
@@ -84,11 +84,9 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
         with np.errstate(invalid="ignore"):  # (NaN operands: carried, not an error)
             out = plan.run_rows(model.program(k), _rows(a16, lead, k), _rows(b16, lead, k))
         return finish(out.reshape(lead), model)
-    a64, a_narrow = as_float64(a, "a")
-    b64, b_narrow = as_float64(b, "b")
-    lead, k = _reduced_shapes(a64.shape, b64.shape)
-    check_exact_products(a64, a_narrow, model, "a")
-    check_exact_products(b64, b_narrow, model, "b")
+    narrow = fp16_or_narrower(a, b)
+    carrier = np.float64 if c is not None else model.dot_carrier(narrow)
+    ac, bc = as_carrier(a, "a", model, narrow, carrier), as_carrier(b, "b", model, narrow, carrier)
     rows = int(np.prod(lead, dtype=np.int64))
     cc = None
     if c is not None:
@@ -101,7 +99,5 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
         except ValueError:
             raise InvalidArgument(f"c must broadcast to the result shape {lead}; received "
                                   f"shape {c64.shape}") from None
-    model.check_inputs(a64, fp16_or_narrower(a), "a")  # (a block-FMA model's input format)
-    model.check_inputs(b64, fp16_or_narrower(b), "b")
-    out = model.dot_rows(_rows(a64, lead, k), _rows(b64, lead, k), cc)
+    out = model.dot_rows(_rows(ac, lead, k), _rows(bc, lead, k), cc)
     return finish(out.reshape(lead), model)

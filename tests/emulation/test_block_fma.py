@@ -11,6 +11,7 @@ fp32's encodings. 10,000 cases in all with the composites (test_composites.py).
 import dataclasses
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import assume
@@ -391,6 +392,15 @@ def test_dot_rows_run_the_32_bit_lanes_bit_for_bit(spec, monkeypatch):
         want = _block_fma.reduce_rows(a, b, None, model)
         assert_same_bits(got, np.asarray(want, np.float64))
         assert_same_bits(em.dot(a, b, model).astype(np.float64), np.asarray(want, np.float64))
+        # float32 carriers (what `dot` passes for fp16 or fp8 dtypes), the NumPy rows in float64
+        assert_same_bits(_block_fma.dot_rows(a.astype(np.float32), b.astype(np.float32), model), got)
+        dtype = np.dtype(getattr(ml_dtypes, model.input.dtype_name, model.input.dtype_name))
+        a_n, b_n = (x.astype(dtype) for x in (a, b))
+        carried = []
+        monkeypatch.setattr(type(model), "dot_rows", lambda self, a, b, c: carried.append(a.dtype) or
+                            _block_fma.dot_rows(a, b, self))
+        assert_same_bits(em.dot(a_n, b_n, model).astype(np.float64), np.asarray(want, np.float64))
+        assert carried == [np.float32]  # (no float64 copy of the operands)
     assert np.isnan(got[2 * tile + 3])
     _, redone = _block_fma_compiled.rows(a, b, model)  # the kernel took every tile but those two
     assert sorted(set(redone // tile)) == ([1, 2] if model.input.has_inf else [2])
