@@ -12,6 +12,10 @@ far and item t. Three roundings can happen there, and each is measured on its ow
   parent chain). Kept in fp32, 1 + 2**-12 leaves 2**-12; stored in fp16 it leaves 0. A step
   rounded wider but kept in fp16 is an fp32 addition stored to fp16 (CPU half arithmetic,
   or a block's partial sum written to an fp16 buffer).
+  The same test reads a step whose item is a partial sum (its first leaf 1 - 2**-20, its
+  fold keeping fp32, and the sum not rounded alone before it joins): a per-sample sum
+  added in fp32 to a result stored in fp16 is rounded twice, and 1 in a few thousand
+  sums shows it.
 - **an item rounded alone before it joins**: a partial sum (1 and 2**-12 inside it)
   meeting -1 at the step that adds it leaves 2**-12 unless it was first rounded to fp16;
   a product (s**2, operand s) meeting -s from the item before it (or, the first, after
@@ -150,8 +154,10 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
                         else False if exact_sum in readings else None)
     notes = [] if readings else ["no product joins a fold with another item: product rounding not measured"]
     kept_of = {key[1:]: {KEPT: "fp32", 0.0: "fp16"}.get(v) for key, v in got.items() if key[0] == "kept"}
-    # second pass: partial sums that join a chain, where their own folds keep fp32
-    joins, index = _Plan(k), {id(c): n for n, c in enumerate(chains)}
+    # second pass: partial sums that join a chain, where their own folds keep fp32 (so a
+    # value placed at their first leaf reaches the join intact): rounded alone to fp16 before
+    # they join, or not; and, where products are exact, the step that adds them
+    joins, join_steps, index = _Plan(k), _Plan(k), {id(c): n for n, c in enumerate(chains)}
     for n, chain in enumerate(chains):
         for t, item in enumerate(chain.items):
             other = chain.items[t - 1] if t else (chain.items[1] if len(chain.items) > 1 else None)
@@ -161,7 +167,11 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
             if any(kept_of.get((inner, s)) == "fp16" for s in range(1, len(item.items))):
                 continue
             joins.add(("alone", n, t), {_first(item.items[0]): 1.0, _first(item.items[1]): KEPT, _first(other): -1.0})
+            if t and products_rounded is False:
+                join_steps.add(("step", n, t), {_first(other): COARSE, _first(item): FINE})
     got.update(joins.ask(sums, 1.0))
+    got.update({key: value for key, value in join_steps.ask(sums, SCALE).items()
+                if got.get(("alone", *key[1:])) == KEPT})  # (a sum rounded alone would read as fp32)
     out = []
     step_formats: dict[float | None, str] = {2050.0: "fp16", 2052.0: "fp32"}
     alone_readings: dict[float | None, bool] = {KEPT: False, 0.0: True}

@@ -66,9 +66,13 @@ def test_a_switch_is_set_in_its_own_process_only():
 @pytest.mark.slow
 def test_identify_names_torchs_arithmetic_at_a_layer_on_both_input_sets(tmp_path):
     """PyTorch's CPU convs, with oneDNN on and off: every op at 100% on the U[0, 1) and the
-    signed confirmation inputs (through a measured spec or the recovered summation trees)."""
+    signed confirmation inputs (through a measured spec or the recovered summation trees), at
+    issue 44's layer: without oneDNN its filter gradient sums each sample's 144 products in
+    fp32 (a 128-product vector tree and a 16-product tail), stores that to fp16, and adds the
+    next sample's sum in fp32 before storing again - a double rounding 1 output in 8,192
+    showed before the step that adds a partial sum was measured."""
     doc = run_cli_json("identify", "--backend", "torch", "--configs", "default,mkldnn-off", "--input-shape",
-                       "2,6,6,20", "--filter-shape", "3,3,20,8", "--output", str(tmp_path / "torch.json"))
+                       "2,12,12,40", "--filter-shape", "3,3,40,24", "--output", str(tmp_path / "torch.json"))
     for label, per_op in doc["matches"].items():
         assert label.startswith("torch/cpu/")
         for op, entry in per_op.items():

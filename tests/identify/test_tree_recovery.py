@@ -67,6 +67,11 @@ MODELS = [
     ("lanes(4, sequential:fp16, combine=pairwise:fp32, output=fp16)", 30),
     # two fp16 lanes summed in fp32, then a scalar tail that rounds each product first
     ("tree(((((0)@fp16 2 4) ((1)@fp16 3 5))@fp32 (6)@fp16 (7)@fp16 (8)@fp16), accumulator=fp16, addition=fp32)", 9),
+    # PyTorch's CPU filter gradient without oneDNN: per sample, a vector tree and a vector tail
+    # summed in fp32 and stored to the fp16 result; the next sample's sum added to it in fp32,
+    # then stored (a step whose items are partial sums, rounded twice: fp32, then fp16)
+    ("tree((((((0 2) (1 3)) ((4 6) (5 7)) (8 9)))@fp16 (((10 12) (11 13)) ((14 16) (15 17)) (18 19))), "
+     "accumulator=fp32, output=fp16)", 20),
 ]
 
 
