@@ -179,6 +179,10 @@ def _api_cases():
         (lambda: em.conv2d(x, np.ones((3, 3, 2, 2), np.float16), m, strides=0), "strides must be a positive"),
         (lambda: em.conv2d(x, np.ones((5, 5, 2, 2), np.float16), m), "is too small for a 5x5 filter"),
         (lambda: em.conv2d(np.array([["a"]]), np.ones((1, 1, 1, 1)), m), "must be a numeric array"),
+        # the shape is checked before the values (float64 values whose products are not exact)
+        (lambda: em.conv2d(np.full((4, 4, 2), 0.1), np.ones((3, 3, 2, 2), np.float16), m), "must be a 4-D NHWC array"),
+        (lambda: em.dot(np.full(8, 0.1, np.float32), np.array(["a"] * 8), em.parse_model("a100")),
+         "b must be a numeric array"),
         (lambda: em.dot(np.float16(1), np.float16(2), m), "must have at least one axis to reduce"),
         (lambda: em.dot(np.ones(3), np.ones(4), m), "same last axis length"),
         (lambda: em.dot(np.ones((2, 3)), np.ones((3, 3)), m), "leading shapes must broadcast"),

@@ -183,11 +183,11 @@ def dot_rows(a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
         fast = kernel.rows(np.ascontiguousarray(a if in_order else a[:, order]),
                            np.ascontiguousarray(b if in_order else b[:, order]), model)
     if fast is None:
-        return reduce_rows(a.astype(np.float64), b.astype(np.float64), None, model)
+        return reduce_rows(np.asarray(a, np.float64), np.asarray(b, np.float64), None, model)
     out, skipped = fast
     out = _to_output(out, model)
     if skipped.size:
-        out[skipped] = reduce_rows(a[skipped].astype(np.float64), b[skipped].astype(np.float64), None, model)
+        out[skipped] = reduce_rows(np.asarray(a[skipped], np.float64), np.asarray(b[skipped], np.float64), None, model)
     return out
 
 

@@ -30,7 +30,7 @@ from numba import njit
 
 from convprobe.emulation._threads import over_tasks
 from convprobe.emulation.models import AccumulationModel, kernel_config
-from convprobe.emulation.inputs import as_carrier, finish, fp16_or_narrower
+from convprobe.emulation.inputs import as_carrier, finish, fp16_or_narrower, numeric_array
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
 from convprobe.options import Positions
 
@@ -233,13 +233,12 @@ def _prepare(x, w, model, x_name, w_name, x_layout, w_layout):
     float16 or float32 where a kernel reads fp16 inputs in that form, float64 otherwise),
     and whether both hold only fp16-representable values."""
     kernel_config(model)  # (refuses what is not a model)
+    x, w = numeric_array(x, x_name), numeric_array(w, w_name)
+    _check4(x, x_name, x_layout)  # (shapes before values)
+    _check4(w, w_name, w_layout)
     narrow = fp16_or_narrower(x, w)
     carrier = model.carrier(narrow)
-    xc = as_carrier(x, x_name, model, narrow, carrier)
-    wc = as_carrier(w, w_name, model, narrow, carrier)
-    _check4(xc, x_name, x_layout)
-    _check4(wc, w_name, w_layout)
-    return xc, wc, narrow
+    return as_carrier(x, x_name, model, narrow, carrier), as_carrier(w, w_name, model, narrow, carrier), narrow
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, model: AccumulationModel, *,

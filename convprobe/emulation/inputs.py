@@ -1,7 +1,8 @@
-"""Input preparation shared by `dot` and the convolutions: widening to float64 exactly,
+"""Input preparation shared by `dot` and the convolutions: the carrier dtype a kernel takes,
 and the checks that every product is exact and every value fits the model's formats.
 
-Inputs of any float dtype are widened to float64 exactly. Products must be exact
+Inputs are converted exactly: fp16 and fp8 values straight to a float16 or float32
+carrier where a kernel takes one, anything else to float64 first. Products must be exact
 in float64 (every model, bar ``product=fp64``, starts from the exact product):
 that holds for fp8/fp16/bf16/fp32 inputs. float64 inputs are accepted when each
 value has at most 26 significand bits and magnitude in [2**-511, 2**511] (or is
@@ -18,7 +19,8 @@ from convprobe.errors import InvalidArgument
 from convprobe.formats import FP64
 from convprobe.options import Zeros
 
-__all__ = ["as_carrier", "as_float64", "check_exact_products", "finish", "fp16_or_narrower", "NARROW_DTYPES"]
+__all__ = ["as_carrier", "as_float64", "check_exact_products", "finish", "fp16_or_narrower", "numeric_array",
+           "NARROW_DTYPES"]
 
 #: The dtypes of formats of at most 24 significand bits (their products are exact in float64).
 NARROW_DTYPES = ("float16", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -30,7 +32,8 @@ def fp16_or_narrower(*arrays) -> bool:
     return all(np.asarray(a).dtype.name in _FP16_OR_NARROWER for a in arrays)
 
 
-def _numeric(x: object, argument: str) -> np.ndarray:
+def numeric_array(x: object, argument: str) -> np.ndarray:
+    """`x` as an array; refuses a non-numeric dtype."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiu" and arr.dtype.name not in NARROW_DTYPES:
         raise InvalidArgument(f"{argument} must be a numeric array; received dtype {arr.dtype}")
@@ -40,7 +43,7 @@ def _numeric(x: object, argument: str) -> np.ndarray:
 def as_float64(x: object, argument: str) -> tuple[np.ndarray, bool]:
     """(`x` as a C-contiguous float64 array with values unchanged, whether its dtype is a
     format of at most 24 significand bits); rejects non-numeric input."""
-    arr = _numeric(x, argument)
+    arr = numeric_array(x, argument)
     return np.ascontiguousarray(arr, dtype=np.float64), arr.dtype.name in NARROW_DTYPES
 
 
@@ -51,7 +54,7 @@ def as_carrier(x: object, argument: str, model: AccumulationModel, narrow: bool,
     that the checks of wider inputs need (for `dot`'s rows, that copy cost more than the
     block-FMA kernel itself)."""
     if narrow and carrier != np.float64:
-        arr: np.ndarray = np.ascontiguousarray(_numeric(x, argument), carrier)
+        arr: np.ndarray = np.ascontiguousarray(numeric_array(x, argument), carrier)
         check_exact_products(arr, True, model, argument)
         model.check_inputs(arr, True, argument)
         return arr

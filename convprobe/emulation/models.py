@@ -272,8 +272,8 @@ class AccumulationModel:
         output's place in a convolution (`columns`, `rows`)."""
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
-        """Raise unless every value of x (float64; `fp16_dtype`: it came from an fp16 or
-        narrower dtype) is a valid input; only block-FMA models have an input format.
+        """Raise unless every value of x (float64, or the float16 or float32 carrier of fp16
+        values: `fp16_dtype`, it came from an fp16 or narrower dtype) is a valid input; only block-FMA models have an input format.
         Convolutions call it once per operand, before im2col multiplies the values."""
 
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
@@ -532,10 +532,6 @@ class Blocked(AccumulationModel):
 
         return _block_fma.reduce_rows(a, b, c, self) if c is not None else _block_fma.dot_rows(a, b, self)
 
-    def dot_carrier(self, inputs_fp16: bool) -> type:
-        """float32 where the 32-bit-lane kernel computes this model (`carrier`)."""
-        return self.carrier(inputs_fp16)
-
     def sum_terms(self, terms: np.ndarray) -> np.ndarray:
         return sum_terms_as_rows(self, terms)  # (reduce_rows checks the input format)
 
@@ -546,13 +542,16 @@ class Blocked(AccumulationModel):
             _block_fma._check_inputs(x, self, argument)
 
     def carrier(self, inputs_fp16: bool) -> type:
-        """float32 where the 32-bit-lane kernel computes this model (fp16/fp8 inputs, every
-        format inside float32's: `_block_fma_narrow`), else float64."""
+        """float32 where the 32-bit-lane kernel computes this model (an input format of fp16
+        or narrower, every format inside float32's: `_block_fma_narrow`), else float64; for
+        any input dtype (`check_inputs` has checked the values are the input format's)."""
         from convprobe.emulation import _block_fma_compiled, _block_fma_narrow
 
         narrow = (_block_fma_compiled.applies(self) and _block_fma_narrow.applies(self)
                   and FP32.holds(as_format(self.output)))
         return np.float32 if narrow else np.float64
+
+    dot_carrier = carrier  # (the 32-bit kernel takes dot's rows too)
 
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
                   inputs_fp16: bool) -> None:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from convprobe.emulation import conv, plan
-from convprobe.emulation.inputs import NARROW_DTYPES, as_carrier, finish, fp16_or_narrower
+from convprobe.emulation.inputs import as_carrier, finish, fp16_or_narrower, numeric_array
 from convprobe.emulation.models import AccumulationModel, kernel_config
 from convprobe.errors import InvalidArgument
 
@@ -78,26 +78,24 @@ def dot(a: np.ndarray, b: np.ndarray, model: AccumulationModel,
     if product is not None and (min(product) >= _GEMM_MIN_SIDE or not model.plannable()):
         rows, columns = product
         return conv.gemm(np.reshape(a, (rows, k)), np.reshape(b, (columns, k)), model).reshape(lead)
-    if c is None and fp16_or_narrower(a, b) and model.plannable():
+    narrow = fp16_or_narrower(a, b)
+    if c is None and narrow and model.plannable():
         # the model's kernel program on fp16 values as they are (F16C widens them in the kernel)
         a16, b16 = (np.asarray(x).astype(np.float16, copy=False) for x in (a, b))
         with np.errstate(invalid="ignore"):  # (NaN operands: carried, not an error)
             out = plan.run_rows(model.program(k), _rows(a16, lead, k), _rows(b16, lead, k))
         return finish(out.reshape(lead), model)
-    narrow = fp16_or_narrower(a, b)
-    carrier = np.float64 if c is not None else model.dot_carrier(narrow)
-    ac, bc = as_carrier(a, "a", model, narrow, carrier), as_carrier(b, "b", model, narrow, carrier)
+    a, b = numeric_array(a, "a"), numeric_array(b, "b")
     rows = int(np.prod(lead, dtype=np.int64))
     cc = None
     if c is not None:
-        c64 = np.asarray(c)
-        if c64.dtype.kind not in "fiu" and c64.dtype.name not in NARROW_DTYPES:
-            raise InvalidArgument(f"c must be a numeric array; received dtype {c64.dtype}")
-        c64 = c64.astype(np.float64)
+        c64 = numeric_array(c, "c").astype(np.float64)
         try:
             cc = np.ascontiguousarray(np.broadcast_to(c64, lead)).reshape(rows)
         except ValueError:
             raise InvalidArgument(f"c must broadcast to the result shape {lead}; received "
                                   f"shape {c64.shape}") from None
+    carrier = np.float64 if c is not None else model.dot_carrier(narrow)
+    ac, bc = as_carrier(a, "a", model, narrow, carrier), as_carrier(b, "b", model, narrow, carrier)
     out = model.dot_rows(_rows(ac, lead, k), _rows(bc, lead, k), cc)
     return finish(out.reshape(lead), model)

@@ -7,15 +7,17 @@ far and item t. Three roundings can happen there, and each is measured on its ow
 - **the step's rounding** (fp16 or wider): 2050 at item t-1 and 1 - 2**-20 at item t (a
   product, operands 2048 and 1 - 2**-10 times s = 1 + 2**-10). Rounded to fp16 at once
   the sum is 2050; rounded to fp32 first it is the tie 2051, which fp16 later sends to 2052.
+  Where item t is a partial sum, 1 - 2**-20 sits at its first leaf, and the reading is used
+  only where products are exact and the value reached the step intact: every fold on the
+  way from the item down to that leaf keeps fp32 and is not rounded alone as it joins, and
+  the leaf's product is not rounded alone (else it arrives as 1 and an fp16 step reads as
+  fp32). A per-sample sum added in fp32 to a result stored in fp16 is rounded twice; 1 sum
+  in a few thousand shows it.
 - **the value kept for the next step** (fp16 or fp32): 1 at item t-1, 2**-12 at item t
   and -1 at item t+1 (for a chain's last step, at the item that meets the chain in its
   parent chain). Kept in fp32, 1 + 2**-12 leaves 2**-12; stored in fp16 it leaves 0. A step
   rounded wider but kept in fp16 is an fp32 addition stored to fp16 (CPU half arithmetic,
   or a block's partial sum written to an fp16 buffer).
-  The same test reads a step whose item is a partial sum (its first leaf 1 - 2**-20, its
-  fold keeping fp32, and the sum not rounded alone before it joins): a per-sample sum
-  added in fp32 to a result stored in fp16 is rounded twice, and 1 in a few thousand
-  sums shows it.
 - **an item rounded alone before it joins**: a partial sum (1 and 2**-12 inside it)
   meeting -1 at the step that adds it leaves 2**-12 unless it was first rounded to fp16;
   a product (s**2, operand s) meeting -s from the item before it (or, the first, after
@@ -99,6 +101,14 @@ def _first(item: Item) -> int:
     return leaves_of(item)[0]
 
 
+def _first_path(item: Item) -> list[Item]:
+    """`item`, its first item, that item's first item, ... down to its first leaf."""
+    path = [item]
+    while not isinstance(last := path[-1], int):
+        path.append(last.items[0])
+    return path
+
+
 def terms_row(k: int, values: dict[int, float]) -> np.ndarray:
     """A row of k terms: `values` at their leaves, zeros elsewhere."""
     row = np.zeros(k)
@@ -158,20 +168,33 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
     # value placed at their first leaf reaches the join intact): rounded alone to fp16 before
     # they join, or not; and, where products are exact, the step that adds them
     joins, join_steps, index = _Plan(k), _Plan(k), {id(c): n for n, c in enumerate(chains)}
+
+    def keeps_fp32(item: Item) -> bool:
+        """A partial sum whose fold keeps its first step in fp32 and no step in fp16."""
+        n = index.get(id(item))
+        return (isinstance(item, Chain) and n is not None and kept_of.get((n, 1)) == "fp32"
+                and all(kept_of.get((n, s)) != "fp16" for s in range(2, len(item.items))))
+
+    needs: dict[tuple[str, int, int], list[tuple[tuple[str, int, int], float]]] = {}
     for n, chain in enumerate(chains):
         for t, item in enumerate(chain.items):
             other = chain.items[t - 1] if t else (chain.items[1] if len(chain.items) > 1 else None)
-            inner = index[id(item)] if isinstance(item, Chain) and len(item.items) > 1 else None
-            if other is None or inner is None or not isinstance(item, Chain) or kept_of.get((inner, 1)) != "fp32":
-                continue
-            if any(kept_of.get((inner, s)) == "fp16" for s in range(1, len(item.items))):
+            if other is None or not isinstance(item, Chain) or not keeps_fp32(item):
                 continue
             joins.add(("alone", n, t), {_first(item.items[0]): 1.0, _first(item.items[1]): KEPT, _first(other): -1.0})
-            if t and products_rounded is False:
+            path = _first_path(item)  # the item, its first item, ... its first leaf
+            if t and products_rounded is False and all(keeps_fp32(c) for c in path[:-1]):
+                # 1 - 2**-20 reaches the step only if no fold on the way rounds it to fp16: each
+                # nested sum not rounded alone as it joins, the leaf's product not rounded alone
+                needs[("step", n, t)] = (
+                    [(("alone", n, t), KEPT)]
+                    + [(("alone", index[id(parent)], 0), KEPT) for parent in path[:-2]]
+                    + [(("product", index[id(path[-2])], 0), exact_sum)])
                 join_steps.add(("step", n, t), {_first(other): COARSE, _first(item): FINE})
     got.update(joins.ask(sums, 1.0))
-    got.update({key: value for key, value in join_steps.ask(sums, SCALE).items()
-                if got.get(("alone", *key[1:])) == KEPT})  # (a sum rounded alone would read as fp32)
+    steps_read = join_steps.ask(sums, SCALE)  # (a value rounded to fp16 on its way reads as fp32: kept only where none is)
+    got.update({key: value for key, value in steps_read.items()
+                if all(got.get(test) == reading for test, reading in needs[key])})
     out = []
     step_formats: dict[float | None, str] = {2050.0: "fp16", 2052.0: "fp32"}
     alone_readings: dict[float | None, bool] = {KEPT: False, 0.0: True}
