@@ -1,13 +1,15 @@
 """Benchmark: the overhead of `UnderflowTelemetry(every=10)` on a user's Keras `fit`.
 
-Run: ``python benchmarks/bench_callback.py [--steps 40] [--repeats 5] [--batch-size 32]
+Run: ``python benchmarks/bench_callback.py [--steps 40] [--repeats 6] [--batch-size 32]
 [--image-size 32] [--width 32] [--every 10] [--jit]``
 
 The goal (issue 43): fit steps with the callback at every=10 cost at most 1.10x plain
 `fit` steps. One process builds a small user model (Conv2D, BatchNormalization, Conv2D,
 BatchNormalization, Dense under mixed_float16 with a LossScaleOptimizer) twice with the
 same seed, then alternates fits of `--steps + 1` steps, plain and with the callback,
-`--repeats` times each, each plain fit paired with the callback's fit right after it. A
+`--repeats` times each, each plain fit paired with the callback's fit beside it, in
+alternating order (plain first, then the callback first: a machine that slows down or
+speeds up through the run moves the pairs' ratios both ways instead of one). A
 timing callback (last in the list, so the telemetry callback's
 own hooks are inside its intervals) stamps every step's end; step 0 of each fit (tracing)
 is dropped, so the steps kept hold exactly one measured step in `every`. It prints the
@@ -60,7 +62,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per fit (default 40)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=6, help="pairs of fits (default 6: three in each order)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--every", type=int, default=10)
@@ -84,7 +86,9 @@ def main() -> None:
     per_step = {arm: {"cpu": [], "wall": []} for arm in models}
     with tempfile.TemporaryDirectory() as scratch:
         for repeat in range(args.repeats):
-            for arm, model in models.items():
+            order = list(models) if repeat % 2 == 0 else list(models)[::-1]  # ABBA: a drift cancels
+            for arm in order:
+                model = models[arm]
                 stamps = Stamps()
                 callbacks = [stamps] if arm == "plain" else [
                     UnderflowTelemetry(Path(scratch) / f"run{repeat}", every=args.every), stamps]
