@@ -273,8 +273,9 @@ class AccumulationModel:
 
     def check_inputs(self, x: np.ndarray, fp16_dtype: bool, argument: str) -> None:
         """Raise unless every value of x (float64, or the float16 or float32 carrier of fp16
-        values: `fp16_dtype`, it came from an fp16 or narrower dtype) is a valid input; only block-FMA models have an input format.
-        Convolutions call it once per operand, before im2col multiplies the values."""
+        values: `fp16_dtype`, it came from an fp16 or narrower dtype) is a valid input; only
+        block-FMA models have an input format. Convolutions call it once per operand, before
+        im2col multiplies the values."""
 
     def gemm_into(self, a: np.ndarray, w: np.ndarray, out: np.ndarray, col0: int,
                   inputs_fp16: bool) -> None:

@@ -171,9 +171,9 @@ def measure_formats(sums: Callable[[np.ndarray, float], np.ndarray], root: Item,
 
     def keeps_fp32(item: Item) -> bool:
         """A partial sum whose fold keeps its first step in fp32 and no step in fp16."""
-        n = index.get(id(item))
-        return (isinstance(item, Chain) and n is not None and kept_of.get((n, 1)) == "fp32"
-                and all(kept_of.get((n, s)) != "fp16" for s in range(2, len(item.items))))
+        own = index.get(id(item))
+        return (isinstance(item, Chain) and own is not None and kept_of.get((own, 1)) == "fp32"
+                and all(kept_of.get((own, s)) != "fp16" for s in range(2, len(item.items))))
 
     needs: dict[tuple[str, int, int], list[tuple[tuple[str, int, int], float]]] = {}
     for n, chain in enumerate(chains):
