@@ -35,6 +35,8 @@ own forward and backward arithmetic would have changed upstream.
 from __future__ import annotations
 
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,7 +207,7 @@ def batched_stats(lows, shadows, thresholds: Thresholds, host: bool = False):
     (XLA's CPU scatter is a serial loop, but one pass over the elements instead of
     twelve); the count fields, both histograms and the counterfactual counts are sums
     over them. `host`: the tables and extremes are counted by one compiled loop on the
-    host instead (`_telemetry_kernel`, through `tf.numpy_function`: not under XLA; see
+    host instead, a tensor per thread (`_telemetry_kernel`, through `tf.numpy_function`: not under XLA; see
     `use_host_tables`), the sums are the same; where it cannot read the tensors or the
     thresholds exactly (`_host_reads`: a float64 tensor, fp64's thresholds) the tables
     are counted as without it.
@@ -257,6 +259,7 @@ def _host_tables(tf, lows, shadows, thresholds: Thresholds):
     patterns = tuple(np.int32(_fp32_bits(v) & 0x7FFFFFFF)
                      for v in (thresholds.flush_below, thresholds.smallest_normal, thresholds.largest))
     n = len(lows)
+    threads = _host_threads(tf)
 
     def count(*tensors):
         joint = np.zeros((n, _N_LOW * _N_SHADOW * N_BINS), np.int32)
@@ -265,11 +268,19 @@ def _host_tables(tf, lows, shadows, thresholds: Thresholds):
         for t in range(n):
             if tensors[t].size != tensors[n + t].size:
                 raise ValueError(f"tensor {t} has {tensors[t].size} elements and its shadow {tensors[n + t].size}")
+
+        def fill(t):
             bits, kind = _telemetry_kernel.low_bits(tensors[t])
             shadow_bits = np.ascontiguousarray(tensors[n + t], dtype=np.float32).reshape(-1).view(np.uint32)
             _telemetry_kernel.fill_tables(bits, kind, shadow_bits, patterns, bounds, np.int32(HIST_MIN_EXPONENT),
                                           np.int32(HIST_MAX_EXPONENT), np.int32(_N_SHADOW), joint[t], shadow[t],
                                           extremes[t])
+
+        # The kernel releases the GIL and each tensor fills its own rows: the cores TensorFlow
+        # leaves idle while the step waits on this op share the tensors, largest first.
+        largest_first = sorted(range(n), key=lambda t: -tensors[t].size)
+        with ThreadPoolExecutor(max(1, min(n, threads))) as pool:
+            list(pool.map(fill, largest_first))
         return (joint.reshape(n, _N_LOW, _N_SHADOW, N_BINS), shadow.reshape(n, N_BINS + 1, len(bounds) + 1),
                 extremes.view(np.float32))
 
@@ -279,6 +290,15 @@ def _host_tables(tf, lows, shadows, thresholds: Thresholds):
     shadow.set_shape([n, N_BINS + 1, len(bounds) + 1])
     extremes.set_shape([n, 2])
     return joint, shadow, extremes
+
+
+def _host_threads(tf) -> int:
+    """The threads TensorFlow gives one op (its intra-op setting; by default the cores this
+    process may run on)."""
+    configured = tf.config.threading.get_intra_op_parallelism_threads()
+    if configured > 0:
+        return configured
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 #: The unsigned integer type of each float dtype's bit patterns, by width.

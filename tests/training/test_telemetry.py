@@ -156,8 +156,9 @@ def test_the_graph_xla_and_host_paths_give_the_same_statistics(fmt, float64_tens
     with np.errstate(over="ignore"):
         low = shadow.astype(np.float16)
     low[10:20] = 0  # flushed and lost values
-    lows = [low, shadow.reshape(50, 100), np.zeros(0, np.float16)]
-    shadows = [shadow, shadow.reshape(50, 100), np.zeros(0, np.float32)]
+    # tensors of different sizes and values: the host loop's threads fill each one's own rows
+    lows = [low, shadow.reshape(50, 100), np.zeros(0, np.float16), low[::-3].copy(), low[7:100].copy()]
+    shadows = [shadow, shadow.reshape(50, 100), np.zeros(0, np.float32), shadow[::-3].copy(), shadow[7:100].copy()]
     if float64_tensor:
         lows.append(shadow.astype(np.float64))
         shadows.append(shadow)
