@@ -522,7 +522,8 @@ JAX_MATRIX_DEFAULT: dict[str, tuple[str, ...]] = {
 
 # -- PyTorch's switches (convprobe.backends.pytorch) ----------------------------------------
 
-_NO_CPU_SWITCH = "PyTorch has no switch that asks for {} accumulation of fp16 convs on the CPU: its default runs"
+_NO_CPU_SWITCH = ("PyTorch has no switch that asks for {} accumulation of fp16 convs on the CPU: this row runs"
+                  " PyTorch's default")
 
 #: (device, accumulate) -> (environment, switches, note) for PyTorch.
 TORCH_SETTINGS: dict[tuple[str, str], tuple[dict[str, str], dict[str, str], str]] = {
