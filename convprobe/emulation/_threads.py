@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import numba
 
-__all__ = ["over_tasks"]
+__all__ = ["over_items", "over_tasks"]
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -64,3 +64,32 @@ def over_tasks(kernel, items: int, *args, per_task: int = 1) -> None:
         wait(futures)  # every range has ended before this returns or raises
     for future in futures:
         future.result()  # (re-raises a kernel's error here)
+
+
+def over_items(function, items) -> None:
+    """function(item) for every item, on up to ``numba.get_num_threads()`` threads of the same
+    pool, each thread taking the next item as it ends one: for tasks of unequal cost (give
+    the costliest first) that a contiguous range of `over_tasks` would split unevenly."""
+    items = list(items)
+    threads = min(numba.get_num_threads(), len(items))
+    if threads <= 1:
+        for item in items:
+            function(item)
+        return
+    queue, lock = iter(items), threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                item = next(queue, queue)  # (the iterator itself marks the end)
+            if item is queue:
+                return
+            function(item)
+
+    futures = [_executor().submit(drain) for _ in range(threads - 1)]
+    try:
+        drain()  # this thread takes items too
+    finally:
+        wait(futures)  # every item has ended before this returns or raises
+    for future in futures:
+        future.result()  # (re-raises a function's error here)

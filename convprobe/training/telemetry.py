@@ -35,12 +35,11 @@ own forward and backward arithmetic would have changed upstream.
 from __future__ import annotations
 
 import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from convprobe.emulation._threads import over_items
 from convprobe.formats import FP16, Format, parse_format
 from convprobe.training import _telemetry_kernel
 
@@ -259,7 +258,6 @@ def _host_tables(tf, lows, shadows, thresholds: Thresholds):
     patterns = tuple(np.int32(_fp32_bits(v) & 0x7FFFFFFF)
                      for v in (thresholds.flush_below, thresholds.smallest_normal, thresholds.largest))
     n = len(lows)
-    threads = _host_threads(tf)
 
     def count(*tensors):
         joint = np.zeros((n, _N_LOW * _N_SHADOW * N_BINS), np.int32)
@@ -276,11 +274,9 @@ def _host_tables(tf, lows, shadows, thresholds: Thresholds):
                                           np.int32(HIST_MAX_EXPONENT), np.int32(_N_SHADOW), joint[t], shadow[t],
                                           extremes[t])
 
-        # The kernel releases the GIL and each tensor fills its own rows: the cores TensorFlow
-        # leaves idle while the step waits on this op share the tensors, largest first.
-        largest_first = sorted(range(n), key=lambda t: -tensors[t].size)
-        with ThreadPoolExecutor(max(1, min(n, threads))) as pool:
-            list(pool.map(fill, largest_first))
+        # The kernel releases the GIL and each tensor fills its own rows: the cores the step
+        # leaves idle while it waits on this op share the tensors, largest first.
+        over_items(fill, sorted(range(n), key=lambda t: -tensors[t].size))
         return (joint.reshape(n, _N_LOW, _N_SHADOW, N_BINS), shadow.reshape(n, N_BINS + 1, len(bounds) + 1),
                 extremes.view(np.float32))
 
@@ -290,15 +286,6 @@ def _host_tables(tf, lows, shadows, thresholds: Thresholds):
     shadow.set_shape([n, N_BINS + 1, len(bounds) + 1])
     extremes.set_shape([n, 2])
     return joint, shadow, extremes
-
-
-def _host_threads(tf) -> int:
-    """The threads TensorFlow gives one op (its intra-op setting; by default the cores this
-    process may run on)."""
-    configured = tf.config.threading.get_intra_op_parallelism_threads()
-    if configured > 0:
-        return configured
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 #: The unsigned integer type of each float dtype's bit patterns, by width.

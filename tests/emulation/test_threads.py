@@ -1,5 +1,5 @@
-"""`_threads.over_tasks`: every task run exactly once, on every thread count; errors and
-forked children."""
+"""`_threads.over_tasks` and `over_items`: every task or item run exactly once, on every
+thread count; errors and forked children."""
 
 import multiprocessing
 import threading
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from convprobe.emulation._threads import over_tasks
+from convprobe.emulation._threads import over_items, over_tasks
 
 
 @njit(cache=False, nogil=True)
@@ -89,3 +89,35 @@ def test_items_go_per_task_with_the_last_task_taking_the_rest(items, per_task, t
     hits = np.zeros(tasks + 1, dtype=np.int64)
     over_tasks(_count, items, hits, per_task=per_task)
     assert hits[:tasks].tolist() == [1] * tasks and hits[tasks] == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("count", [0, 1, 2, 7])
+def test_every_item_runs_exactly_once(threads, count):
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        hits = np.zeros(count + 1, dtype=np.int64)
+        over_items(lambda item: _count(item, item + 1, hits), reversed(range(count)))
+    finally:
+        numba.set_num_threads(before)
+    assert hits[:count].tolist() == [1] * count and hits[count] == 0
+
+
+def test_items_run_on_more_than_one_thread_and_an_error_reaches_the_caller_after_every_item():
+    if numba.get_num_threads() < 2:
+        pytest.skip("one numba thread: every item runs on the caller's")
+    seen = []
+    release = threading.Barrier(2, timeout=30)  # two items run at once, or this times out
+
+    def function(item):
+        if item < 2:
+            release.wait()
+        seen.append((item, threading.get_ident()))
+        if item == 1:
+            raise ValueError("item 1")
+
+    with pytest.raises(ValueError, match="item 1"):
+        over_items(function, range(6))
+    assert sorted(item for item, _ in seen) == list(range(6))
+    assert len({ident for _, ident in seen}) > 1
