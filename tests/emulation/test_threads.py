@@ -1,6 +1,7 @@
 """`_threads.over_tasks` and `over_items`: every task or item run exactly once, on every
 thread count; errors and forked children."""
 
+import contextlib
 import multiprocessing
 import threading
 
@@ -18,16 +19,22 @@ def _count(t0, t1, hits):
         hits[t] += 1
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 100])
-def test_every_task_runs_exactly_once(threads, count):
+@contextlib.contextmanager
+def _numba_threads(threads):
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        hits = np.zeros(count + 1, dtype=np.int64)  # one past the end, which no task may touch
-        over_tasks(_count, count, hits)
+        yield
     finally:
         numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 100])
+def test_every_task_runs_exactly_once(threads, count):
+    hits = np.zeros(count + 1, dtype=np.int64)  # one past the end, which no task may touch
+    with _numba_threads(threads):
+        over_tasks(_count, count, hits)
     assert hits[:count].tolist() == [1] * count and hits[count] == 0
 
 
@@ -94,13 +101,9 @@ def test_items_go_per_task_with_the_last_task_taking_the_rest(items, per_task, t
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("count", [0, 1, 2, 7])
 def test_every_item_runs_exactly_once(threads, count):
-    before = numba.get_num_threads()
-    numba.set_num_threads(threads)
-    try:
-        hits = np.zeros(count + 1, dtype=np.int64)
+    hits = np.zeros(count + 1, dtype=np.int64)
+    with _numba_threads(threads):
         over_items(lambda item: _count(item, item + 1, hits), reversed(range(count)))
-    finally:
-        numba.set_num_threads(before)
     assert hits[:count].tolist() == [1] * count and hits[count] == 0
 
 
