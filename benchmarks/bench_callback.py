@@ -1,32 +1,34 @@
 """Benchmark: the overhead of `UnderflowTelemetry(every=10)` on a user's Keras `fit`.
 
-Run: ``python benchmarks/bench_callback.py [--steps 40] [--repeats 10] [--batch-size 32]
-[--image-size 32] [--width 32] [--every 10] [--jit]``
+Run: ``python benchmarks/bench_callback.py [--steps 400] [--batch-size 32] [--image-size 32]
+[--width 32] [--every 10] [--jit]``
 
 The goal (issue 43): fit steps with the callback at every=10 cost at most 1.10x plain
-`fit` steps. One process builds a small user model (Conv2D, BatchNormalization, Conv2D,
-BatchNormalization, Dense under mixed_float16 with a LossScaleOptimizer) twice with the
-same seed, then alternates fits of `--steps + 1` steps, plain and with the callback,
-`--repeats` times each, each plain fit paired with the callback's fit beside it, in
-alternating order (plain first, then the callback first: a machine that slows down or
-speeds up through the run moves the pairs' ratios both ways instead of one). A
-timing callback (last in the list, so the telemetry callback's
-own hooks are inside its intervals) stamps every step's end; step 0 of each fit (tracing)
-is dropped, so the steps kept hold exactly one measured step in `every`. It prints the
-process CPU time (every thread) and the wall time per step of both arms, and the ratio as
-the median of the pairs' ratios (with their range): two fits run back to back share the
-machine's load, so a pair's ratio is steadier than a ratio of medians; on a shared machine
-CPU time is also the steadier of the two clocks. The cost
-of a measured step is the fp32 shadow's pass plus per-tensor statistics and records, so the
-ratio grows as layers shrink. Forty steps per fit hold four measured ones (with twenty, one
-slow measured step moved a pair's ratio by several percent). Ten pairs, not six: on a 2-core
-machine shared with other tenants single pairs read from 0.87x to 1.65x within one run, and the
-median of six moved by several percent from run to run (1.019x to 1.149x in one session).
+`fit` steps. Two processes build the same small user model (Conv2D, BatchNormalization,
+Conv2D, BatchNormalization, Dense under mixed_float16 with a LossScaleOptimizer, same seed)
+and fit it for `--steps + 1` steps, one plain, one with the callback, in lock step: a
+process runs one step, then waits on a semaphore while the other runs its step. Each
+process times its own steps with its own CPU clock (every thread of the process) and the
+wall clock, from the start of the step's first callback hook to the end of its last (the
+telemetry callback's hooks are inside). Step 0 (tracing) is dropped. The steps are read in
+windows of `every` (steps 1..every, every+1..2*every, ...), each holding exactly one measured
+step, and a window's ratio is the callback's steps over the plain steps of the same
+numbers, which ran interleaved with them, a few milliseconds apart. The ratio printed is
+the median of the windows' ratios (with their range) and the ratio of the totals.
+
+Why lock step: on a shared 2-core machine one process's CPU time for the same work moves
+by tens of percent from second to second (its sibling hardware threads are another
+tenant's), so plain and callback fits run one after the other (the method before) read
+single pairs from 0.87x to 1.65x, and the median of ten pairs moved from 1.008x to 1.149x
+across runs. Steps interleaved one by one share the machine's state; the two processes
+never run a step at once. The cost of a measured step is the fp32 shadow's pass plus
+per-tensor statistics and records, so the ratio grows as layers shrink.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import tempfile
 import time
@@ -34,8 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
+#: Seconds a process waits for the other's step before it gives up (a crashed partner).
+_PATIENCE = 600
+
 
 def build(args):
+    """The benchmark's user model, compiled; the same weights in every process (seed 0)."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -57,58 +63,92 @@ def build(args):
     return model
 
 
-def main() -> None:
+def run_arm(arm, args, mine, theirs, scratch, results):
+    """One process's fit: wait for `mine` before each step, release `theirs` after it; put the
+    per-step (cpu, wall) seconds on `results`."""
     import keras
 
     from convprobe.training import UnderflowTelemetry
 
+    class Enter(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if not mine.acquire(timeout=_PATIENCE):
+                raise TimeoutError(f"the other arm of the benchmark ran no step for {_PATIENCE} s")
+            self.begin = (time.process_time(), time.perf_counter())
+
+    class Leave(keras.callbacks.Callback):
+        def __init__(self, enter):
+            super().__init__()
+            self.enter, self.steps = enter, []
+
+        def on_train_batch_end(self, batch, logs=None):
+            cpu, wall = time.process_time(), time.perf_counter()
+            self.steps.append((cpu - self.enter.begin[0], wall - self.enter.begin[1]))
+            theirs.release()
+
+    try:
+        model = build(args)
+        rng = np.random.default_rng(0)
+        n = (args.steps + 1) * args.batch_size
+        xs = rng.normal(size=(n, args.image_size, args.image_size, 3)).astype("float32")
+        ys = rng.integers(0, 10, n)
+        enter = Enter()
+        leave = Leave(enter)
+        telemetry = [UnderflowTelemetry(Path(scratch) / "run", every=args.every)] if arm == "callback" else []
+        model.fit(xs, ys, batch_size=args.batch_size, epochs=1, verbose=0, shuffle=False,
+                  callbacks=[enter, *telemetry, leave])
+        results.put((arm, leave.steps))
+    except BaseException as error:
+        theirs.release()  # the other arm must not wait for a step that will not come
+        results.put((arm, f"{type(error).__name__}: {error}"))
+
+
+def windows(steps, every):
+    """Sums of `steps` (step 0 dropped) over consecutive windows of `every` steps."""
+    kept = steps[1:]
+    return [sum(kept[i:i + every]) for i in range(0, len(kept) - every + 1, every)]
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per fit (default 40)")
-    parser.add_argument("--repeats", type=int, default=10, help="pairs of fits (default 10: five in each order)")
+    parser.add_argument("--steps", type=int, default=400,
+                        help="timed steps per arm, after the tracing step (default 400: 40 windows at every=10)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--width", type=int, default=32, help="channels of the first conv (the second has twice)")
     parser.add_argument("--jit", action="store_true", help="compile the step with XLA (default off)")
     args = parser.parse_args()
+    if args.steps < args.every:
+        parser.error(f"--steps must be at least --every ({args.every}); received {args.steps}")
 
-    class Stamps(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            self.cpu.append(time.process_time())
-            self.wall.append(time.perf_counter())
-
-        def on_train_begin(self, logs=None):
-            self.cpu, self.wall = [], []
-
-    rng = np.random.default_rng(0)
-    n = (args.steps + 1) * args.batch_size
-    xs = rng.normal(size=(n, args.image_size, args.image_size, 3)).astype("float32")
-    ys = rng.integers(0, 10, n)
-    models = {"plain": build(args), "callback": build(args)}
-    per_step = {arm: {"cpu": [], "wall": []} for arm in models}
+    context = multiprocessing.get_context("spawn")
+    turns = {"plain": context.Semaphore(1), "callback": context.Semaphore(0)}  # plain's step first
+    results = context.Queue()
     with tempfile.TemporaryDirectory() as scratch:
-        for repeat in range(args.repeats):
-            order = list(models) if repeat % 2 == 0 else list(models)[::-1]  # ABBA: a drift cancels
-            for arm in order:
-                model = models[arm]
-                stamps = Stamps()
-                callbacks = [stamps] if arm == "plain" else [
-                    UnderflowTelemetry(Path(scratch) / f"run{repeat}", every=args.every), stamps]
-                model.fit(xs, ys, batch_size=args.batch_size, epochs=1, verbose=0, shuffle=False,
-                          callbacks=callbacks)
-                for clock in ("cpu", "wall"):
-                    times = getattr(stamps, clock)
-                    per_step[arm][clock].append((times[-1] - times[0]) / (len(times) - 1))  # steps 1..N
+        processes = [context.Process(target=run_arm, args=(arm, args, turns[arm], turns[other], scratch, results))
+                     for arm, other in (("plain", "callback"), ("callback", "plain"))]
+        for process in processes:
+            process.start()
+        steps = dict(results.get() for _ in processes)
+        for process in processes:
+            process.join()
+    failed = {arm: s for arm, s in steps.items() if isinstance(s, str)}
+    if failed:
+        raise SystemExit("; ".join(f"the {arm} arm failed: {message}" for arm, message in failed.items()))
+
     print(f"UnderflowTelemetry(every={args.every}) on a Conv2D({args.width})/BN/Conv2D({2 * args.width})/BN/Dense "
-          f"model, mixed_float16, batch "
-          f"{args.batch_size}, {args.image_size}x{args.image_size}, XLA {'on' if args.jit else 'off'}; "
-          f"{args.steps} steps per fit (1 in {args.every} measured), median of {args.repeats} repeats")
-    for clock in ("cpu", "wall"):
-        plain, with_callback = per_step["plain"][clock], per_step["callback"][clock]
-        ratios = [c / p for p, c in zip(plain, with_callback)]
-        print(f"  {clock:4s} per step: plain {statistics.median(plain) * 1e3:.2f} ms, with the callback "
-              f"{statistics.median(with_callback) * 1e3:.2f} ms; ratio {statistics.median(ratios):.3f}x "
-              f"(median of {len(ratios)} pairs, {min(ratios):.3f} to {max(ratios):.3f})")
+          f"model, mixed_float16, batch {args.batch_size}, {args.image_size}x{args.image_size}, "
+          f"XLA {'on' if args.jit else 'off'}; {args.steps} steps per arm in lock step (1 in {args.every} "
+          f"measured), step 0 dropped")
+    for clock, column in (("cpu", 0), ("wall", 1)):
+        plain = [s[column] for s in steps["plain"]]
+        with_callback = [s[column] for s in steps["callback"]]
+        ratios = [c / p for p, c in zip(windows(plain, args.every), windows(with_callback, args.every))]
+        print(f"  {clock:4s} per step: plain {statistics.mean(plain[1:]) * 1e3:.2f} ms, with the callback "
+              f"{statistics.mean(with_callback[1:]) * 1e3:.2f} ms (means); ratio "
+              f"{statistics.median(ratios):.3f}x (median of {len(ratios)} windows of {args.every} steps, "
+              f"{min(ratios):.3f} to {max(ratios):.3f}); totals {sum(with_callback[1:]) / sum(plain[1:]):.3f}x")
 
 
 if __name__ == "__main__":
