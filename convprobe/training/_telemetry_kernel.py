@@ -3,9 +3,11 @@
 XLA's CPU backend runs the scatter-adds that fill the tables as serial loops of a few
 nanoseconds an element, and its reductions (the extremes) hardly faster: on a CPU they
 were most of a measured step's cost beyond the fp32 shadow's own pass. Here numba reads
-each element once, by blocks: a loop that computes each element's two table codes and the
-running extremes with no branch on the data (it vectorises), then a loop of increments. It
-reads the fp32 bit patterns alone (no float compare, so no denormals-are-zero: an fp32
+each element once, by blocks: a loop over the low-precision values that computes their
+share of each element's table code and the running extremes on their own bit patterns
+(an fp16 value is never widened), a loop over the shadow values that completes the codes,
+both with no branch on the data (they vectorise), then a loop of increments. It
+reads bit patterns alone (no float compare, so no denormals-are-zero: an fp32
 subnormal counts as the nonzero it is, as in `telemetry.numpy_tensor_stats`). `telemetry.batched_stats` calls it through
 `tf.numpy_function` when the step is not compiled by XLA and no GPU holds the tensors,
 for fp16, bf16 and fp32 tensors and thresholds (`telemetry._host_reads`); its statistics
@@ -72,7 +74,12 @@ def _fp32_magnitude(bits, kind):
 @njit(cache=True, nogil=True, inline="always")
 def _exponent_bin(magnitude, min_exponent, max_exponent):
     """Bin of floor(log2 x) for the fp32 pattern `magnitude`, as `telemetry._exponent_bins`."""
-    exponent = (magnitude >> np.int32(23)) - np.int32(127)
+    return _bin((magnitude >> np.int32(23)) - np.int32(127), min_exponent, max_exponent)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _bin(exponent, min_exponent, max_exponent):
+    """The histogram bin of floor(log2 x) = `exponent`, clipped to the first and last bins."""
     return np.int32(min(max(exponent, min_exponent - np.int32(1)), max_exponent) - (min_exponent - np.int32(1)))
 
 
@@ -82,25 +89,61 @@ def _count(condition):
 
 
 @njit(cache=True, nogil=True)
-def _classify(low, kind, shadow, thresholds, bounds, min_exponent, max_exponent, n_shadow_classes,
-              joint_codes, shadow_codes, extremes):
-    """Each element's joint code and shadow code (as `fill_tables` counts them), and the running
-    extremes (int32 [2]: the smallest nonzero |low| less one, the largest finite), in int32
-    lanes only (one loop with no store but the codes': it vectorises)."""
+def _fp16_low_codes(low, normal, min_exponent, max_exponent, n_shadow_classes, joint_codes, extremes):
+    """Each element's joint code less its shadow class's share, read on the fp16 pattern itself
+    (no widening: with the sign cleared, its order is the magnitudes'), and the running extremes
+    as fp16 patterns (int32 [2]: the smallest nonzero less one, the largest finite). `normal`:
+    the smallest pattern at or above the format's smallest normal. floor(log2|x|) is the exponent
+    field less 15, or for a subnormal m * 2^-24 the bit length of m less 25; a zero's bin is 0's,
+    a non-finite one's 1.0's, as `_fp32_codes` gives them."""
+    prefer_512_bit_vectors()
+    n_bins = max_exponent - min_exponent + np.int32(2)
+    stride = n_shadow_classes * n_bins
+    inf = np.int32(0x7C00)
+    smallest, biggest = extremes[0], extremes[1]
+    for j in range(low.size):
+        h = np.int32(low[j]) & np.int32(0x7FFF)
+        # 0 zero, 1 subnormal, 2 normal, 3 inf, 4 nan
+        low_class = _count(h > np.int32(0)) + _count(h >= normal) + _count(h >= inf) + _count(h > inf)
+        exponent = (np.int32(0) if h >= inf else (h >> np.int32(10)) - np.int32(15) if h >= np.int32(0x400) else
+                    bitlen32(h) - np.int32(25) if h > np.int32(0) else np.int32(-127))
+        joint_codes[j] = low_class * stride + _bin(exponent, min_exponent, max_exponent)
+        biggest = max(biggest, h if h < inf else np.int32(0))
+        smallest = min(smallest, h - np.int32(1) if h > np.int32(0) else inf)
+    extremes[0] = smallest
+    extremes[1] = biggest
+
+
+@njit(cache=True, nogil=True)
+def _fp32_low_codes(low, shift, normal, min_exponent, max_exponent, n_shadow_classes, joint_codes, extremes):
+    """`_fp16_low_codes` for fp32 patterns, or bf16 patterns widened by `shift` 16 (exact: a
+    bf16 pattern is the top half of its fp32 pattern); the extremes as fp32 patterns."""
+    prefer_512_bit_vectors()
+    n_bins = max_exponent - min_exponent + np.int32(2)
+    stride = n_shadow_classes * n_bins
+    inf = np.int32(0x7F800000)
+    one_bin = _exponent_bin(np.int32(0x3F800000), min_exponent, max_exponent)  # a non-finite low: 1.0's
+    smallest, biggest = extremes[0], extremes[1]
+    for j in range(low.size):
+        a = np.int32((np.uint32(low[j]) << shift) & np.uint32(0x7FFFFFFF))
+        low_class = _count(a > np.int32(0)) + _count(a >= normal) + _count(a >= inf) + _count(a > inf)
+        low_bin = _exponent_bin(a, min_exponent, max_exponent) if a < inf else one_bin
+        joint_codes[j] = low_class * stride + low_bin
+        biggest = max(biggest, a if a < inf else np.int32(0))
+        smallest = min(smallest, a - np.int32(1) if a > np.int32(0) else inf)
+    extremes[0] = smallest
+    extremes[1] = biggest
+
+
+@njit(cache=True, nogil=True)
+def _shadow_codes(shadow, thresholds, bounds, min_exponent, max_exponent, joint_codes, shadow_codes):
+    """Add each element's shadow class's share to its joint code; write its shadow code."""
     prefer_512_bit_vectors()
     flush, normal, largest = thresholds
     inf = np.int32(0x7F800000)
     n_bins = max_exponent - min_exponent + np.int32(2)
     n_buckets = np.int32(len(bounds) + 1)
-    one_bin = _exponent_bin(np.int32(0x3F800000), min_exponent, max_exponent)  # a non-finite low: 1.0's
-    smallest, biggest = extremes[0], extremes[1]
-    for j in range(low.size):
-        a = _fp32_magnitude(low[j], kind)
-        # 0 zero, 1 subnormal, 2 normal, 3 inf, 4 nan
-        low_class = _count(a > np.int32(0)) + _count(a >= normal) + _count(a >= inf) + _count(a > inf)
-        low_bin = _exponent_bin(a, min_exponent, max_exponent) if a < inf else one_bin
-        biggest = max(biggest, a if a < inf else np.int32(0))
-        smallest = min(smallest, a - np.int32(1) if a > np.int32(0) else inf)
+    for j in range(shadow.size):
         s = np.int32(shadow[j] & np.uint32(0x7FFFFFFF))
         # 0 zero, 1 rounds to zero, 2 subnormal, 3 normal, 4 finite beyond the range, 5 non-finite
         shadow_class = (_count(s > np.int32(0)) + _count(s > flush) + _count(s >= normal) + _count(s > largest)
@@ -109,10 +152,8 @@ def _classify(low, kind, shadow, thresholds, bounds, min_exponent, max_exponent,
         bucket = np.int32(0)
         for bound in bounds:
             bucket += _count(s > bound)
-        joint_codes[j] = (low_class * n_shadow_classes + shadow_class) * n_bins + low_bin
+        joint_codes[j] += shadow_class * n_bins
         shadow_codes[j] = shadow_bin * n_buckets + bucket
-    extremes[0] = smallest
-    extremes[1] = biggest
 
 
 #: Elements classified per block before they are counted: the codes stay in the L1 cache.
@@ -131,22 +172,50 @@ def fill_tables(low, kind, shadow, thresholds, bounds, min_exponent, max_exponen
     largest value (flush <= normal <= largest < inf); `bounds`: the
     counterfactual bucket bounds (`telemetry._counterfactual_buckets`), a tuple of int32.
     The classes and bins are `telemetry._tensor_tables'`, as sums of comparisons, by
-    blocks: `_classify`, then a loop of increments into interleaved copies of the tables."""
+    blocks: the low side's codes (read in the low's own patterns), the shadow side's, then a
+    loop of increments into interleaved copies of the tables."""
     joint_copies = np.zeros((_COPIES, joint.size), np.int32)
     shadow_copies = np.zeros((_COPIES, shadow_table.size), np.int32)
     joint_codes = np.empty(_BLOCK, np.int32)
     shadow_codes = np.empty(_BLOCK, np.int32)
-    running = np.array([0x7F800000 - 1, 0], np.int32)  # the smallest |low| less one, the largest
+    fp16 = kind == LowBits.FP16
+    normal = thresholds[1]
+    if fp16:  # the smallest fp16 pattern at or above it (a binary search over the ordered patterns)
+        below, above = np.int32(0), np.int32(0x7C00)  # inf is above any finite threshold
+        while below < above:
+            middle = (below + above) // np.int32(2)
+            if _fp32_magnitude(np.uint16(middle), LowBits.FP16) < normal:
+                below = middle + np.int32(1)
+            else:
+                above = middle
+        normal = below
+    running = np.array([(0x7C00 if fp16 else 0x7F800000) - 1, 0], np.int32)  # the smallest less one, the largest
+    shift = np.int32(16 if kind == LowBits.BF16 else 0)
     for start in range(0, low.size, _BLOCK):
         stop = min(start + _BLOCK, low.size)
-        _classify(low[start:stop], kind, shadow[start:stop], thresholds, bounds, min_exponent, max_exponent,
-                  n_shadow_classes, joint_codes, shadow_codes, running)
-        for j in range(stop - start):
-            copy = j % _COPIES
-            joint_copies[copy, joint_codes[j]] += 1
-            shadow_copies[copy, shadow_codes[j]] += 1
+        if fp16:
+            _fp16_low_codes(low[start:stop], normal, min_exponent, max_exponent, n_shadow_classes, joint_codes,
+                            running)
+        else:
+            _fp32_low_codes(low[start:stop], shift, normal, min_exponent, max_exponent, n_shadow_classes,
+                            joint_codes, running)
+        _shadow_codes(shadow[start:stop], thresholds, bounds, min_exponent, max_exponent, joint_codes, shadow_codes)
+        size = stop - start
+        j = 0
+        while j + _COPIES <= size:  # each copy its own increments: no increment waits on the one before
+            for copy in range(_COPIES):
+                joint_copies[copy, joint_codes[j + copy]] += 1
+                shadow_copies[copy, shadow_codes[j + copy]] += 1
+            j += _COPIES
+        for k in range(j, size):
+            joint_copies[0, joint_codes[k]] += 1
+            shadow_copies[0, shadow_codes[k]] += 1
     for copy in range(_COPIES):
         joint += joint_copies[copy]
         shadow_table += shadow_copies[copy]
-    extremes[0] = running[0] + 1  # inf where none is nonzero and finite
-    extremes[1] = running[1]
+    smallest, biggest = running[0] + 1, running[1]  # inf where none is nonzero and finite
+    if fp16:
+        smallest = _fp32_magnitude(np.uint16(smallest), LowBits.FP16)
+        biggest = _fp32_magnitude(np.uint16(biggest), LowBits.FP16)
+    extremes[0] = smallest
+    extremes[1] = biggest

@@ -254,3 +254,33 @@ def test_host_tables_widen_every_fp16_and_bf16_pattern_exactly():
         wrong = np.flatnonzero(got != want)
         assert not wrong.size, (f"{wrong.size} {np.dtype(dtype).name} patterns widened wrongly, first "
                                 f"{patterns[wrong[0]]:#06x}: {got[wrong[0]]:#010x} for {want[wrong[0]]:#010x}")
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize(("dtype", "fmt"), [(np.float16, "fp16"), (np.float16, "bf16"), (np.float16, "fp32"),
+                                           (ml_dtypes.bfloat16, "bf16"), (ml_dtypes.bfloat16, "fp32")],
+                         ids=["fp16-fp16", "fp16-bf16", "fp16-fp32", "bf16-bf16", "bf16-fp32"])
+def test_host_tables_count_every_fp16_and_bf16_pattern_as_the_reference_does(dtype, fmt):
+    """The host loop reads an fp16 value on its own pattern and a bf16 value widened: at all
+    65,536 patterns of each as the low value (signed, subnormals, infinities, NaN payloads),
+    against shadows of either sign spread around it, its counts, extremes and histogram are
+    the NumPy reference's under the thresholds of its own format and of each wider one (a
+    finite value beyond the format's range is a run's inf, not a low value of it)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(11)
+    low = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
+    thresholds = Thresholds.of(parse_format(fmt))
+    with np.errstate(over="ignore", invalid="ignore"):  # (casts of NaN payloads and of the largest values)
+        wide = low.astype(np.float64)
+        shadow = (wide * rng.choice([-1.0, 1.0], wide.size) * 2.0 ** rng.integers(-3, 4, wide.size)).astype(np.float32)
+        reference = numpy_tensor_stats(low, shadow, thresholds)
+    fn = tf.function(lambda a, b: batched_stats(a, b, thresholds, host=True))
+    counts, extremes, hist_low, _, _ = (np.asarray(x) for x in fn([tf.constant(low)], [tf.constant(shadow)]))
+    assert dict(zip(COUNT_FIELDS, counts[0].tolist())) == reference
+    a = np.abs(wide)
+    nonzero = np.isfinite(a) & (a != 0)
+    assert extremes[0].tolist() == [a[nonzero].min(), a[np.isfinite(a)].max()]
+    e = np.clip(np.frexp(a[nonzero])[1] - 1, histogram_edges()[0], histogram_edges()[-1])
+    want = {int(k): int(v) for k, v in zip(*np.unique(e, return_counts=True))}
+    assert decode_histogram(encode_histogram(hist_low[0])) == want
