@@ -57,10 +57,8 @@ class TensorBoardWriter:
         self._scalar = metadata("scalars")
         self._histogram = metadata("histograms", _HISTOGRAM_NOTE)
         self._compiled: dict[tuple[str, ...], Any] = {}  # one traced writer per set of tensors: one call per measured step
+        self._step_writer = tf.function(self._write_step)  # (two eager writes cost about 1.5 ms)
         self._labels = {label: i for i, label in enumerate(histogram_edges())}
-
-    def _write_scalar(self, tag: str, value: float, step: int) -> None:
-        self.tf.summary.write(tag, self.tf.constant(float(value), self.tf.float32), step=step, metadata=self._scalar)
 
     def _dense(self, cell: str) -> np.ndarray:
         counts = np.zeros(len(self._labels), dtype=np.float64)
@@ -120,9 +118,15 @@ class TensorBoardWriter:
 
     def write_step(self, step: int, loss_scale: float, skipped_steps: int) -> None:
         """The loss scale of a step and the skipped steps so far."""
-        with self._one_line(), self.writer.as_default():
-            self._write_scalar("loss_scale", loss_scale, step)
-            self._write_scalar("skipped_steps", skipped_steps, step)
+        tf = self.tf
+        with self._one_line():
+            self._step_writer(tf.constant(step, tf.int64), tf.constant(loss_scale, tf.float32),
+                              tf.constant(skipped_steps, tf.float32))
+
+    def _write_step(self, step, loss_scale, skipped_steps):
+        with self.writer.as_default():
+            self.tf.summary.write("loss_scale", loss_scale, step=step, metadata=self._scalar)
+            self.tf.summary.write("skipped_steps", skipped_steps, step=step, metadata=self._scalar)
 
     def flush(self) -> None:
         with self._one_line():
