@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import queue
 import statistics
 import tempfile
 import time
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-#: Seconds a process waits for the other's step before it gives up (a crashed partner).
+#: Seconds a process waits for the other's step before it gives up (a partner that hangs).
 _PATIENCE = 600
 
 
@@ -63,17 +64,21 @@ def build(args):
     return model
 
 
-def run_arm(arm, args, mine, theirs, scratch, results):
+def run_arm(arm, args, mine, theirs, failed, scratch, results):
     """One process's fit: wait for `mine` before each step, release `theirs` after it; put the
-    per-step (cpu, wall) seconds on `results`."""
+    per-step (cpu, wall) seconds on `results`, or the error, and then set `failed`."""
     import keras
 
     from convprobe.training import UnderflowTelemetry
 
     class Enter(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            if not mine.acquire(timeout=_PATIENCE):
-                raise TimeoutError(f"the other arm of the benchmark ran no step for {_PATIENCE} s")
+            waited = 0
+            while not mine.acquire(timeout=1):
+                waited += 1
+                if failed.is_set() or waited >= _PATIENCE:
+                    raise RuntimeError("the other arm stopped" if failed.is_set() else
+                                       f"the other arm ran no step for {_PATIENCE} s")
             self.begin = (time.process_time(), time.perf_counter())
 
     class Leave(keras.callbacks.Callback):
@@ -99,8 +104,15 @@ def run_arm(arm, args, mine, theirs, scratch, results):
                   callbacks=[enter, *telemetry, leave])
         results.put((arm, leave.steps))
     except BaseException as error:
-        theirs.release()  # the other arm must not wait for a step that will not come
+        failed.set()  # the other arm must not wait for a step that will not come
         results.put((arm, f"{type(error).__name__}: {error}"))
+
+
+def positive(text: str) -> int:
+    """An argparse type: a positive integer."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; received {text!r}")
+    return int(text)
 
 
 def windows(steps, every):
@@ -111,12 +123,12 @@ def windows(steps, every):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=400,
+    parser.add_argument("--steps", type=positive, default=400,
                         help="timed steps per arm, after the tracing step (default 400: 40 windows at every=10)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--width", type=int, default=32, help="channels of the first conv (the second has twice)")
+    parser.add_argument("--batch-size", type=positive, default=32)
+    parser.add_argument("--image-size", type=positive, default=32)
+    parser.add_argument("--every", type=positive, default=10)
+    parser.add_argument("--width", type=positive, default=32, help="channels of the first conv (the second has twice)")
     parser.add_argument("--jit", action="store_true", help="compile the step with XLA (default off)")
     args = parser.parse_args()
     if args.steps < args.every:
@@ -124,14 +136,24 @@ def main() -> None:
 
     context = multiprocessing.get_context("spawn")
     turns = {"plain": context.Semaphore(1), "callback": context.Semaphore(0)}  # plain's step first
-    results = context.Queue()
+    results, failed = context.Queue(), context.Event()
     with tempfile.TemporaryDirectory() as scratch:
-        processes = [context.Process(target=run_arm, args=(arm, args, turns[arm], turns[other], scratch, results))
-                     for arm, other in (("plain", "callback"), ("callback", "plain"))]
-        for process in processes:
+        processes = {arm: context.Process(target=run_arm, args=(arm, args, turns[arm], turns[other], failed, scratch,
+                                                                 results))
+                     for arm, other in (("plain", "callback"), ("callback", "plain"))}
+        for process in processes.values():
             process.start()
-        steps = dict(results.get() for _ in processes)
-        for process in processes:
+        steps: dict = {}
+        while len(steps) < len(processes):
+            try:
+                arm, value = results.get(timeout=5)
+                steps[arm] = value
+            except queue.Empty:  # a process killed outright (out of memory, a signal) puts nothing
+                for arm, process in processes.items():
+                    if arm not in steps and process.exitcode not in (None, 0):
+                        steps[arm] = f"its process exited with code {process.exitcode}"
+                        failed.set()
+        for process in processes.values():
             process.join()
     failed = {arm: s for arm, s in steps.items() if isinstance(s, str)}
     if failed:
