@@ -21,12 +21,14 @@ the watched layers' outputs among the tape's targets: a measured step classifies
 very gradients its update applies, and pays only for the fp32 shadow's pass and the
 statistics. With a custom `train_step` (or several outputs) the user's step runs
 unchanged and a clone of the model in its own dtype policy gives the low-precision
-gradients. Either way a `tf.cond` on the callback's step counter measures, before
-the update, the batch the update is about to use at the weights it is about to
-change: no sample batch to pass, nothing in the data pipeline changes, and it works
-with XLA. A step whose update a `LossScaleOptimizer` skipped (non-finite gradients)
-is measured too, after the skip (the weights are those the step saw, the scale the
-one it used), so its record names the overflowing tensors.
+gradients. Either way a step due for measurement measures, before the update, the batch
+the update is about to use at the weights it is about to change: no sample batch to
+pass, nothing in the data pipeline changes. What decides is a `tf.cond` on the
+callback's step counter, or under XLA (with steps_per_execution 1) and under several
+replicas the choice of one of two train functions before each step, one that measures
+and one that does not (`_chosen_functions`). A step whose update a `LossScaleOptimizer`
+skipped (non-finite gradients) is measured too, after the skip (the weights are those
+the step saw, the scale the one it used), so its record names the overflowing tensors.
 
 Every step is recorded, whatever `steps_per_execution`: Keras calls
 `on_train_batch_end` once per execution, so the wrapped step writes its record (and a
@@ -47,9 +49,8 @@ line. A subclassed model's layer outputs are not symbolic tensors to tap: its we
 are measured, not its activations. Under a `tf.distribute` strategy with several
 replicas (Keras's own step, one output and steps_per_execution 1 only; otherwise
 refused), each replica measures its share of the batch, the counts are summed over
-replicas as `convprobe train` sums them, and the callback chooses between two train
-functions before each step (weight copies and cross-replica sums cannot sit inside a
-`tf.cond`): a skipped step is then named only when it is a measured one.
+replicas as `convprobe train` sums them, and a skipped step is named only when it is
+a measured one (weight copies and cross-replica sums cannot sit inside a `tf.cond`).
 """
 
 from __future__ import annotations
@@ -378,13 +379,11 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         """Keras's own `train_step` (TensorFlow backend, Keras 3.15), with the watched layers'
         outputs among the tape's targets: a measured step classifies the very gradients its
         update applies (measured before the update; after it when a LossScaleOptimizer skips).
-        `measure` True or False decides in Python instead of a `tf.cond` (several replicas: their
-        weight copies and sums cannot sit inside control flow), and a skip is not measured after."""
+        `measure` True or False decides in Python instead of a `tf.cond` (`_chosen_functions`)."""
         model = self.model
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         step = self._counter.read_value()
         scale = self._scale()
-        due = tf.equal(step % self.every, 0)
         with tf.GradientTape() as tape:
             y_pred, taps = self.low_forward(x, training=True)
             loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
@@ -396,39 +395,50 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         wgrads = grads[: len(weights)]
         targets = [weights[i] for i in self._weight_index] + taps
         lows = _zeros_for_none([wgrads[i] for i in self._weight_index] + list(grads[len(weights):]), targets)
-        if measure is None:
-            tf.cond(due, lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
-        elif measure:
-            self._measure(lows, x, y, sample_weight, step, scale)
+        due = self._measure_before(measure, step, lambda: self._measure(lows, x, y, sample_weight, step, scale))
         before = tf.identity(self._inner_iterations())
         model.optimizer.apply_gradients(zip(wgrads, weights))
         skipped = tf.equal(self._inner_iterations(), before) if self._skips else tf.constant(False)
-        if measure is None:
-            tf.cond(tf.logical_and(skipped, tf.logical_not(due)),  # a skip leaves the weights as the step saw them
-                    lambda: self._measure(lows, x, y, sample_weight, step, scale), lambda: tf.constant(False))
+        self._measure_skip(measure, due, skipped, lambda: self._measure(lows, x, y, sample_weight, step, scale))
         logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         self._finish_step(step, scale, skipped, x, logs)
         return logs
 
-    def _train_step(self, data):
+    def _train_step(self, data, measure: bool | None = None):
         """The user's own step (a custom `train_step`, or several outputs), with a measurement on
         the low-precision clone before it on every `every`-th step and after it on a step whose
-        update was skipped (weights unchanged, scale as the step used it)."""
+        update was skipped (weights unchanged, scale as the step used it); `measure` as for
+        `_own_train_step`."""
         step = self._counter.read_value()
         scale = self._scale()
-        due = tf.equal(step % self.every, 0)
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        tf.cond(due, lambda: self._measure(None, x, y, sample_weight, step, scale), lambda: tf.constant(False))
+        due = self._measure_before(measure, step, lambda: self._measure(None, x, y, sample_weight, step, scale))
         before = tf.identity(self._inner_iterations()) if self._skips else None
         logs = self._original_step(data)
         if self._skips:
             skipped = tf.equal(self._inner_iterations(), before)
-            tf.cond(tf.logical_and(skipped, tf.logical_not(due)),
-                    lambda: self._measure(None, x, y, sample_weight, step, scale), lambda: tf.constant(False))
+            self._measure_skip(measure, due, skipped, lambda: self._measure(None, x, y, sample_weight, step, scale))
         else:
             skipped = tf.constant(False)
         self._finish_step(step, scale, skipped, x, logs)
         return logs
+
+    def _measure_before(self, measure, step, run):
+        """Measure before the update when the step is due (`measure` None: a `tf.cond` on the
+        step counter) or when told to (True); returns whether it did."""
+        if measure is None:
+            due = tf.equal(step % self.every, 0)
+            tf.cond(due, run, lambda: tf.constant(False))
+            return due
+        if measure:
+            run()
+        return tf.constant(measure)
+
+    def _measure_skip(self, measure, due, skipped, run):
+        """Measure after an update a LossScaleOptimizer skipped, unless measured before it; not
+        with several replicas (their weight copies and sums cannot sit inside a `tf.cond`)."""
+        if self._replicas == 1 and measure is not True:
+            tf.cond(tf.logical_and(skipped, tf.logical_not(due)), run, lambda: tf.constant(False))
 
     @property
     def _skips(self) -> bool:
@@ -440,15 +450,24 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             self.set_model(self.model)
         if self._files is None:
             self._open()
-        self._functions = None
-        if self._replicas > 1:  # two train functions, chosen before each step (fit reads the attribute)
-            model, functions = self.model, {}
-            for measure in (False, True):
-                model.train_step = functools.partial(self._own_train_step, measure=measure)
-                model.make_train_function(force=True)
-                functions[measure] = model.train_function
-            model.train_step = self._own_train_step
-            self._functions = functions
+        self._functions = self._chosen_functions()
+
+    def _chosen_functions(self):
+        """Two train functions, one that measures and one that does not, chosen before each step
+        (fit reads the attribute), or None where a `tf.cond` in one function decides. Chosen:
+        under several replicas (their weight copies and sums cannot sit inside control flow),
+        and under XLA with steps_per_execution 1 (on a CPU, XLA ran the benchmark model's
+        measurement inside a conditional in 682 ms of CPU time, and outside one in 54 ms)."""
+        model = self.model
+        if not (self._replicas > 1 or (model.jit_compile is True and self._per_execution == 1)):
+            return None
+        step, functions = model.train_step, {}
+        for measure in (False, True):
+            model.train_step = functools.partial(step, measure=measure)
+            model.make_train_function(force=True)
+            functions[measure] = model.train_function
+        model.train_step = step
+        return functions
 
     def _open(self):
         directory = self.directory

@@ -148,13 +148,16 @@ def _assert_step_zero_counts(out, low, shadow):
         assert {k: int(row[k]) for k in expected} == expected, row["layer"]
 
 
-def test_a_skipped_step_names_its_overflowing_tensors_first_in_backward_order(tmp_path):
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_a_skipped_step_names_its_overflowing_tensors_first_in_backward_order(tmp_path, jit_compile):
     """S = 2^24: the logits' gradient S*(p - y)/8 reaches fp16 at the dense layer's output as inf;
-    every step skips (the scale halves each time, still too large), recorded or not."""
+    every step skips (the scale halves each time, still too large), recorded or not. Under XLA
+    step 0 runs the train function that measures and steps 1 and 2 the one that does not,
+    which measures a skipped step after it."""
     from convprobe.training import UnderflowTelemetry
 
     xs, ys = _data()
-    model = _model(scale=2.0**24)
+    model = _model(scale=2.0**24, jit_compile=jit_compile)
     model.fit(xs[: 3 * BATCH], ys[: 3 * BATCH], batch_size=BATCH, verbose=0, shuffle=False,
               callbacks=[UnderflowTelemetry(tmp_path / "run", every=4)])
     steps = read_rows(tmp_path / "run" / "steps.csv")
@@ -213,6 +216,38 @@ def test_the_statistics_run_on_the_host_without_xla_and_under_xla_with_it(tmp_pa
         assert int(r["n"]) == sizes[r["layer"]], r["layer"]
         classified = sum(int(r[k]) for k in ("routing_zero", "flushed", "lost", "subnormal", "inf", "nan"))
         assert classified <= int(r["n"]) and int(r["n"]) > 0
+
+
+def test_under_xla_the_train_function_is_chosen_before_each_step_and_training_is_unchanged(tmp_path):
+    """Under XLA (steps_per_execution 1) a measurement inside a conditional ran more than ten
+    times slower, so the callback chooses, before each step, a train function that measures
+    or one that does not: steps 0, 2, 4 are measured, the others not, every measured tensor
+    is classified whole, and the fit's History and weights are those of the XLA fit without
+    the callback, bit for bit."""
+    import keras
+
+    from convprobe.training import UnderflowTelemetry
+
+    xs, ys = _data()
+    model = _model(jit_compile=True)
+    callback = UnderflowTelemetry(tmp_path / "run", every=2, watch=["conv", "dense"])
+    chosen = []
+    spy = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: chosen.append(
+        next(k for k, f in callback._functions.items() if f is model.train_function)))
+    history = model.fit(xs, ys, batch_size=BATCH, verbose=0, shuffle=False, callbacks=[callback, spy])
+    plain = _model(jit_compile=True)
+    plain_history = plain.fit(xs, ys, batch_size=BATCH, verbose=0, shuffle=False)
+    assert chosen == [True, False] * 3
+    steps = read_rows(tmp_path / "run" / "steps.csv")
+    assert [r["telemetry"] for r in steps] == ["True", "False"] * 3
+    telemetry = read_rows(tmp_path / "run" / "telemetry.csv")
+    assert sorted({r["step"] for r in telemetry}) == ["0", "2", "4"]
+    sizes = {"conv/kernel": 3 * 3 * 3 * 4, "conv/bias": 4, "dense/kernel": 4 * 10, "dense/bias": 10,
+             "conv": BATCH * 8 * 8 * 4, "dense": BATCH * 10}
+    assert all(int(r["n"]) == sizes[r["layer"]] for r in telemetry)
+    assert history.history == plain_history.history
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
 
 
 def test_bad_arguments_and_a_user_s_directory_are_refused(tmp_path):
