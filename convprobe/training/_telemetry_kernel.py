@@ -23,14 +23,15 @@ from numba import njit
 
 from convprobe.emulation._kernel_arithmetic import bitlen32, prefer_512_bit_vectors
 
-__all__ = ["DTYPES", "LowBits", "fill_tables", "low_bits"]
+__all__ = ["DTYPES", "LowBits", "fill_tables", "fp16_at_or_above", "low_bits"]
 
-#: The tensor dtypes `low_bits` reads exactly as fp32 patterns.
+#: The tensor dtypes `fill_tables` reads exactly on their bit patterns.
 DTYPES = ("float16", "bfloat16", "float32")
 
 
 class LowBits(IntEnum):
-    """How `fill_tables` reads the low tensor's patterns into fp32 patterns."""
+    """How `fill_tables` reads the low tensor's patterns: fp32's and fp16's as they are, bf16's
+    widened to fp32's (the top half of them)."""
 
     FP32 = 0
     BF16 = 1
@@ -42,7 +43,7 @@ _COPIES = 4
 
 
 def low_bits(x: np.ndarray) -> tuple[np.ndarray, LowBits]:
-    """(`x`'s bit patterns, flattened, how `fill_tables` widens them): fp16 and bf16 are read
+    """(`x`'s bit patterns, flattened, how `fill_tables` reads them): fp16 and bf16 are read
     as their 16-bit patterns, fp32 as its own (`DTYPES`: `telemetry._host_reads` admits no other)."""
     x = np.ascontiguousarray(x).reshape(-1)
     if x.dtype == np.float16:
@@ -89,13 +90,28 @@ def _count(condition):
 
 
 @njit(cache=True, nogil=True)
+def fp16_at_or_above(threshold):
+    """The smallest fp16 magnitude pattern whose value is at or above the fp32 pattern
+    `threshold` (0x7C00, inf's, for one above fp16's largest): the same class boundary read
+    on fp16's own patterns, whose order is their values'. A binary search."""
+    below, above = np.int32(0), np.int32(0x7C00)
+    while below < above:
+        middle = (below + above) // np.int32(2)
+        if _fp32_magnitude(np.uint16(middle), LowBits.FP16) < threshold:
+            below = middle + np.int32(1)
+        else:
+            above = middle
+    return below
+
+
+@njit(cache=True, nogil=True)
 def _fp16_low_codes(low, normal, min_exponent, max_exponent, n_shadow_classes, joint_codes, extremes):
     """Each element's joint code less its shadow class's share, read on the fp16 pattern itself
     (no widening: with the sign cleared, its order is the magnitudes'), and the running extremes
     as fp16 patterns (int32 [2]: the smallest nonzero less one, the largest finite). `normal`:
     the smallest pattern at or above the format's smallest normal. floor(log2|x|) is the exponent
     field less 15, or for a subnormal m * 2^-24 the bit length of m less 25; a zero's bin is 0's,
-    a non-finite one's 1.0's, as `_fp32_codes` gives them."""
+    a non-finite one's 1.0's, as `_fp32_low_codes` gives them."""
     prefer_512_bit_vectors()
     n_bins = max_exponent - min_exponent + np.int32(2)
     stride = n_shadow_classes * n_bins
@@ -179,16 +195,7 @@ def fill_tables(low, kind, shadow, thresholds, bounds, min_exponent, max_exponen
     joint_codes = np.empty(_BLOCK, np.int32)
     shadow_codes = np.empty(_BLOCK, np.int32)
     fp16 = kind == LowBits.FP16
-    normal = thresholds[1]
-    if fp16:  # the smallest fp16 pattern at or above it (a binary search over the ordered patterns)
-        below, above = np.int32(0), np.int32(0x7C00)  # inf is above any finite threshold
-        while below < above:
-            middle = (below + above) // np.int32(2)
-            if _fp32_magnitude(np.uint16(middle), LowBits.FP16) < normal:
-                below = middle + np.int32(1)
-            else:
-                above = middle
-        normal = below
+    normal = fp16_at_or_above(thresholds[1]) if fp16 else thresholds[1]
     running = np.array([(0x7C00 if fp16 else 0x7F800000) - 1, 0], np.int32)  # the smallest less one, the largest
     shift = np.int32(16 if kind == LowBits.BF16 else 0)
     for start in range(0, low.size, _BLOCK):

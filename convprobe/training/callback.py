@@ -450,6 +450,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             self.set_model(self.model)
         if self._files is None:
             self._open()
+        self._next_step = int(self._counter.numpy())  # (a fit interrupted after a step, before its record)
         self._functions = self._chosen_functions()
 
     def _chosen_functions(self):

@@ -124,6 +124,7 @@ class TensorBoardWriter:
                               tf.constant(skipped_steps, tf.float32))
 
     def _write_step(self, step, loss_scale, skipped_steps):
+        """`write_step`'s two scalars, traced once (`_step_writer`)."""
         with self.writer.as_default():
             self.tf.summary.write("loss_scale", loss_scale, step=step, metadata=self._scalar)
             self.tf.summary.write("skipped_steps", skipped_steps, step=step, metadata=self._scalar)

@@ -231,6 +231,9 @@ def test_under_xla_the_train_function_is_chosen_before_each_step_and_training_is
     xs, ys = _data()
     model = _model(jit_compile=True)
     callback = UnderflowTelemetry(tmp_path / "run", every=2, watch=["conv", "dense"])
+    traced = []  # how each traced step decides whether to measure: True, False, or None (a tf.cond)
+    decide = callback._measure_before
+    callback._measure_before = lambda measure, *args: traced.append(measure) or decide(measure, *args)
     chosen = []
     spy = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: chosen.append(
         next(k for k, f in callback._functions.items() if f is model.train_function)))
@@ -238,6 +241,7 @@ def test_under_xla_the_train_function_is_chosen_before_each_step_and_training_is
     plain = _model(jit_compile=True)
     plain_history = plain.fit(xs, ys, batch_size=BATCH, verbose=0, shuffle=False)
     assert chosen == [True, False] * 3
+    assert sorted(set(traced)) == [False, True]  # no step traced with the measurement inside a tf.cond
     steps = read_rows(tmp_path / "run" / "steps.csv")
     assert [r["telemetry"] for r in steps] == ["True", "False"] * 3
     telemetry = read_rows(tmp_path / "run" / "telemetry.csv")
@@ -398,9 +402,11 @@ def test_a_subclassed_model_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_pa
         assert "train_step" not in model.__dict__
 
 
-def test_a_model_with_two_outputs_is_measured_on_a_clone_and_trains_as_without(tmp_path):
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_a_model_with_two_outputs_is_measured_on_a_clone_and_trains_as_without(tmp_path, jit_compile):
     """Keras's own step is replaced only for one output; otherwise the user's step runs and a
-    clone in the model's policy gives the low-precision gradients."""
+    clone in the model's policy gives the low-precision gradients (under XLA, in the train
+    function chosen for a measured step)."""
     import keras
 
     from convprobe.training import UnderflowTelemetry
@@ -418,18 +424,18 @@ def test_a_model_with_two_outputs_is_measured_on_a_clone_and_trains_as_without(t
             keras.mixed_precision.set_global_policy("float32")
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01)), loss=[loss, loss],
-                      jit_compile=False)
+                      jit_compile=jit_compile)
         return model
 
     xs, ys = _data()
     model, plain = build(), build()
-    model.fit(xs[: 2 * BATCH], [ys[: 2 * BATCH]] * 2, batch_size=BATCH, verbose=0, shuffle=False,
-              callbacks=[UnderflowTelemetry(tmp_path / "run", every=1)])
-    plain.fit(xs[: 2 * BATCH], [ys[: 2 * BATCH]] * 2, batch_size=BATCH, verbose=0, shuffle=False)
+    model.fit(xs[: 3 * BATCH], [ys[: 3 * BATCH]] * 2, batch_size=BATCH, verbose=0, shuffle=False,
+              callbacks=[UnderflowTelemetry(tmp_path / "run", every=2)])
+    plain.fit(xs[: 3 * BATCH], [ys[: 3 * BATCH]] * 2, batch_size=BATCH, verbose=0, shuffle=False)
     for a, b in zip(model.get_weights(), plain.get_weights()):
         assert np.array_equal(a, b)
     telemetry = read_rows(tmp_path / "run" / "telemetry.csv")
-    assert sorted({int(r["step"]) for r in telemetry}) == [0, 1]
+    assert sorted({int(r["step"]) for r in telemetry}) == [0, 2]
     assert {"conv/kernel", "da/kernel", "db/kernel", "conv", "da", "db"} <= {r["layer"] for r in telemetry}
     assert all(int(r["n"]) > 0 for r in telemetry)
 

@@ -8,7 +8,7 @@ import pytest
 from numba import njit
 
 from convprobe.formats import FP16, FP32, parse_format
-from convprobe.training._telemetry_kernel import LowBits, _fp32_magnitude, low_bits
+from convprobe.training._telemetry_kernel import LowBits, _fp32_magnitude, fp16_at_or_above, low_bits
 from convprobe.training.telemetry import (
     COUNT_FIELDS,
     COUNTERFACTUAL_FORMATS,
@@ -284,3 +284,19 @@ def test_host_tables_count_every_fp16_and_bf16_pattern_as_the_reference_does(dty
     e = np.clip(np.frexp(a[nonzero])[1] - 1, histogram_edges()[0], histogram_edges()[-1])
     want = {int(k): int(v) for k, v in zip(*np.unique(e, return_counts=True))}
     assert decode_histogram(encode_histogram(hist_low[0])) == want
+
+
+def test_fp16_class_boundaries_are_found_on_fp16_patterns():
+    """The smallest fp16 pattern at or above an fp32 threshold: at a pattern's own value, between
+    two patterns, at fp32 subnormals and zero, and beyond fp16's largest (inf's pattern)."""
+    finite = np.arange(0x7C01, dtype=np.uint32).astype(np.uint16).view(np.float16)  # 0 .. inf, ordered
+    as_fp32 = finite.astype(np.float32).view(np.int32)
+    thresholds = [0.0, 2.0**-149, 2.0**-25, 2.0**-24, 1.5 * 2.0**-24, 2.0**-14, np.nextafter(np.float32(2.0**-14), 0),
+                  np.nextafter(np.float32(2.0**-14), 1), 1.0, 1.0 + 2.0**-11, 65504.0, 65504.0 + 2.0**-8, 65520.0,
+                  2.0**100, float(np.finfo(np.float32).max)]
+    for value in thresholds:
+        pattern = np.float32(value).view(np.int32)
+        want = int(np.searchsorted(as_fp32, pattern, side="left"))
+        assert fp16_at_or_above(np.int32(pattern)) == want, (value, want)
+    assert fp16_at_or_above(np.int32(np.float32(65504.0 + 2.0**-8).view(np.int32))) == 0x7C00
+    assert fp16_at_or_above(np.int32(np.float32(2.0**-14).view(np.int32))) == 0x0400
