@@ -14,6 +14,7 @@ worker, each probe) pays it.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -56,14 +57,7 @@ def over_tasks(kernel, items: int, *args, per_task: int = 1) -> None:
         kernel(0, count, *args)
         return
     bounds = [count * i // threads for i in range(threads + 1)]
-    pool = _executor()
-    futures = [pool.submit(kernel, bounds[i], bounds[i + 1], *args) for i in range(1, threads)]
-    try:
-        kernel(bounds[0], bounds[1], *args)  # the first range on this thread
-    finally:
-        wait(futures)  # every range has ended before this returns or raises
-    for future in futures:
-        future.result()  # (re-raises a kernel's error here)
+    _at_once([functools.partial(kernel, bounds[i], bounds[i + 1], *args) for i in range(threads)])
 
 
 def over_items(function, items) -> None:
@@ -86,10 +80,16 @@ def over_items(function, items) -> None:
                 return
             function(item)
 
-    futures = [_executor().submit(drain) for _ in range(threads - 1)]
+    _at_once([drain] * threads)
+
+
+def _at_once(calls) -> None:
+    """The first call on this thread and each other on a thread of the pool, all at once;
+    returns when every call has ended, re-raising the first error."""
+    futures = [_executor().submit(call) for call in calls[1:]]
     try:
-        drain()  # this thread takes items too
+        calls[0]()
     finally:
-        wait(futures)  # every item has ended before this returns or raises
+        wait(futures)  # every call has ended before this returns or raises
     for future in futures:
-        future.result()  # (re-raises a function's error here)
+        future.result()  # (re-raises a call's error here)
