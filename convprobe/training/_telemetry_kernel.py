@@ -54,13 +54,9 @@ def low_bits(x: np.ndarray) -> tuple[np.ndarray, LowBits]:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _fp32_magnitude(bits, kind):
-    """The fp32 pattern of |x| (an int32) for `x`'s pattern `bits` read as `kind` (exact: fp16
-    and bf16 values are fp32 values); an fp16 subnormal m * 2^-24 normalised by its leading bit."""
-    if kind == LowBits.FP32:
-        return np.int32(bits & np.uint32(0x7FFFFFFF))
-    if kind == LowBits.BF16:
-        return np.int32(bits & np.uint16(0x7FFF)) << np.int32(16)
+def _fp16_magnitude(bits):
+    """The fp32 pattern of |x| (an int32) for the fp16 pattern `bits` (exact: fp16 values are
+    fp32 values); a subnormal m * 2^-24 normalised by its leading bit."""
     h = np.int32(bits & np.uint16(0x7FFF))
     field = h >> np.int32(10)
     mantissa = h & np.int32(0x3FF)
@@ -70,6 +66,13 @@ def _fp32_magnitude(bits, kind):
     special = np.int32(0x7F800000) | (mantissa << np.int32(13))
     return np.int32(special if field == np.int32(0x1F) else
                     ((subnormal if mantissa != np.int32(0) else np.int32(0)) if field == np.int32(0) else normal))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wide_magnitude(bits, shift):
+    """The fp32 pattern of |x| (an int32) for an fp32 pattern (`shift` 0) or a bf16 pattern
+    (`shift` 16: a bf16 pattern is the top half of its fp32 pattern)."""
+    return np.int32((np.uint32(bits) << shift) & np.uint32(0x7FFFFFFF))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -97,7 +100,7 @@ def fp16_at_or_above(threshold):
     below, above = np.int32(0), np.int32(0x7C00)
     while below < above:
         middle = (below + above) // np.int32(2)
-        if _fp32_magnitude(np.uint16(middle), LowBits.FP16) < threshold:
+        if _fp16_magnitude(np.uint16(middle)) < threshold:
             below = middle + np.int32(1)
         else:
             above = middle
@@ -132,8 +135,8 @@ def _fp16_low_codes(low, normal, min_exponent, max_exponent, n_shadow_classes, j
 
 @njit(cache=True, nogil=True)
 def _fp32_low_codes(low, shift, normal, min_exponent, max_exponent, n_shadow_classes, joint_codes, extremes):
-    """`_fp16_low_codes` for fp32 patterns, or bf16 patterns widened by `shift` 16 (exact: a
-    bf16 pattern is the top half of its fp32 pattern); the extremes as fp32 patterns."""
+    """`_fp16_low_codes` for fp32 or bf16 patterns (`_wide_magnitude`); the extremes as fp32
+    patterns."""
     prefer_512_bit_vectors()
     n_bins = max_exponent - min_exponent + np.int32(2)
     stride = n_shadow_classes * n_bins
@@ -141,7 +144,7 @@ def _fp32_low_codes(low, shift, normal, min_exponent, max_exponent, n_shadow_cla
     one_bin = _exponent_bin(np.int32(0x3F800000), min_exponent, max_exponent)  # a non-finite low: 1.0's
     smallest, biggest = extremes[0], extremes[1]
     for j in range(low.size):
-        a = np.int32((np.uint32(low[j]) << shift) & np.uint32(0x7FFFFFFF))
+        a = _wide_magnitude(low[j], shift)
         low_class = _count(a > np.int32(0)) + _count(a >= normal) + _count(a >= inf) + _count(a > inf)
         low_bin = _exponent_bin(a, min_exponent, max_exponent) if a < inf else one_bin
         joint_codes[j] = low_class * stride + low_bin
@@ -222,7 +225,7 @@ def fill_tables(low, kind, shadow, thresholds, bounds, min_exponent, max_exponen
         shadow_table += shadow_copies[copy]
     smallest, biggest = running[0] + 1, running[1]  # inf where none is nonzero and finite
     if fp16:
-        smallest = _fp32_magnitude(np.uint16(smallest), LowBits.FP16)
-        biggest = _fp32_magnitude(np.uint16(biggest), LowBits.FP16)
+        smallest = _fp16_magnitude(np.uint16(smallest))
+        biggest = _fp16_magnitude(np.uint16(biggest))
     extremes[0] = smallest
     extremes[1] = biggest

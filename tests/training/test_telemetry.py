@@ -8,7 +8,7 @@ import pytest
 from numba import njit
 
 from convprobe.formats import FP16, FP32, parse_format
-from convprobe.training._telemetry_kernel import LowBits, _fp32_magnitude, fp16_at_or_above, low_bits
+from convprobe.training._telemetry_kernel import LowBits, _fp16_magnitude, _wide_magnitude, fp16_at_or_above, low_bits
 from convprobe.training.telemetry import (
     COUNT_FIELDS,
     COUNTERFACTUAL_FORMATS,
@@ -39,6 +39,21 @@ CASES = [
     (1.0, 2.0**-30, {"shadow_underflow", "class_mismatch"}),
     (2.0**-14 - 2.0**-24, 2.0**-13, {"subnormal", "class_mismatch"}),
 ]
+
+
+def _reference_extremes(x) -> list[float]:
+    """[smallest nonzero, largest finite] |x|, in float64: what the statistics' extremes hold."""
+    a = np.abs(np.asarray(x, np.float64)).ravel()
+    finite = a[np.isfinite(a)]
+    return [finite[finite != 0].min(), finite.max()]
+
+
+def _reference_histogram(x) -> dict[int, int]:
+    """{floor(log2|x|), read exactly by frexp and clipped to the bins: count} over the finite
+    nonzero values of x: what a decoded histogram holds."""
+    a = np.abs(np.asarray(x, np.float64)).ravel()
+    e = np.clip(np.frexp(a[np.isfinite(a) & (a != 0)])[1] - 1, histogram_edges()[0], histogram_edges()[-1])
+    return {int(k): int(v) for k, v in zip(*np.unique(e, return_counts=True))}
 
 
 def expected_counts():
@@ -97,18 +112,10 @@ def test_batched_stats_matches_reference_exactly(jit, host):
     assert np.array_equal(fused, counterfactual_stats([tf.constant(tiny)]).numpy())
     for t, (lo, sh) in enumerate(zip(lows, shadows)):
         assert dict(zip(COUNT_FIELDS, counts[t].tolist())) == numpy_tensor_stats(lo, sh, T16)
-        a = np.abs(lo.astype(np.float64)).ravel()
-        ok = np.isfinite(a) & (a != 0)
-        assert extremes[t, 0] == a[ok].min() and extremes[t, 1] == a[np.isfinite(a)].max()
-        # Histogram: exact floor(log2|x|) via frexp, clipped to the bin range.
-        e = np.clip(np.frexp(a[ok])[1] - 1, histogram_edges()[0], histogram_edges()[-1])
-        want = {int(k): int(v) for k, v in zip(*np.unique(e, return_counts=True))}
-        assert decode_histogram(encode_histogram(hist_low[t])) == want
-        s = np.abs(sh.astype(np.float64)).ravel()
-        s = s[np.isfinite(s) & (s != 0)]
-        e = np.clip(np.frexp(s)[1] - 1, histogram_edges()[0], histogram_edges()[-1])
-        assert hist_shadow[t].sum() == len(s)
-        want = {int(k): int(v) for k, v in zip(*np.unique(e, return_counts=True))}
+        assert extremes[t].tolist() == _reference_extremes(lo)
+        assert decode_histogram(encode_histogram(hist_low[t])) == _reference_histogram(lo)
+        want = _reference_histogram(sh)
+        assert hist_shadow[t].sum() == sum(want.values())
         assert decode_histogram(encode_histogram(hist_shadow[t])) == want
     assert counts[0].tolist() == [expected_counts()[f] for f in COUNT_FIELDS]
 
@@ -133,10 +140,8 @@ def test_host_tables_read_fp32_subnormals_as_the_reference_does():
         counts, extremes, hist_low, _, counterfactual = (np.asarray(x) for x in fn(
             [tf.constant(low)], [tf.constant(shadow)]))
         assert dict(zip(COUNT_FIELDS, counts[0].tolist())) == numpy_tensor_stats(low, shadow, thresholds), fmt
-        a = np.abs(low.astype(np.float64))
-        nonzero = np.isfinite(a) & (a != 0)
-        assert extremes[0, 0] == a[nonzero].min() and extremes[0, 1] == a[np.isfinite(a)].max(), fmt
-        assert hist_low[0].sum() == nonzero.sum(), fmt
+        assert extremes[0].tolist() == _reference_extremes(low), fmt
+        assert hist_low[0].sum() == sum(_reference_histogram(low).values()), fmt
         assert np.array_equal(counterfactual, counterfactual_stats([tf.constant(shadow)]).numpy()), fmt
 
 
@@ -235,13 +240,14 @@ def test_nonfinite_counts_and_backward_order_name_the_output_side_first():
 
 
 def test_host_tables_widen_every_fp16_and_bf16_pattern_exactly():
-    """The host loop's fp16 and bf16 patterns widened to fp32 patterns: |x| exactly, at all
-    65,536 patterns of each (subnormals, infinities and NaN payloads included)."""
+    """The host loop's fp16 and bf16 patterns widened to fp32 patterns (fp16's for its
+    thresholds and extremes, bf16's for its classes and bins): |x| exactly, at all 65,536
+    patterns of each (subnormals, infinities and NaN payloads included)."""
     @njit
     def widen(bits, kind):
         out = np.empty(bits.size, np.int32)
         for i in range(bits.size):
-            out[i] = _fp32_magnitude(bits[i], kind)
+            out[i] = _fp16_magnitude(bits[i]) if kind == LowBits.FP16 else _wide_magnitude(bits[i], np.int32(16))
         return out
 
     patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
@@ -278,12 +284,8 @@ def test_host_tables_count_every_fp16_and_bf16_pattern_as_the_reference_does(dty
     fn = tf.function(lambda a, b: batched_stats(a, b, thresholds, host=True))
     counts, extremes, hist_low, _, _ = (np.asarray(x) for x in fn([tf.constant(low)], [tf.constant(shadow)]))
     assert dict(zip(COUNT_FIELDS, counts[0].tolist())) == reference
-    a = np.abs(wide)
-    nonzero = np.isfinite(a) & (a != 0)
-    assert extremes[0].tolist() == [a[nonzero].min(), a[np.isfinite(a)].max()]
-    e = np.clip(np.frexp(a[nonzero])[1] - 1, histogram_edges()[0], histogram_edges()[-1])
-    want = {int(k): int(v) for k, v in zip(*np.unique(e, return_counts=True))}
-    assert decode_histogram(encode_histogram(hist_low[0])) == want
+    assert extremes[0].tolist() == _reference_extremes(wide)
+    assert decode_histogram(encode_histogram(hist_low[0])) == _reference_histogram(wide)
 
 
 def test_fp16_class_boundaries_are_found_on_fp16_patterns():
