@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from convprobe.cli.options import positive_int
+
 #: Seconds a process waits for the other's step before it gives up (a partner that hangs), and
 #: the main process for an arm to end once the other has failed.
 _PATIENCE = 600
@@ -119,13 +121,6 @@ def run_arm(arm, args, mine, theirs, failed, scratch, results):
         results.put((arm, f"{type(error).__name__}: {error}"))
 
 
-def positive(text: str) -> int:
-    """An argparse type: a positive integer."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; received {text!r}")
-    return int(text)
-
-
 def timed(steps, every):
     """`steps` after the warm-up (steps 0 to `every`), whole windows of `every` steps only."""
     kept = steps[every + 1:]
@@ -166,12 +161,12 @@ def collect(processes, results, failed) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=positive, default=400,
-                        help="timed steps per arm, after the tracing step (default 400: 40 windows at every=10)")
-    parser.add_argument("--batch-size", type=positive, default=32)
-    parser.add_argument("--image-size", type=positive, default=32)
-    parser.add_argument("--every", type=positive, default=10)
-    parser.add_argument("--width", type=positive, default=32, help="channels of the first conv (the second has twice)")
+    parser.add_argument("--steps", type=positive_int, default=400,
+                        help="timed steps per arm, after the warm-up (default 400: 40 windows at every=10)")
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--image-size", type=positive_int, default=32)
+    parser.add_argument("--every", type=positive_int, default=10)
+    parser.add_argument("--width", type=positive_int, default=32, help="channels of the first conv (the second has twice)")
     parser.add_argument("--jit", action="store_true", help="compile the step with XLA (default off)")
     args = parser.parse_args()
     if args.steps < args.every:
