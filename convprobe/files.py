@@ -31,7 +31,8 @@ from pathlib import Path
 from convprobe.errors import InvalidArgument, OutputWriteFailed
 
 __all__ = ["check_output_path", "check_directory_path", "can_create_in", "write_atomic", "open_append",
-           "refuse_links", "directory_lock", "failures_as_one_line", "save_figure", "TEMPORARY_PREFIX", "LOCK_NAME"]
+           "refuse_links", "directory_lock", "refuse_locked", "lock_holder", "has_lock_file", "failures_as_one_line",
+           "save_figure", "TEMPORARY_PREFIX", "LOCK_NAME"]
 
 #: The prefix of the temporary files `write_atomic` creates (and may leave behind after a SIGKILL).
 TEMPORARY_PREFIX = ".convprobe-"
@@ -223,12 +224,57 @@ def open_append(path: str | os.PathLike):
         return os.fdopen(fd, "a", newline="", encoding="utf-8")
 
 
+def has_lock_file(directory: str | os.PathLike) -> bool:
+    """Whether `directory` holds convprobe's lock file (a regular file, not a link): a convprobe
+    run has held it, whether or not it got as far as writing anything else."""
+    try:
+        return stat.S_ISREG(os.lstat(Path(directory) / LOCK_NAME).st_mode)
+    except OSError:
+        return False
+
+
+def lock_holder(directory: str | os.PathLike) -> str | None:
+    """Who holds `directory`'s lock now, as its lock file says ("PID WHAT", or '' before the
+    holder wrote it), or None when no process holds it. Changes nothing; never opens a link."""
+    try:
+        fd = os.open(Path(directory) / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip()
+        return None
+    finally:
+        os.close(fd)  # releases the shared lock taken to look
+
+
+def _in_use(directory: str | os.PathLike, holder: str, argument: str) -> InvalidArgument:
+    """'in use by another convprobe comparison (pid 123)', from the holder's lock file."""
+    pid, _, what = holder.partition(" ")
+    what = what if what.startswith("convprobe ") else "convprobe run"
+    shown = f" (pid {pid})" if pid.isdigit() else ""
+    return InvalidArgument(f"{argument} {str(directory)!r} is in use by another {what}{shown}; nothing was "
+                           f"changed: wait for it to end or use another directory")
+
+
+def refuse_locked(directory: str | os.PathLike, *, argument: str = "--output") -> None:
+    """Refuse, before any work, a directory whose lock another process holds, naming it."""
+    holder = lock_holder(directory)
+    if holder is not None:
+        raise _in_use(directory, holder, argument)
+
+
 @contextmanager
-def directory_lock(directory: str | os.PathLike, *, argument: str = "--output"):
+def directory_lock(directory: str | os.PathLike, *, argument: str = "--output", what: str = "convprobe run"):
     """Hold an exclusive lock on a directory for the length of a run: a second writer is one
-    InvalidArgument line, before it changes anything. The lock is the kernel's (flock), so it
-    goes with the process, even on SIGKILL. A run refused inside the lock leaves no lock file
-    it created, and no directory it created."""
+    InvalidArgument line naming the holder (`what` and its pid, which the lock file holds), before
+    it changes anything. The lock is the kernel's (flock), so it goes with the process, even on
+    SIGKILL. A run refused inside the lock leaves no lock file it created, and no directory it
+    created."""
     directory = Path(directory)
     created = _missing_ancestors(directory)
     with failures_as_one_line(directory):
@@ -236,7 +282,7 @@ def directory_lock(directory: str | os.PathLike, *, argument: str = "--output"):
     path = directory / LOCK_NAME
     refuse_links(directory, [LOCK_NAME], argument=argument)
     new = not os.path.lexists(path)
-    fd = _locked_descriptor(path, directory, argument)
+    fd = _locked_descriptor(path, directory, argument, what)
     try:
         yield
     except InvalidArgument:
@@ -262,7 +308,7 @@ def _missing_ancestors(directory: Path) -> list[Path]:
     return missing
 
 
-def _locked_descriptor(path: Path, directory: Path, argument: str) -> int:
+def _locked_descriptor(path: Path, directory: Path, argument: str, what: str) -> int:
     """An open descriptor of the lock file, locked; the file is checked to be the one at `path`
     after locking, since a refused run may remove a lock file it had created."""
     while True:
@@ -271,15 +317,13 @@ def _locked_descriptor(path: Path, directory: Path, argument: str) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
             os.close(fd)
-            raise InvalidArgument(f"{argument} {str(directory)!r} is in use by another convprobe run"
-                                  f"{f' (pid {holder})' if holder.isdigit() else ''}; nothing was changed: wait "
-                                  f"for it to end or use another directory") from None
+            raise _in_use(directory, holder, argument) from None
         current = os.stat(path, follow_symlinks=False) if os.path.lexists(path) else None
         opened = os.fstat(fd)
         if current is not None and (current.st_dev, current.st_ino) == (opened.st_dev, opened.st_ino):
             os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            os.pwrite(fd, f"{os.getpid()} {what}".encode(), 0)
             return fd
         os.close(fd)  # locked a file that was removed meanwhile: open the one there now

@@ -55,6 +55,9 @@ COMPARISON_NAME = results.COMPARISON_FILE
 COMPARISON_FILES = (COMPARISON_NAME, "comparison.txt", "underflow.csv", "underflow.txt", "underflow_per_layer.png",
                     "gradient_histogram.png", "scale_trajectory.png")
 
+#: What a comparison's lock file says holds it (`files.directory_lock`).
+COMPARISON_HOLDER = "convprobe comparison"
+
 FRACTIONS = ("flushed_fraction", "subnormal_fraction", "routing_zero_fraction", "lost_fraction",
              "underflow_fraction", "shadow_underflow_fraction")
 
@@ -141,10 +144,13 @@ def plan_arms(base: TrainConfig, arms: list[Arm], seeds: list[int], output: str 
         raise InvalidArgument("--arithmetic-map is read only by an arm with @twin; received it with arms "
                               + ", ".join(arm.label for arm in arms))
     names = [run.name for run in planned]
+    files.refuse_locked(output)  # a second writer is told who holds the comparison, before anything else
     document = output / COMPARISON_NAME
     if document.is_file() and not document.is_symlink():
         results.read(document, kinds=(results.Kind.TRAIN_COMPARISON,))  # a user's own file is refused
-    recorded = document.is_file() or any((output / name / "header.json").is_file() for name in names)
+    # convprobe's own once its lock is there: a comparison killed before any run wrote a header is resumed
+    recorded = document.is_file() or files.has_lock_file(output) or any(
+        (output / name / "header.json").is_file() for name in names)
     claim_directory(output, (*COMPARISON_FILES, *(f"{name}.log" for name in names)), own_directories=names,
                     what="a convprobe comparison", recorded=recorded)
     for run in planned:
@@ -315,7 +321,7 @@ def run_arms(planned: list[PlannedRun], output: str | Path, *, figures: bool = T
     arms = list(dict.fromkeys(run.arm.label for run in planned))
     seeds = list(dict.fromkeys(run.seed for run in planned))
     rows = []
-    with files.directory_lock(output):
+    with files.directory_lock(output, what=COMPARISON_HOLDER):
         for i, run in enumerate(planned, start=1):
             if _finished(run.config):
                 echo(f"[{i}/{len(planned)}] {run.name}: finished before, reused")

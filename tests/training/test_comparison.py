@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
 
 import pytest
 
-from conftest import main_in_process, run_cli
-from convprobe import provenance, results
+from conftest import main_in_process, run_cli, wait_for
+from convprobe import files, provenance, results
 from convprobe.options import Status
 from convprobe.training.arms import parse_arms
 from convprobe.training.compare import arm_statistics, plan_arms, run_arms
@@ -19,6 +23,11 @@ from convprobe.training.config import validate_config
 
 TINY = ["--data", "digits", "--resnet-size", "8", "--batch-size", "8", "--steps", "2", "--record-every", "1",
         "--eval-batches", "2", "--no-jit"]
+
+
+#: TINY, three steps long, with a checkpoint after each: a kill can land between checkpoints.
+THREE_STEPS = [*(value if value != "2" or TINY[i - 1] != "--steps" else "3" for i, value in enumerate(TINY)),
+               "--checkpoint-every", "1"]
 
 
 def _summary(directory) -> dict:
@@ -154,3 +163,82 @@ def test_report_draws_a_comparison_and_refuses_a_malformed_one_in_one_line(tmp_p
     code, printed, err = main_in_process(["report", str(tmp_path / "bad"), "--out-dir", str(tmp_path / "fig2")])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "one row per arm of params.arms" in err, err
     assert not (tmp_path / "fig2").exists()
+
+
+def _comparison_command(out) -> list[str]:
+    return [sys.executable, "-m", "convprobe", "train", "--arm", "fp32", "--seeds", "0,1", *THREE_STEPS,
+            "--output", str(out)]
+
+
+def _killed_when(out, condition, what: str) -> None:
+    """Start the comparison in a session of its own, SIGKILL its first process as soon as
+    `condition(out)` holds, and wait until every process of the session is gone (its children
+    die with it: `convprobe.children`)."""
+    process = subprocess.Popen(_comparison_command(out), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        wait_for(lambda: condition(out) or process.poll() is not None, 300, what, poll=0.005)
+        assert process.poll() is None, f"the comparison ended (exit {process.returncode}) before {what}"
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+
+    def session_gone() -> bool:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(session_gone, 30, f"the children of a comparison killed at {what} to die")
+
+
+@pytest.mark.tensorflow
+def test_a_comparison_killed_at_any_moment_resumes_and_records_each_run_once(tmp_path):
+    out = tmp_path / "cmp"
+    moments = {  # each kill leaves what the one before left, and the rerun goes on from there
+        "its lock, before any run": lambda d: (d / files.LOCK_NAME).exists(),
+        "the first run's start, before its header": lambda d: (d / "fp32_seed0.log").exists(),
+        "the first run's first checkpoint": lambda d: (d / "fp32_seed0" / "checkpoint.npz").exists(),
+        "the first run's end": lambda d: (d / "fp32_seed0" / "summary.json").exists(),
+        "the second run's header": lambda d: (d / "fp32_seed1" / "header.json").exists(),
+    }
+    for what, condition in moments.items():
+        _killed_when(out, condition, what)
+    first_summary = (out / "fp32_seed0" / "summary.json").read_bytes()
+
+    final = subprocess.run(_comparison_command(out), capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=600)
+    assert final.returncode == 0, final.stderr[-3000:]
+    document = results.read(out / "comparison.json", kinds=("train-comparison",))
+    rows = {row["directory"]: row for row in document["runs"]}
+    assert list(rows) == ["fp32_seed0", "fp32_seed1"], rows
+    assert [(r["status"], r["reused"]) for r in rows.values()] == [(Status.OK, True), (Status.OK, False)]
+    assert (out / "fp32_seed0" / "summary.json").read_bytes() == first_summary  # reused, not run again
+    for name in rows:
+        steps = [line.split(",")[0] for line in (out / name / "steps.csv").read_text().splitlines()[1:]]
+        assert steps == ["0", "1", "2"], f"{name}: steps recorded {steps}, each of 0..2 once expected"
+        assert _summary(out / name)["final_step"] == 3
+    assert document["arms"][0]["runs"] == document["arms"][0]["finished"] == 2
+
+
+@pytest.mark.tensorflow
+def test_a_second_comparison_on_a_running_one_is_told_who_holds_it(tmp_path):
+    out = tmp_path / "cmp"
+    first = subprocess.Popen(_comparison_command(out), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True,
+                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        wait_for(lambda: (out / "fp32_seed0.log").exists(), 120, "the first comparison's first run")
+        second = run_cli(*_comparison_command(out)[3:])
+        assert second.returncode == 2, second.stderr
+        line = second.stderr.strip()
+        assert line == (f"convprobe train: error: --output {str(out)!r} is in use by another convprobe comparison "
+                        f"(pid {first.pid}); nothing was changed: wait for it to end or use another directory"), line
+        assert (out / "fp32_seed0.log").read_text().count("$ convprobe") == 1  # the second started nothing
+        assert not (out / "comparison.json").exists()
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
