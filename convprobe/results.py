@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import reprlib
 import stat
 import sys
@@ -452,9 +453,20 @@ COMPARISON_UNDERFLOW_FIELDS = {"step": "count", "weight_mean": "fraction?", "act
                                "worst": "fraction", "worst_tensor": "str"}
 
 
+#: A run's directory in a comparison: one plain name, `<arm name>_seed<k>` (`Arm.run_name`).
+_RUN_DIRECTORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*_seed([0-9]+)")
+
+
 def _train_comparison(c: _Checker, document: dict) -> None:
+    """A comparison is checked against itself too: one row per arm at each seed, each once, in a
+    directory of its own inside the comparison, and arm rows that count exactly those runs."""
     arms = c.field(document["params"], "arms", "strings", "params")
-    c.field(document["params"], "seeds", "ints", "params")
+    seeds = c.field(document["params"], "seeds", "ints", "params")
+    for key, values in (("arms", arms), ("seeds", seeds)):
+        if len(set(values)) != len(values):
+            c.fail(f"params.{key}", "a list naming each once", values)
+    seen: dict[tuple, str] = {}
+    directories: dict[str, str] = {}
     for i, row in enumerate(c.field(document, "runs", "list")):
         path = f"runs[{i}]"
         c.check(row, "object", path)
@@ -463,17 +475,40 @@ def _train_comparison(c: _Checker, document: dict) -> None:
         c.choice(row, "status", tuple(Status), path)
         if row["arm"] not in arms:
             c.fail(f"{path}.arm", f"one of params.arms ({', '.join(arms)})", row["arm"])
+        if row["seed"] not in seeds:
+            c.fail(f"{path}.seed", f"one of params.seeds ({', '.join(map(str, seeds))})", row["seed"])
+        if (row["arm"], row["seed"]) in seen:
+            c.fail(path, f"the only run of arm {row['arm']} at seed {row['seed']} (it repeats "
+                   f"{seen[row['arm'], row['seed']]})", row["directory"])
+        seen[row["arm"], row["seed"]] = path
+        name = _RUN_DIRECTORY.fullmatch(row["directory"])
+        if name is None or int(name.group(1)) != row["seed"]:
+            c.fail(f"{path}.directory", f"a run directory inside the comparison named <arm>_seed{row['seed']}",
+                   row["directory"])
+        if row["directory"] in directories:
+            c.fail(f"{path}.directory", f"a directory of its own (it repeats {directories[row['directory']]})",
+                   row["directory"])
+        directories[row["directory"]] = path
         if row["underflow"] is not None:
             for key, kind in COMPARISON_UNDERFLOW_FIELDS.items():
                 c.field(row["underflow"], key, kind, f"{path}.underflow")
+    missing = [f"{arm} at seed {seed}" for arm in arms for seed in seeds if (arm, seed) not in seen]
+    if missing:
+        raise InvalidArgument(f"{c.where}: runs must hold one row for each arm at each seed; none is there for "
+                              f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    runs = document["runs"]
     listed = []
     for i, row in enumerate(c.field(document, "arms", "list")):
         path = f"arms[{i}]"
         c.check(row, "object", path)
         for key, kind in COMPARISON_ARM_FIELDS.items():
             c.field(row, key, kind, path)
-        if row["finished"] > row["runs"]:
-            c.fail(f"{path}.finished", f"at most runs ({row['runs']})", row["finished"])
+        mine = [run for run in runs if run["arm"] == row["arm"]]
+        if row["runs"] != len(mine):
+            c.fail(f"{path}.runs", f"the number of its rows in runs ({len(mine)})", row["runs"])
+        finished = sum(run["status"] == Status.OK for run in mine)
+        if row["finished"] != finished:
+            c.fail(f"{path}.finished", f"the number of its runs with status ok ({finished})", row["finished"])
         listed.append(row["arm"])
     if listed != arms:
         c.fail("arms", f"one row per arm of params.arms, in order ({', '.join(arms)})", listed)

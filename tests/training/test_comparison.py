@@ -141,6 +141,42 @@ def _row(arm: str, seed: int, accuracy: float | None, status: str = "ok") -> dic
             "underflow": None, "seconds": 1.0}
 
 
+def _twice(document: dict) -> None:
+    document["runs"].append(dict(document["runs"][0]))
+    document["arms"] = arm_statistics(document["runs"], document["params"]["arms"])
+
+
+def _missing(document: dict) -> None:
+    del document["runs"][1]  # the arms still count it
+
+
+def _outside(document: dict) -> None:
+    document["runs"][0]["directory"] = "../elsewhere/fp32_seed0"
+
+
+def _renamed(document: dict) -> None:
+    document["runs"][0]["directory"] = "fp32_seed1"  # the run at seed 0 named as seed 1's
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_twice, "runs[4] must be the only run of arm fp32 at seed 0 (it repeats runs[0]); received 'fp32_seed0'"),
+    (_missing, "runs must hold one row for each arm at each seed; none is there for fp32 at seed 1"),
+    (_outside, "runs[0].directory must be a run directory inside the comparison named <arm>_seed0; received "
+               "'../elsewhere/fp32_seed0'"),
+    (_renamed, "runs[0].directory must be a run directory inside the comparison named <arm>_seed0; received "
+               "'fp32_seed1'"),
+])
+def test_report_refuses_a_comparison_inconsistent_with_itself(tmp_path, damage, message):
+    rows = [_row("fp32", 0, 0.9), _row("fp32", 1, 0.8), _row("fp16/128", 0, 0.85), _row("fp16/128", 1, 0.7)]
+    document = _document(rows, ["fp32", "fp16/128"])
+    damage(document)
+    (tmp_path / "cmp").mkdir()
+    (tmp_path / "cmp" / "comparison.json").write_text(json.dumps(document))
+    code, printed, err = main_in_process(["report", str(tmp_path / "cmp"), "--out-dir", str(tmp_path / "fig")])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.strip().endswith(message), err
+    assert not (tmp_path / "fig").exists()
+
+
 def test_report_draws_a_comparison_and_refuses_a_malformed_one_in_one_line(tmp_path):
     rows = [_row("fp32", 0, 0.9), _row("fp32", 1, 0.8), _row("fp16/128", 0, 0.85), _row("fp16/128", 1, None, "crashed")]
     document = _document(rows, ["fp32", "fp16/128"])
