@@ -131,6 +131,17 @@ CLI_CASES = [
       "--output", "{tmp}/run"], "--compare-loss-scaling runs in one process"),
     (["train", "--distribute", "multi-worker", "--local", "2", "--output", "{tmp}/run"],
      "unrecognized arguments: --local 2"),
+    # an empty value is refused, never taken as 'not given'
+    (["identify", "--keras-model", ""], "argument --keras-model: received an empty value; it takes PATH"),
+    (["train", "--arithmetic", ""], "argument --arithmetic: received an empty value"),
+    (["train", "--arithmetic-map", " "], "argument --arithmetic-map: received an empty value; it takes FILE"),
+    (["overflow", "--accumulate", ""], "--accumulate: received an empty value; it takes one of fp16, fp32, default, all"),
+    (["train", "--arm", "fp32", "--arm", ""], "argument --arm: received an empty value; it takes ARM"),
+    # a shorthand never drops what the user said
+    (["train", "--compare-loss-scaling", "--loss-scale", "none"],
+     "--loss-scale with --compare-loss-scaling is the static arm's scale (a number; none and dynamic are arms "
+     "already); received --loss-scale none"),
+    (["train", "--compare-loss-scaling", "--loss-scale", "dynamic"], "received --loss-scale dynamic"),
 ]
 
 
@@ -234,3 +245,22 @@ def test_integers_are_python_or_numpy_integers_never_bools():
     assert all(is_integer(v) for v in (0, -3, 2**70, np.int64(5), np.uint8(1)))
     assert not any(is_integer(v) for v in (True, np.bool_(True), 1.0, np.float64(2), "1", None))
     assert em.Sequential("fp16", rounding="stochastic", rbits=np.int64(20)).rbits == 20
+
+
+def _options_taking_values():
+    from convprobe.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.nargs == "A...").choices  # argparse's subparsers
+    return [(name, action.option_strings) for name, command in commands.items() for action in command._actions
+            if action.option_strings and action.nargs != 0]
+
+
+@pytest.mark.parametrize("command, options", _options_taking_values())
+def test_every_option_refuses_an_empty_value_in_one_line(tmp_path, command, options):
+    for option in options:
+        code, out, err = _run([command, option, ""], tmp_path)
+        assert code == 2 and out == "", (code, err)
+        assert err.strip().splitlines() == [
+            f"convprobe {command}: error: argument {'/'.join(options)}: received an empty value; it takes "
+            + err.split("it takes ", 1)[-1].strip()], err

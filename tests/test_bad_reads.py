@@ -318,7 +318,7 @@ def test_the_inputs_the_cases_damage_are_drawn(tmp_path, documents):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["report", ""], "results must name files or directories; received ''"),
+    (["report", ""], "argument RESULTS: received an empty value; it takes RESULTS"),
     (["report", "a\x00b.json"], "results file 'a\\x00b.json' cannot be read (embedded null byte)"),
     (["report", "x" * 300 + ".json"], "cannot be read (File name too long)"),
     (["report", "{tmp}/sweep.json", "--out-dir", "{tmp}/" + "y" * 300], "has a name of 300 bytes; at most 255 are allowed"),

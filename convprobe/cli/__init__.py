@@ -63,6 +63,19 @@ class _Parser(argparse.ArgumentParser):
         self.register("action", None, _StoreOnce)
         self.register("action", "store", _StoreOnce)
 
+    def _get_value(self, action, arg_string):
+        """Every value is converted here (argparse's hook), so an empty one is refused here for
+        every option and argument: taken as 'not given', it would run something the user did
+        not ask for."""
+        passed_on = action.nargs in (argparse.PARSER, argparse.REMAINDER)  # a command's own parser checks them
+        if isinstance(arg_string, str) and not arg_string.strip() and not passed_on:
+            name = "/".join(action.option_strings) or action.metavar or action.dest
+            takes = (f"one of {', '.join(map(str, action.choices))}" if action.choices is not None
+                     else action.metavar or action.dest.upper())
+            default = " (leave the option out for its default)" if action.option_strings else ""
+            self.error(f"argument {name}: received an empty value; it takes {takes}{default}")
+        return super()._get_value(action, arg_string)
+
     def error(self, message: str) -> NoReturn:  # noqa: D401 - argparse API
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 

@@ -201,6 +201,9 @@ def _refuse_what_does_not_apply(args, config) -> None:
             not args.compare_loss_scaling:
         raise InvalidArgument(f"--dynamic-growth-steps applies to --loss-scale dynamic; received it with "
                               f"--loss-scale {config.loss_scale.label}")
+    if args.compare_loss_scaling and args.loss_scale is not None and mode is not LossScaleMode.STATIC:
+        raise InvalidArgument(f"--loss-scale with --compare-loss-scaling is the static arm's scale (a number; none "
+                              f"and dynamic are arms already); received --loss-scale {args.loss_scale}")
     if args.no_skip and (mode in (LossScaleMode.NONE, LossScaleMode.DYNAMIC) or args.compare_loss_scaling):
         raise InvalidArgument(f"--no-skip applies to a static --loss-scale (a number); received it with "
                               f"{'--compare-loss-scaling' if args.compare_loss_scaling else '--loss-scale ' + mode.value}")
