@@ -176,6 +176,7 @@ def test_cli_bad_input_is_one_line_with_exit_2(tmp_path, argv, message):
 def _api_cases():
     from convprobe import analysis
     from convprobe import emulation as em
+    from convprobe.testing import assert_within_error_bound
 
     m = em.parse_model("sequential:fp16")
     x = np.ones((1, 4, 4, 2), np.float16)
@@ -215,6 +216,16 @@ def _api_cases():
         (lambda: em.Sequential("fp16", rounding="stochastic", rbits=True), "rbits must be an integer from 1 to 32"),
         (lambda: em.Sequential("fp16", rounding="stochastic", rbits=13.0), "rbits must be an integer from 1 to 32"),
         (lambda: em.Sequential("fp16", seed=np.float64(3)), "seed must be an integer"),
+        # a keyword the kind does not read is refused; a reference that cannot be the scale too
+        (lambda: assert_within_error_bound(np.ones(2, np.float32), np.ones(2), 16, lam=1e9),
+         "lam applies to kind='probabilistic'; received lam=1000000000.0 with kind='deterministic'"),
+        (lambda: assert_within_error_bound(np.ones(2, np.float32), np.ones(2), 16, internal="fp32"),
+         "internal applies to kind='blocked'; received internal='fp32' with kind='deterministic'"),
+        (lambda: analysis.dot_error_bound(16, "fp16", "probabilistic", block_size=4),
+         "block_size applies to kind='blocked'; received block_size=4 with kind='probabilistic'"),
+        (lambda: assert_within_error_bound(np.array([1.0, 2.0]), np.array([np.nan, 2.0]), 16),
+         "reference must be finite where it is the scale S = |reference| (no abs_sum given); received nan at "
+         "(0,), where actual is 1.0"),
         (lambda: analysis.ulp_distance(np.ones(2), np.ones(3), "fp16"), "must have broadcastable shapes"),
         (lambda: analysis.ulp_distance(np.array([0.1]), np.array([1.0]), "fp16"), "representable"),
     ]

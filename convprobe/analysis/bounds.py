@@ -179,7 +179,7 @@ def dot_error_bound(
     fmt: str | Format,
     kind: BoundKind = "deterministic",
     *,
-    lam: float = DEFAULT_LAMBDA,
+    lam: float | None = None,
     block_size: int | None = None,
     internal: str | Format | None = None,
     output: str | Format | None = None,
@@ -187,20 +187,26 @@ def dot_error_bound(
     """Bound on |computed - exact| / sum |x_i y_i| for a length-k dot product accumulated in `fmt`.
 
     kind: "deterministic" (`gamma`), "probabilistic" (`probabilistic_bound`
-    with `lam`), or "blocked" (`blocked_fma_bound` with `block_size` and the
-    `internal` addition format, None = exact). `output`: the format the result
+    with `lam`, `DEFAULT_LAMBDA` when None), or "blocked" (`blocked_fma_bound` with
+    `block_size` and the `internal` addition format, None = exact); a keyword that
+    `kind` does not read is refused, not ignored. `output`: the format the result
     is finally stored in, when narrower than the accumulator (fp32 accumulation,
     fp16 output); its one rounding adds u_out + (1 + u_out) * bound, because
     |x^T y| <= sum|x_i y_i|.
     """
     if kind not in BOUND_KINDS:
         raise invalid_choice("kind", kind, BOUND_KINDS)
+    for keyword, value, reader in (("lam", lam, "probabilistic"), ("block_size", block_size, "blocked"),
+                                   ("internal", internal, "blocked")):
+        if value is not None and kind != reader:
+            raise InvalidArgument(f"{keyword} applies to kind={reader!r}; received {keyword}={value!r} with "
+                                  f"kind={kind!r}")
     acc = parse_format(fmt, argument="fmt")
     u = acc.unit_roundoff
     if kind == "deterministic":
         bound = np.asarray(gamma(k, u))
     elif kind == "probabilistic":
-        bound = np.asarray(probabilistic_bound(k, u, lam))
+        bound = np.asarray(probabilistic_bound(k, u, DEFAULT_LAMBDA if lam is None else lam))
     else:
         if block_size is None:
             raise InvalidArgument("block_size is required when kind is 'blocked'")

@@ -262,6 +262,13 @@ def assert_within_error_bound(
         raise InvalidArgument(f"actual and reference must have broadcastable shapes; received {a.shape} and {r64.shape}") from None
     if abs_sum is None:
         s64 = np.abs(r64)
+        decided = (np.isnan(a64) & np.isnan(r64)) | (np.isinf(a64) & (a64 == r64))  # equal: no bound needed
+        unscaled = ~np.isfinite(r64) & ~decided
+        if unscaled.any():
+            i = int(np.flatnonzero(unscaled)[0])
+            raise InvalidArgument(f"reference must be finite where it is the scale S = |reference| (no abs_sum "
+                                  f"given); received {_value(r64.ravel()[i])} at {_index(i, r64.shape)}, where "
+                                  f"actual is {_value(a64.ravel()[i])}: pass abs_sum (sum |x_k w_k| per output)")
     else:
         s_given = _numbers(abs_sum, "abs_sum").astype(np.float64)
         try:
@@ -282,8 +289,8 @@ def assert_within_error_bound(
         except InvalidArgument:
             out_fmt = None
     lam_value = DEFAULT_LAMBDA if lam is None else lam
-    factor = float(dot_error_bound(
-        int(K), acc, kind, lam=lam_value, block_size=block_size, internal=internal,
+    factor = float(dot_error_bound(  # refuses a keyword this kind does not read
+        int(K), acc, kind, lam=lam, block_size=block_size, internal=internal,
         output=None if out_fmt is None else out_fmt,
     ))
     formula = {
