@@ -17,7 +17,8 @@ if TYPE_CHECKING:  # (annotations only: errors imports nothing at run time)
     import numpy as np
     from typing_extensions import TypeIs
 
-__all__ = ["ConvprobeError", "InvalidArgument", "OutputWriteFailed", "UnsupportedConfiguration", "invalid_choice", "is_integer", "reason"]
+__all__ = ["ConvprobeError", "InvalidArgument", "OutputWriteFailed", "UnsupportedConfiguration", "invalid_choice", "is_integer", "reason",
+           "set_once"]
 
 
 class ConvprobeError(Exception):
@@ -45,6 +46,14 @@ def invalid_choice(argument: str, value: object, choices: Iterable[object]) -> I
     """
     valid = ", ".join(str(c) for c in choices)
     return InvalidArgument(f"{argument} must be one of {valid}; received {value!r}")
+
+
+def set_once(keywords: dict, key: str, value: object, what: str) -> None:
+    """`keywords[key] = value`, refusing a key given twice: the last one winning without a word
+    would run something other than what the user read. `what` names the spec for the message."""
+    if key in keywords:
+        raise InvalidArgument(f"{what} gives {key} twice ({keywords[key]!r} and {value!r}); give it once")
+    keywords[key] = value
 
 
 def is_integer(value: object) -> TypeIs[int | np.integer[Any]]:

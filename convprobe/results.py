@@ -134,13 +134,29 @@ def regular_file(path: str | Path, *, where: str) -> Path:
     return p
 
 
+class _RepeatedKey(ValueError):
+    """A JSON object that gives one key twice (Python's reader would keep the last silently)."""
+
+
+def _object_once(pairs: list[tuple[str, object]]) -> dict:
+    document: dict = {}
+    for key, value in pairs:
+        if key in document:
+            raise _RepeatedKey(key)
+        document[key] = value
+    return document
+
+
 def read_json(path: str | Path, *, where: str) -> object:
     """The JSON value in the file at `path` (a UTF-8 byte order mark is allowed): one
     InvalidArgument line for anything else, a document nested too deeply for the parser included."""
     p = regular_file(path, where=where)
     try:
         text = p.read_bytes().decode("utf-8-sig")
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_object_once)
+    except _RepeatedKey as exc:
+        raise InvalidArgument(f"{where} is not a usable JSON document (it gives the key {exc.args[0]!r} twice in "
+                              f"one object; JSON readers differ on which one counts)") from None
     except json.JSONDecodeError as exc:
         raise InvalidArgument(f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except UnicodeDecodeError as exc:

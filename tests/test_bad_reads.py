@@ -163,6 +163,8 @@ REPORT_CASES = [
     ("json an array", _text("a.json", "[1, 2]"), "a convprobe result must be a JSON object; received list"),
     ("json null", _text("null.json", "null"), "a convprobe result must be a JSON object; received NoneType"),
     ("json empty file", _text("e.json", ""), "is not valid JSON (Expecting value at line 1 column 1)"),
+    ("json a key twice", _text("k.json", '{"schema_version": 2, "kind": "sweep", "kind": "train"}'),
+     "is not a usable JSON document (it gives the key 'kind' twice in one object; JSON readers differ"),
     ("json binary garbage", _text("b.json", bytes(range(256))), "is not valid JSON (not UTF-8 text: byte 0x80 at offset 128)"),
     ("json truncated", _text("t.json", '{"schema_version": 2, "kind": '), "is not valid JSON (Expecting value"),
     ("json a directory named .json", lambda t, d: (t / "d.json").mkdir() or t / "d.json", "is a directory without a training run"),

@@ -63,7 +63,7 @@ from convprobe.emulation._native_fp16 import convert
 from convprobe.emulation.models import (AccumulationModel, Chunked, Exact, Pairwise, Sequential, as_format,
                                        kernel_config, sum_terms_as_rows)
 from convprobe.emulation.rounding import resolve_format, round_to_format
-from convprobe.errors import InvalidArgument, invalid_choice, is_integer
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer, set_once
 from convprobe.formats import FP32, Format
 from convprobe.options import Positions, Rounding, Zeros
 
@@ -689,7 +689,7 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     for a in args:
         key, sep, value = a.partition("=")
         if sep and not any(ch in key for ch in ":("):  # KEY=VALUE, not an inner spec's own keys
-            keywords[key.strip().lower()] = value.strip()
+            set_once(keywords, key.strip().lower(), value.strip(), f"{kind} spec {spec!r}")
         else:
             positional.append(a)
     usage = {"splitk": "splitk(PARTS | length=N, INNER[, first=MODEL | MODEL ...], combine=FORMAT | MODEL"
@@ -776,7 +776,10 @@ def lanes_shorthand(spec: str, parse_model) -> Lanes:
         raise InvalidArgument(f"lane model must look like 'lanes:fp16:w=16:then=pairwise'; "
                               f"received {spec!r}")
     fmt = parts[1]
-    options = dict(p.partition("=")[::2] for p in parts[2:])
+    options: dict[str, str] = {}
+    for part in parts[2:]:
+        key, _, value = part.partition("=")
+        set_once(options, key, value, f"lane model {spec!r}")
     unknown = sorted(set(options) - {"w", "then", "product"})
     if unknown:
         raise invalid_choice("lane model parameter", unknown[0], ("w", "then", "product"))

@@ -52,7 +52,7 @@ from convprobe.emulation.rounding import (
     stochastic_bits,
 )
 from convprobe.random_stream import max_bits
-from convprobe.errors import InvalidArgument, invalid_choice, is_integer
+from convprobe.errors import InvalidArgument, invalid_choice, is_integer, set_once
 from convprobe.formats import FP16, FP32, FP64, Format, custom_format
 from convprobe.options import Alignment, CAddition, KLayout, Positions, Rounding, Zeros, parse_option
 
@@ -662,23 +662,24 @@ def parse_plain(spec: str) -> AccumulationModel:
     parts = [p.strip() for p in spec.strip().split(":")]
     kind = parts[0].lower()
     kwargs: dict[str, Any] = {}
+    given: dict[str, Any] = {}  # what the spec itself says, each key once
     rest = parts[1:]
     if kind in TENSOR_CORE_PRESETS:
         cls: type[AccumulationModel] = Blocked
-        formats = {"input": "fp16", "output": "fp32"}
+        formats: dict[str, str] = {}
         for item in list(rest):
             key, _, value = item.partition("=")
             key = _KEY_ALIASES.get(key.strip().lower(), key.strip().lower())
-            if key in formats:
-                formats[key] = value
+            if key in ("input", "output"):
+                set_once(formats, key, value, f"{kind} spec {spec!r}")
                 rest.remove(item)
-        kwargs.update(tensor_core_parameters(kind, formats["input"], formats["output"]))
+        kwargs.update(tensor_core_parameters(kind, formats.get("input", "fp16"), formats.get("output", "fp32")))
         if not rest:
             kwargs["preset"] = preset_spec(kind, kwargs["input"], kwargs["output"])
     elif kind in MODEL_KINDS:
         cls = MODEL_KINDS[kind]
         if rest and "=" not in rest[0]:
-            kwargs["accumulator"] = rest.pop(0)
+            given["accumulator"] = rest.pop(0)
     else:
         raise invalid_choice("model", parts[0], (*MODEL_KINDS, *TENSOR_CORE_PRESETS))
     allowed = {f.name for f in fields(cls) if f.name != "_"}
@@ -690,17 +691,18 @@ def parse_plain(spec: str) -> AccumulationModel:
             raise invalid_choice(f"{kind} model parameter", item, valid)
         if key in _INT_KEYS:
             try:
-                kwargs[key] = int(value)
+                number = int(value)
             except ValueError:
                 raise InvalidArgument(f"{key} must be an integer; received {value!r}") from None
+            set_once(given, key, number, f"{kind} spec {spec!r}")
         elif key in _BOOL_KEYS:
             flag = value.strip().lower()
             if flag not in ("true", "false"):
                 raise invalid_choice(key, value, ("true", "false"))
-            kwargs[key] = flag == "true"
+            set_once(given, key, flag == "true", f"{kind} spec {spec!r}")
         else:
-            kwargs[key] = value
-    return cls(**kwargs)
+            set_once(given, key, value, f"{kind} spec {spec!r}")
+    return cls(**{**kwargs, **given})  # what the spec gives beside a preset refines it
 
 
 def kernel_config(model: AccumulationModel) -> tuple[np.ndarray, np.ndarray, int]:

@@ -39,7 +39,7 @@ from convprobe.emulation import plan
 from convprobe.emulation.composites import split_arguments
 from convprobe.emulation.models import AccumulationModel, Exact, as_format
 from convprobe.emulation.rounding import resolve_format, round_to_format
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice, set_once
 from convprobe.formats import Format
 from convprobe.options import Positions, Rounding, Zeros
 
@@ -360,6 +360,6 @@ def parse_tree_model(spec: str) -> Tree:
         key = {"acc": "accumulator", "out": "output"}.get(key.strip().lower(), key.strip().lower())
         if not sep or key not in allowed:
             raise invalid_choice("tree model parameter", arg, allowed)
-        kwargs[key] = value.strip()
+        set_once(kwargs, key, value.strip(), f"tree spec {spec!r}")
     return Tree(**kwargs)
 
