@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TypeVar
 
-from convprobe.errors import invalid_choice
+from convprobe.errors import InvalidArgument, invalid_choice
 
 __all__ = ["Rounding", "Subnormals", "Overflow", "Alignment", "KLayout", "CAddition", "Positions", "Zeros", "TreeRecovery", "OutputFormat",
            "FigureFormat", "Status", "Accumulate", "Backend", "Device", "ComputeDtype", "LossScaleMode", "ArithmeticKind", "ConvOp", "Distribution", "parse_option",
@@ -243,6 +243,9 @@ def names_or_all(value, choices, argument: str) -> tuple[str, ...]:
         chosen = list(choices)
     if not chosen:
         raise invalid_choice(argument, "", allowed)
+    if "all" in chosen:
+        raise InvalidArgument(f"{argument} 'all' names every one of {', '.join(choices)} and stands alone; "
+                              f"received {','.join(chosen)!r}: give all, or list names")
     for name in chosen:
         if name not in choices:
             raise invalid_choice(argument, name, allowed)

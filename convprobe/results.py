@@ -105,11 +105,12 @@ def read(path: str | Path, kinds: tuple[str, ...] | None = None) -> dict:
     """The validated document at `path`, upgraded to the current version; one InvalidArgument
     line for a missing, unreadable or malformed file, or one of another kind than `kinds`."""
     p = Path(path)
-    document = validate(upgrade(read_json(p, where=f"results file {str(p)!r}"), where=str(p)), where=str(p))
-    if kinds is not None and document["kind"] not in kinds:
-        raise InvalidArgument(f"{p} holds a {document['kind']!r} document; expected "
-                              f"{' or '.join(map(repr, kinds))}")
-    return document
+    document = upgrade(read_json(p, where=f"results file {str(p)!r}"), where=str(p))
+    kind = document.get("kind")
+    if kinds is not None and kind not in kinds:  # before its fields are checked as that other kind's
+        found = f"a {str(kind)!r} document" if isinstance(kind, str) else "no document kind"
+        raise InvalidArgument(f"{p} holds {found}; expected {' or '.join(repr(str(k)) for k in kinds)}")
+    return validate(document, where=str(p))
 
 
 # -- reading files -----------------------------------------------------------------------

@@ -137,6 +137,9 @@ CLI_CASES = [
     (["train", "--arithmetic-map", " "], "argument --arithmetic-map: received an empty value; it takes FILE"),
     (["overflow", "--accumulate", ""], "--accumulate: received an empty value; it takes one of fp16, fp32, default, all"),
     (["train", "--arm", "fp32", "--arm", ""], "argument --arm: received an empty value; it takes ARM"),
+    # 'all' stands alone: in a list it is named as what it is, not as an unknown name
+    (["fingerprint", "--op", "conv2d,all"], "op 'all' names every one of conv2d, "),
+    (["identify", "--configs", "default,all"], "and stands alone; received 'default,all': give all, or list names"),
     # a shorthand never drops what the user said
     (["train", "--compare-loss-scaling", "--loss-scale", "none"],
      "--loss-scale with --compare-loss-scaling is the static arm's scale (a number; none and dynamic are arms "

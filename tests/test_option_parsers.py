@@ -17,12 +17,20 @@ def test_names_are_taken_in_the_users_order_once(value, expected):
     assert names_or_all(value, CHOICES, "op") == expected
 
 
-@pytest.mark.parametrize("value, received", [("", "''"), (",", "''"), ([], "''"), ("conv3d", "'conv3d'"),
-                                             ("conv2d,all", "'all'")])
+@pytest.mark.parametrize("value, received", [("", "''"), (",", "''"), ([], "''"), ("conv3d", "'conv3d'")])
 def test_an_unknown_or_empty_choice_is_one_line_naming_the_allowed(value, received):
     with pytest.raises(InvalidArgument) as error:
         names_or_all(value, CHOICES, "op")
     assert str(error.value) == f"op must be one of conv2d, matmul, einsum, all; received {received}"
+
+
+@pytest.mark.parametrize("value", ["conv2d,all", ["all", "matmul"], "all,all"])
+def test_all_among_other_names_is_named_as_what_it_is(value):
+    with pytest.raises(InvalidArgument) as error:
+        names_or_all(value, CHOICES, "op")
+    shown = ",".join(value) if isinstance(value, list) else value
+    assert str(error.value) == (f"op 'all' names every one of conv2d, matmul, einsum and stands alone; received "
+                                f"{shown!r}: give all, or list names")
 
 
 @pytest.mark.parametrize("text, expected", [("8,32,32,16", (8, 32, 32, 16)), ("3", (3,)), (" 2 , 2", (2, 2)),

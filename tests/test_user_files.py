@@ -69,7 +69,8 @@ def _outside(tmp_path: Path) -> Path:
 
 
 OUTPUT_CASES = {
-    "empty name": (lambda t: "", "--output must name a path; received ''"),
+    "empty name": (lambda t: "", "argument --output: received an empty value; it takes FILE"),
+    "blank name": (lambda t: " ", "argument --output: received an empty value"),
     "NUL byte": (lambda t: str(t / "a\0b.json"), "must not contain a NUL byte"),
     "name too long": (lambda t: str(t / ("n" * 300 + ".json")), "has a name of 305 bytes; at most 255"),
     "path too long": (lambda t: str(t / "/".join(["d" * 200] * 25) / "o.json"), "bytes long as an absolute path"),
@@ -162,7 +163,7 @@ def test_a_failed_write_names_the_file_and_keeps_the_old_one(tmp_path):
     (["train", "--data-dir", "/tmp"], "--data-dir is read only with --data cifar10"),
     (["train", "--data", "cifar10", "--data-dir", "/tmp", "--image-size", "8"],
      "--image-size must be 32 with --data cifar10"),
-    (["train", "--output", ""], "--output must name a path; received ''"),
+    (["train", "--output", ""], "argument --output: received an empty value; it takes DIR"),
     (["train", "--devices", "4"], "--devices applies to --distribute mirrored"),
     (["train", "--dynamic-growth-steps", "10"], "--dynamic-growth-steps applies to --loss-scale dynamic"),
     (["train", "--no-skip", "--loss-scale", "none"], "--no-skip applies to a static --loss-scale"),

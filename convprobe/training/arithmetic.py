@@ -149,15 +149,33 @@ def read_identify_map(path: str | Path) -> dict:
 
 def _configuration_result(document: dict, configuration: str) -> dict:
     found = [r for r in document.get("results", []) if (r.get("config") or {}).get("name") == configuration]
-    names = sorted({(r.get("config") or {}).get("name") or "?" for r in document.get("results", [])})
+    names = sorted({name for r in document.get("results", []) if (name := (r.get("config") or {}).get("name"))})
     if not found:
-        raise InvalidArgument(f"the identify map has no results for configuration {configuration!r}; it has "
-                              f"{', '.join(names) or 'none'}")
+        held = f"its configurations are {', '.join(names)}" if names else "it holds no TensorFlow configuration"
+        raise InvalidArgument(f"the identify map has no results for configuration {configuration!r}; {held} "
+                              f"(measure one with identify --configs {configuration})")
     result = found[0]
     if result.get("status") != "ok" or "layers" not in (result.get("observed") or {}):
         raise InvalidArgument(f"the identify map's configuration {configuration!r} has no layer results "
                               f"(status {result.get('status')!r}); measure it in layer mode")
     return result
+
+
+def _unmeasured(missing: list[str], shapes: Mapping[str, ConvShape], measured, configuration: str) -> str:
+    """Which shape of this run's layers the map lacks, beside what the map measured: the same
+    filter at another input (another batch or image size), or no such filter (another model)."""
+    name = missing[0]
+    shape = shapes[name]
+    same_filter = sorted({str(s.input_shape) for s in measured
+                          if (s.filter_shape, s.strides) == (shape.filter_shape, shape.strides)})
+    differs = (f"the map has this filter at input {', '.join(same_filter[:3])}: it was measured at another batch "
+               f"or image size" if same_filter else "the map has no layer with this filter and strides: it "
+               "was measured on another model (depth or width)")
+    have = sorted({f"{s.input_shape} * {s.filter_shape}" for s in measured})
+    return (f"the identify map did not measure layer {name} (input {shape.input_shape} * filter {shape.filter_shape}, "
+            f"strides {shape.strides}) in configuration {configuration!r}; {differs} ({len(missing)} of "
+            f"{len(shapes)} layers missing; it measured {', '.join(have[:3])}{' ...' if len(have) > 3 else ''}): "
+            f"measure this run's own layers")
 
 
 def twin_layers(document: dict, shapes: Mapping[str, ConvShape], configuration: str) -> dict[str, LayerArithmetic]:
@@ -171,12 +189,7 @@ def twin_layers(document: dict, shapes: Mapping[str, ConvShape], configuration: 
     measured = {ConvShape.from_dict(entry["layer"]): entry["layer"].get("name", "") for entry in entries}
     missing = [name for name, shape in shapes.items() if shape not in measured]
     if missing:
-        have = sorted({f"{s.input_shape}x{s.filter_shape}" for s in measured})
-        raise InvalidArgument(
-            f"the identify map did not measure layer {missing[0]} ({shapes[missing[0]].input_shape} * "
-            f"{shapes[missing[0]].filter_shape}, strides {shapes[missing[0]].strides}) in configuration "
-            f"{configuration!r} ({len(missing)} of {len(shapes)} layers missing; it measured {len(have)} "
-            f"shapes): measure this run's layers at its batch size")
+        raise InvalidArgument(_unmeasured(missing, shapes, measured, configuration))
     out = {}
     for name, shape in shapes.items():
         where = measured[shape]

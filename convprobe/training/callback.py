@@ -475,7 +475,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         if (directory / "header.json").exists():
             raise InvalidArgument(f"directory {str(directory)!r} holds a recorded run already; nothing was changed: "
                                   f"give UnderflowTelemetry a new or empty directory")
-        files = RunFiles(directory)  # locked() refuses a directory of a user's files, untouched
+        files = RunFiles(directory, argument="directory")  # locked() refuses a user's files, untouched
         self._stack.enter_context(files.locked())
         params = self.params or {}
         planned = (params.get("epochs") or 0) * (params.get("steps") or 0)

@@ -269,13 +269,13 @@ def nonfinite_fields(names: TensorNames, nonfinite, order, *, measured=None) -> 
     return {"nonfinite_tensors": ";".join(bad), "first_nonfinite": bad[0] if bad else ""}
 
 
-def refuse_foreign_directories(directory: Path, names) -> None:
+def refuse_foreign_directories(directory: Path, names, *, argument: str = "--output") -> None:
     """Refuse a directory whose own subdirectories `names` are links or files: convprobe writes
     its event files only into a directory of its own."""
     for name in names:
         path = directory / name
         if path.is_symlink() or (path.exists() and not path.is_dir()):
-            raise InvalidArgument(f"--output {str(directory)!r}: {name} is {'a symbolic link' if path.is_symlink() else 'a file'}; "
+            raise InvalidArgument(f"{argument} {str(directory)!r}: {name} is {'a symbolic link' if path.is_symlink() else 'a file'}; "
                                   f"convprobe writes its runs only into directories of its own; nothing was changed: "
                                   f"use a new directory")
 
@@ -289,29 +289,30 @@ def foreign_entries(directory: Path, own_names) -> list[str]:
 
 
 def claim_directory(directory: Path, own_names, *, recorded: bool, what: str = "a convprobe run",
-                    own_directories=()) -> None:
+                    own_directories=(), argument: str = "--output") -> None:
     """Refuse, changing nothing, a directory that holds files convprobe did not write, or whose
     own files are links or not regular files, or whose own subdirectories (`own_directories`)
     are links or files: a user's directory is never adopted, overwritten or appended to.
     The own names count as convprobe's only where `recorded` (a run's header is there): a
     user's own steps.csv in a directory without one is theirs."""
-    files.check_directory_path(str(directory))
+    files.check_directory_path(str(directory), argument)
     if not directory.is_dir():
         return
-    files.refuse_links(directory, own_names)
-    refuse_foreign_directories(directory, own_directories)
+    files.refuse_links(directory, own_names, argument=argument)
+    refuse_foreign_directories(directory, own_directories, argument=argument)
     foreign = foreign_entries(directory, (*own_names, *own_directories) if recorded else ())
     if foreign:
         shown = ", ".join(repr(name) for name in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
-        raise InvalidArgument(f"--output {str(directory)!r} holds files that are not {what} ({shown}); nothing "
+        raise InvalidArgument(f"{argument} {str(directory)!r} holds files that are not {what} ({shown}); nothing "
                               f"was changed: use an empty or new directory")
 
 
 class RunFiles:
     """The files of one run directory; opens the CSVs for appending."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, *, argument: str = "--output"):
         self.directory = Path(directory)
+        self.argument = argument  # how messages name the directory: the option or keyword that gave it
         self.header_path = self.directory / "header.json"
         self.steps_path = self.directory / "steps.csv"
         self.telemetry_path = self.directory / "telemetry.csv"
@@ -329,18 +330,18 @@ class RunFiles:
         """Hold the run directory's lock (created if need be) while the run writes: a second
         run on the same directory is refused before it changes anything."""
         self._claim()
-        with files.directory_lock(self.directory):
+        with files.directory_lock(self.directory, argument=self.argument):
             yield
 
     def _claim(self) -> None:
         """The directory is new, empty, or convprobe's own; none of its files is a link."""
         if self.header_path.is_file():  # a recorded run: files a user put beside it are left alone
-            files.check_directory_path(str(self.directory))
-            files.refuse_links(self.directory, RUN_FILE_NAMES)
-            refuse_foreign_directories(self.directory, RUN_DIRECTORY_NAMES)
+            files.check_directory_path(str(self.directory), self.argument)
+            files.refuse_links(self.directory, RUN_FILE_NAMES, argument=self.argument)
+            refuse_foreign_directories(self.directory, RUN_DIRECTORY_NAMES, argument=self.argument)
             read_header(self.directory)  # a user's own header.json is refused before anything is written
         else:
-            claim_directory(self.directory, RUN_FILE_NAMES, recorded=False)
+            claim_directory(self.directory, RUN_FILE_NAMES, recorded=False, argument=self.argument)
 
     def plan(self, config_json: dict) -> "ResumePlan":
         """Read and validate what the directory holds, changing nothing: a new run, or a

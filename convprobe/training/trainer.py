@@ -425,11 +425,14 @@ class Trainer:
                 [np.asarray(v.numpy()) for v in self.optimizer.variables])
 
     def restore(self, weights: list[np.ndarray], optimizer_state: list[np.ndarray]) -> None:
-        pairs = list(zip(self.model.weights, weights)) + list(zip(self.optimizer.variables, optimizer_state))
-        if (len(weights) != len(self.model.weights) or len(optimizer_state) != len(self.optimizer.variables)
-                or any(tuple(v.shape) != np.shape(w) for v, w in pairs)):
-            raise InvalidArgument("checkpoint does not match this model/optimizer (array count or shapes); "
-                                  "nothing was changed: use a new --output directory")
+        mismatch = _checkpoint_mismatch(self.model.weights, weights, "weights") or _checkpoint_mismatch(
+            self.optimizer.variables, optimizer_state, "optimizer variables")
+        if mismatch:
+            config = self.config
+            raise InvalidArgument(f"the checkpoint does not match this run's model (--resnet-size "
+                                  f"{config.resnet_size}, --image-size {config.image_size}): {mismatch}; nothing "
+                                  f"was changed: resume it with the model it was saved from, or use a new --output "
+                                  f"directory")
         for v, w in zip(self.model.weights, weights):
             v.assign(w)
         for v, w in zip(self.optimizer.variables, optimizer_state):
@@ -601,3 +604,15 @@ def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, t
         final_loss=float(last.get("loss", math.nan)), eval_accuracy=eval_accuracy,
         images_per_second=summary["median_images_per_second"] or 0.0, jit=trainer.jit, summary=summary,
     )
+
+
+def _checkpoint_mismatch(variables, arrays, what: str) -> str | None:
+    """How a checkpoint's arrays differ from the model's `variables`: both counts, or the first
+    variable whose shape differs with both shapes; None when they match."""
+    if len(arrays) != len(variables):
+        return f"it holds {len(arrays)} {what}, this model has {len(variables)}"
+    for variable, array in zip(variables, arrays):
+        if tuple(variable.shape) != np.shape(array):
+            return (f"{what[:-1] if what.endswith('s') else what} {variable.path} is {tuple(variable.shape)} here "
+                    f"and {np.shape(array)} in the checkpoint")
+    return None

@@ -105,11 +105,26 @@ def test_a_cell_identify_did_not_report_is_refused_not_taken_for_no_model():
 
 
 def test_the_twin_refuses_a_map_of_other_shapes_or_configurations():
-    with pytest.raises(InvalidArgument, match="no results for configuration 'onednn-off'; it has default"):
+    with pytest.raises(InvalidArgument, match="no results for configuration 'onednn-off'; its configurations "
+                                              "are default \\(measure one with identify --configs onednn-off\\)"):
         twin_layers(_document([]), {"conv1": SHAPE}, "onednn-off")
+    unnamed = _document([])
+    del unnamed["results"][0]["config"]["name"]  # an emulator's row: no TensorFlow configuration
+    with pytest.raises(InvalidArgument, match="'default'; it holds no TensorFlow configuration"):
+        twin_layers(unnamed, {"conv1": SHAPE}, "default")
     other_batch = replace(SHAPE, input_shape=(4, 7, 7, 5))
-    with pytest.raises(InvalidArgument, match="did not measure layer conv1"):
+    with pytest.raises(InvalidArgument) as info:
         twin_layers(_document([]), {"conv1": other_batch}, "default")
+    assert str(info.value) == (
+        "the identify map did not measure layer conv1 (input (4, 7, 7, 5) * filter (3, 3, 5, 6), strides (2, 2)) in "
+        "configuration 'default'; the map has this filter at input (2, 7, 7, 5): it was measured at another batch "
+        "or image size (1 of 1 layers missing; it measured (2, 7, 7, 5) * (1, 1, 5, 6), (2, 7, 7, 5) * (3, 3, 5, 6)): "
+        "measure this run's own "
+        "layers")
+    wider = replace(SHAPE, input_shape=(2, 7, 7, 8), filter_shape=(3, 3, 8, 6))
+    with pytest.raises(InvalidArgument, match="the map has no layer with this filter and strides: it was measured "
+                                              "on another model \\(depth or width\\)"):
+        twin_layers(_document([]), {"conv1": wider}, "default")
 
 
 def _signed(rng: np.random.Generator, shape) -> np.ndarray:

@@ -201,3 +201,17 @@ def test_a_finished_run_asked_for_another_evaluation_is_refused_not_reported_as_
         train(finished)
     assert _digest(out) == before
     assert train(replace(finished, eval_batches=0)).final_step == 4  # the same question: reported as it was
+
+
+@pytest.mark.tensorflow
+def test_a_checkpoint_of_another_model_is_refused_naming_what_differs(tmp_path):
+    out = _run_dir(tmp_path)  # its checkpoint holds one weight of 3 elements: not a ResNet-8's
+    before = _digest(out)
+    proc = run_cli("train", "--steps", "6", *ARGS, "--output", str(out))
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("convprobe train: error: the checkpoint does not match this run's model (--resnet-size 8, "
+                           "--image-size 8): it holds 1 weights, this model has "), line
+    assert line.endswith("; nothing was changed: resume it with the model it was saved from, or use a new --output "
+                         "directory"), line
+    assert _digest(out) == before
