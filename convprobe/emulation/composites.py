@@ -685,7 +685,8 @@ def parse_composite(spec: str, parse_model) -> AccumulationModel:
     if not rest.rstrip().endswith(")"):
         raise InvalidArgument(f"{kind} spec must end with ')'; received {spec!r}")
     args = split_arguments(rest.rstrip()[:-1])
-    positional, keywords = [], {}
+    positional: list[str] = []
+    keywords: dict[str, str] = {}
     for a in args:
         key, sep, value = a.partition("=")
         if sep and not any(ch in key for ch in ":("):  # KEY=VALUE, not an inner spec's own keys
