@@ -3,6 +3,9 @@
 Every file convprobe writes goes through here (results, tables, figures, run records,
 checkpoints), for three promises:
 
+- **What is read is checked first.** `check_input_file` refuses, in one line, a file a user
+  names for convprobe to read that is missing, a directory, a FIFO or device (a reader would
+  block or never end), empty, or unreadable, before any library opens it.
 - **Checked before any work.** `check_output_path` and `check_directory_path` refuse, in one
   line, a path that could not be written: an empty name, a name or component too long for the
   file system, a parent that is a file or a dangling symbolic link, a directory without write
@@ -28,9 +31,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from convprobe.errors import InvalidArgument, OutputWriteFailed
+from convprobe.errors import InvalidArgument, OutputWriteFailed, reason
 
-__all__ = ["check_output_path", "check_directory_path", "can_create_in", "write_atomic", "open_append",
+__all__ = ["check_input_file", "check_model_file", "check_output_path", "check_directory_path", "can_create_in", "write_atomic", "open_append",
            "refuse_links", "directory_lock", "refuse_locked", "lock_holder", "has_lock_file", "failures_as_one_line",
            "save_figure", "TEMPORARY_PREFIX", "LOCK_NAME"]
 
@@ -95,6 +98,57 @@ def _check_path_text(path: str, argument: str) -> str:
         raise InvalidArgument(f"{argument} is {len(os.fsencode(absolute))} bytes long as an absolute path; "
                               f"at most {_path_max(existing) - 1} are allowed; received {_shorten(path)}")
     return absolute
+
+
+def check_input_file(path: str | os.PathLike, where: str, *, allow_empty: bool = False) -> Path:
+    """`path` as a Path if it is a regular file (a link is followed to one) that is not empty
+    (unless `allow_empty`) and can be opened for reading; otherwise one InvalidArgument line that
+    starts with `where` (e.g. "--keras-model 'm.keras'"). Nothing is read: a FIFO or a device is
+    refused by its type, never opened."""
+    p = Path(path)
+    try:
+        status = p.stat()
+    except FileNotFoundError:
+        problem = "is a broken symbolic link" if os.path.islink(p) else "does not exist"
+        raise InvalidArgument(f"{where} {problem}") from None
+    except (OSError, ValueError) as exc:  # a link loop, a name too long, a NUL byte in the name
+        raise InvalidArgument(f"{where} cannot be read ({reason(exc)})") from None
+    if stat.S_ISDIR(status.st_mode):
+        raise InvalidArgument(f"{where} is a directory, not a file")
+    if not stat.S_ISREG(status.st_mode):
+        raise InvalidArgument(f"{where} is not a regular file (a FIFO, socket or device)")
+    if status.st_size == 0 and not allow_empty:
+        raise InvalidArgument(f"{where} is empty")
+    try:
+        os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        raise InvalidArgument(f"{where} cannot be read ({reason(exc)})") from None
+    return p
+
+
+#: What Keras 3 reads as a saved model, by suffix, and the bytes such a file starts with.
+MODEL_FILE_SIGNATURES = {".keras": (b"PK\x03\x04", "a zip archive"),
+                         ".h5": (b"\x89HDF\r\n\x1a\n", "an HDF5 file"),
+                         ".hdf5": (b"\x89HDF\r\n\x1a\n", "an HDF5 file")}
+
+
+def check_model_file(path: str | os.PathLike, where: str) -> Path:
+    """A saved Keras model named by a user, checked before Keras opens it (`check_input_file`,
+    then its suffix and its first bytes): Keras answers 'File not found' for a file that exists
+    but is empty, text or a directory, and a FIFO would block it forever."""
+    p = check_input_file(path, where)
+    expected = MODEL_FILE_SIGNATURES.get(p.suffix.lower())
+    if expected is None:
+        raise InvalidArgument(f"{where} must end in {', '.join(MODEL_FILE_SIGNATURES)} (what Keras saves a model "
+                              f"as); received a name ending in {p.suffix or 'no suffix'!r}")
+    signature, kind = expected
+    with failures_as_one_line(p):
+        with open(p, "rb") as handle:
+            start = handle.read(len(signature))
+    if start != signature:
+        raise InvalidArgument(f"{where} is not a saved Keras model: a {p.suffix} file is {kind}, and this one "
+                              f"starts with {start!r}")
+    return p
 
 
 def check_output_path(path: str, argument: str = "--output") -> None:

@@ -17,16 +17,15 @@ changes, `SCHEMA_HISTORY` says what changed, and older documents are upgraded on
 from __future__ import annotations
 
 import json
-import os
 import re
 import reprlib
-import stat
 import sys
 from enum import StrEnum
 from pathlib import Path
 
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer, reason
 from convprobe.options import ComputeDtype, LossScaleMode, Status
+from convprobe import files
 from convprobe.render import json_clean, render_json, write_atomic
 
 __all__ = ["SCHEMA_VERSION", "SCHEMA_HISTORY", "Kind", "COMPARISON_FILE", "envelope", "validate", "read", "write", "upgrade",
@@ -117,22 +116,10 @@ def read(path: str | Path, kinds: tuple[str, ...] | None = None) -> dict:
 
 
 def regular_file(path: str | Path, *, where: str) -> Path:
-    """`path` if it is a regular file (or a link to one); one InvalidArgument line otherwise.
-    Checked before opening: a FIFO would block the reader forever, a directory or a link loop
-    would surface as an OSError."""
-    p = Path(path)
-    try:
-        mode = p.stat().st_mode
-    except FileNotFoundError:
-        problem = "is a broken symbolic link" if os.path.islink(p) else "does not exist"
-        raise InvalidArgument(f"{where} {problem}") from None
-    except (OSError, ValueError) as exc:  # a link loop, a name too long, a NUL byte in the name
-        raise InvalidArgument(f"{where} cannot be read ({reason(exc)})") from None
-    if stat.S_ISDIR(mode):
-        raise InvalidArgument(f"{where} is a directory, not a file")
-    if not stat.S_ISREG(mode):
-        raise InvalidArgument(f"{where} is not a regular file (a FIFO, socket or device)")
-    return p
+    """`path` if it is a regular file (or a link to one) that can be read; one InvalidArgument
+    line otherwise (`files.check_input_file`; an empty file is the reader's to describe).
+    Checked before opening: a FIFO would block the reader forever."""
+    return files.check_input_file(path, where, allow_empty=True)
 
 
 class _RepeatedKey(ValueError):

@@ -1,10 +1,13 @@
 """Bad input, CLI and API: one clear line naming what was wrong and what is allowed, exit 2,
 no traceback, nothing written, and (for the CLI) before any work starts."""
 
+import os
+import zipfile
+
 import numpy as np
 import pytest
 
-from conftest import main_in_process
+from conftest import main_in_process, run_cli
 from convprobe.errors import InvalidArgument
 
 
@@ -78,7 +81,7 @@ CLI_CASES = [
     (["identify", *EMU, "--resnet-size", "21"], "--resnet-size must be 6n+2"),
     (["identify", *EMU, "--resnet-size", "20", "--strides", "2"], "a model's layers carry their own"),
     (["identify", *EMU, "--keras-model", "{tmp}/missing.keras"], "does not exist"),
-    (["identify", *EMU, "--keras-model", "{tmp}/file"], "could not be loaded as a Keras model"),
+    (["identify", *EMU, "--keras-model", "{tmp}/file"], "must end in .keras, .h5, .hdf5 (what Keras saves"),
     (["identify", *EMU, "--threads", "0"], "--threads: must be an integer from 1 to 1024"),
     (["identify", *EMU, "--batch", "2"], "--batch applies to --keras-model and --resnet-size only"),
     (["identify", *EMU, "--image-size", "64"], "--image-size applies to --resnet-size only"),
@@ -287,3 +290,29 @@ def test_every_option_refuses_an_empty_value_in_one_line(tmp_path, command, opti
         assert err.strip().splitlines() == [
             f"convprobe {command}: error: argument {'/'.join(options)}: received an empty value; it takes "
             + err.split("it takes ", 1)[-1].strip()], err
+
+
+KERAS_FILES = {  # what is at the path, and the one line that refuses it
+    "FIFO": (lambda p: os.mkfifo(p), "is not a regular file (a FIFO, socket or device)"),
+    "link to /dev/zero": (lambda p: p.symlink_to("/dev/zero"), "is not a regular file (a FIFO, socket or device)"),
+    "empty": (lambda p: p.write_bytes(b""), "is empty"),
+    "text": (lambda p: p.write_text("a model\n"), "is not a saved Keras model: a .keras file is a zip archive, and "
+                                                  "this one starts with b'a mo'"),
+    "directory": (lambda p: p.mkdir(), "is a directory, not a file"),
+    "broken link": (lambda p: p.symlink_to(p.parent / "nowhere"), "is a broken symbolic link"),
+    "zip of no model": (lambda p: zipfile.ZipFile(p, "w").writestr("notes.txt", "hello"),
+                        "could not be loaded as a Keras model: "),
+}
+
+
+@pytest.mark.parametrize("case", KERAS_FILES)
+def test_a_keras_model_file_is_checked_before_keras_opens_it(tmp_path, case):
+    """A process, with a timeout: a FIFO handed to Keras would block it for ever."""
+    make, message = KERAS_FILES[case]
+    path = tmp_path / "model.keras"
+    make(path)
+    proc = run_cli("identify", "--keras-model", str(path), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"convprobe identify: error: --keras-model {str(path)!r} " + proc.stderr.split(f"{str(path)!r} ", 1)[-1].strip()]
+    assert message in proc.stderr and proc.stdout == "", proc.stderr

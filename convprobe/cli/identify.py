@@ -13,7 +13,8 @@ from __future__ import annotations
 from convprobe.cli.options import (MAX_K, MAX_ROWS, add_matrix_options, announce_inherited_switches,
                                    bounded_int, emit, int_list, list_configs, matrix_configs,
                                    matrix_ops)
-from convprobe.errors import InvalidArgument
+from convprobe.errors import InvalidArgument, reason
+from convprobe.files import check_model_file
 from convprobe.options import TreeRecovery, comma_integers
 
 __all__ = ["register"]
@@ -135,17 +136,15 @@ def layers_from_args(args) -> tuple[list, list] | None:
 
 
 def _load_keras(path: str):
-    from pathlib import Path
-
-    if not Path(path).exists():
-        raise InvalidArgument(f"--keras-model {path!r} does not exist")
+    """The model at `path`, every check on the file made before Keras opens it."""
+    where = f"--keras-model {path!r}"
+    file = check_model_file(path, where)
     import keras
 
     try:
-        return keras.models.load_model(path, compile=False)
+        return keras.models.load_model(file, compile=False)
     except Exception as exc:  # noqa: BLE001 - any load failure is bad input, in one line
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InvalidArgument(f"--keras-model {path!r} could not be loaded as a Keras model: {reason}") from None
+        raise InvalidArgument(f"{where} could not be loaded as a Keras model: {reason(exc)}") from None
 
 
 def _with_threads(configs, threads: int | None) -> list:
