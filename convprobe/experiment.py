@@ -7,8 +7,11 @@ and keeps its parameters in ``config.json`` next to it.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
+
+from convprobe import results
+from convprobe.errors import InvalidArgument
 
 __all__ = ["parser", "load", "write_probe_results"]
 
@@ -32,7 +35,7 @@ def write_probe_results(kind: str, params: dict, probe_results, path: Path, obse
     at `path`, and a flat CSV of them beside it; returns the records."""
     import pandas as pd
 
-    from convprobe import files, provenance, results
+    from convprobe import files, provenance
 
     records = [r.to_record() for r in probe_results]
     results.write(path, results.envelope(kind, params, provenance.collect(seed=params.get("seed")),
@@ -44,8 +47,15 @@ def write_probe_results(kind: str, params: dict, probe_results, path: Path, obse
 
 def load(args: argparse.Namespace, **overrides) -> tuple[dict, Path]:
     """(the config file with every override that is not None applied, the output
-    folder, created)."""
-    config = json.loads(Path(args.config).read_text(encoding="utf-8"))
+    folder, created). A config that is not a readable JSON object is one line and exit 2."""
+    try:
+        config = results.read_json(args.config, where=f"--config {args.config!r}")
+        if not isinstance(config, dict):
+            raise InvalidArgument(f"--config {args.config!r} must hold a JSON object of settings; received "
+                                  f"{type(config).__name__}")
+    except InvalidArgument as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     config.update({key: value for key, value in overrides.items() if value is not None})
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)

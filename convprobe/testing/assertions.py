@@ -376,6 +376,8 @@ def _telemetry_frame(records):
     if isinstance(records, pd.DataFrame):
         return records
     if isinstance(records, (str, Path)):
+        if not str(records).strip():  # Path('') would read the working directory's telemetry.csv
+            raise InvalidArgument(f"records must be {_RECORD_FORMS}; received {records!r}")
         path = Path(records)
         if os.path.isdir(path):  # False, not an OSError, for a name too long: read_csv names it
             path = path / "telemetry.csv"

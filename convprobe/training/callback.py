@@ -190,7 +190,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
     def __init__(self, directory, every: int = 100, watch=None):
         super().__init__()
-        if not isinstance(directory, (str, Path)) or not str(directory):
+        if not isinstance(directory, (str, Path)) or not str(directory).strip():
             raise InvalidArgument(f"directory must be a path (str or Path); received {directory!r}")
         if not is_integer(every) or every < 1:
             raise InvalidArgument(f"every must be a positive integer (measure every N steps); received {every!r}")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from convprobe import files
 from convprobe.errors import InvalidArgument
 
 __all__ = [
@@ -120,13 +121,11 @@ def write_cifar10_file(path: str | Path, images: np.ndarray, labels: np.ndarray)
 
 def load_cifar10_file(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """One CIFAR-10 binary file -> (uint8 images N x 32 x 32 x 3, int32 labels)."""
-    path = Path(path)
+    path = files.check_input_file(path, f"CIFAR-10 file '{path}'")  # a FIFO would block the read
     try:
         raw = np.fromfile(path, dtype=np.uint8)
     except OSError as error:
         raise InvalidArgument(f"CIFAR-10 file '{path}' cannot be read: {error.strerror}") from None
-    if raw.size == 0:
-        raise InvalidArgument(f"CIFAR-10 file '{path}' is empty")
     if raw.size % CIFAR_RECORD_BYTES:
         raise InvalidArgument(
             f"CIFAR-10 file '{path}' is truncated or not CIFAR-10 binary: {raw.size} bytes is not "

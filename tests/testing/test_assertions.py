@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -285,3 +286,17 @@ def test_underflow_reads_the_training_harness_schema(tmp_path):
     with pytest.raises(AssertionError, match="initial_conv activation: 4 / 4096"):
         assert_no_gradient_underflow(tmp_path, tolerance=3 / 4096)
     assert_no_gradient_underflow(tmp_path, tolerance=3 / 4096, counting="flushed")
+
+
+@pytest.mark.parametrize("records", ["", "  ", Path("")])
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(records, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "telemetry.csv").write_text("layer,n,flushed,lost\nconv,4,4,0\n")  # would fail if read
+    if isinstance(records, Path):  # Path('') is '.': a name the user gave, read as such
+        with pytest.raises(AssertionError, match="gradients underflowed"):
+            assert_no_gradient_underflow(records)
+        return
+    with pytest.raises(InvalidArgument) as info:
+        assert_no_gradient_underflow(records)
+    assert str(info.value) == (f"records must be a DataFrame, a list of dicts, a telemetry.csv path or a run "
+                               f"directory; received {records!r}")

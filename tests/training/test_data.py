@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -109,6 +111,20 @@ def test_cifar_bad_label_and_empty_and_missing(tmp_path):
         load_cifar10_dir(empty)
     with pytest.raises(InvalidArgument, match="must be a directory"):
         load_cifar10_dir(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("special, message", [
+    (lambda f: os.mkfifo(f), "is not a regular file (a FIFO, socket or device)"),
+    (lambda f: f.symlink_to("/dev/zero"), "is not a regular file (a FIFO, socket or device)"),
+    (lambda f: f.mkdir(), "is a directory, not a file"),
+])
+def test_a_cifar_file_that_is_no_regular_file_is_refused_by_its_type_never_read(tmp_path, special, message):
+    _cifar_dir(tmp_path)
+    (tmp_path / "test_batch.bin").unlink()
+    special(tmp_path / "test_batch.bin")  # a FIFO read would block for ever, /dev/zero never end
+    with pytest.raises(InvalidArgument) as info:
+        load_cifar10_dir(tmp_path)
+    assert str(info.value) == f"CIFAR-10 file '{tmp_path / 'test_batch.bin'}' {message}"
 
 
 def test_cli_rejects_truncated_cifar_before_training(tmp_path):
