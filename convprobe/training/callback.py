@@ -15,7 +15,9 @@ DIR/tensorboard/.
 
 How it sees the batch: Keras 3's `fit` does not hand callbacks the batch, so the
 callback wraps the model's `train_step` for the length of `fit` (an instance
-attribute, removed at the end; the train function is rebuilt). With Keras's own
+attribute, removed at the end; the train function is rebuilt; a fit that stopped early
+is undone at the model's next fit, or at once under ``with UnderflowTelemetry(...)``:
+the guide's lifecycle paragraph). With Keras's own
 step and one output, the wrapper is that step (Keras 3.15, TensorFlow backend) with
 the watched layers' outputs among the tape's targets: a measured step classifies the
 very gradients its update applies, and pays only for the fp32 shadow's pass and the
@@ -211,14 +213,34 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._shown = None  # the (loss scale, skipped steps) TensorBoard holds last
         self._next_step = 0
         self._functions = None
+        self._claimed: RunFiles | None = None  # the locked run directory, from set_model to close
+        self._fit_open = False  # on_train_begin ran and on_train_end has not: a fit is (or was) under way
+        self._built = False  # the fit prepared for has built its train function (`_make_train_function`)
 
     # -- preparation (before fit builds its train function) ---------------------------------
     def set_model(self, model):
+        """Everything is checked, and the directory claimed and locked, before anything is
+        written or the model touched; a failure leaves neither the lock nor a wrapper."""
         super().set_model(model)
+        if self._fit_open:  # this callback's earlier fit was interrupted: it is not resumed, but refused below
+            self.close()
         if getattr(model, "optimizer", None) is None or self._prepared_for is model:
             return
-        self._prepare(model)
-        self._prepared_for = model
+        _release_or_refuse(model, self)
+        with _closed_on_failure(self):
+            self._prepare(model)  # every check, and the shadow: neither the model nor the disk is touched
+            self._claim()
+            self._wrap(model)
+
+    def _claim(self):
+        """Lock the directory for this callback's fit (`RunFiles.locked`: a directory of a user's
+        files, a link among its names or another run's lock is refused, untouched)."""
+        if (self.directory / "header.json").exists():
+            raise InvalidArgument(f"directory {str(self.directory)!r} holds a recorded run already; nothing was "
+                                  f"changed: give UnderflowTelemetry a new or empty directory")
+        files = RunFiles(self.directory, argument="directory")
+        self._stack.enter_context(files.locked())
+        self._claimed = files
 
     def _prepare(self, model):
         self._replicas = model.distribute_strategy.num_replicas_in_sync
@@ -301,15 +323,27 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         host = use_host_tables(model.jit_compile is True)
         self._statistics = tf.function(lambda lows, shadows: _with_nonfinite(
             batched_stats(lows, shadows, self.thresholds, host=host)), jit_compile=not host)
-        step = model.train_step
-        wrapper_of = getattr(getattr(step, "func", step), "__self__", None)
-        if isinstance(wrapper_of, UnderflowTelemetry):
-            # a fit that raised never reached on_train_end: its callback's wrapper is still there
-            step = wrapper_of._original_step
-            wrapper_of.close()
-        self._original_step = step
+
+    def _wrap(self, model):
+        """The model's step measures from now until `close`."""
+        self._prepared_for = model
+        self._original_step = model.train_step
         model.train_step = self._own_train_step if self._own_step else self._train_step
+        model.make_train_function = self._make_train_function
         model.train_function = None  # rebuilt by fit around the wrapped step
+        self._built = False
+
+    def _make_train_function(self, force=False):
+        """Keras's own `make_train_function`, which `fit` calls once, before `on_train_begin`. A
+        second call while this callback's fit never began, or any call after it began and never
+        ended, comes from a later fit: the earlier one was interrupted, so the model is restored
+        first and the later fit trains as the user's model does."""
+        model = self._prepared_for
+        if self._fit_open or self._built:
+            self.close()
+        else:
+            self._built = True
+        return type(model).make_train_function(model, force)
 
     # -- the compiled part ---------------------------------------------------------------------
     def _scale(self):
@@ -448,10 +482,11 @@ class UnderflowTelemetry(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self._prepared_for is not self.model:
             self.set_model(self.model)
-        if self._files is None:
+        with _closed_on_failure(self):
+            self._fit_open = True
             self._open()
-        self._next_step = int(self._counter.numpy())  # (a fit interrupted after a step, before its record)
-        self._functions = self._chosen_functions()
+            self._next_step = int(self._counter.numpy())
+            self._functions = self._chosen_functions()
 
     def _chosen_functions(self):
         """Two train functions, one that measures and one that does not, chosen before each step
@@ -465,18 +500,15 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         step, functions = model.train_step, {}
         for measure in (False, True):
             model.train_step = functools.partial(step, measure=measure)
-            model.make_train_function(force=True)
+            type(model).make_train_function(model, force=True)  # Keras's own: not a later fit's call
             functions[measure] = model.train_function
         model.train_step = step
         return functions
 
     def _open(self):
-        directory = self.directory
-        if (directory / "header.json").exists():
-            raise InvalidArgument(f"directory {str(directory)!r} holds a recorded run already; nothing was changed: "
-                                  f"give UnderflowTelemetry a new or empty directory")
-        files = RunFiles(directory, argument="directory")  # locked() refuses a user's files, untouched
-        self._stack.enter_context(files.locked())
+        """The header, the CSVs and the event files: the first files written, at the fit's start."""
+        files = self._claimed
+        assert files is not None, "set_model claims the directory before the fit begins"
         params = self.params or {}
         planned = (params.get("epochs") or 0) * (params.get("steps") or 0)
         optimizer = self.model.optimizer
@@ -502,6 +534,10 @@ class UnderflowTelemetry(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         """Record the steps of the execution that ended (one, or up to steps_per_execution) from
         the buffers, its time shared evenly among them; Keras's `logs` are its last step's."""
+        with _closed_on_failure(self):
+            self._record_execution(logs)
+
+    def _record_execution(self, logs):
         seconds = time.perf_counter() - self._started
         status = self._status.numpy()  # the one read from the device per execution
         steps = sorted((dict(zip(_STATUS, r)) for r in status if r[0] >= self._next_step), key=lambda r: r["step"])
@@ -547,19 +583,39 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._last = row
 
     def close(self) -> None:
-        """Close the records and unwrap the model's step without a summary: for a `fit` that
-        raised (Keras calls no callback then); a later callback on the same model calls it."""
-        if self._board is not None:
-            self._board.close()
-        if self._files is not None:
-            self._files.close()
-        self._stack.close()
-        self._files = self._board = None
-        model = self._prepared_for
-        if model is not None and "train_step" in model.__dict__:
-            del model.train_step
-            model.train_function = None
-        self._prepared_for = None
+        """Close the records, release the directory's lock and restore the model's own step and
+        train function, each whatever the one before raised: what `on_train_end` does after the
+        summary, and what a fit that never reached it needs. Called by this callback when one of
+        its own hooks fails, by `__exit__`, and at the model's next fit or callback."""
+        board, files_, model = self._board, self._files, self._prepared_for
+        self._files = self._board = self._prepared_for = self._claimed = None
+        self._fit_open = self._built = False
+        # a directory no record was written to is left as it was found: no lock file, no new folder
+        unused = (InvalidArgument, InvalidArgument("closed before its fit wrote a record"), None)
+        try:
+            if board is not None:
+                board.close()
+        finally:
+            try:
+                if files_ is not None:
+                    files_.close()
+            finally:
+                try:
+                    self._stack.__exit__(*(unused if files_ is None else (None, None, None)))  # the lock
+                    self._stack = contextlib.ExitStack()
+                finally:
+                    if model is not None:
+                        for name in ("train_step", "make_train_function"):
+                            model.__dict__.pop(name, None)
+                        model.train_function = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        """`with UnderflowTelemetry(...) as telemetry: model.fit(..., callbacks=[telemetry])`: the
+        model is restored and the lock released when the block ends, however it ends."""
+        self.close()
 
     def on_train_end(self, logs=None):
         model = self.model
@@ -615,3 +671,31 @@ def _single_output(layer) -> bool:
         return False
     return not isinstance(output, (list, tuple, dict))
 
+
+@contextlib.contextmanager
+def _closed_on_failure(callback: UnderflowTelemetry):
+    """Close `callback` (records, lock, the model's own step) when the block raises, then raise:
+    Keras calls no callback after a hook fails, so nothing else would."""
+    try:
+        yield
+    except BaseException:
+        callback.close()
+        raise
+
+
+def _release_or_refuse(model, callback: UnderflowTelemetry) -> None:
+    """The model's step may still be another callback's wrapper. That callback's fit began and
+    never ended, or built its train function and never began: it was interrupted, and is
+    closed. Otherwise it was prepared for this same fit (Keras sets every callback's model
+    before building the train function): two callbacks cannot wrap one step, so this one is
+    refused, and the other closed, before either writes anything."""
+    step = model.__dict__.get("train_step")
+    other = getattr(getattr(step, "func", step), "__self__", None)
+    if not isinstance(other, UnderflowTelemetry) or other is callback:
+        return
+    interrupted = other._fit_open or model.train_function is not None
+    other.close()
+    if not interrupted:
+        raise InvalidArgument(f"this fit has two UnderflowTelemetry callbacks (directories {str(other.directory)!r} "
+                              f"and {str(callback.directory)!r}), or one whose earlier fit stopped before it "
+                              f"began; nothing was written: give a fit one UnderflowTelemetry")

@@ -16,14 +16,16 @@ tensor (`kind` weight or activation, `layer` its variable path or layer name):
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from convprobe.errors import OutputWriteFailed
+from convprobe.errors import OutputWriteFailed, reason
 from convprobe.formats import Format
 from convprobe.training.telemetry import decode_histogram, histogram_edges
 
@@ -36,6 +38,20 @@ _HISTOGRAM_NOTE = ("floor(log2|S*g|) of the scaled gradient, one bucket per bina
                    "format/log2_smallest_subnormal and format/log2_smallest_normal")
 
 
+#: The write failures whose operating-system message TensorFlow's errors carry in their text.
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EROFS, errno.EPERM)
+
+
+def os_reason(message: str) -> str:
+    """The operating system's reason in a TensorFlow error message ('File too large (EFBIG)'),
+    else its first line that is not an op's name."""
+    for code in _WRITE_ERRNOS:
+        if os.strerror(code) in message:
+            return f"{os.strerror(code)} ({errno.errorcode[code]})"
+    lines = [line.strip() for line in message.splitlines() if line.strip() and not line.strip().startswith("[")]
+    return lines[0] if lines else "TensorFlow gave no reason"
+
+
 class TensorBoardWriter:
     """One event-file writer in `directory` (created); `write_*` take the CSV records."""
 
@@ -45,8 +61,9 @@ class TensorBoardWriter:
 
         self.tf = tf
         self.directory = Path(directory)
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        self.writer = tf.summary.create_file_writer(str(directory))
+        with self._one_line():
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            self.writer = tf.summary.create_file_writer(str(directory))
         self.format = fmt
 
         def metadata(plugin: str, description: str = "") -> bytes:
@@ -92,13 +109,16 @@ class TensorBoardWriter:
 
     @contextmanager
     def _one_line(self):
-        """A failed event-file write (a full disk, a file-size limit) as the CLI's one line."""
+        """A failed event-file write (a full disk, a file-size limit) as the CLI's one line, with
+        the operating system's reason (TensorFlow's message ends with the op that failed)."""
         try:
             yield
         except self.tf.errors.OpError as error:
-            lines = [line.strip() for line in str(error.message).splitlines() if line.strip()]
             raise OutputWriteFailed(f"could not write TensorBoard events in {str(self.directory)!r}: "
-                                    f"{lines[-1] if lines else type(error).__name__}") from None
+                                    f"{os_reason(str(error.message))}") from None
+        except OSError as error:
+            raise OutputWriteFailed(f"could not write TensorBoard events in {str(self.directory)!r}: "
+                                    f"{reason(error)}") from None
 
     def write_records(self, step: int, rows: list[dict]) -> None:
         """The scalars and histograms of one telemetry step's records."""

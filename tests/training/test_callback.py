@@ -5,6 +5,8 @@ a skipped step names its overflowing tensors, and the user's training is left ex
 from __future__ import annotations
 
 import functools
+import json
+import os
 
 import numpy as np
 import pytest
@@ -459,6 +461,122 @@ def test_after_a_fit_that_raised_a_new_callback_does_not_stack_on_the_old_wrappe
     assert "train_step" not in model.__dict__
     assert [r["step"] for r in read_rows(tmp_path / "second" / "steps.csv")] == ["0", "1"]  # each callback counts its own
     assert len(read_rows(tmp_path / "first" / "telemetry.csv")) == 12  # step 0 only: the old wrapper is gone
+
+
+
+def _own(model) -> bool:
+    """Whether the model trains with its own step and builds its own train function again."""
+    return "train_step" not in model.__dict__ and "make_train_function" not in model.__dict__
+
+
+def test_a_fit_interrupted_by_ctrl_c_restores_the_model_at_its_next_fit_and_frees_the_directory(tmp_path):
+    import keras
+
+    from convprobe import files
+    from convprobe.training import UnderflowTelemetry
+
+    class Interrupt(keras.callbacks.Callback):  # Ctrl-C between two steps, where no callback hook runs after
+        def on_train_batch_end(self, batch, logs=None):
+            raise KeyboardInterrupt
+
+    xs, ys = _data()
+    model = _model()
+    first = UnderflowTelemetry(tmp_path / "first", every=1)
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(xs[: 2 * BATCH], ys[: 2 * BATCH], batch_size=BATCH, verbose=0, callbacks=[first, Interrupt()])
+    assert files.lock_holder(tmp_path / "first") is not None  # held until convprobe runs again
+    weights = [w.copy() for w in model.get_weights()]
+    model.fit(xs[: 2 * BATCH], ys[: 2 * BATCH], batch_size=BATCH, verbose=0, shuffle=False)  # a plain fit
+    assert _own(model) and files.lock_holder(tmp_path / "first") is None
+    assert int(first._counter.numpy()) == 1  # the wrapper of the interrupted fit measured none of the plain steps
+    assert not any(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()) if a.size > 1)  # it trained
+
+    history = model.fit(xs[: 2 * BATCH], ys[: 2 * BATCH], batch_size=BATCH, verbose=0,
+                        callbacks=[UnderflowTelemetry(tmp_path / "fresh", every=1)])
+    assert _own(model) and files.lock_holder(tmp_path / "fresh") is None
+    assert [r["step"] for r in read_rows(tmp_path / "fresh" / "steps.csv")] == ["0", "1"]
+    assert (tmp_path / "fresh" / "summary.json").is_file() and len(history.history["loss"]) == 1
+    assert not (tmp_path / "first" / "summary.json").exists()  # interrupted: recorded as far as it went
+
+
+def test_a_with_block_restores_the_model_and_the_lock_at_once(tmp_path):
+    import keras
+
+    from convprobe import files
+    from convprobe.training import UnderflowTelemetry
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise KeyboardInterrupt
+
+    xs, ys = _data()
+    model = _model()
+    with pytest.raises(KeyboardInterrupt), UnderflowTelemetry(tmp_path / "run", every=1) as telemetry:
+        model.fit(xs[:BATCH], ys[:BATCH], batch_size=BATCH, verbose=0, callbacks=[telemetry, Interrupt()])
+    assert _own(model) and model.train_function is None and files.lock_holder(tmp_path / "run") is None
+    assert [r["step"] for r in read_rows(tmp_path / "run" / "steps.csv")] == ["0"]
+
+
+def test_two_callbacks_in_one_fit_are_refused_before_either_writes(tmp_path):
+    from convprobe.training import UnderflowTelemetry
+
+    xs, ys = _data()
+    model = _model()
+    shared = tmp_path / "shared"
+    with pytest.raises(InvalidArgument) as info:
+        model.fit(xs[:BATCH], ys[:BATCH], verbose=0,
+                  callbacks=[UnderflowTelemetry(shared), UnderflowTelemetry(shared)])
+    assert str(info.value) == (f"this fit has two UnderflowTelemetry callbacks (directories {str(shared)!r} and "
+                               f"{str(shared)!r}), or one whose earlier fit stopped before it began; nothing was "
+                               f"written: give a fit one UnderflowTelemetry")
+    assert not shared.exists() and _own(model)  # no lock file, no folder, the model's own step
+    model.fit(xs[:BATCH], ys[:BATCH], batch_size=BATCH, verbose=0, callbacks=[UnderflowTelemetry(shared)])
+    assert (shared / "summary.json").is_file() and _own(model)
+
+
+def test_a_directory_in_use_by_another_fit_is_refused_naming_it_and_left_as_it_was(tmp_path):
+    from convprobe import files
+    from convprobe.training import UnderflowTelemetry
+
+    xs, ys = _data()
+    busy = tmp_path / "busy"
+    with files.directory_lock(busy, what="convprobe run"):
+        model = _model()
+        with pytest.raises(InvalidArgument, match=f"directory {str(busy)!r} is in use by another convprobe run "
+                                                  f"\\(pid {os.getpid()}\\)"):
+            model.fit(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[UnderflowTelemetry(busy)])
+        assert _own(model) and sorted(p.name for p in busy.iterdir()) == [files.LOCK_NAME]
+
+
+DISK_FULL = r'''
+import json, resource, signal
+import numpy as np, keras
+from convprobe import files
+from convprobe.errors import OutputWriteFailed
+from convprobe.training import UnderflowTelemetry
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3, name="conv"),
+                          keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10, name="dense")])
+model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+rng = np.random.default_rng(0)
+xs, ys = rng.normal(size=(64, 8, 8, 3)).astype("float32"), rng.integers(0, 10, 64)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full quota
+resource.setrlimit(resource.RLIMIT_FSIZE, (30000, resource.RLIM_INFINITY))  # the CSVs fit, the events not
+try:
+    model.fit(xs, ys, batch_size=4, verbose=0, callbacks=[UnderflowTelemetry("run", every=1)])
+    error = None
+except OutputWriteFailed as failure:
+    error = str(failure)
+print("RESULT" + json.dumps({"error": error, "own": "train_step" not in model.__dict__,
+                             "lock": files.lock_holder("run")}))
+'''
+
+
+def test_a_full_disk_under_the_callback_names_the_os_reason_and_frees_model_and_directory(tmp_path, run_python):
+    proc = run_python(DISK_FULL, tmp_path)
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert result["error"] == "could not write TensorBoard events in 'run/tensorboard': File too large (EFBIG)", result
+    assert result["own"] and result["lock"] is None, result
 
 
 MIRRORED = r'''
