@@ -269,6 +269,13 @@ def nonfinite_fields(names: TensorNames, nonfinite, order, *, measured=None) -> 
     return {"nonfinite_tensors": ";".join(bad), "first_nonfinite": bad[0] if bad else ""}
 
 
+def _setting(value) -> str:
+    """A recorded setting as a message shows it: a loss scale by its mode and scale, JSON else."""
+    if isinstance(value, dict) and set(value) >= {"mode", "scale"}:
+        return str(value["mode"]) if value["mode"] in ("none", "dynamic") else f"{value['mode']} {value['scale']:g}"
+    return json.dumps(value)
+
+
 def refuse_foreign_directories(directory: Path, names, *, argument: str = "--output") -> None:
     """Refuse a directory whose own subdirectories `names` are links or files: convprobe writes
     its event files only into a directory of its own."""
@@ -356,8 +363,9 @@ class RunFiles:
                 continue
             if old_config.get(key) != value:
                 raise InvalidArgument(
-                    f"output '{self.directory}' holds a run with a different {key} "
-                    f"({old_config.get(key)!r}, now {value!r}); use a new --output directory"
+                    f"{self.argument} '{self.directory}' holds a run with a different {key} "
+                    f"({_setting(old_config.get(key))} there, {_setting(value)} now); nothing was changed: "
+                    f"resume it with the same settings, or use a new {self.argument} directory"
                 )
         recorded = old["columns"]
         if recorded != {"steps": list(STEP_COLUMNS), "telemetry": list(TELEMETRY_COLUMNS)}:

@@ -127,8 +127,15 @@ def test_a_changed_configuration_is_refused(tmp_path):
     out = _run_dir(tmp_path)
     other = validate_config(batch_size=16, resnet_size=8, image_size=8, record_every=1, checkpoint_every=2,
                             steps=6, output=str(out)).to_json()
-    with pytest.raises(InvalidArgument, match="holds a run with a different batch_size"):
+    with pytest.raises(InvalidArgument) as info:
         RunFiles(out).plan(other)
+    assert str(info.value) == (f"--output '{out}' holds a run with a different batch_size (8 there, 16 now); "
+                               f"nothing was changed: resume it with the same settings, or use a new --output "
+                               f"directory")
+    scaled = validate_config(batch_size=8, resnet_size=8, image_size=8, record_every=1, checkpoint_every=2,
+                             steps=6, output=str(out), loss_scale="dynamic").to_json()
+    with pytest.raises(InvalidArgument, match=r"different loss_scale \(static 128 there, dynamic now\)"):
+        RunFiles(out).plan(scaled)
 
 
 def test_truncation_drops_malformed_rows_and_rows_past_the_checkpoint(tmp_path):
