@@ -271,7 +271,7 @@ def test_bad_arguments_and_a_user_s_directory_are_refused(tmp_path):
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     model = _model()
-    with pytest.raises(InvalidArgument, match="holds files that are not"):
+    with pytest.raises(InvalidArgument, match=f"^directory {str(mine)!r} holds files that are not"):  # the keyword
         model.fit(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[UnderflowTelemetry(mine)])
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 

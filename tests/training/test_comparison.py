@@ -158,7 +158,12 @@ def _renamed(document: dict) -> None:
     document["runs"][0]["directory"] = "fp32_seed1"  # the run at seed 0 named as seed 1's
 
 
+def _kind(document: dict) -> None:
+    document["kind"] = "train"  # then its fields would be checked as a train header's
+
+
 @pytest.mark.parametrize("damage, message", [
+    (_kind, "comparison.json holds a 'train' document; expected 'train-comparison'"),
     (_twice, "runs[4] must be the only run of arm fp32 at seed 0 (it repeats runs[0]); received 'fp32_seed0'"),
     (_missing, "runs must hold one row for each arm at each seed; none is there for fp32 at seed 1"),
     (_outside, "runs[0].directory must be a run directory inside the comparison named <arm>_seed0; received "
