@@ -9,7 +9,8 @@ block this script) and is classed by what came back:
 - unclear: refused cleanly, but without the expected words;
 - dirty: a traceback, several lines, another exit code, or the check's condition broken;
 - ignored: exit 0, the bad input taken as something else;
-- hang: no answer within the time limit (20 s; a well-behaved refusal takes about 1 s).
+- hang: no answer within the time limit (20 s; a well-behaved refusal takes about 1 s): it
+  blocked, or it ran something instead of refusing.
 
 Run it on this checkout, or on another (an older commit's worktree) to compare:
 
@@ -76,7 +77,7 @@ class Case:
     category: str
     what: str
     argv: list[str]
-    expect: str
+    expect: str | tuple[str, ...]  # words a clean answer holds: any one of them
     setup: str = ""  # shell run in the case's directory first
     python: bool = False
     check: str = ""  # shell run after: must exit 0 for the case to be clean
@@ -105,8 +106,8 @@ def _cases() -> list[Case]:
         Case(special, "--keras-model ''", ["identify", "--keras-model", ""], "empty value"),
         Case(special, "--arithmetic ''", ["train", "--arithmetic", "", "--output", "/proc/nope"], "empty value"),
         Case(special, "--arithmetic-map ''", ["train", "--arithmetic", "twin", "--arithmetic-map", ""], "empty value"),
-        Case(special, "--output ''", ["overflow", "--output", ""], "empty value"),
-        Case(special, "report ''", ["report", ""], "empty value"),
+        Case(special, "--output ''", ["overflow", "--output", ""], ("empty value", "received ''")),
+        Case(special, "report ''", ["report", ""], ("empty value", "received ''")),
         Case(special, "a FIFO as --arithmetic-map", ["train", "--arithmetic", "twin", "--arithmetic-map", "m.json",
                                                      "--output", "run"], "is not a regular file", setup="mkfifo m.json"),
         Case(special, "a FIFO as a CIFAR-10 file", ["train", "--data", "cifar10", "--data-dir", "d", "--output", "run"],
@@ -115,7 +116,7 @@ def _cases() -> list[Case]:
              [str(HERE / "experiments" / "classic_question" / "run.py"), "--config", "c.json"], "is not a regular file",
              setup="mkfifo c.json", python=True),
         Case(ignored, "--compare-loss-scaling --loss-scale none",
-             ["train", "--compare-loss-scaling", "--loss-scale", "none", "--output", "/proc/nope"], "static arm's scale"),
+             ["train", "--compare-loss-scaling", "--loss-scale", "none", "--output", "cmp"], "static arm's scale"),
         Case(ignored, "a spec giving out twice",
              ["overflow", "--backend", "emulated", "--model", "sequential:fp16:out=fp16:out=fp32"], "twice"),
         Case(ignored, "a GPU preset giving in twice",
@@ -173,7 +174,7 @@ def _run(case: Case, repo: Path, timeout: float) -> tuple[str, str, float]:
             proc = subprocess.run(command, cwd=where, env=env, capture_output=True, text=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            return "hang", f"(no answer in {timeout:g} s)", time.perf_counter() - began
+            return "hang", f"(no answer in {timeout:g} s: blocked, or running)", time.perf_counter() - began
         seconds = time.perf_counter() - began
         lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("W0", "I0", "E0"))]
         last = lines[-1] if lines else "(nothing on stderr)"
@@ -184,7 +185,8 @@ def _run(case: Case, repo: Path, timeout: float) -> tuple[str, str, float]:
             return "dirty", last, seconds
         if proc.returncode != case.exit_code or not held or (not case.python and len(lines) != 1):
             return "dirty", last, seconds
-        return ("clean" if case.expect in last else "unclear"), last, seconds
+        expected = (case.expect,) if isinstance(case.expect, str) else case.expect
+        return ("clean" if any(words in last for words in expected) else "unclear"), last, seconds
 
 
 def main(argv: list[str] | None = None) -> int:
