@@ -142,9 +142,11 @@ def check_model_file(path: str | os.PathLike, where: str) -> Path:
         raise InvalidArgument(f"{where} must end in {', '.join(MODEL_FILE_SIGNATURES)} (what Keras saves a model "
                               f"as); received a name ending in {p.suffix or 'no suffix'!r}")
     signature, kind = expected
-    with failures_as_one_line(p):
+    try:
         with open(p, "rb") as handle:
             start = handle.read(len(signature))
+    except OSError as exc:
+        raise InvalidArgument(f"{where} cannot be read ({reason(exc)})") from None
     if start != signature:
         raise InvalidArgument(f"{where} is not a saved Keras model: a {p.suffix} file is {kind}, and this one "
                               f"starts with {start!r}")

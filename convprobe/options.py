@@ -238,11 +238,15 @@ def names_or_all(value, choices, argument: str) -> tuple[str, ...]:
     allowed = (*choices, "all")
     if isinstance(value, str):
         value = list(choices) if value.strip() == "all" else value.split(",")
-    chosen = [str(name).strip() for name in value if str(name).strip()]
+    given = [str(name).strip() for name in value]
+    chosen = [name for name in given if name]
     if chosen == ["all"]:
         chosen = list(choices)
     if not chosen:
         raise invalid_choice(argument, "", allowed)
+    if len(chosen) < len(given):  # 'a,,b' or 'a,': an empty name is no name to drop silently
+        raise InvalidArgument(f"{argument} lists an empty name in {','.join(given)!r}; give names from "
+                              f"{', '.join(allowed)} separated by single commas")
     if "all" in chosen:
         raise InvalidArgument(f"{argument} 'all' names every one of {', '.join(choices)} and stands alone; "
                               f"received {','.join(chosen)!r}: give all, or list names")

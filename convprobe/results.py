@@ -471,6 +471,7 @@ def _train_comparison(c: _Checker, document: dict) -> None:
             c.fail(f"params.{key}", "a list naming each once", values)
     seen: dict[tuple, str] = {}
     directories: dict[str, str] = {}
+    stems: dict[str, tuple[str, str]] = {}  # per arm: the directory name before _seed<k>, and its first row
     for i, row in enumerate(c.field(document, "runs", "list")):
         path = f"runs[{i}]"
         c.check(row, "object", path)
@@ -489,6 +490,11 @@ def _train_comparison(c: _Checker, document: dict) -> None:
         if name is None or int(name.group(1)) != row["seed"]:
             c.fail(f"{path}.directory", f"a run directory inside the comparison named <arm>_seed{row['seed']}",
                    row["directory"])
+        stem = row["directory"][: -len(f"_seed{row['seed']}")]
+        first_stem, first = stems.setdefault(row["arm"], (stem, path))
+        if first_stem != stem or sum(other == stem for other, _ in stems.values()) > 1:
+            c.fail(f"{path}.directory", f"named like the other runs of arm {row['arm']} ({first_stem}_seed<k>, "
+                   f"as {first}) and unlike any other arm's", row["directory"])
         if row["directory"] in directories:
             c.fail(f"{path}.directory", f"a directory of its own (it repeats {directories[row['directory']]})",
                    row["directory"])

@@ -148,6 +148,8 @@ CLI_CASES = [
      "--loss-scale with --compare-loss-scaling is the static arm's scale (a number; none and dynamic are arms "
      "already); received --loss-scale none"),
     (["train", "--compare-loss-scaling", "--loss-scale", "dynamic"], "received --loss-scale dynamic"),
+    (["train", "--compare-loss-scaling", "--loss-scale", "128", "--no-skip"],
+     "--no-skip applies to a static --loss-scale (a number); received it with --compare-loss-scaling"),
 ]
 
 

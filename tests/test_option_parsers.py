@@ -24,6 +24,15 @@ def test_an_unknown_or_empty_choice_is_one_line_naming_the_allowed(value, receiv
     assert str(error.value) == f"op must be one of conv2d, matmul, einsum, all; received {received}"
 
 
+@pytest.mark.parametrize("value", ["conv2d,,matmul", "conv2d,", ["conv2d", " "]])
+def test_an_empty_name_among_names_is_refused_not_dropped(value):
+    with pytest.raises(InvalidArgument) as error:
+        names_or_all(value, CHOICES, "op")
+    shown = ",".join(value) if isinstance(value, list) else value
+    assert str(error.value) == (f"op lists an empty name in {','.join(n.strip() for n in shown.split(','))!r}; "
+                                f"give names from conv2d, matmul, einsum, all separated by single commas")
+
+
 @pytest.mark.parametrize("value", ["conv2d,all", ["all", "matmul"], "all,all"])
 def test_all_among_other_names_is_named_as_what_it_is(value):
     with pytest.raises(InvalidArgument) as error:

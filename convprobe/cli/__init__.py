@@ -72,7 +72,7 @@ class _Parser(argparse.ArgumentParser):
             name = "/".join(action.option_strings) or action.metavar or action.dest
             takes = (f"one of {', '.join(map(str, action.choices))}" if action.choices is not None
                      else action.metavar or action.dest.upper())
-            default = " (leave the option out for its default)" if action.option_strings else ""
+            default = " (leave the option out for its default)" if action.option_strings and action.default else ""
             self.error(f"argument {name}: received an empty value; it takes {takes}{default}")
         return super()._get_value(action, arg_string)
 

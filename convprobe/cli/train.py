@@ -201,7 +201,7 @@ def _refuse_what_does_not_apply(args, config) -> None:
             not args.compare_loss_scaling:
         raise InvalidArgument(f"--dynamic-growth-steps applies to --loss-scale dynamic; received it with "
                               f"--loss-scale {config.loss_scale.label}")
-    if args.compare_loss_scaling and args.loss_scale is not None and mode is not LossScaleMode.STATIC:
+    if args.compare_loss_scaling and args.loss_scale is not None and mode in (LossScaleMode.NONE, LossScaleMode.DYNAMIC):
         raise InvalidArgument(f"--loss-scale with --compare-loss-scaling is the static arm's scale (a number; none "
                               f"and dynamic are arms already); received --loss-scale {args.loss_scale}")
     if args.no_skip and (mode in (LossScaleMode.NONE, LossScaleMode.DYNAMIC) or args.compare_loss_scaling):

@@ -216,6 +216,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self._claimed: RunFiles | None = None  # the locked run directory, from set_model to close
         self._fit_open = False  # on_train_begin ran and on_train_end has not: a fit is (or was) under way
         self._built = False  # the fit prepared for has built its train function (`_make_train_function`)
+        self._finished = False  # a fit ended with on_train_end: one callback records one fit
 
     # -- preparation (before fit builds its train function) ---------------------------------
     def set_model(self, model):
@@ -224,8 +225,8 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         super().set_model(model)
         if self._fit_open:  # this callback's earlier fit was interrupted: it is not resumed, but refused below
             self.close()
-        if getattr(model, "optimizer", None) is None or self._prepared_for is model:
-            return
+        if self._finished or getattr(model, "optimizer", None) is None or self._prepared_for is model:
+            return  # a finished callback is inert (an evaluate after the fit); a new fit with it is refused
         _release_or_refuse(model, self)
         with _closed_on_failure(self):
             self._prepare(model)  # every check, and the shadow: neither the model nor the disk is touched
@@ -480,9 +481,15 @@ class UnderflowTelemetry(keras.callbacks.Callback):
 
     # -- records (Python, between steps) -----------------------------------------------------------
     def on_train_begin(self, logs=None):
-        if self._prepared_for is not self.model:
+        if self._finished:
+            raise InvalidArgument(f"this UnderflowTelemetry recorded a fit in {str(self.directory)!r} already; "
+                                  f"give each fit its own UnderflowTelemetry and directory")
+        if self._prepared_for is not self.model:  # closed since set_model (an earlier fit stopped early)
             self.set_model(self.model)
         with _closed_on_failure(self):
+            if self.model.train_function is None:  # wrapped after fit built its train function
+                type(self.model).make_train_function(self.model)
+                self._built = True
             self._fit_open = True
             self._open()
             self._next_step = int(self._counter.numpy())
@@ -525,6 +532,19 @@ class UnderflowTelemetry(keras.callbacks.Callback):
                     layer_names={"weight": list(self.names.weights), "activation": list(self.names.activations)})
         self._files = files
         self._board = TensorBoardWriter(files.tensorboard_path, self.format)
+
+    def on_test_begin(self, logs=None):
+        self._unused()
+
+    def on_predict_begin(self, logs=None):
+        self._unused()
+
+    def _unused(self):
+        """Keras sets a callback's model for evaluate and predict too: outside a fit, this one
+        lets go of the directory and the model's step at once (inside a fit's validation,
+        nothing changes)."""
+        if not self._fit_open:
+            self.close()
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._functions is not None:
@@ -587,10 +607,11 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         train function, each whatever the one before raised: what `on_train_end` does after the
         summary, and what a fit that never reached it needs. Called by this callback when one of
         its own hooks fails, by `__exit__`, and at the model's next fit or callback."""
-        board, files_, model = self._board, self._files, self._prepared_for
+        board, files_, model = self._board, self._claimed, self._prepared_for
         self._files = self._board = self._prepared_for = self._claimed = None
         self._fit_open = self._built = False
         # a directory no record was written to is left as it was found: no lock file, no new folder
+        written = files_ is not None and files_.header_path.exists()
         unused = (InvalidArgument, InvalidArgument("closed before its fit wrote a record"), None)
         try:
             if board is not None:
@@ -601,7 +622,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
                     files_.close()
             finally:
                 try:
-                    self._stack.__exit__(*(unused if files_ is None else (None, None, None)))  # the lock
+                    self._stack.__exit__(*((None, None, None) if written else unused))  # the lock
                     self._stack = contextlib.ExitStack()
                 finally:
                     if model is not None:
@@ -621,6 +642,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         model = self.model
         try:
             if self._files is not None:
+                self._finished = True
                 last = self._last
                 self._files.finish({
                     "finished": True, "final_step": int(self._counter.numpy()),

@@ -517,6 +517,47 @@ def test_a_with_block_restores_the_model_and_the_lock_at_once(tmp_path):
     assert [r["step"] for r in read_rows(tmp_path / "run" / "steps.csv")] == ["0"]
 
 
+def test_evaluate_and_predict_with_the_callback_leave_model_and_directory_alone(tmp_path):
+    from convprobe import files
+    from convprobe.training import UnderflowTelemetry
+
+    xs, ys = _data()
+    model = _model()
+    telemetry = UnderflowTelemetry(tmp_path / "run", every=1)
+    model.evaluate(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[telemetry])  # before any fit
+    model.predict(xs[:BATCH], verbose=0, callbacks=[UnderflowTelemetry(tmp_path / "other")])
+    assert _own(model) and not (tmp_path / "run").exists() and not (tmp_path / "other").exists()
+    model.fit(xs[: 2 * BATCH], ys[: 2 * BATCH], batch_size=BATCH, verbose=0, callbacks=[telemetry])
+    assert [r["step"] for r in read_rows(tmp_path / "run" / "steps.csv")] == ["0", "1"]
+    model.evaluate(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[telemetry])  # after it: inert
+    assert _own(model) and files.lock_holder(tmp_path / "run") is None
+    with pytest.raises(InvalidArgument, match="recorded a fit in .* already; give each fit its own"):
+        model.fit(xs[:BATCH], ys[:BATCH], verbose=0, callbacks=[telemetry])
+    assert _own(model)
+
+
+def test_the_same_callbacks_again_after_a_fit_that_failed_before_it_began(tmp_path):
+    import keras
+
+    from convprobe.training import UnderflowTelemetry
+
+    class FailsOnce(keras.callbacks.Callback):  # a callback before this one fails in on_train_begin
+        failed = False
+
+        def on_train_begin(self, logs=None):
+            if not self.failed:
+                FailsOnce.failed = True
+                raise RuntimeError("the user's callback failed once")
+
+    xs, ys = _data()
+    model = _model()
+    callbacks = [FailsOnce(), UnderflowTelemetry(tmp_path / "run", every=1)]
+    with pytest.raises(RuntimeError, match="failed once"):
+        model.fit(xs[: 2 * BATCH], ys[: 2 * BATCH], batch_size=BATCH, verbose=0, callbacks=callbacks)
+    model.fit(xs[: 2 * BATCH], ys[: 2 * BATCH], batch_size=BATCH, verbose=0, callbacks=callbacks)
+    assert [r["step"] for r in read_rows(tmp_path / "run" / "steps.csv")] == ["0", "1"] and _own(model)
+    assert (tmp_path / "run" / "summary.json").is_file()
+
 def test_two_callbacks_in_one_fit_are_refused_before_either_writes(tmp_path):
     from convprobe.training import UnderflowTelemetry
 

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import main_in_process, run_cli, wait_for
 from convprobe import files, provenance, results
+from convprobe.errors import InvalidArgument
 from convprobe.options import Status
 from convprobe.training.arms import parse_arms
 from convprobe.training.compare import arm_statistics, plan_arms, run_arms
@@ -162,7 +163,14 @@ def _kind(document: dict) -> None:
     document["kind"] = "train"  # then its fields would be checked as a train header's
 
 
+def _swapped(document: dict) -> None:
+    document["runs"][0]["directory"] = "fp16-128_seed0"  # arm fp32's run in arm fp16/128's directory
+    document["runs"][2]["directory"] = "fp32_seed0"
+
+
 @pytest.mark.parametrize("damage, message", [
+    (_swapped, "runs[1].directory must be named like the other runs of arm fp32 (fp16-128_seed<k>, as runs[0]) "
+               "and unlike any other arm's; received 'fp32_seed1'"),
     (_kind, "comparison.json holds a 'train' document; expected 'train-comparison'"),
     (_twice, "runs[4] must be the only run of arm fp32 at seed 0 (it repeats runs[0]); received 'fp32_seed0'"),
     (_missing, "runs must hold one row for each arm at each seed; none is there for fp32 at seed 1"),
@@ -236,19 +244,36 @@ def _killed_when(out, condition, what: str) -> None:
     wait_for(session_gone, 30, f"the children of a comparison killed at {what} to die")
 
 
+def _attempts(log) -> int:
+    """How many times a run was started: each start writes its command line into its log."""
+    return log.read_text().count("$ convprobe") if log.exists() else 0
+
+
 @pytest.mark.tensorflow
 def test_a_comparison_killed_at_any_moment_resumes_and_records_each_run_once(tmp_path):
     out = tmp_path / "cmp"
-    moments = {  # each kill leaves what the one before left, and the rerun goes on from there
-        "its lock, before any run": lambda d: (d / files.LOCK_NAME).exists(),
-        "the first run's start, before its header": lambda d: (d / "fp32_seed0.log").exists(),
-        "the first run's first checkpoint": lambda d: (d / "fp32_seed0" / "checkpoint.npz").exists(),
-        "the first run's end": lambda d: (d / "fp32_seed0" / "summary.json").exists(),
-        "the second run's header": lambda d: (d / "fp32_seed1" / "header.json").exists(),
+    first, second = out / "fp32_seed0", out / "fp32_seed1"
+    def started(log):  # a run started since the kill before: its log holds one more command line
+        before = _attempts(log)
+        return lambda: _attempts(log) > before
+
+    def exists(path):
+        return lambda: path.exists()
+
+    # (when to kill, made just before the rerun starts; what must not exist yet when the kill has landed)
+    moments = {
+        "the first run's start, before its header": (lambda: started(out / "fp32_seed0.log"), first / "header.json"),
+        "the first run's first checkpoint": (lambda: exists(first / "checkpoint.npz"), first / "summary.json"),
+        "the first run's end": (lambda: exists(first / "summary.json"), second / "header.json"),
+        "the second run's start, before its header": (lambda: started(out / "fp32_seed1.log"),
+                                                      second / "header.json"),
+        "the second run's header": (lambda: exists(second / "header.json"), second / "summary.json"),
     }
-    for what, condition in moments.items():
-        _killed_when(out, condition, what)
-    first_summary = (out / "fp32_seed0" / "summary.json").read_bytes()
+    for what, (make_condition, not_yet) in moments.items():  # each rerun goes on from what the last left
+        condition = make_condition()
+        _killed_when(out, lambda _: condition(), what)
+        assert not not_yet.exists(), f"the kill at {what} landed after {not_yet.name} was written"
+    first_summary = (first / "summary.json").read_bytes()
 
     final = subprocess.run(_comparison_command(out), capture_output=True, text=True, stdin=subprocess.DEVNULL,
                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=600)
@@ -257,12 +282,31 @@ def test_a_comparison_killed_at_any_moment_resumes_and_records_each_run_once(tmp
     rows = {row["directory"]: row for row in document["runs"]}
     assert list(rows) == ["fp32_seed0", "fp32_seed1"], rows
     assert [(r["status"], r["reused"]) for r in rows.values()] == [(Status.OK, True), (Status.OK, False)]
-    assert (out / "fp32_seed0" / "summary.json").read_bytes() == first_summary  # reused, not run again
+    assert (first / "summary.json").read_bytes() == first_summary  # reused, not run again
+    assert json.loads((first / "header.json").read_text())["resumed_at_steps"][-1] >= 1  # from its checkpoint
     for name in rows:
         steps = [line.split(",")[0] for line in (out / name / "steps.csv").read_text().splitlines()[1:]]
         assert steps == ["0", "1", "2"], f"{name}: steps recorded {steps}, each of 0..2 once expected"
         assert _summary(out / name)["final_step"] == 3
     assert document["arms"][0]["runs"] == document["arms"][0]["finished"] == 2
+
+
+def test_what_a_comparison_killed_before_any_header_leaves_is_its_own(tmp_path):
+    """The states a kill can leave before any run writes a header (the lock only; the lock, a
+    run's log and its folder with the run's own lock): planned again, not refused."""
+    base = validate_config(data="digits", resnet_size=8, batch_size=8, steps=2, record_every=1, eval_batches=2,
+                           jit=False)
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / files.LOCK_NAME).write_text("123 convprobe comparison")  # no process holds it any more
+    assert [run.name for run in plan_arms(base, parse_arms(["fp32"]), [0], out, jit=False)] == ["fp32_seed0"]
+    (out / "fp32_seed0.log").write_text("$ convprobe train ...\n")
+    (out / "fp32_seed0").mkdir()
+    (out / "fp32_seed0" / files.LOCK_NAME).write_text("124 convprobe run")
+    assert [run.name for run in plan_arms(base, parse_arms(["fp32"]), [0], out, jit=False)] == ["fp32_seed0"]
+    (out / files.LOCK_NAME).unlink()  # without its lock nothing says the log is convprobe's: a user's files
+    with pytest.raises(InvalidArgument, match="holds files that are not a convprobe comparison"):
+        plan_arms(base, parse_arms(["fp32"]), [0], out, jit=False)
 
 
 @pytest.mark.tensorflow
