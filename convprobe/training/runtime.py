@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 from convprobe.backends.configurations import MANAGED_VARIABLES, MATRIX
-from convprobe.errors import InvalidArgument
+from convprobe.errors import InvalidArgument, invalid_choice
 
 __all__ = ["FAITHFUL_XLA_FLAGS", "SPEED_XLA_FLAGS", "ensure_xla_flags", "apply_configuration", "tensorflow",
            "start_up_notices_dropped",
@@ -44,16 +44,19 @@ SPEED_XLA_FLAGS = ("--xla_cpu_parallel_codegen_split_count=1", "--xla_cpu_use_th
 _state: dict = {"flag_set_before_import": None, "logical_devices": None, "configuration": None}
 
 
-def apply_configuration(name: str, environ: dict | None = None) -> dict[str, str]:
+def apply_configuration(name: str, environ: dict | None = None, *, argument: str = "--config") -> dict[str, str]:
     """Set the environment of the TensorFlow configuration `name` (a row of `convprobe
     fingerprint --list-configs`), as identify's child processes do: the switches the
     matrix manages are removed, then the row's are set, and XLA_FLAGS is the row's plus
     the compile-speed flags only, so the run computes in the configuration identify
-    measured. Must run before TensorFlow is imported; returns what was set."""
+    measured. Must run before TensorFlow is imported; returns what was set. `argument`
+    names the configuration in messages (the option, or a Python keyword)."""
     env = os.environ if environ is None else environ
+    if name not in MATRIX["cpu"]:
+        raise invalid_choice(argument, name, tuple(MATRIX["cpu"]))
     if environ is None and "tensorflow" in sys.modules and _state["configuration"] != name:
-        raise InvalidArgument(f"--config {name} must be set before TensorFlow starts; this process already "
-                              f"imported it: run in a fresh process")
+        raise InvalidArgument(f"{argument} {name} must be set before TensorFlow starts; this process already "
+                              f"imported it: set it first thing, or run in a fresh process")
     settings, _jit, _accumulate, _note = MATRIX["cpu"][name]
     for variable in MANAGED_VARIABLES:
         env.pop(variable, None)
