@@ -18,7 +18,9 @@ use it, after `runtime` has set the environment):
 - `cluster`: multi-worker training (TF_CONFIG, local rehearsal);
 - `tensorboard`: the telemetry as TensorBoard event files;
 - `callback`: `UnderflowTelemetry`, the telemetry for any Keras model's `fit`
-  (imported on first use of the name: it imports Keras).
+  (imported on first use of the name: it imports Keras);
+- `model_arithmetic`: `use_arithmetic`, any Keras model's convolutions under an arithmetic
+  (imported on first use of the name).
 
 The `convprobe train` subcommand is `convprobe.cli.train`.
 """
@@ -36,11 +38,16 @@ from convprobe.training.telemetry import COUNT_FIELDS, Thresholds
 
 
 def __getattr__(name):
-    """`UnderflowTelemetry` subclasses a Keras callback: Keras is imported only when it is used."""
+    """`UnderflowTelemetry` subclasses a Keras callback and `use_arithmetic` reroutes Keras
+    layers: Keras and TensorFlow are imported only when one of them is used."""
     if name == "UnderflowTelemetry":
         from convprobe.training.callback import UnderflowTelemetry
 
         return UnderflowTelemetry
+    if name == "use_arithmetic":
+        from convprobe.training.model_arithmetic import use_arithmetic
+
+        return use_arithmetic
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -1,0 +1,169 @@
+"""`use_arithmetic` on a user's own Keras model (not convprobe's ResNet): the Conv2D layers it
+computes match the exact emulator bit for bit, forward and filter gradient; the others are
+named with their reason; training under a narrow arithmetic differs from native (a positive
+control), and after the block the model trains exactly as a native one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from convprobe import emulation as em
+from convprobe.errors import InvalidArgument
+
+pytestmark = pytest.mark.tensorflow
+
+
+def _model():
+    """Conv2D (strided), DepthwiseConv2D, a float32 Conv2D, a grouped Conv2D and Dense, under
+    mixed_float16, compiled with a LossScaleOptimizer."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x = keras.Input((9, 9, 4))
+        h = keras.layers.Conv2D(8, 3, strides=2, padding="same", name="conv")(x)
+        h = keras.layers.DepthwiseConv2D(3, padding="same", name="depthwise")(h)
+        h = keras.layers.Conv2D(8, 1, groups=2, name="grouped")(h)
+        h = keras.layers.Conv2D(8, 3, padding="same", dilation_rate=2, name="dilated")(h)
+        h = keras.layers.Conv2D(8, 1, dtype="float32", name="wide")(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        y = keras.layers.Dense(10, dtype="float32", name="dense")(h)
+        model = keras.Model(x, y)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(16, 9, 9, 4)).astype("float32") * 8, rng.integers(0, 10, 16)
+
+
+def test_the_record_names_every_layer_with_a_kernel_and_why_each_runs_what_it_runs():
+    from convprobe.training import use_arithmetic
+
+    model = _model()
+    with use_arithmetic(model, "v100:out=fp16") as record:
+        pass
+    assert [(r["layer"], r["kind"]) for r in record["layers"]] == [("conv", "Conv2D"), ("dilated", "Conv2D")]
+    conv = record["layers"][0]
+    assert (conv["input_shape"], conv["filter_shape"], conv["strides"], conv["padding"]) == (
+        [0, 9, 9, 4], [3, 3, 4, 8], [2, 2], "SAME")
+    assert {op: cell["arithmetic"] for op, cell in conv["ops"].items()} == {
+        "conv2d": "v100:out=fp16", "conv2d_backprop_input": "v100:out=fp16", "conv2d_backprop_filter": "v100:out=fp16"}
+    assert conv["ops"]["conv2d"]["source"] == "use_arithmetic arithmetic = 'v100:out=fp16'"
+    reasons = {r["layer"]: r["reason"] for r in record["not_computed"]}
+    assert list(reasons) == ["depthwise", "grouped", "wide", "dense"]
+    assert reasons["depthwise"].startswith("DepthwiseConv2D: convprobe does not emulate this layer kind yet")
+    assert reasons["grouped"].startswith("a grouped Conv2D (groups=2)")
+    assert reasons["wide"].startswith("it computes in float32: the emulated arithmetic takes fp16 operands")
+    assert reasons["dense"].startswith("Dense: ")
+    assert record["jit_compile"] == {"model": False, "inside": False}
+
+
+def test_a_computed_layer_is_the_emulator_bit_for_bit_forward_and_filter_gradient():
+    import tensorflow as tf
+
+    from convprobe.training import use_arithmetic
+
+    model = _model()
+    layer = model.get_layer("conv")
+    rng = np.random.default_rng(1)
+    x = tf.constant((rng.normal(size=(2, 9, 9, 4)) * 64).astype(np.float16))
+    dy = tf.constant(rng.normal(size=(2, 5, 5, 8)).astype(np.float16))
+    spec = "sequential:fp16"
+    with use_arithmetic(model, {"conv": spec}):
+        with tf.GradientTape() as tape:
+            y = layer.convolution_op(x, tf.cast(layer.kernel, tf.float16))
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.cast(dy, tf.float32))
+        dw = tape.gradient(loss, layer.kernel)
+    w16 = layer.kernel.numpy().astype(np.float16)
+    expected = em.conv2d(x.numpy(), w16, em.parse_model(spec), strides=2, padding="SAME")
+    assert np.array_equal(y.numpy().view(np.uint16), expected.view(np.uint16))
+    expected_dw = em.conv2d_backprop_filter(x.numpy(), dy.numpy(), (3, 3, 4, 8), em.parse_model(spec), strides=2,
+                                            padding="SAME")
+    assert np.array_equal(dw.numpy(), expected_dw.astype(np.float32))
+    native = layer.convolution_op(x, tf.cast(layer.kernel, tf.float16))  # after the block: TensorFlow's own
+    assert not np.array_equal(native.numpy().view(np.uint16), expected.view(np.uint16))
+
+
+def test_training_under_a_narrow_accumulator_differs_and_after_the_block_is_native_again():
+    import keras
+
+    from convprobe.training import use_arithmetic
+
+    xs, ys = _data()
+    native, emulated = _model(), _model()
+    native_history = native.fit(xs, ys, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    copy = _model()
+    with use_arithmetic(emulated, "sequential:p4_emax15"):  # a 4-bit accumulator: harm that must show
+        history = emulated.fit(xs, ys, batch_size=8, epochs=2, verbose=0, shuffle=False)
+        copy.set_weights(emulated.get_weights())
+        batch_loss = emulated.train_on_batch(xs[:8], ys[:8])  # the loss of the weights before its update
+    assert history.history["loss"] != native_history.history["loss"]
+    assert batch_loss != copy.train_on_batch(xs[:8], ys[:8])  # the same weights and batch, native
+    assert "convolution_op" not in emulated.get_layer("conv").__dict__ and emulated.train_function is None
+    again = _model()  # from the same weights, one step native in both: bit for bit the same
+    again.set_weights(emulated.get_weights())
+    for model in (again, emulated):
+        model.optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        model.compile(optimizer=model.optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=False)
+        model.fit(xs[:8], ys[:8], batch_size=8, verbose=0, shuffle=False)
+    assert all(np.array_equal(a, b) for a, b in zip(again.get_weights(), emulated.get_weights()))
+
+
+@pytest.mark.parametrize("arithmetic, kwargs, message", [
+    ({"nope": "a100"}, {}, "arithmetic names a layer must be one of conv, depthwise, grouped, dilated, wide, dense; "
+                           "received 'nope'"),
+    ({"dense": "a100"}, {}, "arithmetic names layer 'dense', which use_arithmetic cannot compute: Dense: "),
+    ("twin", {}, "arithmetic 'twin' is not offered for any Keras model yet"),
+    ("native", {"arithmetic_map": "map.json"}, "arithmetic_map is read by the twin"),
+    ("sequentail:fp16", {}, "arithmetic must be native, twin, or a model spec or GPU preset"),
+    ({"conv": ""}, {}, "arithmetic['conv'] must be native, or a model spec or GPU preset"),
+])
+def test_bad_arguments_are_one_line_and_leave_the_model_alone(arithmetic, kwargs, message):
+    from convprobe.training import use_arithmetic
+
+    model = _model()
+    with pytest.raises(InvalidArgument) as info:
+        with use_arithmetic(model, arithmetic, **kwargs):
+            pass
+    assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert "--arithmetic" not in str(info.value)
+    assert "convolution_op" not in model.get_layer("conv").__dict__
+
+
+def test_an_xla_model_runs_the_block_without_xla_and_gets_its_setting_back():
+    from convprobe.training import use_arithmetic
+
+    model = _model()
+    model.jit_compile = True
+    xs, ys = _data()
+    with use_arithmetic(model, "a100") as record:
+        assert model.jit_compile is False
+        model.fit(xs[:8], ys[:8], batch_size=8, verbose=0)  # tf.numpy_function inside XLA would fail
+    assert record["jit_compile"] == {"model": True, "inside": False} and model.jit_compile is True
+
+
+def test_beside_the_underflow_callback_training_is_what_it_is_without_it(tmp_path):
+    from convprobe.training import UnderflowTelemetry, use_arithmetic
+
+    xs, ys = _data()
+    histories, weights = [], []
+    for callbacks in ([], [UnderflowTelemetry(tmp_path / "run", every=1)]):
+        model = _model()
+        with use_arithmetic(model, "v100:out=fp16"):
+            histories.append(model.fit(xs, ys, batch_size=8, verbose=0, shuffle=False,
+                                       callbacks=callbacks).history)
+        weights.append(model.get_weights())
+    assert histories[0] == histories[1]
+    assert all(np.array_equal(a, b) for a, b in zip(*weights))
+    rows = [line.split(",") for line in (tmp_path / "run" / "telemetry.csv").read_text().splitlines()]
+    layer = rows[0].index("layer")
+    assert {"conv/kernel", "conv"} <= {row[layer] for row in rows[1:]}  # the emulated layer's weight and output
+    assert (tmp_path / "run" / "summary.json").is_file()
