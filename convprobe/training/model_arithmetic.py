@@ -101,7 +101,8 @@ def _parse(text, where: str) -> Arithmetic:
 
 
 @contextlib.contextmanager
-def use_arithmetic(model, arithmetic, *, arithmetic_map=None) -> Iterator[dict]:
+def use_arithmetic(model: keras.Model, arithmetic: str | Mapping[str, str], *,
+                   arithmetic_map: str | None = None) -> Iterator[dict]:
     """Compute `model`'s convolutions under `arithmetic` inside the block (module docstring).
 
     Args:
