@@ -46,6 +46,8 @@ def emulated_convolution(tf, arithmetic: LayerArithmetic):
 
     def call(op: ConvOp, method: str, first, second, out_shape, result_shape=None):
         fn = _emulated(EmulatedBackend(models[op]), method, result_shape, **conv_args)
+        if tf.executing_eagerly():  # a model called eagerly (TF's eager numpy_function trips NumPy 2's __array__)
+            return tf.constant(fn(first.numpy(), second.numpy()))
         out = tf.numpy_function(fn, [first, second], tf.float16, stateful=False,
                                 name=f"emulated_{method}")
         out.set_shape(out_shape)
@@ -77,7 +79,12 @@ def emulated_convolution(tf, arithmetic: LayerArithmetic):
 
         return y, gradient
 
-    return convolution
+    def read_then_convolve(x, w):
+        """The kernel read before the custom gradient (a Keras layer passes its variable, and an
+        eager custom gradient refuses a function that reads a variable itself)."""
+        return convolution(x, tf.convert_to_tensor(w))
+
+    return read_then_convolve
 
 
 def _output_shape(shape) -> list[int]:

@@ -69,8 +69,9 @@ def _kernel_layers(model) -> list:
 
 
 def _shape(layer) -> ConvShape:
-    """A Conv2D's convolution as identify keys it; the batch is the input's (None: unknown)."""
-    batch, height, width, channels = layer.input.shape
+    """A Conv2D's convolution as identify keys it, from the input shape it was built on (a
+    subclassed model's layers have no symbolic input); the batch is 0 where it is not fixed."""
+    batch, height, width, channels = layer.get_build_config()["input_shape"]
     return ConvShape((batch or 0, height, width, channels), tuple(layer.kernel.shape), tuple(layer.strides),
                      layer.padding.upper(), tuple(layer.dilation_rate))
 

@@ -167,3 +167,29 @@ def test_beside_the_underflow_callback_training_is_what_it_is_without_it(tmp_pat
     layer = rows[0].index("layer")
     assert {"conv/kernel", "conv"} <= {row[layer] for row in rows[1:]}  # the emulated layer's weight and output
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_a_subclassed_model_s_layers_are_computed_too():
+    import keras
+    import tensorflow as tf
+
+    from convprobe.training import use_arithmetic
+
+    class Small(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.conv = keras.layers.Conv2D(4, 3, name="inner_conv", dtype="mixed_float16")
+            self.dense = keras.layers.Dense(2, name="inner_dense")
+
+        def call(self, x):
+            return self.dense(tf.reduce_mean(tf.cast(self.conv(x), tf.float32), axis=(1, 2)))
+
+    model = Small()
+    x = (np.random.default_rng(2).normal(size=(2, 8, 8, 3)) * 16).astype("float32")
+    native = model(x).numpy()
+    with use_arithmetic(model, "sequential:p4_emax15") as record:
+        emulated = model(x).numpy()
+    assert [r["layer"] for r in record["layers"]] == ["inner_conv"]
+    assert record["layers"][0]["input_shape"] == [2, 8, 8, 3]
+    assert [r["layer"] for r in record["not_computed"]] == ["inner_dense"]
+    assert not np.array_equal(native, emulated) and np.array_equal(model(x).numpy(), native)
