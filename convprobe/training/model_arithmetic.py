@@ -9,11 +9,12 @@ one arithmetic for all, or a mapping from layer name to arithmetic (the layers i
 name keep TensorFlow's kernels). On exit the model is as it was: its layers' own
 convolutions, its `jit_compile`, and train, test and predict functions rebuilt on next use.
 
-What it computes today: `Conv2D` (strides, dilation, either padding; one group,
-channels_last) in a layer that computes in float16 (`mixed_float16`). Every other layer with
-a kernel (Conv1D, Conv3D, DepthwiseConv2D, SeparableConv2D, Conv2DTranspose, Dense,
-EinsumDense, a grouped or channels_first Conv2D, a Conv2D computing in float32) is listed
-in the record with the reason, and runs TensorFlow's kernel: never skipped without a word.
+What it computes today, in a layer that computes in float16 (`mixed_float16`): `Conv2D`
+(strides, dilation, either padding; one group, channels_last) and `Dense` (its matmul and
+both gradients through `emulated_dense`). Every other layer with a kernel (Conv1D, Conv3D,
+DepthwiseConv2D, SeparableConv2D, Conv2DTranspose, EinsumDense, a grouped or channels_first
+Conv2D, a layer computing in float32) is listed in the record with the reason, and runs
+TensorFlow's kernel: never skipped without a word.
 The twin (`"twin"`, TensorFlow's own kernels reproduced from an identify map) is not offered
 here yet: `convprobe train` runs the twin of its ResNet.
 
@@ -35,6 +36,7 @@ from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.training.arithmetic import (Arithmetic, ArithmeticKind, ConvOp, ConvShape, LayerArithmetic,
                                            OpArithmetic)
 from convprobe.training.emulated_conv import emulated_convolution
+from convprobe.training.emulated_dense import DenseOp, emulated_matmul
 
 __all__ = ["use_arithmetic", "KERNEL_LAYER_KINDS"]
 
@@ -50,6 +52,13 @@ _NOT_YET = "convprobe does not emulate this layer kind yet; it runs TensorFlow's
 def _reason(layer) -> str | None:
     """Why `layer` cannot be computed under an emulated arithmetic, or None when it can."""
     kind = type(layer).__name__
+    if type(layer) is keras.layers.Dense:
+        if getattr(layer, "quantization_mode", None) is not None:
+            return f"a quantized Dense ({layer.quantization_mode}): {_NOT_YET}"
+        if layer.compute_dtype != "float16":
+            return (f"it computes in {layer.compute_dtype}: the emulated arithmetic takes fp16 operands "
+                    f"(mixed_float16); it runs TensorFlow's kernel")
+        return None
     if type(layer) is not keras.layers.Conv2D:
         return f"{kind}: {_NOT_YET}"
     if layer.groups != 1:
@@ -134,42 +143,74 @@ def use_arithmetic(model: keras.Model, arithmetic: str | Mapping[str, str], *,
     if refused:
         raise InvalidArgument(f"arithmetic names layer {refused[0]!r}, which use_arithmetic cannot compute: "
                               f"{reasons[refused[0]]}")
-    computed = {layer.name: _layer_arithmetic(layer, chosen[layer.name], arithmetic) for layer in computable}
-    emulated = {name: ops for name, ops in computed.items() if ops.emulated}
+    emulated = [layer for layer in computable if chosen[layer.name].emulated]
     record = {
         "arithmetic": arithmetic if isinstance(arithmetic, str) else dict(arithmetic),
-        "layers": [{"kind": "Conv2D", **ops.to_dict()} for ops in computed.values()],
+        "layers": [_layer_record(layer, chosen[layer.name], arithmetic) for layer in computable],
         "not_computed": [{"layer": layer.name, "kind": type(layer).__name__, "reason": reasons[layer.name]}
                          for layer in layers if reasons[layer.name] is not None],
         "jit_compile": {"model": model.jit_compile if model.compiled else None,
                         "inside": False if emulated else (model.jit_compile if model.compiled else None)},
     }
     previous_jit = model._jit_compile if model.compiled else None
-    by_name = {layer.name: layer for layer in computable}
     try:
-        for name, layer_arithmetic in emulated.items():
-            by_name[name].convolution_op = emulated_convolution(tf, layer_arithmetic)
+        for layer in emulated:
+            model_of = chosen[layer.name].model
+            if isinstance(layer, keras.layers.Dense):
+                assert model_of is not None, "an emulated arithmetic names its model"
+                layer.call = _dense_call(layer, emulated_matmul(tf, model_of))
+            else:
+                layer.convolution_op = emulated_convolution(tf, _layer_arithmetic(layer, chosen[layer.name],
+                                                                                  arithmetic))
         if emulated and model.compiled:
             model.jit_compile = False  # tf.numpy_function cannot be compiled by XLA
         _forget_functions(model)
         yield record
     finally:
-        for name in emulated:
-            by_name[name].__dict__.pop("convolution_op", None)
+        for layer in emulated:
+            for name in ("convolution_op", "call"):
+                layer.__dict__.pop(name, None)
         if model.compiled:
             model._jit_compile = previous_jit
         _forget_functions(model)
 
 
 def _layer_arithmetic(layer, chosen: Arithmetic, given) -> LayerArithmetic:
-    """What each of the layer's three ops computes, and why (the argument that chose it)."""
-    if not chosen.emulated:
-        source = "native: TensorFlow's kernel"
-    elif isinstance(given, Mapping):
-        source = f"use_arithmetic arithmetic[{layer.name!r}] = {chosen.text!r}"
-    else:
-        source = f"use_arithmetic arithmetic = {chosen.text!r}"
+    """What each of a Conv2D's three ops computes, and why."""
+    source = _source(layer, chosen, given)
     return LayerArithmetic(layer.name, _shape(layer), {op: OpArithmetic(chosen.model, source) for op in ConvOp})
+
+
+def _source(layer, chosen: Arithmetic, given) -> str:
+    """Why a layer computes what it does: TensorFlow's kernel, or the argument that chose it."""
+    if not chosen.emulated:
+        return "native: TensorFlow's kernel"
+    if isinstance(given, Mapping):
+        return f"use_arithmetic arithmetic[{layer.name!r}] = {chosen.text!r}"
+    return f"use_arithmetic arithmetic = {chosen.text!r}"
+
+
+def _layer_record(layer, chosen: Arithmetic, given) -> dict:
+    """A computed layer in the record: its kind, shapes and, per op, its arithmetic and why."""
+    if isinstance(layer, keras.layers.Dense):
+        cell = {"arithmetic": "tensorflow" if chosen.model is None else chosen.model.to_spec(),
+                "source": _source(layer, chosen, given)}
+        return {"kind": "Dense", "layer": layer.name,
+                "input_shape": [d or 0 for d in layer.get_build_config()["input_shape"]],
+                "kernel_shape": list(layer.kernel.shape), "ops": {str(op): dict(cell) for op in DenseOp}}
+    return {"kind": "Conv2D", **_layer_arithmetic(layer, chosen, given).to_dict()}
+
+
+def _dense_call(layer, matmul):
+    """Dense's own call (Keras 3.15: matmul, bias, activation) with the matmul given."""
+    def call(inputs, training=None):
+        x = matmul(inputs, layer.kernel)
+        if layer.bias is not None:
+            x = keras.ops.add(x, layer.bias)
+        if layer.activation is not None:
+            x = layer.activation(x)
+        return x
+    return call
 
 
 def _forget_functions(model) -> None:

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.tensorflow
 
 
 def _model():
-    """Conv2D (strided), DepthwiseConv2D, a float32 Conv2D, a grouped Conv2D and Dense, under
-    mixed_float16, compiled with a LossScaleOptimizer."""
+    """Conv2D (strided, dilated), DepthwiseConv2D, a grouped and a float32 Conv2D, an fp16 and a
+    float32 Dense, under mixed_float16, compiled with a LossScaleOptimizer."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -29,6 +29,7 @@ def _model():
         h = keras.layers.Conv2D(8, 3, padding="same", dilation_rate=2, name="dilated")(h)
         h = keras.layers.Conv2D(8, 1, dtype="float32", name="wide")(h)
         h = keras.layers.GlobalAveragePooling2D()(h)
+        h = keras.layers.Dense(16, activation="relu", name="hidden")(h)
         y = keras.layers.Dense(10, dtype="float32", name="dense")(h)
         model = keras.Model(x, y)
     finally:
@@ -49,7 +50,12 @@ def test_the_record_names_every_layer_with_a_kernel_and_why_each_runs_what_it_ru
     model = _model()
     with use_arithmetic(model, "v100:out=fp16") as record:
         pass
-    assert [(r["layer"], r["kind"]) for r in record["layers"]] == [("conv", "Conv2D"), ("dilated", "Conv2D")]
+    assert [(r["layer"], r["kind"]) for r in record["layers"]] == [("conv", "Conv2D"), ("dilated", "Conv2D"),
+                                                                    ("hidden", "Dense")]
+    hidden = record["layers"][2]
+    assert (hidden["input_shape"], hidden["kernel_shape"]) == ([0, 8], [8, 16])
+    assert {op: cell["arithmetic"] for op, cell in hidden["ops"].items()} == {
+        "matmul": "v100:out=fp16", "matmul_input_gradient": "v100:out=fp16", "matmul_kernel_gradient": "v100:out=fp16"}
     conv = record["layers"][0]
     assert (conv["input_shape"], conv["filter_shape"], conv["strides"], conv["padding"]) == (
         [0, 9, 9, 4], [3, 3, 4, 8], [2, 2], "SAME")
@@ -61,7 +67,7 @@ def test_the_record_names_every_layer_with_a_kernel_and_why_each_runs_what_it_ru
     assert reasons["depthwise"].startswith("DepthwiseConv2D: convprobe does not emulate this layer kind yet")
     assert reasons["grouped"].startswith("a grouped Conv2D (groups=2)")
     assert reasons["wide"].startswith("it computes in float32: the emulated arithmetic takes fp16 operands")
-    assert reasons["dense"].startswith("Dense: ")
+    assert reasons["dense"].startswith("it computes in float32")
     assert record["jit_compile"] == {"model": False, "inside": False}
 
 
@@ -91,6 +97,34 @@ def test_a_computed_layer_is_the_emulator_bit_for_bit_forward_and_filter_gradien
     assert not np.array_equal(native.numpy().view(np.uint16), expected.view(np.uint16))
 
 
+def test_a_dense_layer_is_the_emulator_s_dot_bit_for_bit_forward_and_both_gradients():
+    import tensorflow as tf
+
+    from convprobe.training import use_arithmetic
+
+    model = _model()
+    layer = model.get_layer("hidden")
+    rng = np.random.default_rng(3)
+    x = tf.constant((rng.normal(size=(5, 8)) * 32).astype(np.float16))
+    dy = tf.constant(rng.normal(size=(5, 16)).astype(np.float16))
+    spec = em.parse_model("a100")
+    with use_arithmetic(model, {"hidden": "a100"}):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            y = layer(x)  # relu(x @ W + b), W's matmul emulated
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.cast(dy, tf.float32))
+        dx, dw = tape.gradient(loss, x), tape.gradient(loss, layer.kernel)
+    w16, b16 = layer.kernel.numpy().astype(np.float16), layer.bias.numpy().astype(np.float16)
+    matmul = em.dot(x.numpy()[:, None, :], w16.T[None, :, :], spec).astype(np.float16)
+    assert np.array_equal(y.numpy(), np.maximum(matmul + b16, 0))
+    g = np.where(matmul + b16 > 0, dy.numpy(), np.float16(0))  # through the relu
+    expected_dw = em.dot(x.numpy().T[:, None, :], g.T[None, :, :], spec).astype(np.float16)
+    expected_dx = em.dot(g[:, None, :], w16[None, :, :], spec).astype(np.float16)
+    assert np.array_equal(dw.numpy(), expected_dw.astype(np.float32))
+    assert np.array_equal(dx.numpy().view(np.uint16), expected_dx.view(np.uint16))
+    assert "call" not in layer.__dict__
+
+
 def test_training_under_a_narrow_accumulator_differs_and_after_the_block_is_native_again():
     import keras
 
@@ -118,9 +152,11 @@ def test_training_under_a_narrow_accumulator_differs_and_after_the_block_is_nati
 
 
 @pytest.mark.parametrize("arithmetic, kwargs, message", [
-    ({"nope": "a100"}, {}, "arithmetic names a layer must be one of conv, depthwise, grouped, dilated, wide, dense; "
-                           "received 'nope'"),
-    ({"dense": "a100"}, {}, "arithmetic names layer 'dense', which use_arithmetic cannot compute: Dense: "),
+    ({"nope": "a100"}, {}, "arithmetic names a layer must be one of conv, depthwise, grouped, dilated, wide, hidden, "
+                           "dense; received 'nope'"),
+    ({"dense": "a100"}, {}, "arithmetic names layer 'dense', which use_arithmetic cannot compute: it computes in "
+                            "float32"),
+    ({"depthwise": "a100"}, {}, "cannot compute: DepthwiseConv2D: convprobe does not emulate this layer kind yet"),
     ("twin", {}, "arithmetic 'twin' is not offered for any Keras model yet"),
     ("native", {"arithmetic_map": "map.json"}, "arithmetic_map is read by the twin"),
     ("sequentail:fp16", {}, "arithmetic must be native, twin, or a model spec or GPU preset"),
