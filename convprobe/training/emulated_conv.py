@@ -18,6 +18,7 @@ import numpy as np
 
 from convprobe.backends.emulated import EmulatedBackend
 from convprobe.emulation.conv import conv_output_shape, resolve_padding
+from convprobe.errors import InvalidArgument
 from convprobe.training.arithmetic import ConvOp, LayerArithmetic
 
 __all__ = ["emulated_convolution"]
@@ -82,6 +83,10 @@ def emulated_convolution(tf, arithmetic: LayerArithmetic):
     def read_then_convolve(x, w):
         """The kernel read before the custom gradient (a Keras layer passes its variable, and an
         eager custom gradient refuses a function that reads a variable itself)."""
+        spatial = tuple(x.shape[1:3])
+        if None not in spatial and spatial != tuple(input_shape[1:3]):
+            raise InvalidArgument(f"layer {arithmetic.name!r} is computed at the {input_shape[1]}x{input_shape[2]} "
+                                  f"inputs it was built on; received {spatial[0]}x{spatial[1]}")
         return convolution(x, tf.convert_to_tensor(w))
 
     return read_then_convolve

@@ -19,9 +19,13 @@ The twin (`"twin"`, TensorFlow's own kernels reproduced from an identify map) is
 here yet: `convprobe train` runs the twin of its ResNet.
 
 The emulated ops are NumPy functions inside the graph (`tf.numpy_function`), which XLA
-cannot compile: inside the block the model runs without `jit_compile` when any layer is
-emulated (recorded), and a `tf.function` of your own traced before the block keeps the ops
-it traced.
+cannot compile: inside the block the model and every model inside it run without
+`jit_compile` when any layer is emulated (recorded; compile the model before the block),
+and a `tf.function` of your own traced before the block keeps the ops it traced. A layer
+shared with another model is rerouted there too. A Conv2D is computed at the input shape
+it was built on (a model built on unknown heights or widths is refused), and a Dense
+layer's product forms rows x units x K partial products: meant for the layers of
+small models and probes, not for a large network's full training.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from collections.abc import Iterator, Mapping
 import keras
 import tensorflow as tf
 
-from convprobe.errors import InvalidArgument, invalid_choice
+from convprobe import emulation as em
+from convprobe.errors import InvalidArgument
 from convprobe.training.arithmetic import (Arithmetic, ArithmeticKind, ConvOp, ConvShape, LayerArithmetic,
                                            OpArithmetic)
 from convprobe.training.emulated_conv import emulated_convolution
@@ -72,29 +77,53 @@ def _reason(layer) -> str | None:
 
 
 def _kernel_layers(model) -> list:
-    """Every layer of `model` with a reduction over a kernel, nested models' included, in order."""
+    """Every layer of `model` with a kernel (a reduction an arithmetic could change: convs,
+    Dense, recurrent cells, ...), nested models' included, in order."""
     return [layer for layer in model._flatten_layers(include_self=False, recursive=True)
-            if type(layer).__name__ in KERNEL_LAYER_KINDS or isinstance(layer, keras.layers.Conv2D)]
+            if not isinstance(layer, keras.Model) and (type(layer).__name__ in KERNEL_LAYER_KINDS
+                                                       or _has_kernel(layer))]
+
+
+def _has_kernel(layer) -> bool:
+    try:
+        return getattr(layer, "kernel", None) is not None
+    except (AttributeError, ValueError):  # a kernel property of a layer not built
+        return False
+
+
+def _models(model) -> list:
+    """`model` and every model inside it: each has its own train, test and predict functions."""
+    return [m for m in model._flatten_layers(include_self=True, recursive=True) if isinstance(m, keras.Model)]
 
 
 def _shape(layer) -> ConvShape:
     """A Conv2D's convolution as identify keys it, from the input shape it was built on (a
     subclassed model's layers have no symbolic input); the batch is 0 where it is not fixed."""
     batch, height, width, channels = layer.get_build_config()["input_shape"]
+    if height is None or width is None:
+        raise InvalidArgument(f"layer {layer.name!r} was built on inputs of unknown height or width ({height} x "
+                              f"{width}); use_arithmetic computes a Conv2D at the shape it was built on: build the "
+                              f"model on a fixed input shape")
     return ConvShape((batch or 0, height, width, channels), tuple(layer.kernel.shape), tuple(layer.strides),
                      layer.padding.upper(), tuple(layer.dilation_rate))
 
 
-def _per_layer(arithmetic, names: list[str]) -> dict[str, Arithmetic]:
-    """The arithmetic of each named layer: one for all, or a mapping (native where it names none)."""
-    if isinstance(arithmetic, Mapping):
-        unknown = [name for name in arithmetic if name not in names]
-        if unknown:
-            raise invalid_choice("arithmetic names a layer", unknown[0], names)
-        chosen = {name: _parse(text, f"arithmetic[{name!r}]") for name, text in arithmetic.items()}
-        return {name: chosen.get(name, Arithmetic.parse(ArithmeticKind.NATIVE)) for name in names}
-    parsed = _parse(arithmetic, "arithmetic")
-    return {name: parsed for name in names}
+def _per_layer(arithmetic, layers: list) -> dict[int, Arithmetic]:
+    """The arithmetic of each layer (keyed by identity: names may repeat across nested models):
+    one for all, or a mapping by name (native where it names none)."""
+    if not isinstance(arithmetic, Mapping):
+        parsed = _parse(arithmetic, "arithmetic")
+        return {id(layer): parsed for layer in layers}
+    names = [layer.name for layer in layers]
+    for name in arithmetic:
+        if name not in names:
+            raise InvalidArgument(f"arithmetic names layer {name!r}, which the model does not have; its layers with "
+                                  f"a kernel are {', '.join(names)}")
+        if names.count(name) > 1:
+            raise InvalidArgument(f"arithmetic names layer {name!r}, and {names.count(name)} layers of the model "
+                                  f"(in nested models) have that name: give it one arithmetic for all")
+    chosen = {name: _parse(text, f"arithmetic[{name!r}]") for name, text in arithmetic.items()}
+    return {id(layer): chosen.get(layer.name, Arithmetic.parse(ArithmeticKind.NATIVE)) for layer in layers}
 
 
 def _parse(text, where: str) -> Arithmetic:
@@ -106,8 +135,13 @@ def _parse(text, where: str) -> Arithmetic:
                               f"twin of its ResNet); give native, a model spec or a GPU preset")
     try:
         return Arithmetic.parse(text)
-    except InvalidArgument as error:
-        raise InvalidArgument(str(error).replace("--arithmetic", where, 1)) from None
+    except InvalidArgument:
+        try:
+            em.parse_model(text.strip())
+        except InvalidArgument as error:
+            raise InvalidArgument(f"{where} must be native, or a model spec or GPU preset (e.g. v100:out=fp16, "
+                                  f"a100, sequential:fp16); received {text!r} ({error})") from None
+        raise
 
 
 @contextlib.contextmanager
@@ -135,44 +169,59 @@ def use_arithmetic(model: keras.Model, arithmetic: str | Mapping[str, str], *,
     if not model.built or any(not layer.built for layer in layers):
         raise InvalidArgument("model must be built before use_arithmetic (call it on a batch, or give it an Input): "
                               "each layer's shapes decide its convolution")
-    reasons = {layer.name: _reason(layer) for layer in layers}
-    computable = [layer for layer in layers if reasons[layer.name] is None]
-    chosen = _per_layer(arithmetic, [layer.name for layer in layers])
-    refused = [name for name, a in chosen.items() if a.emulated and reasons[name] is not None and
-               isinstance(arithmetic, Mapping)]
-    if refused:
-        raise InvalidArgument(f"arithmetic names layer {refused[0]!r}, which use_arithmetic cannot compute: "
-                              f"{reasons[refused[0]]}")
-    emulated = [layer for layer in computable if chosen[layer.name].emulated]
+    busy = [layer.name for layer in layers if _PATCHED & set(layer.__dict__)]
+    if busy:
+        raise InvalidArgument(f"layer {busy[0]!r} is inside another use_arithmetic block already; one block at a "
+                              f"time (a mapping gives each layer its own arithmetic)")
+    reasons = {id(layer): _reason(layer) for layer in layers}
+    chosen = _per_layer(arithmetic, layers)
+    if isinstance(arithmetic, Mapping):
+        refused = [layer for layer in layers if chosen[id(layer)].emulated and reasons[id(layer)] is not None]
+        if refused:
+            raise InvalidArgument(f"arithmetic names layer {refused[0].name!r}, which use_arithmetic cannot "
+                                  f"compute: {reasons[id(refused[0])]}")
+    computable = [layer for layer in layers if reasons[id(layer)] is None]
+    emulated = [layer for layer in computable if chosen[id(layer)].emulated]
+    patches = {id(layer): _patch(layer, chosen[id(layer)], arithmetic) for layer in emulated}  # shapes checked
+    models = _models(model)
+    jit = {id(m): (m._jit_compile if m.compiled else None) for m in models}
     record = {
         "arithmetic": arithmetic if isinstance(arithmetic, str) else dict(arithmetic),
-        "layers": [_layer_record(layer, chosen[layer.name], arithmetic) for layer in computable],
-        "not_computed": [{"layer": layer.name, "kind": type(layer).__name__, "reason": reasons[layer.name]}
-                         for layer in layers if reasons[layer.name] is not None],
+        "layers": [_layer_record(layer, chosen[id(layer)], arithmetic) for layer in computable],
+        "not_computed": [{"layer": layer.name, "kind": type(layer).__name__, "reason": reasons[id(layer)]}
+                         for layer in layers if reasons[id(layer)] is not None],
         "jit_compile": {"model": model.jit_compile if model.compiled else None,
                         "inside": False if emulated else (model.jit_compile if model.compiled else None)},
     }
-    previous_jit = model._jit_compile if model.compiled else None
     try:
         for layer in emulated:
-            model_of = chosen[layer.name].model
-            if isinstance(layer, keras.layers.Dense):
-                assert model_of is not None, "an emulated arithmetic names its model"
-                layer.call = _dense_call(layer, emulated_matmul(tf, model_of))
-            else:
-                layer.convolution_op = emulated_convolution(tf, _layer_arithmetic(layer, chosen[layer.name],
-                                                                                  arithmetic))
-        if emulated and model.compiled:
-            model.jit_compile = False  # tf.numpy_function cannot be compiled by XLA
-        _forget_functions(model)
+            name, function = patches[id(layer)]
+            setattr(layer, name, function)
+        for m in models:
+            if emulated and m.compiled:
+                m.jit_compile = False  # tf.numpy_function cannot be compiled by XLA
+            _forget_functions(m)
         yield record
     finally:
         for layer in emulated:
-            for name in ("convolution_op", "call"):
+            for name in _PATCHED:
                 layer.__dict__.pop(name, None)
-        if model.compiled:
-            model._jit_compile = previous_jit
-        _forget_functions(model)
+        for m in models:
+            if m.compiled and jit[id(m)] is not None:
+                m._jit_compile = jit[id(m)]
+            _forget_functions(m)
+
+
+#: The instance attributes `use_arithmetic` sets on a layer it reroutes (and removes on exit).
+_PATCHED = {"convolution_op", "call"}
+
+
+def _patch(layer, chosen: Arithmetic, given) -> tuple[str, object]:
+    """The attribute that reroutes `layer`, and its new value."""
+    if isinstance(layer, keras.layers.Dense):
+        assert chosen.model is not None, "an emulated arithmetic names its model"
+        return "call", _dense_call(layer, emulated_matmul(tf, chosen.model))
+    return "convolution_op", emulated_convolution(tf, _layer_arithmetic(layer, chosen, given))
 
 
 def _layer_arithmetic(layer, chosen: Arithmetic, given) -> LayerArithmetic:

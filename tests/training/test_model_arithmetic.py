@@ -152,14 +152,15 @@ def test_training_under_a_narrow_accumulator_differs_and_after_the_block_is_nati
 
 
 @pytest.mark.parametrize("arithmetic, kwargs, message", [
-    ({"nope": "a100"}, {}, "arithmetic names a layer must be one of conv, depthwise, grouped, dilated, wide, hidden, "
-                           "dense; received 'nope'"),
+    ({"nope": "a100"}, {}, "arithmetic names layer 'nope', which the model does not have; its layers with a kernel "
+                           "are conv, depthwise, grouped, dilated, wide, hidden, dense"),
     ({"dense": "a100"}, {}, "arithmetic names layer 'dense', which use_arithmetic cannot compute: it computes in "
                             "float32"),
     ({"depthwise": "a100"}, {}, "cannot compute: DepthwiseConv2D: convprobe does not emulate this layer kind yet"),
     ("twin", {}, "arithmetic 'twin' is not offered for any Keras model yet"),
     ("native", {"arithmetic_map": "map.json"}, "arithmetic_map is read by the twin"),
-    ("sequentail:fp16", {}, "arithmetic must be native, twin, or a model spec or GPU preset"),
+    ("sequentail:fp16", {}, "arithmetic must be native, or a model spec or GPU preset (e.g. v100:out=fp16, a100, "
+                            "sequential:fp16); received 'sequentail:fp16' (model must be one of sequential"),
     ({"conv": ""}, {}, "arithmetic['conv'] must be native, or a model spec or GPU preset"),
 ])
 def test_bad_arguments_are_one_line_and_leave_the_model_alone(arithmetic, kwargs, message):
@@ -229,3 +230,69 @@ def test_a_subclassed_model_s_layers_are_computed_too():
     assert record["layers"][0]["input_shape"] == [2, 8, 8, 3]
     assert [r["layer"] for r in record["not_computed"]] == ["inner_dense"]
     assert not np.array_equal(native, emulated) and np.array_equal(model(x).numpy(), native)
+
+
+def test_a_nested_model_a_second_block_and_repeated_names_are_handled_or_refused():
+    import keras
+
+    from convprobe.training import use_arithmetic
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x = keras.Input((6, 6, 2))
+        inner = keras.Sequential([keras.Input((6, 6, 2)), keras.layers.Conv2D(3, 3, name="c"),
+                                  keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4, name="d")], name="inner")
+        outer = keras.Model(x, keras.layers.Dense(4, name="d")(inner(x)))
+        lstm = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4, name="lstm")])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    data = (np.random.default_rng(4).normal(size=(2, 6, 6, 2)) * 16).astype("float32")
+    native = inner.predict(data, verbose=0)
+    with use_arithmetic(outer, "sequential:p4_emax15") as record:
+        inside = inner.predict(data, verbose=0)  # the nested model's own predict function, traced inside
+        with pytest.raises(InvalidArgument, match="layer '[cd]' is inside another use_arithmetic block already"):
+            with use_arithmetic(outer, "a100"):
+                pass
+    assert sorted(r["layer"] for r in record["layers"]) == ["c", "d", "d"]  # the outer d and the inner model's
+    assert not np.array_equal(inside, native) and np.array_equal(inner.predict(data, verbose=0), native)
+    with pytest.raises(InvalidArgument, match="arithmetic names layer 'd', and 2 layers of the model"):
+        with use_arithmetic(outer, {"d": "a100"}):
+            pass
+    with use_arithmetic(lstm, "a100") as record:  # a recurrent cell's kernel: named, never passed over
+        pass
+    assert [(r["layer"], r["kind"]) for r in record["not_computed"]] == [("lstm_cell", "LSTMCell")]
+
+
+def test_a_conv2d_is_computed_at_its_built_shape_and_its_input_gradient_is_the_emulator_s():
+    import keras
+    import tensorflow as tf
+
+    from convprobe.training import use_arithmetic
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layer = keras.layers.Conv2D(3, 3, strides=2, dilation_rate=1, padding="valid", use_bias=False)
+        open_ended = keras.Sequential([keras.Input((None, None, 2)), keras.layers.Conv2D(3, 3, name="any")])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model = keras.Sequential([keras.Input((9, 9, 2)), layer])
+    rng = np.random.default_rng(5)
+    x = tf.constant((rng.normal(size=(3, 9, 9, 2)) * 16).astype(np.float32))
+    dy = tf.constant(rng.normal(size=(3, 4, 4, 3)).astype(np.float16))
+    spec = em.parse_model("v100:out=fp16")
+    with use_arithmetic(model, "v100:out=fp16"):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = model(x)  # through Keras's __call__: the input cast to fp16, the kernel autocast
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.cast(dy, tf.float32))
+        dx = tape.gradient(loss, x)
+        with pytest.raises(InvalidArgument, match="is computed at the 9x9 inputs it was built on; received 11x11"):
+            model(tf.zeros((1, 11, 11, 2)))
+    w16 = layer.kernel.numpy().astype(np.float16)
+    expected = em.conv2d(x.numpy().astype(np.float16), w16, spec, strides=2, padding="VALID")
+    assert np.array_equal(y.numpy().view(np.uint16), expected.view(np.uint16))
+    expected_dx = em.conv2d_backprop_input(dy.numpy(), w16, (3, 9, 9, 2), spec, strides=2, padding="VALID")
+    assert np.array_equal(dx.numpy(), expected_dx.astype(np.float32))
+    with pytest.raises(InvalidArgument, match="layer 'any' was built on inputs of unknown height or width"):
+        with use_arithmetic(open_ended, "a100"):
+            pass
