@@ -10,8 +10,10 @@ name keep TensorFlow's kernels). On exit the model is as it was: its layers' own
 convolutions, its `jit_compile`, and train, test and predict functions rebuilt on next use.
 
 What it computes today, in a layer that computes in float16 (`mixed_float16`): `Conv2D`
-(strides, dilation, either padding; one group, channels_last) and `Dense` (its matmul and
-both gradients through `emulated_dense`). Every other layer with a kernel (Conv1D, Conv3D,
+(strides, dilation, either padding; one group, channels_last), `Conv1D` (the same, causal
+padding too; computed as the 2-D convolution of height 1 that TensorFlow runs it as) and
+`Dense` (its matmul and both gradients through `emulated_dense`). Every other layer with a
+kernel (Conv3D,
 DepthwiseConv2D, SeparableConv2D, Conv2DTranspose, EinsumDense, a grouped or channels_first
 Conv2D, a layer computing in float32) is listed in the record with the reason, and runs
 TensorFlow's kernel: never skipped without a word.
@@ -64,12 +66,12 @@ def _reason(layer) -> str | None:
             return (f"it computes in {layer.compute_dtype}: the emulated arithmetic takes fp16 operands "
                     f"(mixed_float16); it runs TensorFlow's kernel")
         return None
-    if type(layer) is not keras.layers.Conv2D:
+    if type(layer) not in (keras.layers.Conv2D, keras.layers.Conv1D):
         return f"{kind}: {_NOT_YET}"
     if layer.groups != 1:
-        return f"a grouped Conv2D (groups={layer.groups}): {_NOT_YET}"
+        return f"a grouped {kind} (groups={layer.groups}): {_NOT_YET}"
     if layer.data_format != "channels_last":
-        return f"a {layer.data_format} Conv2D: only channels_last (NHWC) is emulated; it runs TensorFlow's kernel"
+        return f"a {layer.data_format} {kind}: only channels_last is emulated; it runs TensorFlow's kernel"
     if layer.compute_dtype != "float16":
         return (f"it computes in {layer.compute_dtype}: the emulated arithmetic takes fp16 operands "
                 f"(mixed_float16); it runs TensorFlow's kernel")
@@ -97,8 +99,20 @@ def _models(model) -> list:
 
 
 def _shape(layer) -> ConvShape:
-    """A Conv2D's convolution as identify keys it, from the input shape it was built on (a
-    subclassed model's layers have no symbolic input); the batch is 0 where it is not fixed."""
+    """A conv layer's convolution as identify keys it, from the input shape it was built on (a
+    subclassed model's layers have no symbolic input); the batch is 0 where it is not fixed.
+    A Conv1D is the 2-D convolution TensorFlow runs it as: a height of 1, its causal padding
+    applied before (as Keras does) and VALID after."""
+    if isinstance(layer, keras.layers.Conv1D):
+        batch, length, channels = layer.get_build_config()["input_shape"]
+        if length is None:
+            raise InvalidArgument(f"layer {layer.name!r} was built on inputs of unknown length; use_arithmetic "
+                                  f"computes a Conv1D at the shape it was built on: build the model on a fixed "
+                                  f"input shape")
+        causal = layer.padding == "causal"
+        extra = layer.dilation_rate[0] * (layer.kernel_size[0] - 1) if causal else 0
+        return ConvShape((batch or 0, 1, length + extra, channels), (1, *layer.kernel.shape), (1, layer.strides[0]),
+                         "VALID" if causal else layer.padding.upper(), (1, layer.dilation_rate[0]))
     batch, height, width, channels = layer.get_build_config()["input_shape"]
     if height is None or width is None:
         raise InvalidArgument(f"layer {layer.name!r} was built on inputs of unknown height or width ({height} x "
@@ -221,11 +235,27 @@ def _patch(layer, chosen: Arithmetic, given) -> tuple[str, object]:
     if isinstance(layer, keras.layers.Dense):
         assert chosen.model is not None, "an emulated arithmetic names its model"
         return "call", _dense_call(layer, emulated_matmul(tf, chosen.model))
-    return "convolution_op", emulated_convolution(tf, _layer_arithmetic(layer, chosen, given))
+    convolution = emulated_convolution(tf, _layer_arithmetic(layer, chosen, given))
+    if isinstance(layer, keras.layers.Conv1D):
+        return "call", _conv1d_call(layer, convolution)
+    return "convolution_op", convolution
+
+
+def _conv1d_call(layer, convolution):
+    """Conv1D's own call (Keras 3.15: causal padding, conv, bias, activation) with its
+    convolution computed as a 2-D one of height 1, as TensorFlow computes it."""
+    def call(inputs):
+        if layer.padding == "causal":
+            inputs = keras.ops.pad(inputs, layer._compute_causal_padding())
+        outputs = tf.squeeze(convolution(tf.expand_dims(inputs, 1), tf.expand_dims(layer.kernel, 0)), 1)
+        if layer.use_bias:
+            outputs = keras.ops.add(outputs, keras.ops.reshape(layer.bias, (1, 1, layer.filters)))
+        return outputs if layer.activation is None else layer.activation(outputs)
+    return call
 
 
 def _layer_arithmetic(layer, chosen: Arithmetic, given) -> LayerArithmetic:
-    """What each of a Conv2D's three ops computes, and why."""
+    """What each of a conv layer's three ops computes, and why."""
     source = _source(layer, chosen, given)
     return LayerArithmetic(layer.name, _shape(layer), {op: OpArithmetic(chosen.model, source) for op in ConvOp})
 
@@ -247,7 +277,7 @@ def _layer_record(layer, chosen: Arithmetic, given) -> dict:
         return {"kind": "Dense", "layer": layer.name,
                 "input_shape": [d or 0 for d in layer.get_build_config()["input_shape"]],
                 "kernel_shape": list(layer.kernel.shape), "ops": {str(op): dict(cell) for op in DenseOp}}
-    return {"kind": "Conv2D", **_layer_arithmetic(layer, chosen, given).to_dict()}
+    return {"kind": type(layer).__name__, **_layer_arithmetic(layer, chosen, given).to_dict()}
 
 
 def _dense_call(layer, matmul):

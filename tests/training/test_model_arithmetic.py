@@ -296,3 +296,41 @@ def test_a_conv2d_is_computed_at_its_built_shape_and_its_input_gradient_is_the_e
     with pytest.raises(InvalidArgument, match="layer 'any' was built on inputs of unknown height or width"):
         with use_arithmetic(open_ended, "a100"):
             pass
+
+
+@pytest.mark.parametrize("padding, strides, dilation", [("same", 1, 1), ("valid", 2, 1), ("causal", 1, 2)])
+def test_a_conv1d_is_the_2d_convolution_of_height_one_bit_for_bit(padding, strides, dilation):
+    import keras
+    import tensorflow as tf
+
+    from convprobe.training import use_arithmetic
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layer = keras.layers.Conv1D(3, 3, strides=strides, dilation_rate=dilation, padding=padding, name="c1")
+        model = keras.Sequential([keras.Input((11, 2)), layer])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    rng = np.random.default_rng(6)
+    x = tf.constant((rng.normal(size=(2, 11, 2)) * 16).astype(np.float32))
+    length = layer.compute_output_shape((2, 11, 2))[1]
+    dy = tf.constant(rng.normal(size=(2, length, 3)).astype(np.float16))
+    spec = em.parse_model("sequential:fp16")
+    with use_arithmetic(model, "sequential:fp16") as record:
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            y = model(x)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.cast(dy, tf.float32))
+        dx, dw = tape.gradient(loss, x), tape.gradient(loss, layer.kernel)
+    assert record["layers"][0]["kind"] == "Conv1D" and record["not_computed"] == []
+    left = dilation * 2 if padding == "causal" else 0  # Keras pads a causal conv on the left, then VALID
+    x16 = np.pad(x.numpy().astype(np.float16), ((0, 0), (left, 0), (0, 0)))[:, None]
+    w16 = layer.kernel.numpy().astype(np.float16)[None]
+    conv = dict(strides=(1, strides), dilation=(1, dilation), padding="VALID" if padding == "causal" else padding.upper())
+    y_expected = em.conv2d(x16, w16, spec, **conv)[:, 0] + layer.bias.numpy().astype(np.float16)
+    assert np.array_equal(y.numpy().view(np.uint16), y_expected.view(np.uint16))
+    assert not np.array_equal(model(x).numpy().view(np.uint16), y_expected.view(np.uint16))  # TensorFlow's own
+    dw_expected = em.conv2d_backprop_filter(x16, dy.numpy()[:, None], w16.shape, spec, **conv)[0]
+    assert np.array_equal(dw.numpy(), dw_expected.astype(np.float32))
+    dx_expected = em.conv2d_backprop_input(dy.numpy()[:, None], w16, x16.shape, spec, **conv)[:, 0, left:]
+    assert np.array_equal(dx.numpy(), dx_expected.astype(np.float32))
