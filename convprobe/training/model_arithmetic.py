@@ -10,12 +10,12 @@ name keep TensorFlow's kernels). On exit the model is as it was: its layers' own
 convolutions, its `jit_compile`, and train, test and predict functions rebuilt on next use.
 
 What it computes today, in a layer that computes in float16 (`mixed_float16`): `Conv2D`
-(strides, dilation, either padding; one group, channels_last), `Conv1D` (the same, causal
+(strides, dilation, either padding, groups; channels_last), `Conv1D` (the same, causal
 padding too; computed as the 2-D convolution of height 1 that TensorFlow runs it as) and
 `Dense` (its matmul and both gradients through `emulated_dense`). Every other layer with a
 kernel (Conv3D,
-DepthwiseConv2D, SeparableConv2D, Conv2DTranspose, EinsumDense, a grouped or channels_first
-Conv2D, a layer computing in float32) is listed in the record with the reason, and runs
+DepthwiseConv2D, SeparableConv2D, Conv2DTranspose, EinsumDense, a channels_first conv, a
+layer computing in float32) is listed in the record with the reason, and runs
 TensorFlow's kernel: never skipped without a word.
 The twin (`"twin"`, TensorFlow's own kernels reproduced from an identify map) is not offered
 here yet: `convprobe train` runs the twin of its ResNet.
@@ -68,8 +68,6 @@ def _reason(layer) -> str | None:
         return None
     if type(layer) not in (keras.layers.Conv2D, keras.layers.Conv1D):
         return f"{kind}: {_NOT_YET}"
-    if layer.groups != 1:
-        return f"a grouped {kind} (groups={layer.groups}): {_NOT_YET}"
     if layer.data_format != "channels_last":
         return f"a {layer.data_format} {kind}: only channels_last is emulated; it runs TensorFlow's kernel"
     if layer.compute_dtype != "float16":

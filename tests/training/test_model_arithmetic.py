@@ -50,9 +50,10 @@ def test_the_record_names_every_layer_with_a_kernel_and_why_each_runs_what_it_ru
     model = _model()
     with use_arithmetic(model, "v100:out=fp16") as record:
         pass
-    assert [(r["layer"], r["kind"]) for r in record["layers"]] == [("conv", "Conv2D"), ("dilated", "Conv2D"),
-                                                                    ("hidden", "Dense")]
-    hidden = record["layers"][2]
+    assert [(r["layer"], r["kind"]) for r in record["layers"]] == [("conv", "Conv2D"), ("grouped", "Conv2D"),
+                                                                    ("dilated", "Conv2D"), ("hidden", "Dense")]
+    assert record["layers"][1]["filter_shape"] == [1, 1, 4, 8]  # groups=2: half the input channels per filter
+    hidden = record["layers"][3]
     assert (hidden["input_shape"], hidden["kernel_shape"]) == ([0, 8], [8, 16])
     assert {op: cell["arithmetic"] for op, cell in hidden["ops"].items()} == {
         "matmul": "v100:out=fp16", "matmul_input_gradient": "v100:out=fp16", "matmul_kernel_gradient": "v100:out=fp16"}
@@ -63,9 +64,8 @@ def test_the_record_names_every_layer_with_a_kernel_and_why_each_runs_what_it_ru
         "conv2d": "v100:out=fp16", "conv2d_backprop_input": "v100:out=fp16", "conv2d_backprop_filter": "v100:out=fp16"}
     assert conv["ops"]["conv2d"]["source"] == "use_arithmetic arithmetic = 'v100:out=fp16'"
     reasons = {r["layer"]: r["reason"] for r in record["not_computed"]}
-    assert list(reasons) == ["depthwise", "grouped", "wide", "dense"]
+    assert list(reasons) == ["depthwise", "wide", "dense"]
     assert reasons["depthwise"].startswith("DepthwiseConv2D: convprobe does not emulate this layer kind yet")
-    assert reasons["grouped"].startswith("a grouped Conv2D (groups=2)")
     assert reasons["wide"].startswith("it computes in float32: the emulated arithmetic takes fp16 operands")
     assert reasons["dense"].startswith("it computes in float32")
     assert record["jit_compile"] == {"model": False, "inside": False}
@@ -334,3 +334,36 @@ def test_a_conv1d_is_the_2d_convolution_of_height_one_bit_for_bit(padding, strid
     assert np.array_equal(dw.numpy(), dw_expected.astype(np.float32))
     dx_expected = em.conv2d_backprop_input(dy.numpy()[:, None], w16, x16.shape, spec, **conv)[:, 0, left:]
     assert np.array_equal(dx.numpy(), dx_expected.astype(np.float32))
+
+
+def test_a_grouped_conv2d_is_the_emulator_s_grouped_convolution_bit_for_bit():
+    import keras
+    import tensorflow as tf
+
+    from convprobe.training import use_arithmetic
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layer = keras.layers.Conv2D(6, 3, groups=3, padding="same", use_bias=False, name="g")
+        model = keras.Sequential([keras.Input((7, 7, 6)), layer])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    rng = np.random.default_rng(7)
+    x = tf.constant((rng.normal(size=(2, 7, 7, 6)) * 16).astype(np.float32))
+    dy = tf.constant(rng.normal(size=(2, 7, 7, 6)).astype(np.float16))
+    spec = em.parse_model("sequential:fp16")
+    with use_arithmetic(model, "sequential:fp16"):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            y = model(x)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.cast(dy, tf.float32))
+        dx, dw = tape.gradient(loss, x), tape.gradient(loss, layer.kernel)
+    x16, w16 = x.numpy().astype(np.float16), layer.kernel.numpy().astype(np.float16)
+    conv = dict(padding="SAME", groups=3)
+    expected = em.conv2d(x16, w16, spec, **conv)
+    assert np.array_equal(y.numpy().view(np.uint16), expected.view(np.uint16))
+    assert np.array_equal(dw.numpy(), em.conv2d_backprop_filter(x16, dy.numpy(), w16.shape, spec, **conv)
+                          .astype(np.float32))
+    assert np.array_equal(dx.numpy(), em.conv2d_backprop_input(dy.numpy(), w16, x16.shape, spec, **conv)
+                          .astype(np.float32))
+    assert not np.array_equal(model(x).numpy().view(np.uint16), expected.view(np.uint16))  # TensorFlow's own
