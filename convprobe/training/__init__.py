@@ -9,6 +9,7 @@ use it, after `runtime` has set the environment):
   logical devices, its start-up notices kept off stderr;
 - `arithmetic`: which arithmetic each conv op computes (native, the twin, a counterfactual);
 - `emulated_conv`: a conv layer's forward pass and both gradients under that arithmetic;
+- `emulated_dense`: a Dense layer's matmul and both gradients under that arithmetic;
 - `model`: the CIFAR ResNet v2 with gradient taps;
 - `telemetry`: classification of gradients against the fp32 shadow;
 - `trainer`: the loop, loss scaling, checkpoints;
@@ -19,6 +20,8 @@ use it, after `runtime` has set the environment):
 - `tensorboard`: the telemetry as TensorBoard event files;
 - `callback`: `UnderflowTelemetry`, the telemetry for any Keras model's `fit`
   (imported on first use of the name: it imports Keras);
+- `model_copies`: the callback's copies of a user's model (the fp32 shadow, a clone in the
+  model's policy, a forward pass that returns watched layers' outputs);
 - `model_arithmetic`: `use_arithmetic`, any Keras model's convolutions under an arithmetic
   (imported on first use of the name).
 

@@ -13,46 +13,21 @@ does (`telemetry.batched_stats`; rows through
 steps.csv, telemetry.csv, summary.json) and TensorBoard event files in
 DIR/tensorboard/.
 
-How it sees the batch: Keras 3's `fit` does not hand callbacks the batch, so the
-callback wraps the model's `train_step` for the length of `fit` (an instance
-attribute, removed at the end; the train function is rebuilt; a fit that stopped early
-is undone at the model's next fit, or at once under ``with UnderflowTelemetry(...)``:
-the guide's lifecycle paragraph). With Keras's own
-step and one output, the wrapper is that step (Keras 3.15, TensorFlow backend) with
-the watched layers' outputs among the tape's targets: a measured step classifies the
-very gradients its update applies, and pays only for the fp32 shadow's pass and the
-statistics. With a custom `train_step` (or several outputs) the user's step runs
-unchanged and a clone of the model in its own dtype policy gives the low-precision
-gradients. Either way a step due for measurement measures, before the update, the batch
-the update is about to use at the weights it is about to change: no sample batch to
-pass, nothing in the data pipeline changes. What decides is a `tf.cond` on the
-callback's step counter, or under XLA (with steps_per_execution 1) and under several
-replicas the choice of one of two train functions before each step, one that measures
-and one that does not (`_chosen_functions`). A step whose update a `LossScaleOptimizer`
-skipped (non-finite gradients) is measured too, after the skip (the weights are those
-the step saw, the scale the one it used), so its record names the overflowing tensors.
-
-Every step is recorded, whatever `steps_per_execution`: Keras calls
-`on_train_batch_end` once per execution, so the wrapped step writes its record (and a
-measured step its counts) into slot `step % steps_per_execution` of buffer variables
-(an execution's steps are consecutive: no slot is reused before the flush), and the
-callback writes the execution's steps in order. The records are those of one step per
-execution (tested), but for the time: the execution's, shared evenly among its steps.
-
-The fp32 shadow is a clone under float32 that receives the model's weights first.
-The user's training is bit for bit what it is without the callback (tested: weights,
-batch-norm statistics, History). Supported: functional, Sequential and subclassed
-models. A subclassed model's shadow is `type(model).from_config(model.get_config())`
-made under a float32 policy and built on the input shapes the model was built with: the
-model must be built before `fit` (called on a batch; `fit` itself builds it only when
-its first step is traced, after the callback has prepared). One that cannot be rebuilt so, or comes back with other weights (Keras rebuilds a
-model that defines no `get_config` from its constructor's defaults), is refused in one
-line. A subclassed model's layer outputs are not symbolic tensors to tap: its weights
-are measured, not its activations. Under a `tf.distribute` strategy with several
-replicas (Keras's own step, one output and steps_per_execution 1 only; otherwise
-refused), each replica measures its share of the batch, the counts are summed over
-replicas as `convprobe train` sums them, and a skipped step is named only when it is
-a measured one (weight copies and cross-replica sums cannot sit inside a `tf.cond`).
+How it sees the batch: Keras 3's `fit` hands callbacks no batch, so the callback wraps
+the model's `train_step` for the length of the fit (an instance attribute; the train
+function is rebuilt around it). With Keras's own step and one output the wrapper is that
+step with the watched layers' outputs among the tape's targets, so a measured step
+classifies the very gradients its update applies; with a custom step or several outputs,
+a copy of the model in its own policy gives the low-precision gradients
+(`model_copies`). A `tf.cond` on the step counter decides, or under XLA and several
+replicas the choice of one of two train functions before each step
+(`_chosen_functions`). Every step is recorded whatever `steps_per_execution` (buffer
+slots flushed once per execution), a skipped step is measured after its skip so that its
+record names the overflowing tensors, and the user's training is bit for bit what it is
+without the callback (tested). The method, the lifecycle (what is checked before anything
+is written, a fit stopped early, `with`), subclassed models and strategies are in the
+guide's "Your own Keras model" section. One file for one class: its lifecycle and its
+compiled step share the callback's state (the model copies are `model_copies`).
 """
 
 from __future__ import annotations
@@ -74,6 +49,7 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 
 from convprobe.errors import InvalidArgument, is_integer
 from convprobe.formats import format_of_dtype
+from convprobe.training.model_copies import copy_model, forward_with_taps, functional, one_output, single_output
 from convprobe.training.records import (
     STEP_COLUMNS,
     ResumePlan,
@@ -103,81 +79,6 @@ _ACCURACY = ("accuracy", "sparse_categorical_accuracy")
 #: Layers that compute in fp32 under a mixed policy (Keras upcasts their inputs): their weight
 #: gradients cannot flush, as batch-norm parameters in `convprobe train`.
 _FP32_LAYERS = ("BatchNormalization", "LayerNormalization", "GroupNormalization")
-
-
-def _functional(model) -> bool:
-    """Whether `model` is a graph of layers (functional or Sequential): it has symbolic inputs."""
-    try:
-        return bool(model.inputs)
-    except (AttributeError, ValueError):
-        return False
-
-
-def _clone(model, dtype):
-    """A copy of `model` with fresh weights; `dtype` None keeps each layer's policy. A functional
-    or Sequential model is cloned layer by layer; a subclassed one is rebuilt from its config."""
-    if not _functional(model):
-        return _rebuild(model, dtype)
-
-    def clone_layer(layer):
-        config = layer.get_config()
-        if dtype is not None:
-            config["dtype"] = dtype
-        return layer.__class__.from_config(config)
-
-    return keras.models.clone_model(model, clone_function=clone_layer)
-
-
-def _rebuild(model, dtype):
-    """A subclassed `model` made again as `type(model).from_config(model.get_config())`, its layers
-    created under `dtype` (None: the model's policy) and built by one call on symbolic inputs of
-    the shapes it was built with; refused in one line when that cannot give the same weights."""
-    name = type(model).__name__
-    if model.get_build_config() is None or not model.weights:  # fit builds it only in its first step
-        raise InvalidArgument(f"a subclassed model must be built before fit, by calling it on a batch (its fp32 "
-                              f"shadow is built on the same input shapes); received a {name} without weights")
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(model.dtype_policy if dtype is None else dtype)
-    try:  # the user's get_config, from_config and call: whatever they raise means "not rebuildable"
-        config = model.get_config()
-        if dtype is not None and "dtype" in config:
-            config["dtype"] = dtype
-        clone = type(model).from_config(config)
-        clone(tree.map_shape_structure(keras.KerasTensor, model.get_build_config()["input_shape"]))
-    except Exception as error:  # noqa: BLE001 - reported, with its type and first paragraph
-        reason = " ".join(str(error).strip().split("\n\n")[0].split())  # its first paragraph
-        raise InvalidArgument(
-            f"a subclassed model must be rebuildable as type(model).from_config(model.get_config()) "
-            f"for the fp32 shadow (define get_config and from_config); received a {name} whose rebuild "
-            f"raised {type(error).__name__}: {reason}") from error
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-    if [tuple(w.shape) for w in clone.weights] != [tuple(w.shape) for w in model.weights]:
-        raise InvalidArgument(f"a subclassed model rebuilt from its config must have the model's weights "
-                              f"(define get_config and from_config); received a {name} rebuilt with "
-                              f"{len(clone.weights)} weights for its {len(model.weights)}")
-    other = [layer.name for layer in clone._flatten_layers() if dtype is not None and layer.compute_dtype != dtype]
-    if other:
-        raise InvalidArgument(f"a subclassed model's layers must take their dtype from the global policy "
-                              f"(the shadow is rebuilt under {dtype}); received a {name} whose layer "
-                              f"{other[0]!r} computes in another dtype")
-    return clone
-
-
-def _forward(model, tap_names):
-    """`(x, training) -> (predictions, tapped outputs)` over `model`: a functional model with the
-    named layers' outputs among its outputs; a subclassed model itself and no taps (its layers'
-    outputs are no symbolic tensors a model could return)."""
-    if not _functional(model):
-        return lambda x, training: (model(x, training=training), [])
-    n = len(model.outputs)
-    taps = keras.Model(model.inputs, list(model.outputs) + [model.get_layer(t).output for t in tap_names])
-
-    def forward(x, training):
-        outs = taps(x, training=training)
-        return (outs[0] if n == 1 else list(outs[:n])), list(outs[n:])
-
-    return forward
 
 
 class UnderflowTelemetry(keras.callbacks.Callback):
@@ -246,7 +147,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
     def _prepare(self, model):
         self._replicas = model.distribute_strategy.num_replicas_in_sync
         self._per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
-        if self._replicas > 1 and not (type(model).train_step is keras.Model.train_step and _one_output(model)):
+        if self._replicas > 1 and not (type(model).train_step is keras.Model.train_step and one_output(model)):
             raise InvalidArgument(f"UnderflowTelemetry under a strategy of {self._replicas} replicas needs Keras's own "
                                   "train_step and one model output; received a custom train_step or several outputs")
         if self._replicas > 1 and self._per_execution != 1:  # its train function is chosen before each step
@@ -271,9 +172,9 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         self.thresholds = Thresholds.of(self.format)
         # Keras's own step with one output: measured inside the step itself (the update's own
         # gradients); otherwise (a custom train_step, several outputs) on a clone in the model's policy.
-        self._own_step = type(model).train_step is keras.Model.train_step and _one_output(model)
-        self.shadow = _clone(model, "float32")
-        self.low = None if self._own_step else _clone(model, None)
+        self._own_step = type(model).train_step is keras.Model.train_step and one_output(model)
+        self.shadow = copy_model(model, "float32")
+        self.low = None if self._own_step else copy_model(model, None)
         watched_ids = {id(layer) for layer in watched}
         variables = model.trainable_variables
         owner = {}
@@ -282,10 +183,10 @@ class UnderflowTelemetry(keras.callbacks.Callback):
                 owner.setdefault(id(v), layer)
         self._weight_index = [i for i, v in enumerate(variables) if id(owner.get(id(v))) in watched_ids]
         # a subclassed model's layer outputs are not symbolic: its weights are measured, not its outputs
-        self._tap_names = [layer.name for layer in watched if _functional(model) and _single_output(layer)]
+        self._tap_names = [layer.name for layer in watched if functional(model) and single_output(layer)]
         source = model if self._own_step else self.low  # a model over the user's own layers changes nothing in them
-        self.low_forward = _forward(source, self._tap_names)
-        self.shadow_forward = _forward(self.shadow, self._tap_names)
+        self.low_forward = forward_with_taps(source, self._tap_names)
+        self.shadow_forward = forward_with_taps(self.shadow, self._tap_names)
         for clone in (c for c in (self.low, self.shadow) if c is not None):
             clone.compile(loss=model.loss)  # the user's loss, on each clone's own predictions
         weight_names = [variables[i].path for i in self._weight_index]
@@ -668,12 +569,6 @@ def _log_value(logs, *keys):
     return tf.constant(math.nan, tf.float64)
 
 
-def _one_output(model) -> bool:
-    """Whether `model`'s predictions are one tensor the taps can sit beside (a subclassed model's
-    are whatever its call returns, and it has no taps)."""
-    return not _functional(model) or len(model.outputs) == 1
-
-
 def _with_nonfinite(stats):
     """`batched_stats`' results and each tensor's non-finite count (its inf and nan counts)."""
     counts = stats[0]
@@ -683,15 +578,6 @@ def _with_nonfinite(stats):
 def _zeros_for_none(grads, targets):
     """Gradients with None (a tensor the loss does not reach) replaced by zeros."""
     return [tf.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
-
-
-def _single_output(layer) -> bool:
-    """Whether a layer has one symbolic output (its gradient can be tapped)."""
-    try:
-        output = layer.output
-    except (AttributeError, ValueError):
-        return False
-    return not isinstance(output, (list, tuple, dict))
 
 
 @contextlib.contextmanager
