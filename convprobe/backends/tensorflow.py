@@ -198,6 +198,16 @@ class TensorFlowBackend(AbstractBackend):
 
         return self._run(fn, _array(a), _array(b))
 
+    def mat_mul(self, a, b, *, transpose_a=False, transpose_b=False, grad_a=False, grad_b=False):
+        """TensorFlow's MatMul op of two matrices with its flags, as a Dense layer's forward pass
+        (none) and its registered gradients (transpose_b and grad_a; transpose_a and grad_b) call it."""
+
+        def fn(a, b):
+            return self.tf.raw_ops.MatMul(a=a, b=b, transpose_a=transpose_a, transpose_b=transpose_b,
+                                          grad_a=grad_a, grad_b=grad_b)
+
+        return self._run(fn, _array(a), _array(b))
+
     def einsum(self, equation, a, b):
         """`tf.einsum(equation, a, b)` with two operands."""
 

@@ -20,6 +20,8 @@ from convprobe.options import TreeRecovery, comma_integers
 __all__ = ["register"]
 
 _DEFAULT_OPS = "conv2d,conv2d_backprop_input,conv2d_backprop_filter"
+#: The batch of a model's layers where neither --batch nor the model fixes one.
+DEFAULT_BATCH = 4
 MAX_THREADS = 1024
 
 
@@ -54,7 +56,9 @@ def register(subparsers) -> None:
     layer.add_argument("--strides", default="1", metavar="S[,S]", help="strides (default: 1)")
     layer.add_argument("--padding", default="SAME", metavar="SAME|VALID", help="padding (default: SAME)")
     layer.add_argument("--dilation", default="1", metavar="D[,D]", help="dilation (default: 1)")
-    layer.add_argument("--keras-model", metavar="PATH", help="a saved Keras model: every distinct Conv2D layer")
+    layer.add_argument("--keras-model", metavar="PATH",
+                       help="a saved Keras model: every distinct Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D, "
+                            "Conv2DTranspose and Dense layer (any other layer with a kernel listed with the reason)")
     layer.add_argument("--resnet-size", type=int, default=None, metavar="DEPTH",
                        help="the training harness's ResNet (6n+2: 20, 32, ...): every distinct conv layer")
     layer.add_argument("--trees", choices=[mode.value for mode in TreeRecovery], default=None,
@@ -62,7 +66,8 @@ def register(subparsers) -> None:
                             "reproduces every output on the input sets and on further seeded ones) or always "
                             "(default: needed)")
     layer.add_argument("--batch", type=bounded_int(1, 4096), default=None, metavar="N",
-                       help="batch size of --keras-model/--resnet-size layers (default: 4)")
+                       help="batch size of --keras-model/--resnet-size layers (default: the batch the model's input "
+                            "fixes, else 4)")
     layer.add_argument("--image-size", type=bounded_int(8, 1024), default=None, metavar="PX",
                        help="--resnet-size image side (default: 32)")
     parser.set_defaults(handler=run)
@@ -104,7 +109,6 @@ def layers_from_args(args) -> tuple[list, list] | None:
             raise InvalidArgument(f"{name} applies to the battery; a layer's K values follow from its shape")
     if args.op != _DEFAULT_OPS:
         raise InvalidArgument("--op applies to the battery; a layer is identified for conv2d and both gradients")
-    batch = args.batch or 4
     if modes[0].startswith("--input"):
         if not (args.input_shape and args.filter_shape):
             raise InvalidArgument("--input-shape and --filter-shape go together; received only "
@@ -131,8 +135,16 @@ def layers_from_args(args) -> tuple[list, list] | None:
         resnet_blocks_per_stage(args.resnet_size)  # the one message for a bad depth
     with start_up_notices_dropped():  # TensorFlow's C++ notices print before its log level applies
         if args.keras_model:
-            return keras_layers(_load_keras(args.keras_model), batch)
-        return keras_layers(build_resnet(args.resnet_size, image_size=args.image_size or 32), batch)
+            model = _load_keras(args.keras_model)
+            return keras_layers(model, args.batch or _fixed_batch(model) or DEFAULT_BATCH)
+        return keras_layers(build_resnet(args.resnet_size, image_size=args.image_size or 32),
+                            args.batch or DEFAULT_BATCH)
+
+
+def _fixed_batch(model) -> int | None:
+    """The batch size a saved model's inputs fix (keras.Input(..., batch_size=N)), if one."""
+    batches = {int(t.shape[0]) for t in getattr(model, "inputs", None) or () if t.shape and t.shape[0]}
+    return batches.pop() if len(batches) == 1 else None
 
 
 def _load_keras(path: str):

@@ -51,6 +51,7 @@ from convprobe.identify.column_patterns import ColumnRun, column_models
 from convprobe.identify.depthwise_as_grouped import AsGrouped, grouped_layer, grouped_op
 from convprobe.identify.input_gradient_layout import forward_layer
 from convprobe.identify.layer_patterns import measure
+from convprobe.identify.matmul_as_conv import measured_form
 from convprobe.identify.layer_trees import RecoveredTrees, recover_at_layer, tree_specs
 from convprobe.identify.tile_patterns import RowRun, dx_row_models, row_models
 from convprobe.identify import direct_sum
@@ -146,40 +147,47 @@ def run(backend, *, layers, seed: int = 0, trees: str = TreeRecovery.NEEDED, **_
         layer = Layer.from_dict(data)
         ops = {}
         for op in layer.ops:
-            try:
-                drawn = {name: draw(layer, op, seed) for name, draw in INPUT_SETS.items()}
-                with np.errstate(over="ignore", invalid="ignore"):
-                    outputs = dict(zip(drawn, run_ops(backend, layer, op, list(drawn.values()))))
-                bits = {name: encode_bits(y.reshape(-1)[sample_indices(y.size, seed)]) for name, y in outputs.items()}
-                if layer.kind is LayerKind.DEPTHWISE:  # its trees through its own kernels, as a grouped conv2d
-                    direct = DirectSum(None, note=f"not tested: {DEPTHWISE_NOTE}")
-                    structure = Structure(note=f"not measured: {DEPTHWISE_NOTE}",
-                                          derived=depthwise_candidates(layer, op))
-                else:  # a grouped conv's structure at one group's conv2d (GROUPED_NOTE), its trees at itself
-                    at = layer.one_group() if layer.groups > 1 else layer
-                    direct = direct_sum.safely(direct_sum.probe, backend, at, op, seed)
-                    structure = measure(backend, at, op, seed)
-                settled = (_settling_spec(backend, layer, op, structure, drawn, outputs, seed)
-                           if recovery is TreeRecovery.NEEDED and direct.direct is not False else None)
-                if direct.direct is False:
-                    recovered = RecoveredTrees(note="not recovered: the op is not a direct sum of products")
-                elif settled is not None:
-                    recovered = RecoveredTrees(note=f"{NOT_NEEDED}: {settled} reproduces every output of the op on "
-                                                    f"the three input sets and on {SAME_ARITHMETIC_SETS} further "
-                                                    f"seeded confirmation sets")
-                elif layer.kind is LayerKind.DEPTHWISE:
-                    recovered = recover_at_layer(AsGrouped(backend, layer), grouped_layer(layer), grouped_op(op), seed)
-                else:
-                    recovered = recover_at_layer(backend, layer, op, seed)
-                ops[op] = {"status": "ok", "bits": bits["uniform"], "confirmation_bits": bits["confirmation"],
-                           "zero_sign_bits": bits["zero_sign"], "settled": settled,
-                           "direct": direct.to_dict(), "structure": structure.to_dict(), "trees": recovered.to_dict()}
-            except UnsupportedConfiguration as exc:
-                ops[op] = {"status": "unsupported", "error": str(exc)}
-            except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
-                ops[op] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+            at, at_op, at_backend = measured_form(layer, op, backend)  # a matmul as its 1x1 conv2d
+            ops[op] = _measured_op(at_backend, at, at_op, seed, recovery)
         out.append({"layer": layer.to_dict(), "ops": ops})
     return {"layers": out, "seed": seed}
+
+
+def _measured_op(backend, layer: Layer, op: str, seed: int, recovery: TreeRecovery) -> dict:
+    """One op at one layer, in the child: its sampled output bits on each input set, its
+    direct-sum test, its measured structure and, where needed, its summation trees."""
+    try:
+        drawn = {name: draw(layer, op, seed) for name, draw in INPUT_SETS.items()}
+        with np.errstate(over="ignore", invalid="ignore"):
+            outputs = dict(zip(drawn, run_ops(backend, layer, op, list(drawn.values()))))
+        bits = {name: encode_bits(y.reshape(-1)[sample_indices(y.size, seed)]) for name, y in outputs.items()}
+        if layer.kind is LayerKind.DEPTHWISE:  # its trees through its own kernels, as a grouped conv2d
+            direct = DirectSum(None, note=f"not tested: {DEPTHWISE_NOTE}")
+            structure = Structure(note=f"not measured: {DEPTHWISE_NOTE}",
+                                  derived=depthwise_candidates(layer, op))
+        else:  # a grouped conv's structure at one group's conv2d (GROUPED_NOTE), its trees at itself
+            at = layer.one_group() if layer.groups > 1 else layer
+            direct = direct_sum.safely(direct_sum.probe, backend, at, op, seed)
+            structure = measure(backend, at, op, seed)
+        settled = (_settling_spec(backend, layer, op, structure, drawn, outputs, seed)
+                   if recovery is TreeRecovery.NEEDED and direct.direct is not False else None)
+        if direct.direct is False:
+            recovered = RecoveredTrees(note="not recovered: the op is not a direct sum of products")
+        elif settled is not None:
+            recovered = RecoveredTrees(note=f"{NOT_NEEDED}: {settled} reproduces every output of the op on "
+                                            f"the three input sets and on {SAME_ARITHMETIC_SETS} further "
+                                            f"seeded confirmation sets")
+        elif layer.kind is LayerKind.DEPTHWISE:
+            recovered = recover_at_layer(AsGrouped(backend, layer), grouped_layer(layer), grouped_op(op), seed)
+        else:
+            recovered = recover_at_layer(backend, layer, op, seed)
+        return {"status": "ok", "bits": bits["uniform"], "confirmation_bits": bits["confirmation"],
+                "zero_sign_bits": bits["zero_sign"], "settled": settled,
+                "direct": direct.to_dict(), "structure": structure.to_dict(), "trees": recovered.to_dict()}
+    except UnsupportedConfiguration as exc:
+        return {"status": "unsupported", "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - one failing op must not hide the others
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _settling_spec(backend, layer: Layer, op: str, structure: Structure,
@@ -496,8 +504,9 @@ def identify_observed(observed: dict, extra_specs=None) -> list[tuple[Layer, str
             if result["status"] != "ok":
                 out.append((layer, op, {"status": result["status"], "error": result.get("error"), "summary": {}}))
                 continue
+            at, at_op, _ = measured_form(layer, op)  # a matmul's predictions are its 1x1 conv2d's
             out.append((layer, op, {"status": "ok", "error": None,
-                                    "summary": _summary(layer, op, result, seed, extra_specs)}))
+                                    "summary": _summary(at, at_op, result, seed, extra_specs)}))
     return out
 
 

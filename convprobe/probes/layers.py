@@ -20,7 +20,7 @@ from convprobe.emulation.conv import resolve_padding
 from convprobe.errors import InvalidArgument, invalid_choice
 from convprobe.options import comma_integers
 
-__all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "TRANSPOSED_SUFFIX", "LayerKind", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_result_shape", "op_inputs",
+__all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "MATMUL_OPS", "OP_SEEDS", "TRANSPOSED_SUFFIX", "LayerKind", "PADDINGS", "MAX_LAYER_ELEMENTS", "Layer", "parse_shape", "op_shapes", "op_result_shape", "op_inputs",
            "op_confirmation_inputs", "op_zero_sign_inputs", "CONFIRMATION_MIX", "op_call", "run_op",
            "run_ops",
            "keras_layers", "NotIdentified"]
@@ -29,6 +29,9 @@ __all__ = ["LAYER_OPS", "DEPTHWISE_OPS", "OP_SEEDS", "TRANSPOSED_SUFFIX", "Layer
 LAYER_OPS = ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter")
 #: The ops of one depthwise layer (TensorFlow's DepthwiseConv2dNative and its two gradients).
 DEPTHWISE_OPS = ("depthwise_conv2d", "depthwise_conv2d_backprop_input", "depthwise_conv2d_backprop_filter")
+#: The ops of one Dense layer: its matmul ``x @ W`` and the two TensorFlow's registered gradient
+#: runs, ``dy @ W.T`` and ``x.T @ dy`` (MatMul with transpose_b, then with transpose_a).
+MATMUL_OPS = ("matmul", "matmul_input_gradient", "matmul_kernel_gradient")
 #: Marks a Conv2DTranspose measured as the conv2d it transposes: its forward is that conv2d's
 #: conv2d_backprop_input, its input gradient the conv2d, its filter gradient conv2d_backprop_filter.
 TRANSPOSED_SUFFIX = " (transposed)"
@@ -38,11 +41,14 @@ OP_SEEDS = {"conv2d": 0, "conv2d_backprop_input": 1, "conv2d_backprop_filter": 2
 
 
 class LayerKind(StrEnum):
-    """What a layer computes: a dense conv2d (HWIO filter), or a depthwise one whose filter is
-    (KH, KW, C, multiplier) and whose output channel c * multiplier + m sums channel c alone."""
+    """What a layer computes: a dense conv2d (HWIO filter), a depthwise one whose filter is
+    (KH, KW, C, multiplier) and whose output channel c * multiplier + m sums channel c alone,
+    or a Dense layer's matmul, shaped as the 1x1 conv2d it equals: input (rows, 1, 1, K),
+    filter (1, 1, K, units)."""
 
     CONV2D = "conv2d"
     DEPTHWISE = "depthwise"
+    MATMUL = "matmul"
 PADDINGS = ("SAME", "VALID")
 #: Largest tensor a layer may have (elements): the emulator holds im2col copies of it.
 MAX_LAYER_ELEMENTS = 2**24
@@ -82,6 +88,10 @@ class Layer:
             raise invalid_choice("padding", self.padding, PADDINGS)
         if min(*self.strides, *self.dilation) < 1:
             raise InvalidArgument(f"strides and dilation must be positive; received {self.strides}, {self.dilation}")
+        if self.kind is LayerKind.MATMUL and ((h, w, kh, kw, cin) != (1, 1, 1, 1, c) or self.strides != (1, 1)
+                                              or self.dilation != (1, 1) or self.padding != "VALID"):
+            raise InvalidArgument(f"a matmul layer is the 1x1 conv2d of input (rows, 1, 1, K) and filter "
+                                  f"(1, 1, K, units), stride 1, VALID; received {self.input_shape} * {self.filter_shape}")
         if self.kind is LayerKind.DEPTHWISE and cin != c:
             raise InvalidArgument(f"filter-shape input channels ({cin}) must equal input-shape channels ({c})")
         if c % cin or cout % (c // cin):
@@ -127,7 +137,8 @@ class Layer:
     @property
     def ops(self) -> tuple[str, str, str]:
         """The forward op and its two gradients, as the backends name them."""
-        return DEPTHWISE_OPS if self.kind is LayerKind.DEPTHWISE else LAYER_OPS
+        return {LayerKind.CONV2D: LAYER_OPS, LayerKind.DEPTHWISE: DEPTHWISE_OPS,
+                LayerKind.MATMUL: MATMUL_OPS}[self.kind]
 
     @property
     def pads(self) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -148,12 +159,15 @@ class Layer:
         n, oh, ow, _ = self.output_shape
         if self.kind is LayerKind.DEPTHWISE:  # one channel's taps (times the multiplier going back)
             return dict(zip(DEPTHWISE_OPS, (kh * kw, kh * kw * cout, n * oh * ow)))[op]
+        op = dict(zip(MATMUL_OPS, LAYER_OPS)).get(op, op)  # a matmul's are its 1x1 conv2d's
         return {"conv2d": kh * kw * cin, "conv2d_backprop_input": kh * kw * cout // self.groups,
                 "conv2d_backprop_filter": n * oh * ow}[op]
 
     @property
     def label(self) -> str:
-        """'8x32x32x16 * 3x3x16x16 s1 SAME' (plus dilation when not 1)."""
+        """'8x32x32x16 * 3x3x16x16 s1 SAME' (plus dilation when not 1); 'matmul 8x64 @ 64x10'."""
+        if self.kind is LayerKind.MATMUL:
+            return f"matmul {self.input_shape[0]}x{self.input_shape[3]} @ {self.filter_shape[2]}x{self.filter_shape[3]}"
         s = "x".join(map(str, self.strides)) if self.strides[0] != self.strides[1] else str(self.strides[0])
         d = "" if self.dilation == (1, 1) else f" d{'x'.join(map(str, self.dilation))}"
         kind = "depthwise " if self.kind is LayerKind.DEPTHWISE else ""
@@ -390,26 +404,33 @@ class NotIdentified:
         return {"name": self.name, "kind": self.kind, "reason": self.reason}
 
 
+#: The Keras layer kinds identify measures.
+MEASURED_KINDS = ("Conv1D", "Conv2D", "Conv2DTranspose", "DepthwiseConv2D", "SeparableConv2D", "Dense")
+
+
 def _not_measured_reason(item) -> str | None:
     """Why identify cannot measure this Keras layer (None: one it can)."""
-    import keras
-
     kind = type(item).__name__
-    if type(item) in (keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D):
-        if item.data_format != "channels_last":
-            return f"data_format {item.data_format}: identify measures channels_last (NHWC) convolutions only"
-        return None
-    if type(item) not in (keras.layers.Conv2D, keras.layers.Conv2DTranspose):
-        return (f"{kind}: identify measures 2-D convolutions only (Conv2D, Conv2DTranspose, DepthwiseConv2D, "
-                f"SeparableConv2D)")
+    if kind not in MEASURED_KINDS or type(item).__module__.split(".")[0] != "keras":
+        return (f"{kind}: identify measures {', '.join(MEASURED_KINDS)} layers (a Dense as its matmul); "
+                f"this one runs TensorFlow's kernel unmeasured")
+    if kind == "Dense":
+        mode = getattr(item, "quantization_mode", None)
+        return None if mode is None else f"a quantized Dense ({mode}): identify measures fp16 matmuls only"
     if item.data_format != "channels_last":
         return f"data_format {item.data_format}: identify measures channels_last (NHWC) convolutions only"
     return None
 
 
-def _conv_like(item) -> bool:
-    """A layer whose work is a convolution (Keras names every one ...Conv...)."""
-    return "Conv" in type(item).__name__ and hasattr(item, "kernel_size")
+def _measurable(item) -> bool:
+    """A layer whose work is a reduction an arithmetic could change: a convolution (Keras names
+    every one ...Conv...), a Dense, or any other layer with a kernel (listed if not measured)."""
+    if "Conv" in type(item).__name__ and hasattr(item, "kernel_size"):
+        return True
+    try:
+        return getattr(item, "kernel", None) is not None
+    except (AttributeError, ValueError):  # a kernel property of a layer not built
+        return False
 
 
 #: A Keras conv layer's strides, padding and dilation, as `Layer` takes them.
@@ -432,13 +453,51 @@ def _transposed(item, input_shape: tuple[int, int, int, int], geometry: _Geometr
     return layer
 
 
+def _conv1d(item, input_shape: tuple[int, int, int, int]) -> Layer:
+    """The conv2d of height 1 TensorFlow runs a Conv1D as (input (N, 1, L, C)): causal padding
+    is applied before it, as Keras does, and the conv2d is VALID."""
+    causal = item.padding == "causal"
+    n, _, length, channels = input_shape
+    extra = item.dilation_rate[0] * (item.kernel_size[0] - 1) if causal else 0
+    return Layer((n, 1, length + extra, channels), (1, item.kernel_size[0], channels // int(item.groups),
+                                                    int(item.filters)),
+                 (1, item.strides[0]), "VALID" if causal else item.padding.upper(), (1, item.dilation_rate[0]),
+                 item.name)
+
+
+def _input_shape(item, batch: int) -> tuple[int, int, int, int]:
+    """The NHWC shape identify measures `item` at: a Conv1D's (N, 1, L, C); a Dense's
+    (rows, 1, 1, K), its leading axes one batch of rows (TensorFlow's matmul of the
+    flattened input)."""
+    try:
+        shape = tuple(item.input.shape)
+    except (AttributeError, ValueError) as exc:
+        raise InvalidArgument("its input shape is not known (is the model built?)") from exc
+    rank = {"Dense": None, "Conv1D": 3}.get(type(item).__name__, 4)
+    if None in shape[1:] or (rank is not None and len(shape) != rank):
+        raise InvalidArgument(f"input shape {shape} has an unknown size; identify needs "
+                              f"fixed sizes but the batch (save the model with a fixed input)")
+    sizes = [int(size) for size in shape[1:]]
+    if type(item).__name__ == "Dense":
+        return (batch * math.prod(sizes[:-1]), 1, 1, sizes[-1])
+    if len(sizes) == 2:
+        return (batch, 1, *sizes)
+    return (batch, *sizes)
+
+
 def _layers_of(item, input_shape: tuple[int, int, int, int]) -> list[Layer]:
-    """The probe layers a Keras conv layer runs: a Conv2D one conv2d, a Conv2DTranspose the
+    """The probe layers a Keras layer runs: a Dense one matmul, a Conv1D the conv2d of height
+    1 (`_conv1d`), a Conv2D one conv2d, a Conv2DTranspose the
     conv2d it transposes (`_transposed`), a DepthwiseConv2D one depthwise conv, a
     SeparableConv2D a depthwise conv then a 1x1 conv2d (as `tf.nn.separable_conv2d`
     computes it)."""
     import keras
 
+    if type(item) is keras.layers.Dense:
+        return [Layer(input_shape, (1, 1, input_shape[3], int(item.units)), (1, 1), "VALID", (1, 1), item.name,
+                      LayerKind.MATMUL)]
+    if type(item) is keras.layers.Conv1D:
+        return [_conv1d(item, input_shape)]
     kh, kw = item.kernel_size
     geometry: _Geometry = (tuple(item.strides), item.padding.upper(), tuple(item.dilation_rate))
     channels = input_shape[3]
@@ -458,38 +517,33 @@ def _layers_of(item, input_shape: tuple[int, int, int, int]) -> list[Layer]:
 
 
 def keras_layers(model, batch: int) -> tuple[list[Layer], list[NotIdentified]]:
-    """Every distinct conv2d and depthwise layer of a built Keras model (Conv2D, DepthwiseConv2D,
-    both halves of SeparableConv2D), at this batch size, in model order, and every other
-    conv-like layer with the reason identify does not measure it."""
+    """Every distinct conv2d, depthwise and matmul layer of a built Keras model (`MEASURED_KINDS`:
+    both halves of a SeparableConv2D, a Dense's matmul), at this batch size, in model order,
+    and every other layer with a kernel, with the reason identify does not measure it."""
 
     def walk(parent):
         for item in getattr(parent, "layers", ()):
             yield item
             yield from walk(item)
 
+    import keras
+
     found: dict[Layer, None] = {}
     skipped: list[NotIdentified] = []
     for item in walk(model):
-        if not _conv_like(item):
+        if isinstance(item, keras.Model) or not _measurable(item):
             continue
         reason = _not_measured_reason(item)
         if reason is not None:
             skipped.append(NotIdentified(item.name, type(item).__name__, reason))
             continue
         try:
-            _, h, w, c = item.input.shape
-        except (AttributeError, ValueError) as exc:
-            raise InvalidArgument(f"layer {item.name}: its input shape is not known (is the model built?)") from exc
-        if None in (h, w, c):
-            raise InvalidArgument(f"layer {item.name}: input shape {tuple(item.input.shape)} has an unknown "
-                                  f"size; identify needs fixed H, W and C (save the model with a fixed input)")
-        try:
-            for layer in _layers_of(item, (batch, int(h), int(w), int(c))):
+            for layer in _layers_of(item, _input_shape(item, batch)):
                 found.setdefault(layer, None)
         except InvalidArgument as exc:
             raise InvalidArgument(f"layer {item.name}: {exc}") from None
     if not found:
         listed = "; ".join(f"{s.name} ({s.reason})" for s in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
-        raise InvalidArgument("the model has no Conv2D or depthwise layer to identify"
+        raise InvalidArgument(f"the model has no layer identify measures ({', '.join(MEASURED_KINDS)})"
                               + (f"; not measured: {listed}" if skipped else ""))
     return list(found), skipped

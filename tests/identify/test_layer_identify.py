@@ -17,7 +17,7 @@ from convprobe.identify import column_patterns, layer_patterns
 from convprobe.identify import candidates, structure
 from convprobe.identify.layer_identify import INPUT_SETS, _settling_spec
 from convprobe.identify.structure import Structure
-from convprobe.probes.layers import (DEPTHWISE_OPS, LAYER_OPS, Layer, LayerKind, op_confirmation_inputs, op_inputs,
+from convprobe.probes.layers import (DEPTHWISE_OPS, LAYER_OPS, MATMUL_OPS, Layer, LayerKind, op_confirmation_inputs, op_inputs,
                                      run_op, run_ops)
 from conftest import run_cli, run_cli_json
 
@@ -247,8 +247,9 @@ def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path)
     it transposes) and a grouped Conv2D's forward op are identified (on TensorFlow's default CPU
     configuration, every op it runs at 100% on both input sets); a grouped gradient is
     identified where TensorFlow runs it (oneDNN does on a CPU with AVX512-FP16) and is a row
-    that says why where TensorFlow refuses it (as on AMD Zen 4), and a Conv1D is a row that
-    says why it is not measured, in the table, the JSON and the figure."""
+    that says why where TensorFlow refuses it (as on AMD Zen 4); a Conv1D is identified as the
+    conv2d of height 1 and a Dense on a rank-3 input as the matmul of its rows; an EinsumDense
+    is a row that says why it is not measured, in the table, the JSON and the figure."""
     import keras
 
     inputs = keras.Input((8, 8, 4))
@@ -258,6 +259,8 @@ def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path)
     x = keras.layers.Conv2D(8, 3, padding="same", groups=2, name="grouped")(x)
     x = keras.layers.Conv2DTranspose(4, 3, padding="same", name="transposed")(x)
     x = keras.layers.Conv1D(3, 3, name="one_d")(keras.layers.Reshape((16, 4))(x))
+    x = keras.layers.Dense(5, name="dense")(x)  # on (batch, 14, 3): a matmul of batch * 14 rows
+    x = keras.layers.EinsumDense("ab,bc->ac", output_shape=4, name="einsum")(keras.layers.Flatten()(x))
     path = tmp_path / "mixed.keras"
     keras.Model(inputs, x).save(path)
     doc = run_cli_json("identify", "--configs", "default", "--keras-model", str(path), "--batch", "2",
@@ -270,17 +273,21 @@ def test_every_conv_like_layer_is_identified_or_listed_with_its_reason(tmp_path)
     assert all("grouped" in reasons[key] for key in refused), reasons
     assert [key.split(" / ")[0] for key in identified] == [
         *["plain"] * 3, *["depthwise"] * 3, *["separable/depthwise"] * 3, *["separable/pointwise"] * 3,
-        *["grouped"] * (3 - len(refused)), *["transposed (transposed)"] * 3]
+        *["grouped"] * (3 - len(refused)), *["transposed (transposed)"] * 3, *["one_d"] * 3, *["dense"] * 3]
     assert [key.split(" / ")[1] for key in identified][3:6] == list(DEPTHWISE_OPS)
+    assert [key.split(" / ")[1] for key in identified][-3:] == list(MATMUL_OPS)
+    assert identified["one_d / conv2d"]["layer"]["input_shape"] == [2, 1, 16, 4]  # the conv2d of height 1
+    assert identified["dense / matmul"]["layer"]["input_shape"] == [2 * 14, 1, 1, 3]
     for key, entry in identified.items():
         summary = entry["summary"]
         assert summary["stops_matching_at"] is None, (key, summary["explanation"])
         assert summary["confirmation"]["fractions"][summary["best"]] == 1.0
     # (which model: Eigen's depthwise loop on AMD Zen 4, sequential fp32 on a CPU with AVX512-FP16)
     assert identified["grouped / conv2d"]["layer"]["filter_shape"] == [3, 3, 4, 8]  # two groups of 4 channels
-    assert set(reasons) == {*refused, "one_d / Conv1D"}, reasons
-    assert reasons["one_d / Conv1D"].startswith("not identified: Conv1D: identify measures 2-D convolutions only")
-    assert [item["name"] for item in doc["params"]["not_identified"]] == ["one_d"]
+    assert set(reasons) == {*refused, "einsum / EinsumDense"}, reasons
+    assert reasons["einsum / EinsumDense"].startswith("not identified: EinsumDense: identify measures Conv1D, Conv2D, "
+                                                      "Conv2DTranspose, DepthwiseConv2D, SeparableConv2D, Dense")
+    assert [item["name"] for item in doc["params"]["not_identified"]] == ["einsum"]
     proc = run_cli("report", str(tmp_path / "map.json"), "--out-dir", str(tmp_path / "figures"))
     assert proc.returncode == 0, proc.stderr
 
@@ -496,11 +503,11 @@ def test_real_tensorflow_layers_are_reproduced_bit_for_bit(tmp_path):
 def test_keras_models_identify_cannot_take_are_one_line_refusals(tmp_path):
     import keras
 
-    dense = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    dense.save(tmp_path / "dense.keras")
+    einsum = keras.Sequential([keras.Input((4,)), keras.layers.EinsumDense("ab,bc->ac", output_shape=2)])
+    einsum.save(tmp_path / "einsum.keras")
     inputs = keras.Input((None, None, 3))
     keras.Model(inputs, keras.layers.Conv2D(4, 3, name="free_size")(inputs)).save(tmp_path / "free.keras")
-    for name, message in (("dense.keras", "the model has no Conv2D or depthwise layer to identify"),
+    for name, message in (("einsum.keras", "the model has no layer identify measures (Conv1D, Conv2D, "),
                           ("free.keras", "layer free_size: input shape (None, None, None, 3) has an unknown size")):
         proc = run_cli("identify", "--configs", "none", "--model", "sequential:fp16",
                        "--keras-model", str(tmp_path / name))
