@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from convprobe import results
@@ -26,8 +27,8 @@ from convprobe.errors import InvalidArgument
 from convprobe.options import ArithmeticKind, ConvOp
 from convprobe.render import share_text
 
-__all__ = ["ArithmeticKind", "ConvOp", "ConvShape", "OpArithmetic", "LayerArithmetic", "Arithmetic",
-           "GPU_PRESET_SCOPE", "identify_command", "read_identify_map", "twin_layers"]
+__all__ = ["ArithmeticKind", "ConvOp", "OpFamily", "ConvShape", "OpArithmetic", "LayerArithmetic", "Arithmetic",
+           "GPU_PRESET_SCOPE", "TwinMap", "identify_command", "read_identify_map", "twin_layers"]
 
 
 #: What a GPU preset models, and what it does not: written into the run's header.
@@ -35,6 +36,25 @@ GPU_PRESET_SCOPE = (
     "a GPU preset models the tensor core's MMA instruction (products, alignment, accumulator "
     "format, measured bit for bit on real GPUs) chained along K in order; it does not model "
     "cuDNN's choice of algorithm per layer (split-K, Winograd, FFT, the order of its tiles)")
+
+
+class OpFamily(StrEnum):
+    """Which three ops a layer's step runs (identify's layer kinds): a conv2d's, a depthwise
+    conv's, or a Dense layer's matmuls, each family's shape written as a conv2d's (a matmul's
+    as the 1x1 conv2d of input (rows, 1, 1, K) and filter (1, 1, K, units))."""
+
+    CONV2D = "conv2d"
+    DEPTHWISE = "depthwise"
+    MATMUL = "matmul"
+
+    @property
+    def op_names(self) -> dict[ConvOp, str]:
+        """Each role's op as identify names it in this family."""
+        names = {OpFamily.CONV2D: tuple(ConvOp),
+                 OpFamily.DEPTHWISE: ("depthwise_conv2d", "depthwise_conv2d_backprop_input",
+                                      "depthwise_conv2d_backprop_filter"),
+                 OpFamily.MATMUL: ("matmul", "matmul_input_gradient", "matmul_kernel_gradient")}[self]
+        return dict(zip(ConvOp, map(str, names)))
 
 
 @dataclass(frozen=True)
@@ -71,17 +91,22 @@ class OpArithmetic:
 
 @dataclass(frozen=True)
 class LayerArithmetic:
+    """One layer's (or one part's: a SeparableConv2D's depthwise half) three ops: their shape
+    as identify keys it, and each role's arithmetic (`ConvOp`, named in records by `family`)."""
+
     name: str
     shape: ConvShape
     ops: Mapping[ConvOp, OpArithmetic]
+    family: OpFamily = OpFamily.CONV2D
 
     @property
     def emulated(self) -> bool:
         return any(op.model is not None for op in self.ops.values())
 
     def to_dict(self) -> dict:
+        names = self.family.op_names
         return {"layer": self.name, **self.shape.to_dict(),
-                "ops": {str(op): {"arithmetic": a.label, "source": a.source} for op, a in self.ops.items()}}
+                "ops": {names[op]: {"arithmetic": a.label, "source": a.source} for op, a in self.ops.items()}}
 
 
 def identify_command(shapes: Mapping[str, ConvShape], configuration: str, resnet_size: int,
@@ -139,12 +164,13 @@ class Arithmetic:
         return twin_layers(identify_map, shapes, configuration)
 
 
-def read_identify_map(path: str | Path) -> dict:
-    """An identify document (`convprobe identify ... --output FILE.json`), validated."""
+def read_identify_map(path: str | Path, *, argument: str = "--arithmetic-map") -> dict:
+    """An identify document (`convprobe identify ... --output FILE.json`), validated; `argument`
+    names it in messages (the option, or a Python keyword)."""
     try:
         return results.read(path, kinds=(results.Kind.IDENTIFY,))
     except InvalidArgument as error:
-        raise InvalidArgument(f"--arithmetic-map: {error}") from None
+        raise InvalidArgument(f"{argument}: {error}") from None
 
 
 def _configuration_result(document: dict, configuration: str) -> dict:
@@ -161,11 +187,9 @@ def _configuration_result(document: dict, configuration: str) -> dict:
     return result
 
 
-def _unmeasured(missing: list[str], shapes: Mapping[str, ConvShape], measured, configuration: str) -> str:
+def _unmeasured(name: str, shape: ConvShape, missing: int, total: int, measured, configuration: str) -> str:
     """Which shape of this run's layers the map lacks, beside what the map measured: the same
     filter at another input (another batch or image size), or no such filter (another model)."""
-    name = missing[0]
-    shape = shapes[name]
     same_filter = sorted({str(s.input_shape) for s in measured
                           if (s.filter_shape, s.strides) == (shape.filter_shape, shape.strides)})
     differs = (f"the map has this filter at input {', '.join(same_filter[:3])}: it was measured at another batch "
@@ -173,35 +197,58 @@ def _unmeasured(missing: list[str], shapes: Mapping[str, ConvShape], measured, c
                "was measured on another model (depth or width)")
     have = sorted({f"{s.input_shape} * {s.filter_shape}" for s in measured})
     return (f"the identify map did not measure layer {name} (input {shape.input_shape} * filter {shape.filter_shape}, "
-            f"strides {shape.strides}) in configuration {configuration!r}; {differs} ({len(missing)} of "
-            f"{len(shapes)} layers missing; it measured {', '.join(have[:3])}{' ...' if len(have) > 3 else ''}): "
+            f"strides {shape.strides}) in configuration {configuration!r}; {differs} ({missing} of "
+            f"{total} layers missing; it measured {', '.join(have[:3])}{' ...' if len(have) > 3 else ''}): "
             f"measure this run's own layers")
 
 
+@dataclass(frozen=True)
+class TwinMap:
+    """An identify map's answers in one configuration, read once: per measured layer (its op
+    family and shape), each role's arithmetic (`_op_arithmetic`)."""
+
+    configuration: str
+    layers: Mapping[tuple[OpFamily, ConvShape], Mapping[ConvOp, OpArithmetic]]
+
+    @classmethod
+    def read(cls, document: dict, configuration: str) -> TwinMap:
+        result = _configuration_result(document, configuration)
+        label = result["config"]["label"]
+        matches = (document.get("matches") or {}).get(label, {})
+        entries = result["observed"]["layers"]
+        layers: dict[tuple[OpFamily, ConvShape], Mapping[ConvOp, OpArithmetic]] = {}
+        for entry in entries:
+            family = OpFamily(entry["layer"].get("kind", OpFamily.CONV2D))
+            where = entry["layer"].get("name", "")
+            ops = {}
+            for role, op in family.op_names.items():
+                cell = op if len(entries) == 1 else f"{where} / {op}"
+                if cell not in matches:
+                    raise InvalidArgument(f"the identify map has no result for {cell!r} in configuration "
+                                          f"{configuration!r}: measure this run's layers with identify's layer mode")
+                ops[role] = _op_arithmetic(matches[cell].get("summary") or {},
+                                           f"identify ({configuration}, layer {where})")
+            layers.setdefault((family, ConvShape.from_dict(entry["layer"])), ops)
+        return cls(configuration, layers)
+
+    def layer_arithmetic(self, shapes: Mapping[str, ConvShape],
+                         family: OpFamily = OpFamily.CONV2D) -> dict[str, LayerArithmetic]:
+        """Each named layer's arithmetic (its shape measured in the map), or one line naming the
+        first layer the map did not measure and what it did measure."""
+        measured = [shape for kind, shape in self.layers if kind is family]
+        missing = [name for name, shape in shapes.items() if (family, shape) not in self.layers]
+        if missing:
+            raise InvalidArgument(_unmeasured(missing[0], shapes[missing[0]], len(missing), len(shapes), measured,
+                                              self.configuration))
+        return {name: LayerArithmetic(name, shape, self.layers[(family, shape)], family)
+                for name, shape in shapes.items()}
+
+
 def twin_layers(document: dict, shapes: Mapping[str, ConvShape], configuration: str) -> dict[str, LayerArithmetic]:
-    """The twin's arithmetic from an identify map: per layer and op, the model identify
+    """The twin's arithmetic from an identify map: per conv layer and op, the model identify
     reports (`best`, where it matched every output of both input sets and identify did not
     set it aside); TensorFlow's own kernel where there is none."""
-    result = _configuration_result(document, configuration)
-    label = result["config"]["label"]
-    matches = (document.get("matches") or {}).get(label, {})
-    entries = result["observed"]["layers"]
-    measured = {ConvShape.from_dict(entry["layer"]): entry["layer"].get("name", "") for entry in entries}
-    missing = [name for name, shape in shapes.items() if shape not in measured]
-    if missing:
-        raise InvalidArgument(_unmeasured(missing, shapes, measured, configuration))
-    out = {}
-    for name, shape in shapes.items():
-        where = measured[shape]
-        ops = {}
-        for op in ConvOp:
-            cell = f"{op}" if len(entries) == 1 else f"{where} / {op}"
-            if cell not in matches:
-                raise InvalidArgument(f"the identify map has no result for {cell!r} in configuration "
-                                      f"{configuration!r}: measure this run's layers with identify's layer mode")
-            ops[op] = _op_arithmetic(matches[cell].get("summary") or {}, f"identify ({configuration}, layer {where})")
-        out[name] = LayerArithmetic(name, shape, ops)
-    return out
+    return TwinMap.read(document, configuration).layer_arithmetic(shapes)
 
 
 def _op_arithmetic(summary: dict, where: str) -> OpArithmetic:

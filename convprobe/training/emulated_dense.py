@@ -1,30 +1,24 @@
-"""A Keras Dense layer's matmul and both gradients under an emulated arithmetic.
+"""A Keras Dense layer's matmul and both gradients under the arithmetic a run chose.
 
 A Dense layer computes ``y = x @ W`` over its last axis; its gradients are two more
-products, ``dx = dy @ W.T`` and ``dW = x.T @ dy`` (summed over every row of the batch).
-Each is computed by the exact emulator's `dot` (`convprobe.emulation.dot`), each output
-element one reduction in order along its axis under the model, reached through
-`tf.numpy_function` inside a `tf.custom_gradient`, as `emulated_conv` does for a conv
-layer. TensorFlow is passed in (`tf`), never imported here.
+products, ``dx = dy @ W.T`` and ``dW = x.T @ dy`` (summed over every row of the batch),
+which TensorFlow's registered gradient runs as MatMul with transpose_b and with
+transpose_a. Each is either that MatMul (TensorFlow's kernel) or the exact emulator's `dot`
+(`convprobe.emulation.dot`, each output element one reduction in order along its axis,
+as identify's matmul models are confirmed), reached through `tf.numpy_function` inside a
+`tf.custom_gradient`, as `emulated_conv` does for a conv layer. The layer's arithmetic is
+keyed as identify keys a matmul: the 1x1 conv2d of input (rows, 1, 1, K) and filter
+(1, 1, K, units). TensorFlow is passed in (`tf`), never imported here.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import numpy as np
 
 from convprobe.emulation import AccumulationModel, dot
+from convprobe.training.arithmetic import ConvOp, LayerArithmetic
 
-__all__ = ["DenseOp", "emulated_matmul"]
-
-
-class DenseOp(StrEnum):
-    """The three products of a Dense layer's training step, as the record names them."""
-
-    FORWARD = "matmul"
-    INPUT_GRADIENT = "matmul_input_gradient"
-    KERNEL_GRADIENT = "matmul_kernel_gradient"
+__all__ = ["emulated_matmul"]
 
 
 def _forward(model: AccumulationModel):
@@ -45,9 +39,20 @@ def _kernel_gradient(model: AccumulationModel):
     return run
 
 
-def emulated_matmul(tf, model: AccumulationModel):
-    """(x, W) -> x @ W over x's last axis, its forward pass and both gradients under `model`."""
-    def call(function, first, second, shape):
+#: Each role's emulated product and TensorFlow's MatMul flags for it (the registered gradient's).
+_PRODUCTS = {ConvOp.FORWARD: (_forward, {}),
+             ConvOp.INPUT_GRADIENT: (_input_gradient, {"transpose_b": True, "grad_a": True}),
+             ConvOp.FILTER_GRADIENT: (_kernel_gradient, {"transpose_a": True, "grad_b": True})}
+
+
+def emulated_matmul(tf, arithmetic: LayerArithmetic):
+    """(x, W) -> x @ W over x's last axis, its forward pass and both gradients as `arithmetic` names."""
+    def call(op: ConvOp, first, second, shape):
+        product, flags = _PRODUCTS[op]
+        model = arithmetic.ops[op].model
+        if model is None:
+            return tf.raw_ops.MatMul(a=first, b=second, **flags)
+        function = product(model)
         if tf.executing_eagerly():  # a model called eagerly (TF's eager numpy_function trips NumPy 2's __array__)
             return tf.constant(function(first.numpy(), second.numpy()))
         out = tf.numpy_function(function, [first, second], tf.float16, stateful=False, name="emulated_matmul")
@@ -59,12 +64,12 @@ def emulated_matmul(tf, model: AccumulationModel):
         depth, units = w.shape
         leading = tf.shape(x)[:-1]
         rows = tf.reshape(x, [-1, depth])
-        y = call(_forward(model), rows, w, [None, units])
+        y = call(ConvOp.FORWARD, rows, w, [None, units])
 
         def gradient(dy):
             dy_rows = tf.reshape(dy, [-1, units])
-            dx = call(_input_gradient(model), dy_rows, w, [None, depth])
-            dw = call(_kernel_gradient(model), rows, dy_rows, [depth, units])
+            dx = call(ConvOp.INPUT_GRADIENT, dy_rows, w, [None, depth])
+            dw = call(ConvOp.FILTER_GRADIENT, rows, dy_rows, [depth, units])
             return tf.reshape(dx, tf.shape(x)), dw
 
         return tf.reshape(y, tf.concat([leading, [units]], axis=0)), gradient

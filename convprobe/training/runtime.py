@@ -34,7 +34,8 @@ import tempfile
 from convprobe.backends.configurations import MANAGED_VARIABLES, MATRIX
 from convprobe.errors import InvalidArgument, invalid_choice
 
-__all__ = ["FAITHFUL_XLA_FLAGS", "SPEED_XLA_FLAGS", "ensure_xla_flags", "apply_configuration", "tensorflow",
+__all__ = ["FAITHFUL_XLA_FLAGS", "SPEED_XLA_FLAGS", "ensure_xla_flags", "apply_configuration",
+           "configuration_in_effect", "tensorflow",
            "start_up_notices_dropped",
            "runtime_facts", "xla_rounds_fp16"]
 
@@ -65,6 +66,22 @@ def apply_configuration(name: str, environ: dict | None = None, *, argument: str
     if environ is None:
         _state["configuration"] = name
     return {k: env[k] for k in sorted(set(settings) | {"XLA_FLAGS"})}
+
+
+def configuration_in_effect(environ: dict | None = None) -> str:
+    """The configuration this process's TensorFlow runs: the one `apply_configuration` set, or
+    the row whose switches the environment holds (`default` where it holds none of them); one
+    line naming the switches where no row has them."""
+    env = os.environ if environ is None else environ
+    if environ is None and _state["configuration"] is not None:
+        return _state["configuration"]
+    held = {name: env[name] for name in MANAGED_VARIABLES if name in env and name != "XLA_FLAGS"}
+    for name, (settings, *_rest) in MATRIX["cpu"].items():
+        if {k: v for k, v in settings.items() if k != "XLA_FLAGS"} == held:
+            return name
+    raise InvalidArgument(f"this process's TensorFlow switches ({', '.join(f'{k}={v}' for k, v in held.items())}) "
+                          f"are no configuration of --list-configs: choose one with convprobe.configure(NAME) "
+                          f"before TensorFlow starts, or name it with configuration=")
 
 
 def ensure_xla_flags(environ: dict | None = None) -> bool:
