@@ -1,78 +1,80 @@
-"""`use_arithmetic`: any Keras model's convolutions under an arithmetic of your choice.
+"""`use_arithmetic`: any Keras model's convolutions and matmuls under an arithmetic of your choice.
 
     with use_arithmetic(model, "v100:out=fp16") as record:
         model.fit(x, y)          # or train_on_batch, or a custom GradientTape loop
 
 Inside the block every layer it can compute runs its forward pass and both gradients under
-the arithmetic (`emulated_conv`, the op functions the ResNet's runs use), chosen per layer:
-one arithmetic for all, or a mapping from layer name to arithmetic (the layers it does not
-name keep TensorFlow's kernels). On exit the model is as it was: its layers' own
-convolutions, its `jit_compile`, and train, test and predict functions rebuilt on next use.
+the arithmetic (`emulated_conv`, `emulated_dense`: the op functions the ResNet's runs use),
+chosen per layer: one arithmetic for all, or a mapping from layer name to arithmetic (the
+layers it does not name keep TensorFlow's kernels). An arithmetic is ``native``, a model
+spec or GPU preset, or ``twin``: per op, the model an identify map measured in this
+process's TensorFlow configuration (TensorFlow's own kernel where identify found none),
+so that a twin step must reproduce TensorFlow's own bit for bit. On exit the model is as
+it was: its layers' own calls, its `jit_compile`, and train, test and predict functions
+rebuilt on next use.
 
-What it computes today, in a layer that computes in float16 (`mixed_float16`): `Conv2D`
-(strides, dilation, either padding, groups; channels_last), `Conv1D` (the same, causal
-padding too; computed as the 2-D convolution of height 1 that TensorFlow runs it as) and
-`Dense` (its matmul and both gradients through `emulated_dense`). Every other layer with a
-kernel (Conv3D,
-DepthwiseConv2D, SeparableConv2D, Conv2DTranspose, EinsumDense, a channels_first conv, a
-layer computing in float32) is listed in the record with the reason, and runs
-TensorFlow's kernel: never skipped without a word.
-The twin (`"twin"`, TensorFlow's own kernels reproduced from an identify map) is not offered
-here yet: `convprobe train` runs the twin of its ResNet.
-
-The emulated ops are NumPy functions inside the graph (`tf.numpy_function`), which XLA
-cannot compile: inside the block the model and every model inside it run without
-`jit_compile` when any layer is emulated (recorded; compile the model before the block),
-and a `tf.function` of your own traced before the block keeps the ops it traced. A layer
-shared with another model is rerouted there too. A Conv2D is computed at the input shape
-it was built on (a model built on unknown heights or widths is refused), and a Dense
-layer's product forms rows x units x K partial products: meant for the layers of
-small models and probes, not for a large network's full training.
+What it computes, in a layer that computes in float16 (`mixed_float16`), channels_last:
+`Conv2D` (strides, dilation, either padding, groups), `Conv1D` (causal too: the 2-D
+convolution of height 1 TensorFlow runs it as), `DepthwiseConv2D` (any depth multiplier)
+and both halves of `SeparableConv2D` without dilation, `Conv2DTranspose` (the conv2d it
+transposes, roles swapped) and `Dense` (its matmul and both gradients). Every other
+layer with a kernel (Conv3D, EinsumDense, a channels_first conv, a layer computing in
+float32, ...) is listed in the record with the reason, and runs TensorFlow's kernel:
+never skipped without a word. The method and the limits are in the guide.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 import keras
 import tensorflow as tf
 
-from convprobe import emulation as em
 from convprobe.errors import InvalidArgument
 from convprobe.training.arithmetic import (Arithmetic, ArithmeticKind, ConvOp, ConvShape, LayerArithmetic,
-                                           OpArithmetic)
-from convprobe.training.emulated_conv import emulated_convolution
-from convprobe.training.emulated_dense import DenseOp, emulated_matmul
+                                           OpArithmetic, OpFamily, TwinMap, read_identify_map)
+from convprobe.training.bias_fusion import BiasPlacement, bias_placement, fused_value, with_value
+from convprobe.training.emulated_conv import emulated_convolution, emulated_transposed_convolution
+from convprobe.training.emulated_dense import emulated_matmul
+from convprobe.training.runtime import configuration_in_effect
 
 __all__ = ["use_arithmetic", "KERNEL_LAYER_KINDS"]
 
 #: Layer kinds whose kernel does a reduction that an arithmetic could change: a layer of
-#: these kinds that is not computed is listed with its reason.
+#: these kinds (or any other with a kernel) that is not computed is listed with its reason.
 KERNEL_LAYER_KINDS = ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "SeparableConv2D", "SeparableConv1D",
                       "DepthwiseConv1D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose", "Dense",
                       "EinsumDense")
+#: The kinds `use_arithmetic` computes.
+COMPUTED = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D,
+            keras.layers.Conv2DTranspose, keras.layers.Dense)
 
 _NOT_YET = "convprobe does not emulate this layer kind yet; it runs TensorFlow's kernel"
+_KERNEL = "it runs TensorFlow's kernel"
 
 
 def _reason(layer) -> str | None:
     """Why `layer` cannot be computed under an emulated arithmetic, or None when it can."""
     kind = type(layer).__name__
-    if type(layer) is keras.layers.Dense:
+    if type(layer) not in COMPUTED:
+        return f"{kind}: {_NOT_YET}"
+    if isinstance(layer, keras.layers.Dense):
         if getattr(layer, "quantization_mode", None) is not None:
             return f"a quantized Dense ({layer.quantization_mode}): {_NOT_YET}"
-        if layer.compute_dtype != "float16":
-            return (f"it computes in {layer.compute_dtype}: the emulated arithmetic takes fp16 operands "
-                    f"(mixed_float16); it runs TensorFlow's kernel")
-        return None
-    if type(layer) not in (keras.layers.Conv2D, keras.layers.Conv1D):
-        return f"{kind}: {_NOT_YET}"
-    if layer.data_format != "channels_last":
-        return f"a {layer.data_format} {kind}: only channels_last is emulated; it runs TensorFlow's kernel"
+    elif layer.data_format != "channels_last":
+        return f"a {layer.data_format} {kind}: only channels_last is emulated; {_KERNEL}"
     if layer.compute_dtype != "float16":
-        return (f"it computes in {layer.compute_dtype}: the emulated arithmetic takes fp16 operands "
-                f"(mixed_float16); it runs TensorFlow's kernel")
+        return f"it computes in {layer.compute_dtype}: the emulated arithmetic takes fp16 operands (mixed_float16); {_KERNEL}"
+    dilated = max(getattr(layer, "dilation_rate", (1,))) > 1
+    if dilated and isinstance(layer, (keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D,
+                                      keras.layers.Conv2DTranspose)):
+        return f"a dilated {kind} (TensorFlow runs it through space-to-batch): {_NOT_YET}"
+    if isinstance(layer, keras.layers.Conv2DTranspose) and layer.output_padding is not None:
+        return f"a Conv2DTranspose with output_padding: {_NOT_YET}"
     return None
 
 
@@ -96,36 +98,88 @@ def _models(model) -> list:
     return [m for m in model._flatten_layers(include_self=True, recursive=True) if isinstance(m, keras.Model)]
 
 
-def _shape(layer) -> ConvShape:
-    """A conv layer's convolution as identify keys it, from the input shape it was built on (a
-    subclassed model's layers have no symbolic input); the batch is 0 where it is not fixed.
-    A Conv1D is the 2-D convolution TensorFlow runs it as: a height of 1, its causal padding
-    applied before (as Keras does) and VALID after."""
-    if isinstance(layer, keras.layers.Conv1D):
-        batch, length, channels = layer.get_build_config()["input_shape"]
-        if length is None:
-            raise InvalidArgument(f"layer {layer.name!r} was built on inputs of unknown length; use_arithmetic "
-                                  f"computes a Conv1D at the shape it was built on: build the model on a fixed "
-                                  f"input shape")
+@dataclass(frozen=True)
+class _Part:
+    """One set of three ops a layer runs (a SeparableConv2D runs two): its name in the record,
+    its op family and its shape as identify keys it (batch 0 where it is not fixed)."""
+
+    name: str
+    family: OpFamily
+    shape: ConvShape
+
+
+def _built_shape(layer, batch: int | None) -> tuple[int, ...]:
+    """The input shape `layer` was built on, its batch the model's fixed one where it has none."""
+    shape = tuple(layer.get_build_config()["input_shape"])
+    if any(size is None for size in shape[1:]):
+        raise InvalidArgument(f"layer {layer.name!r} was built on inputs of unknown size {shape}; use_arithmetic "
+                              f"computes a layer at the shape it was built on: build the model on a fixed input shape")
+    return (shape[0] or batch or 0, *shape[1:])
+
+
+def _parts(layer, batch: int | None) -> list[_Part]:
+    """The ops `layer` runs, as identify measures them (`probes.layers` keys the same shapes)."""
+    shape = _built_shape(layer, batch)
+    if isinstance(layer, keras.layers.Dense):
+        rows = shape[0] * math.prod(shape[1:-1])
+        return [_Part(layer.name, OpFamily.MATMUL, ConvShape((rows, 1, 1, shape[-1]), (1, 1, shape[-1], layer.units),
+                                                             (1, 1), "VALID", (1, 1)))]
+    if isinstance(layer, keras.layers.Conv1D):  # the conv2d of height 1, causal padding applied before
+        n, length, channels = shape
         causal = layer.padding == "causal"
         extra = layer.dilation_rate[0] * (layer.kernel_size[0] - 1) if causal else 0
-        return ConvShape((batch or 0, 1, length + extra, channels), (1, *layer.kernel.shape), (1, layer.strides[0]),
-                         "VALID" if causal else layer.padding.upper(), (1, layer.dilation_rate[0]))
-    batch, height, width, channels = layer.get_build_config()["input_shape"]
-    if height is None or width is None:
-        raise InvalidArgument(f"layer {layer.name!r} was built on inputs of unknown height or width ({height} x "
-                              f"{width}); use_arithmetic computes a Conv2D at the shape it was built on: build the "
-                              f"model on a fixed input shape")
-    return ConvShape((batch or 0, height, width, channels), tuple(layer.kernel.shape), tuple(layer.strides),
-                     layer.padding.upper(), tuple(layer.dilation_rate))
+        return [_Part(layer.name, OpFamily.CONV2D, ConvShape(
+            (n, 1, length + extra, channels), (1, *layer.kernel.shape), (1, layer.strides[0]),
+            "VALID" if causal else layer.padding.upper(), (1, layer.dilation_rate[0])))]
+    strides, padding, dilation = tuple(layer.strides), layer.padding.upper(), tuple(layer.dilation_rate)
+    if isinstance(layer, keras.layers.Conv2DTranspose):  # the conv2d it transposes: its input is the layer's output
+        n, h, w, c = shape
+        out_h, out_w = (int(size) for size in layer.compute_output_shape(shape)[1:3])
+        conv = ConvShape((n, out_h, out_w, layer.filters), tuple(layer.kernel.shape), strides, padding, dilation)
+        back = _conv_output(conv)
+        if back != (h, w):
+            raise InvalidArgument(f"layer {layer.name!r}: the conv2d it transposes maps {out_h}x{out_w} to {back[0]}x"
+                                  f"{back[1]}, not the layer's input {h}x{w}")
+        return [_Part(layer.name, OpFamily.CONV2D, conv)]
+    if isinstance(layer, keras.layers.DepthwiseConv2D):
+        return [_Part(layer.name, OpFamily.DEPTHWISE, ConvShape(shape, tuple(layer.kernel.shape), strides, padding,
+                                                                dilation))]
+    if isinstance(layer, keras.layers.SeparableConv2D):
+        depthwise = ConvShape(shape, tuple(layer.depthwise_kernel.shape), strides, padding, dilation)
+        channels = shape[3] * layer.depth_multiplier
+        pointwise = ConvShape((shape[0], *_conv_output(depthwise), channels), tuple(layer.pointwise_kernel.shape),
+                              (1, 1), "VALID", (1, 1))
+        return [_Part(f"{layer.name}/depthwise", OpFamily.DEPTHWISE, depthwise),
+                _Part(f"{layer.name}/pointwise", OpFamily.CONV2D, pointwise)]
+    return [_Part(layer.name, OpFamily.CONV2D, ConvShape(shape, tuple(layer.kernel.shape), strides, padding, dilation))]
 
 
-def _per_layer(arithmetic, layers: list) -> dict[int, Arithmetic]:
-    """The arithmetic of each layer (keyed by identity: names may repeat across nested models):
-    one for all, or a mapping by name (native where it names none)."""
+def _conv_output(shape: ConvShape) -> tuple[int, int]:
+    """A convolution's output height and width (TensorFlow's rule for SAME and VALID)."""
+    sizes = []
+    for size, taps, stride, dilation in zip(shape.input_shape[1:3], shape.filter_shape[:2], shape.strides,
+                                            shape.dilation):
+        span = (taps - 1) * dilation + 1
+        sizes.append(-(-size // stride) if shape.padding == "SAME" else (size - span) // stride + 1)
+    return sizes[0], sizes[1]
+
+
+def _parse(text, where: str) -> Arithmetic:
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidArgument(f"{where} must be native, twin, or a model spec or GPU preset (e.g. v100:out=fp16, "
+                              f"a100, sequential:fp16); received {text!r}")
+    try:
+        return Arithmetic.parse(text)
+    except InvalidArgument as error:
+        raise InvalidArgument(str(error).replace("--arithmetic", where, 1)) from None
+
+
+def _chosen(arithmetic, layers: list) -> dict[int, tuple[Arithmetic, str]]:
+    """Each layer's arithmetic and the argument that chose it (keyed by identity: names may
+    repeat across nested models): one for all, or a mapping by name (native where it names none)."""
     if not isinstance(arithmetic, Mapping):
         parsed = _parse(arithmetic, "arithmetic")
-        return {id(layer): parsed for layer in layers}
+        return {id(layer): (parsed, f"arithmetic = {parsed.text!r}") for layer in layers}
     names = [layer.name for layer in layers]
     for name in arithmetic:
         if name not in names:
@@ -135,48 +189,76 @@ def _per_layer(arithmetic, layers: list) -> dict[int, Arithmetic]:
             raise InvalidArgument(f"arithmetic names layer {name!r}, and {names.count(name)} layers of the model "
                                   f"(in nested models) have that name: give it one arithmetic for all")
     chosen = {name: _parse(text, f"arithmetic[{name!r}]") for name, text in arithmetic.items()}
-    return {id(layer): chosen.get(layer.name, Arithmetic.parse(ArithmeticKind.NATIVE)) for layer in layers}
+    native = Arithmetic.parse(ArithmeticKind.NATIVE)
+    return {id(layer): (chosen[layer.name], f"arithmetic[{layer.name!r}] = {chosen[layer.name].text!r}")
+            if layer.name in chosen else (native, "not named in arithmetic") for layer in layers}
 
 
-def _parse(text, where: str) -> Arithmetic:
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidArgument(f"{where} must be native, or a model spec or GPU preset (e.g. v100:out=fp16, a100, "
-                              f"sequential:fp16); received {text!r}")
-    if text.strip() == ArithmeticKind.TWIN:
-        raise InvalidArgument(f"{where} 'twin' is not offered for any Keras model yet (convprobe train runs the "
-                              f"twin of its ResNet); give native, a model spec or a GPU preset")
-    try:
-        return Arithmetic.parse(text)
-    except InvalidArgument:
-        try:
-            em.parse_model(text.strip())
-        except InvalidArgument as error:
-            raise InvalidArgument(f"{where} must be native, or a model spec or GPU preset (e.g. v100:out=fp16, "
-                                  f"a100, sequential:fp16); received {text!r} ({error})") from None
-        raise
+def _twin_map(arithmetic_map, configuration: str | None) -> TwinMap:
+    """The identify map the twin reads, in the configuration this process runs."""
+    if arithmetic_map is None:
+        raise InvalidArgument("arithmetic 'twin' needs arithmetic_map: the identify map of this model's layers "
+                              "(convprobe identify --keras-model M.keras --configs NAME --output map.json)")
+    if isinstance(arithmetic_map, (str, Path)):
+        document = read_identify_map(arithmetic_map, argument="arithmetic_map")
+    elif isinstance(arithmetic_map, Mapping):
+        document = dict(arithmetic_map)
+    else:
+        raise InvalidArgument(f"arithmetic_map must be the path of an identify map or its document; received "
+                              f"{type(arithmetic_map).__name__}")
+    return TwinMap.read(document, configuration or configuration_in_effect())
+
+
+def _twin_part(part: _Part, twin: TwinMap) -> tuple[ConvShape, str]:
+    """The part's shape as the map measured it: its own, or where its batch is not fixed, the
+    one batch the map measured that shape at (said in the record)."""
+    if part.shape.input_shape[0] or (part.family, part.shape) in twin.layers:
+        return part.shape, ""
+    rest = (part.shape.input_shape[1:], part.shape.filter_shape, part.shape.strides, part.shape.padding,
+            part.shape.dilation)
+    found = [shape for family, shape in twin.layers if family is part.family
+             and (shape.input_shape[1:], shape.filter_shape, shape.strides, shape.padding, shape.dilation) == rest]
+    if len(found) != 1:
+        raise InvalidArgument(f"layer {part.name!r} has no fixed batch and the identify map measured its shape at "
+                              f"{len(found)} batch sizes: build the model on a fixed batch (keras.Input(..., "
+                              f"batch_size=N)) as identify measured it")
+    return found[0], f" (at batch {found[0].input_shape[0]}: the model fixes none; other batches unconfirmed)"
+
+
+def _part_arithmetic(part: _Part, chosen: Arithmetic, why: str, twin: TwinMap | None) -> LayerArithmetic:
+    """What each of a part's three ops computes, and why."""
+    if chosen.kind is ArithmeticKind.TWIN:
+        assert twin is not None, "a twin layer's map is read before its parts"
+        shape, note = _twin_part(part, twin)
+        measured = twin.layer_arithmetic({part.name: shape}, part.family)[part.name]
+        ops = {op: OpArithmetic(a.model, f"use_arithmetic {why}: {a.source}{note}") for op, a in measured.ops.items()}
+        return LayerArithmetic(part.name, part.shape, ops, part.family)
+    source = f"use_arithmetic {why}" if chosen.emulated else "native: TensorFlow's kernel"
+    return LayerArithmetic(part.name, part.shape, {op: OpArithmetic(chosen.model, source) for op in ConvOp},
+                           part.family)
 
 
 @contextlib.contextmanager
 def use_arithmetic(model: keras.Model, arithmetic: str | Mapping[str, str], *,
-                   arithmetic_map: str | None = None) -> Iterator[dict]:
-    """Compute `model`'s convolutions under `arithmetic` inside the block (module docstring).
+                   arithmetic_map: str | Path | Mapping | None = None,
+                   configuration: str | None = None) -> Iterator[dict]:
+    """Compute `model`'s convolutions and matmuls under `arithmetic` inside the block (module docstring).
 
     Args:
         model: a built Keras model (functional, Sequential or subclassed).
-        arithmetic: ``"native"``, a model spec (``"sequential:fp16"``), a GPU preset
-            (``"v100:out=fp16"``), or a mapping from layer name to one of those.
-        arithmetic_map: reserved for the twin; must be None.
+        arithmetic: ``"native"``, ``"twin"``, a model spec (``"sequential:fp16"``), a GPU
+            preset (``"v100:out=fp16"``), or a mapping from layer name to one of those.
+        arithmetic_map: the twin's identify map (a path or the loaded document).
+        configuration: the TensorFlow configuration whose answers the twin reads (default:
+            the one this process runs, as `convprobe.configure` set it).
 
     Yields:
-        The record of what runs: ``layers`` (each computed layer with its shape and, per op,
-        its arithmetic and why), ``not_computed`` (each other layer with a kernel, and the
-        reason), ``jit_compile`` (the model's, and the block's).
+        The record of what runs: ``layers`` (each computed layer, or part of one, with its
+        shape and, per op, its arithmetic and why), ``not_computed`` (each other layer with a
+        kernel, and the reason), ``jit_compile`` (the model's, and the block's).
     """
     if not isinstance(model, keras.Model):
         raise InvalidArgument(f"model must be a Keras model; received {type(model).__name__}")
-    if arithmetic_map is not None:
-        raise InvalidArgument("arithmetic_map is read by the twin, which use_arithmetic does not offer yet; "
-                              f"received arithmetic_map={arithmetic_map!r}")
     layers = _kernel_layers(model)
     if not model.built or any(not layer.built for layer in layers):
         raise InvalidArgument("model must be built before use_arithmetic (call it on a batch, or give it an Input): "
@@ -186,20 +268,42 @@ def use_arithmetic(model: keras.Model, arithmetic: str | Mapping[str, str], *,
         raise InvalidArgument(f"layer {busy[0]!r} is inside another use_arithmetic block already; one block at a "
                               f"time (a mapping gives each layer its own arithmetic)")
     reasons = {id(layer): _reason(layer) for layer in layers}
-    chosen = _per_layer(arithmetic, layers)
+    chosen = _chosen(arithmetic, layers)
+    twins = any(a.kind is ArithmeticKind.TWIN for a, _ in chosen.values())
+    if arithmetic_map is not None and not twins:
+        raise InvalidArgument("arithmetic_map is read by the twin; no layer's arithmetic is 'twin'")
+    if configuration is not None and not twins:
+        raise InvalidArgument("configuration names the map's configuration the twin reads; no layer's arithmetic "
+                              "is 'twin'")
+    twin = _twin_map(arithmetic_map, configuration) if twins else None
     if isinstance(arithmetic, Mapping):
-        refused = [layer for layer in layers if chosen[id(layer)].emulated and reasons[id(layer)] is not None]
+        refused = [layer for layer in layers if chosen[id(layer)][0].emulated and reasons[id(layer)] is not None]
         if refused:
             raise InvalidArgument(f"arithmetic names layer {refused[0].name!r}, which use_arithmetic cannot "
                                   f"compute: {reasons[id(refused[0])]}")
+    batch = _fixed_batch(model)
     computable = [layer for layer in layers if reasons[id(layer)] is None]
-    emulated = [layer for layer in computable if chosen[id(layer)].emulated]
-    patches = {id(layer): _patch(layer, chosen[id(layer)], arithmetic) for layer in emulated}  # shapes checked
+    parts = {id(layer): [_part_arithmetic(part, *chosen[id(layer)], twin) for part in _parts(layer, batch)]
+             for layer in computable}  # every shape checked before anything changes
+    placements = _placements(computable, parts, chosen, batch)
+    for layer in computable:
+        if placements.get(id(layer), (None,))[0] is BiasPlacement.UNREPRODUCED:
+            parts[id(layer)] = _unreproduced(parts[id(layer)], layer)
+    emulated = [layer for layer in computable if any(part.emulated for part in parts[id(layer)])]
+    patches = {id(layer): _layer_call(layer, parts[id(layer)],
+                                      placements.get(id(layer), (None,))[0] is BiasPlacement.FUSED)
+               for layer in emulated}
     models = _models(model)
     jit = {id(m): (m._jit_compile if m.compiled else None) for m in models}
     record = {
         "arithmetic": arithmetic if isinstance(arithmetic, str) else dict(arithmetic),
-        "layers": [_layer_record(layer, chosen[id(layer)], arithmetic) for layer in computable],
+        "arithmetic_map": str(arithmetic_map) if isinstance(arithmetic_map, (str, Path)) else (
+            None if arithmetic_map is None else "a document"),
+        "configuration": None if twin is None else twin.configuration,
+        "layers": [{"kind": type(layer).__name__, "family": str(part.family), **part.to_dict(),
+                    **({"bias": {"placement": str(placements[id(layer)][0]), "evidence": placements[id(layer)][1]}}
+                       if id(layer) in placements and part is parts[id(layer)][-1] else {})}
+                   for layer in computable for part in parts[id(layer)]],
         "not_computed": [{"layer": layer.name, "kind": type(layer).__name__, "reason": reasons[id(layer)]}
                          for layer in layers if reasons[id(layer)] is not None],
         "jit_compile": {"model": model.jit_compile if model.compiled else None,
@@ -207,8 +311,7 @@ def use_arithmetic(model: keras.Model, arithmetic: str | Mapping[str, str], *,
     }
     try:
         for layer in emulated:
-            name, function = patches[id(layer)]
-            setattr(layer, name, function)
+            layer.call = patches[id(layer)]
         for m in models:
             if emulated and m.compiled:
                 m.jit_compile = False  # tf.numpy_function cannot be compiled by XLA
@@ -224,70 +327,107 @@ def use_arithmetic(model: keras.Model, arithmetic: str | Mapping[str, str], *,
             _forget_functions(m)
 
 
+def _fixed_batch(model) -> int | None:
+    """The batch size the model's inputs fix (keras.Input(..., batch_size=N)), if one."""
+    try:
+        batches = {int(shape[0]) for shape in (tuple(t.shape) for t in model.inputs) if shape and shape[0]}
+    except (AttributeError, ValueError, TypeError):  # a subclassed model has no symbolic inputs
+        return None
+    return batches.pop() if len(batches) == 1 else None
+
+
 #: The instance attributes `use_arithmetic` sets on a layer it reroutes (and removes on exit).
-_PATCHED = {"convolution_op", "call"}
+_PATCHED = {"call"}
 
 
-def _patch(layer, chosen: Arithmetic, given) -> tuple[str, object]:
-    """The attribute that reroutes `layer`, and its new value."""
+def _layer_call(layer, parts: list[LayerArithmetic], fused: bool = False):
+    """`layer`'s own call (Keras 3.15: its op, bias, activation) with its op computed as `parts`
+    name; with `fused`, the bias added inside the last op's kernel (`bias_fusion`)."""
+    role = ConvOp.FORWARD
     if isinstance(layer, keras.layers.Dense):
-        assert chosen.model is not None, "an emulated arithmetic names its model"
-        return "call", _dense_call(layer, emulated_matmul(tf, chosen.model))
-    convolution = emulated_convolution(tf, _layer_arithmetic(layer, chosen, given))
-    if isinstance(layer, keras.layers.Conv1D):
-        return "call", _conv1d_call(layer, convolution)
-    return "convolution_op", convolution
+        product = emulated_matmul(tf, parts[0])
 
+        def op(inputs):
+            return product(inputs, layer.kernel), (tf.reshape(inputs, [-1, inputs.shape[-1]]), layer.kernel)
+    elif isinstance(layer, keras.layers.Conv1D):  # the conv2d of height 1 TensorFlow runs, causal padding first
+        convolution = emulated_convolution(tf, parts[0])
 
-def _conv1d_call(layer, convolution):
-    """Conv1D's own call (Keras 3.15: causal padding, conv, bias, activation) with its
-    convolution computed as a 2-D one of height 1, as TensorFlow computes it."""
-    def call(inputs):
-        if layer.padding == "causal":
-            inputs = keras.ops.pad(inputs, layer._compute_causal_padding())
-        outputs = tf.squeeze(convolution(tf.expand_dims(inputs, 1), tf.expand_dims(layer.kernel, 0)), 1)
-        if layer.use_bias:
-            outputs = keras.ops.add(outputs, keras.ops.reshape(layer.bias, (1, 1, layer.filters)))
+        def op(inputs):
+            if layer.padding == "causal":
+                inputs = keras.ops.pad(inputs, layer._compute_causal_padding())
+            x, w = tf.expand_dims(inputs, 1), tf.expand_dims(layer.kernel, 0)
+            return tf.squeeze(convolution(x, w), 1), (x, w)
+    elif isinstance(layer, keras.layers.Conv2DTranspose):  # the conv2d's input gradient
+        transposed, role = emulated_transposed_convolution(tf, parts[0]), ConvOp.INPUT_GRADIENT
+
+        def op(inputs):
+            return transposed(inputs, layer.kernel), (inputs, layer.kernel)
+    elif isinstance(layer, keras.layers.SeparableConv2D):  # tf.nn.separable_conv2d: depthwise, then a 1x1 conv2d
+        depthwise, pointwise = (emulated_convolution(tf, part) for part in parts)
+
+        def op(inputs):
+            middle = depthwise(inputs, layer.depthwise_kernel)
+            return pointwise(middle, layer.pointwise_kernel), (middle, layer.pointwise_kernel)
+    else:  # Conv2D, DepthwiseConv2D
+        convolution = emulated_convolution(tf, parts[0])
+
+        def op(inputs):
+            return convolution(inputs, layer.kernel), (inputs, layer.kernel)
+    value = fused_value(parts[-1], role) if fused else None
+
+    def call(inputs, training=None):
+        outputs, (first, kernel) = op(inputs)
+        if getattr(layer, "bias", None) is not None:
+            bias = layer.bias
+            outputs = keras.ops.add(outputs, bias if isinstance(layer, keras.layers.Dense) else
+                                    keras.ops.reshape(bias, (1,) * (len(outputs.shape) - 1) + (-1,)))
+            if value is not None:
+                outputs = with_value(tf, outputs, _fused(value, first, kernel, bias, outputs))
         return outputs if layer.activation is None else layer.activation(outputs)
     return call
 
 
-def _layer_arithmetic(layer, chosen: Arithmetic, given) -> LayerArithmetic:
-    """What each of a conv layer's three ops computes, and why."""
-    source = _source(layer, chosen, given)
-    return LayerArithmetic(layer.name, _shape(layer), {op: OpArithmetic(chosen.model, source) for op in ConvOp})
+def _fused(value, first, kernel, bias, outputs):
+    """The fused sum `value` computes, in the shape of `outputs`."""
+    operands = [tf.convert_to_tensor(a) for a in (first, kernel, bias)]
+    operands = [tf.cast(a, tf.float16) for a in operands]
+    if tf.executing_eagerly():
+        result = tf.constant(value(*(a.numpy() for a in operands)))
+    else:
+        result = tf.numpy_function(value, operands, tf.float16, stateful=False, name="emulated_fused_bias")
+    return tf.reshape(result, tf.shape(outputs))
 
 
-def _source(layer, chosen: Arithmetic, given) -> str:
-    """Why a layer computes what it does: TensorFlow's kernel, or the argument that chose it."""
-    if not chosen.emulated:
-        return "native: TensorFlow's kernel"
-    if isinstance(given, Mapping):
-        return f"use_arithmetic arithmetic[{layer.name!r}] = {chosen.text!r}"
-    return f"use_arithmetic arithmetic = {chosen.text!r}"
+def _placements(layers: list, parts: dict, chosen: dict, batch: int | None) -> dict[int, tuple[BiasPlacement, str]]:
+    """Where TensorFlow adds each twin layer's bias (`bias_fusion`), for the layers whose last
+    op the twin emulates; the evidence in words."""
+    out = {}
+    for layer in layers:
+        last = parts[id(layer)][-1]
+        role = ConvOp.INPUT_GRADIENT if isinstance(layer, keras.layers.Conv2DTranspose) else ConvOp.FORWARD
+        if (chosen[id(layer)][0].kind is not ArithmeticKind.TWIN or getattr(layer, "bias", None) is None
+                or last.ops[role].model is None):
+            continue
+        calls = {BiasPlacement.SEPARATE: _layer_call(layer, parts[id(layer)])}
+        if fused_value(last, role) is not None:
+            calls[BiasPlacement.FUSED] = _layer_call(layer, parts[id(layer)], fused=True)
+        placement = bias_placement(tf, layer, calls, batch or 1)
+        out[id(layer)] = (placement, {
+            BiasPlacement.SEPARATE: "added after the op's fp16 result: measured, the layer's own output bit for bit",
+            BiasPlacement.FUSED: "added inside the op's kernel before its one rounding (a fused oneDNN kernel): "
+                                 "measured, the layer's own output bit for bit",
+            BiasPlacement.UNREPRODUCED: "neither added after the op nor inside its kernel reproduced the layer's "
+                                        "own output: its forward op runs TensorFlow's kernel"}[placement])
+    return out
 
 
-def _layer_record(layer, chosen: Arithmetic, given) -> dict:
-    """A computed layer in the record: its kind, shapes and, per op, its arithmetic and why."""
-    if isinstance(layer, keras.layers.Dense):
-        cell = {"arithmetic": "tensorflow" if chosen.model is None else chosen.model.to_spec(),
-                "source": _source(layer, chosen, given)}
-        return {"kind": "Dense", "layer": layer.name,
-                "input_shape": [d or 0 for d in layer.get_build_config()["input_shape"]],
-                "kernel_shape": list(layer.kernel.shape), "ops": {str(op): dict(cell) for op in DenseOp}}
-    return {"kind": type(layer).__name__, **_layer_arithmetic(layer, chosen, given).to_dict()}
-
-
-def _dense_call(layer, matmul):
-    """Dense's own call (Keras 3.15: matmul, bias, activation) with the matmul given."""
-    def call(inputs, training=None):
-        x = matmul(inputs, layer.kernel)
-        if layer.bias is not None:
-            x = keras.ops.add(x, layer.bias)
-        if layer.activation is not None:
-            x = layer.activation(x)
-        return x
-    return call
+def _unreproduced(parts: list[LayerArithmetic], layer) -> list[LayerArithmetic]:
+    """`parts` with the last op's forward role TensorFlow's own kernel (its bias placement not reproduced)."""
+    role = ConvOp.INPUT_GRADIENT if isinstance(layer, keras.layers.Conv2DTranspose) else ConvOp.FORWARD
+    last = parts[-1]
+    ops = {**last.ops, role: OpArithmetic(None, "TensorFlow's own kernel: the twin reproduced the op, but not the "
+                                                "layer's output with its bias (bias_fusion)")}
+    return [*parts[:-1], LayerArithmetic(last.name, last.shape, ops, last.family)]
 
 
 def _forget_functions(model) -> None:
