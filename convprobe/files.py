@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import io
 import os
 import stat
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from convprobe.errors import InvalidArgument, OutputWriteFailed, reason
 
-__all__ = ["check_input_file", "check_model_file", "check_output_path", "check_directory_path", "can_create_in", "write_atomic", "open_append",
+__all__ = ["check_input_file", "check_model_file", "file_sha256", "check_output_path", "check_directory_path", "can_create_in", "write_atomic", "open_append",
            "refuse_links", "directory_lock", "refuse_locked", "lock_holder", "has_lock_file", "failures_as_one_line",
            "save_figure", "TEMPORARY_PREFIX", "LOCK_NAME"]
 
@@ -151,6 +152,15 @@ def check_model_file(path: str | os.PathLike, where: str) -> Path:
         raise InvalidArgument(f"{where} is not a saved Keras model: a {p.suffix} file is {kind}, and this one "
                               f"starts with {start!r}")
     return p
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes: what a resumed run checks its inputs by."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def check_output_path(path: str, argument: str = "--output") -> None:

@@ -56,14 +56,21 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "(the reference ResNet's behaviour)")
     p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
     p.add_argument("--record-every", type=int, default=10, help="telemetry every K steps (default 10)")
-    p.add_argument("--batch-size", type=int, default=128, help="global batch size (default 128)")
-    p.add_argument("--resnet-size", type=int, default=20, help="depth 6n+2: 20, 32, 56, ... (default 20)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="global batch size (default 128; with --keras-model, the batch its input fixes, if one)")
+    p.add_argument("--keras-model", default=None, metavar="M.keras",
+                   help="train your own saved, compiled Keras model instead of the ResNet, on --data D.npz "
+                        "(x_train, y_train, optionally x_test, y_test): its compiled loss and optimizer (fresh, "
+                        "wrapped in the run's loss scaling), its layers under --arithmetic, every weight and "
+                        "layer output watched")
+    p.add_argument("--resnet-size", type=int, default=None, help="depth 6n+2: 20, 32, 56, ... (default 20)")
     p.add_argument("--image-size", type=int, default=None,
                    help="image side: synthetic any (default 32); cifar10 and digits only their own (32, 8), "
                         "the default")
     p.add_argument("--seed", type=int, default=None, help="seed of weights, data and every RNG (default 0)")
-    p.add_argument("--data", default="synthetic",
-                   help="synthetic (a learnable random task, the default); digits (the 1797 8x8 handwritten "
+    p.add_argument("--data", default=None,
+                   help="with --keras-model: your .npz file; for the ResNet: synthetic (a learnable random task, "
+                        "the default); digits (the 1797 8x8 handwritten "
                         "digits bundled with convprobe: 1297 train, 500 evaluation); or cifar10 (the binary "
                         "files you have: --data cifar10 --data-dir DIR, DIR holding data_batch_1.bin ... "
                         "data_batch_5.bin and test_batch.bin, or their cifar-10-batches-bin/ folder, from "
@@ -113,8 +120,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--local-workers", type=int, default=None, metavar="N",
                    help="with --distribute multi-worker: rehearse a cluster of N workers on this machine "
                         "(127.0.0.1, generated TF_CONFIGs; all stopped when done or interrupted)")
-    p.add_argument("--learning-rate", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    p.add_argument("--bn-momentum", type=float, default=0.997,
+    p.add_argument("--learning-rate", type=float, default=None, help="the ResNet's SGD learning rate (default 0.1)")
+    p.add_argument("--bn-momentum", type=float, default=None,
                    help="batch-norm moving-average momentum (default 0.997, the reference ResNet's; "
                         "use ~0.9 for runs of a few hundred steps)")
     p.add_argument("--eval-batches", type=int, default=None,
@@ -152,8 +159,9 @@ def config_from_args(args):
                               f"--seeds {args.seeds}")
     config = validate_config(
         dtype=args.dtype or "fp16", loss_scale=args.loss_scale, skip=not args.no_skip, steps=args.steps,
-        record_every=args.record_every, batch_size=args.batch_size, resnet_size=args.resnet_size,
-        image_size=args.image_size, seed=0 if args.seed is None else args.seed, data=args.data,
+        record_every=args.record_every, batch_size=_batch_size(args), resnet_size=args.resnet_size,
+        image_size=args.image_size, seed=0 if args.seed is None else args.seed,
+        data=args.data or ("synthetic" if args.keras_model is None else ""), keras_model=args.keras_model,
         data_dir=args.data_dir, output=args.output, jit=args.jit, distribute=args.distribute,
         logical_devices=2 if args.devices is None else args.devices,
         learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every,
@@ -172,6 +180,15 @@ def config_from_args(args):
         config = replace(config, output=f"results/train_{'' if args.arm else config.dtype + '_'}{name}"
                                         f"{'' if args.arm else f'_seed{config.seed}'}")
     return config
+
+
+def _batch_size(args) -> int:
+    """--batch-size, or its default: the batch a user's saved model fixes, else 128."""
+    from convprobe.training.user_trainer import saved_batch_size
+
+    if args.batch_size is not None:
+        return args.batch_size
+    return (saved_batch_size(args.keras_model) if args.keras_model else None) or 128
 
 
 #: Evaluation batches of a comparison when --eval-batches is not given: comparisons answer accuracy.
@@ -215,11 +232,29 @@ def run(args) -> int:
         from convprobe.training.data import load_cifar10_dir
 
         load_cifar10_dir(config.data_dir)
+    if config.keras_model is not None:
+        _check_user_model(config)
     if args.local_workers is not None or config.distribute == "multi-worker":
         return _multi_worker(args, config)
     if comparing(args):
         return _compare(args, config)
     return _train(config)
+
+
+def _check_user_model(config) -> None:
+    """The user's model and data, checked against each other before any work: TensorFlow starts
+    here, in the configuration the run will train in."""
+    from convprobe.training.arithmetic import Arithmetic, ArithmeticKind
+    from convprobe.training.data import ArrayData
+    from convprobe.training.runtime import apply_configuration
+    from convprobe.training.user_trainer import check_user_model, load_user_model
+
+    twin = Arithmetic.parse(config.arithmetic).kind is ArithmeticKind.TWIN
+    configuration = config.configuration or ("default" if twin else None)
+    data = ArrayData(config.data, seed=config.seed)  # a bad file fails before TensorFlow starts
+    if configuration is not None:
+        apply_configuration(configuration)
+    check_user_model(load_user_model(config.keras_model), data, config)
 
 
 def _compare(args, config) -> int:
@@ -264,7 +299,7 @@ def _refuse_options_no_arm_reads(args, planned) -> None:
 
 
 def _train(config) -> int:
-    from convprobe.training.trainer import train
+    from convprobe.training.run_loop import train
 
     result = train(config, identify_map=_twin_map(config))
     print(f"{config.output}: {result.final_step}/{config.steps} steps, skipped {result.skipped_steps}, "
@@ -295,8 +330,9 @@ def _twin_map(config) -> dict | None:
 
     with tempfile.TemporaryDirectory(prefix="convprobe-twin-") as scratch:
         path = Path(scratch) / IDENTIFY_MAP_NAME
-        command = [sys.executable, "-m", "convprobe", "identify", "--resnet-size", str(config.resnet_size),
-                   "--image-size", str(config.image_size), "--batch", str(config.batch_size),
+        model = (["--keras-model", config.keras_model] if config.keras_model is not None else
+                 ["--resnet-size", str(config.resnet_size), "--image-size", str(config.image_size)])
+        command = [sys.executable, "-m", "convprobe", "identify", *model, "--batch", str(config.batch_size),
                    "--configs", config.configuration or "default", "--timeout", str(IDENTIFY_TIMEOUT_S),
                    "--output", str(path)]
         print(f"twin: measuring this run's layers: {' '.join(['convprobe', *command[3:-2]])}", file=sys.stderr)

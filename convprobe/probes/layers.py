@@ -481,8 +481,8 @@ def _input_shape(item, batch: int) -> tuple[int, int, int, int]:
     if type(item).__name__ == "Dense":
         return (batch * math.prod(sizes[:-1]), 1, 1, sizes[-1])
     if len(sizes) == 2:
-        return (batch, 1, *sizes)
-    return (batch, *sizes)
+        return (batch, 1, sizes[0], sizes[1])
+    return (batch, sizes[0], sizes[1], sizes[2])
 
 
 def _layers_of(item, input_shape: tuple[int, int, int, int]) -> list[Layer]:

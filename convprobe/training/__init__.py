@@ -55,8 +55,8 @@ def __getattr__(name):
 
 
 def train(config, **kwargs):
-    """Run (or resume) one training run; see `convprobe.training.trainer.train`."""
-    from convprobe.training.trainer import train as _train
+    """Run (or resume) one training run; see `convprobe.training.run_loop.train`."""
+    from convprobe.training.run_loop import train as _train
 
     return _train(config, **kwargs)
 

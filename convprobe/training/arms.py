@@ -122,7 +122,8 @@ class Arm:
         scale and arithmetic, validated as one run (`validate_config`; `jit` None lets the arm
         choose: XLA unless its arithmetic is emulated). `arithmetic_map` applies to a twin arm."""
         shared = {f.name: getattr(base, f.name) for f in fields(TrainConfig)}
-        shared.pop("loss_scale")
+        for name in ("loss_scale", "keras_model_sha256", "data_sha256"):  # the arm's, or the files' own
+            shared.pop(name)
         defaults = TrainConfig()
         if self.loss_scale.mode is not LossScaleMode.DYNAMIC:  # what the run's own command line would hold
             shared["dynamic_growth_steps"] = defaults.dynamic_growth_steps

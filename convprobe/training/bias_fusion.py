@@ -62,19 +62,20 @@ def fused_value(part: LayerArithmetic, role: ConvOp) -> Callable | None:
     if wide is None:
         return None
     shape = part.shape
-    conv_args = dict(strides=shape.strides, padding=shape.padding, dilation=shape.dilation)
+    strides, padding, dilation = shape.strides, shape.padding, shape.dilation
 
     def run(first: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
         if part.family is OpFamily.MATMUL:
             out = dot(first[:, None, :], w.T[None, :, :], wide)
         elif part.family is OpFamily.DEPTHWISE:
             kh, kw, channels, multiplier = w.shape
-            out = conv2d(first, w.reshape(kh, kw, 1, channels * multiplier), wide, groups=channels, **conv_args)
+            out = conv2d(first, w.reshape(kh, kw, 1, channels * multiplier), wide, groups=channels, strides=strides, padding=padding, dilation=dilation)
         elif role is ConvOp.INPUT_GRADIENT:
             out = conv2d_backprop_input(first, w, (first.shape[0], *shape.input_shape[1:]), wide,
-                                        groups=shape.input_shape[3] // w.shape[2], **conv_args)
+                                        groups=shape.input_shape[3] // w.shape[2], strides=strides, padding=padding,
+                                        dilation=dilation)
         else:
-            out = conv2d(first, w, wide, groups=first.shape[-1] // w.shape[2], **conv_args)
+            out = conv2d(first, w, wide, groups=first.shape[-1] // w.shape[2], strides=strides, padding=padding, dilation=dilation)
         total = np.asarray(out, np.float32) + bias.astype(np.float32).reshape(-1)
         return total.astype(np.float16)
     return run

@@ -67,6 +67,7 @@ from convprobe.training.telemetry import (
     backward_order,
     batched_stats,
     use_host_tables,
+    zeros_for_none,
 )
 
 __all__ = ["UnderflowTelemetry"]
@@ -262,7 +263,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
             loss = clone.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
             scaled = tf.cast(loss, tf.float32) * scale
         targets = [clone.trainable_variables[i] for i in self._weight_index] + taps
-        return _zeros_for_none(tape.gradient(scaled, targets), targets)
+        return zeros_for_none(tape.gradient(scaled, targets), targets)
 
     def _copy_weights(self, clone):
         def copy(*_):
@@ -330,7 +331,7 @@ class UnderflowTelemetry(keras.callbacks.Callback):
         grads = tape.gradient(scaled, list(weights) + taps)
         wgrads = grads[: len(weights)]
         targets = [weights[i] for i in self._weight_index] + taps
-        lows = _zeros_for_none([wgrads[i] for i in self._weight_index] + list(grads[len(weights):]), targets)
+        lows = zeros_for_none([wgrads[i] for i in self._weight_index] + list(grads[len(weights):]), targets)
         due = self._measure_before(measure, step, lambda: self._measure(lows, x, y, sample_weight, step, scale))
         before = tf.identity(self._inner_iterations())
         model.optimizer.apply_gradients(zip(wgrads, weights))
@@ -573,11 +574,6 @@ def _with_nonfinite(stats):
     """`batched_stats`' results and each tensor's non-finite count (its inf and nan counts)."""
     counts = stats[0]
     return stats, counts[:, COUNT_FIELDS.index("inf")] + counts[:, COUNT_FIELDS.index("nan")]
-
-
-def _zeros_for_none(grads, targets):
-    """Gradients with None (a tensor the loss does not reach) replaced by zeros."""
-    return [tf.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
 
 
 @contextlib.contextmanager

@@ -102,12 +102,16 @@ def child_arguments(config: TrainConfig) -> list[str]:
     scale = spec.mode.value if spec.mode in (LossScaleMode.NONE, LossScaleMode.DYNAMIC) else _number(spec.scale)
     argv = ["train", "--dtype", config.dtype, "--loss-scale", scale, "--steps", str(config.steps),
             "--record-every", str(config.record_every), "--batch-size", str(config.batch_size),
-            "--resnet-size", str(config.resnet_size), "--image-size", str(config.image_size),
             "--seed", str(config.seed), "--data", config.data, "--output", str(config.output),
             "--jit" if config.jit else "--no-jit", "--distribute", config.distribute,
-            "--learning-rate", _number(config.learning_rate), "--bn-momentum", _number(config.bn_momentum),
             "--eval-batches", str(config.eval_batches), "--checkpoint-every", str(config.checkpoint_every),
             "--arithmetic", config.arithmetic, "--no-progress"]
+    if config.keras_model is not None:  # the user's model: its shapes and optimizer are its own
+        argv += ["--keras-model", config.keras_model]
+    else:
+        assert config.learning_rate is not None and config.bn_momentum is not None, "a ResNet run's (validate_config)"
+        argv += ["--resnet-size", str(config.resnet_size), "--image-size", str(config.image_size),
+                 "--learning-rate", _number(config.learning_rate), "--bn-momentum", _number(config.bn_momentum)]
     if spec.mode is LossScaleMode.STATIC_NO_SKIP:
         argv.append("--no-skip")
     if spec.mode is LossScaleMode.DYNAMIC:
@@ -129,7 +133,7 @@ def plan_arms(base: TrainConfig, arms: list[Arm], seeds: list[int], output: str 
     a foreign or inconsistent run directory is one InvalidArgument line before any run starts."""
     defaults = TrainConfig()
     for name in _NO_FLAG:
-        if getattr(base, name) != getattr(defaults, name):
+        if getattr(base, name) != getattr(defaults, name) and not (base.keras_model and getattr(base, name) is None):
             raise InvalidArgument(f"{name} has no command-line option, and every arm runs as `convprobe train` "
                                   f"in a child process: keep its default ({getattr(defaults, name)!r}); received "
                                   f"{getattr(base, name)!r}")

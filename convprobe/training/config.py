@@ -13,11 +13,12 @@ rejected with a clear error.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from convprobe.backends.configurations import MATRIX
 from convprobe.errors import InvalidArgument, invalid_choice, is_integer
-from convprobe.files import check_directory_path
+from convprobe.files import check_directory_path, check_input_file, check_model_file, file_sha256
 from convprobe.formats import FP32, Format, parse_format
 from convprobe.options import ComputeDtype, LossScaleMode
 from convprobe.provenance import memory_limit
@@ -130,23 +131,26 @@ class TrainConfig:
     steps: int = 100
     record_every: int = 10
     batch_size: int = 128
-    resnet_size: int = 20
-    image_size: int = 32
+    #: the ResNet's depth and image side (None for a user's model, whose shapes are its own)
+    resnet_size: int | None = 20
+    image_size: int | None = 32
     seed: int = 0
+    #: a data source (synthetic, cifar10, digits), or a user's .npz file with keras_model
     data: str = "synthetic"
     data_dir: str | None = None
     output: str | None = None
     jit: bool = True
     distribute: str = "none"
     logical_devices: int = 2
-    learning_rate: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 2e-4
+    #: the ResNet's SGD (None for a user's model, which trains with its own optimizer)
+    learning_rate: float | None = 0.1
+    momentum: float | None = 0.9
+    weight_decay: float | None = 2e-4
     dynamic_growth_steps: int = 2000
     checkpoint_every: int = 50
     eval_batches: int = 0
     synthetic_noise: float = 1.0
-    bn_momentum: float = 0.997
+    bn_momentum: float | None = 0.997
     progress: bool = False
     #: native, twin, or a model spec / GPU preset (its canonical spec)
     arithmetic: str = "native"
@@ -154,6 +158,11 @@ class TrainConfig:
     arithmetic_map: str | None = None
     #: TensorFlow configuration by its matrix name (None: the environment as it is)
     configuration: str | None = None
+    #: a user's saved, compiled Keras model trained instead of the ResNet (an absolute path),
+    #: and the SHA-256 of its file and of the data file (a resumed run must find the same)
+    keras_model: str | None = None
+    keras_model_sha256: str | None = None
+    data_sha256: str | None = None
 
     @property
     def format(self) -> Format:
@@ -194,22 +203,47 @@ def memory_estimate(batch_size: int, image_size: int, resnet_size: int) -> int:
 
 
 
+#: The ResNet's options and their defaults: a user's model (keras_model) takes none of them.
+RESNET_DEFAULTS = {"resnet_size": 20, "learning_rate": 0.1, "momentum": 0.9, "weight_decay": 2e-4,
+                   "bn_momentum": 0.997}
+
+
 def validate_config(
     *, dtype: str = "fp16", loss_scale: str | float | None = None, skip: bool = True,
-    steps: int = 100, record_every: int = 10, batch_size: int = 128, resnet_size: int = 20,
+    steps: int = 100, record_every: int = 10, batch_size: int = 128, resnet_size: int | None = None,
     image_size: int | None = None, seed: int = 0, data: str = "synthetic", data_dir: str | None = None,
     output: str | None = None, jit: bool | None = None, distribute: str = "none",
-    logical_devices: int = 2, learning_rate: float = 0.1, checkpoint_every: int = 50,
+    logical_devices: int = 2, learning_rate: float | None = None, checkpoint_every: int = 50,
     eval_batches: int = 0, dynamic_growth_steps: int = 2000, synthetic_noise: float = 1.0,
-    progress: bool = False, weight_decay: float = 2e-4, momentum: float = 0.9,
-    bn_momentum: float = 0.997, arithmetic: str = "native", arithmetic_map: str | None = None,
-    configuration: str | None = None,
+    progress: bool = False, weight_decay: float | None = None, momentum: float | None = None,
+    bn_momentum: float | None = None, arithmetic: str = "native", arithmetic_map: str | None = None,
+    configuration: str | None = None, keras_model: str | None = None,
 ) -> TrainConfig:
     """Check every user-facing value and return the run's `TrainConfig`. `jit` None
     chooses: the configuration's, off under an emulated arithmetic, on otherwise. `image_size`
-    None is the data source's (`IMAGE_SIZES`)."""
+    None is the data source's (`IMAGE_SIZES`); the ResNet's options None are their defaults
+    (`RESNET_DEFAULTS`). With `keras_model` (the user's saved model) `data` is its .npz file
+    and the ResNet's options are refused."""
     fmt = parse_format(dtype, argument="--dtype", allowed=DTYPES)
+    resnet = {"resnet_size": resnet_size, "learning_rate": learning_rate, "momentum": momentum,
+              "weight_decay": weight_decay, "bn_momentum": bn_momentum}
+    if keras_model is not None:
+        return _user_model_config(keras_model, data, data_dir, image_size, distribute, resnet, replace_args=dict(
+            dtype=dtype, loss_scale=loss_scale, skip=skip, steps=steps, record_every=record_every,
+            batch_size=batch_size, seed=seed, output=output, jit=jit, logical_devices=logical_devices,
+            checkpoint_every=checkpoint_every, eval_batches=eval_batches,
+            dynamic_growth_steps=dynamic_growth_steps, progress=progress, arithmetic=arithmetic,
+            arithmetic_map=arithmetic_map, configuration=configuration))
+    resnet_size = int(RESNET_DEFAULTS["resnet_size"]) if resnet_size is None else resnet_size
+    learning_rate = RESNET_DEFAULTS["learning_rate"] if learning_rate is None else learning_rate
+    momentum = RESNET_DEFAULTS["momentum"] if momentum is None else momentum
+    weight_decay = RESNET_DEFAULTS["weight_decay"] if weight_decay is None else weight_decay
+    bn_momentum = RESNET_DEFAULTS["bn_momentum"] if bn_momentum is None else bn_momentum
     if data not in DATA_SOURCES:
+        if str(data).endswith(".npz"):
+            raise InvalidArgument(f"--data {data} is a user's data file: it trains a user's model "
+                                  f"(--keras-model M.keras); the ResNet's data sources are "
+                                  f"{', '.join(DATA_SOURCES)}")
         raise invalid_choice("--data", data, DATA_SOURCES)
     if image_size is None:
         image_size = IMAGE_SIZES[data]
@@ -269,6 +303,34 @@ def validate_config(
         dynamic_growth_steps=dynamic_growth_steps, synthetic_noise=float(synthetic_noise),
         progress=progress, weight_decay=float(weight_decay), momentum=float(momentum),
     )
+
+
+def _user_model_config(keras_model: str, data: str, data_dir: str | None, image_size: int | None,
+                       distribute: str, resnet: dict, replace_args: dict) -> TrainConfig:
+    """The run's configuration for a user's model: the files checked and fingerprinted, every
+    other value checked as the ResNet's are (the model and data themselves are checked
+    against each other when TensorFlow starts, before any step: `user_trainer`)."""
+    given = [name for name, value in resnet.items() if value is not None]
+    if given or image_size is not None or data_dir is not None:
+        name = given[0] if given else "image_size" if image_size is not None else "data_dir"
+        raise InvalidArgument(f"--{name.replace('_', '-')} applies to the ResNet; --keras-model trains your model with "
+                              f"its own shapes and its compiled optimizer")
+    if distribute != "none":
+        raise InvalidArgument(f"--keras-model trains in one process on one device; received --distribute "
+                              f"{distribute}")
+    model = check_model_file(keras_model, f"--keras-model {keras_model!r}")
+    if not data:
+        raise InvalidArgument("--keras-model trains on your data: give --data D.npz (x_train, y_train, optionally "
+                              "x_test, y_test)")
+    if data in DATA_SOURCES or not str(data).endswith(".npz"):
+        raise InvalidArgument(f"--data must be your .npz file (x_train, y_train, optionally x_test, y_test) with "
+                              f"--keras-model; received --data {data}")
+    arrays = check_input_file(data, f"--data {data!r}")
+    # every other value checked once, as the smallest ResNet's (its memory estimate bounds a batch's)
+    base = validate_config(**replace_args, data="synthetic", image_size=8, resnet_size=8)
+    return replace(base, keras_model=str(Path(model).resolve()), keras_model_sha256=file_sha256(model),
+                   data=str(Path(arrays).resolve()), data_sha256=file_sha256(arrays), resnet_size=None,
+                   image_size=None, learning_rate=None, momentum=None, weight_decay=None, bn_momentum=None)
 
 
 def _check_arithmetic(chosen: Arithmetic, arithmetic_map: str | None, configuration: str | None,

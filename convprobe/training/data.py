@@ -271,8 +271,68 @@ class DigitsData(Batches):
         return self.eval_images[idx], self.eval_labels[idx]
 
 
+#: The arrays of a user's data file: training pairs, and optionally test pairs.
+ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+class ArrayData(Batches):
+    """A user's arrays (`--data FILE.npz`): ``x_train``, ``y_train`` and optionally ``x_test``,
+    ``y_test``, read without pickles. Training batch `step` is samples step*size ... of the
+    per-epoch permutations seeded by (seed, epoch), as `DigitsData`'s; evaluation batch i is
+    test samples i*size ..., cycling. The inputs are given to the model as they are."""
+
+    def __init__(self, path: str | Path, seed: int = 0):
+        self.arrays = read_arrays(path)
+        self.seed = seed
+        self.x_train, self.y_train = self.arrays["x_train"], self.arrays["y_train"]
+
+    @property
+    def has_test(self) -> bool:
+        return "x_test" in self.arrays
+
+    def batch(self, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = _epoch_order(len(self.y_train), self.seed, step * size, size)
+        return self.x_train[idx], self.y_train[idx]
+
+    def eval_batch(self, index: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.arrays["x_test"], self.arrays["y_test"]
+        idx = (np.arange(size) + index * size) % len(y)
+        return x[idx], y[idx]
+
+
+def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
+    """A user's data file, checked: an .npz of numeric arrays holding x_train and y_train of
+    one length (and x_test with y_test, both or neither); one line naming what is wrong."""
+    where = f"--data {str(path)!r}"
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError) as error:
+        raise InvalidArgument(f"{where} must be an .npz file of arrays (numpy.savez) holding x_train and y_train; "
+                              f"it could not be read: {error}") from None
+    missing = [key for key in ("x_train", "y_train") if key not in arrays]
+    extra = sorted(set(arrays) - set(ARRAY_KEYS))
+    if missing or extra:
+        raise InvalidArgument(f"{where} must hold x_train and y_train, and optionally x_test and y_test; "
+                              f"{'it lacks ' + ', '.join(missing) if missing else 'it also holds ' + ', '.join(extra)}")
+    if ("x_test" in arrays) != ("y_test" in arrays):
+        raise InvalidArgument(f"{where} holds {'x_test' if 'x_test' in arrays else 'y_test'} without "
+                              f"{'y_test' if 'x_test' in arrays else 'x_test'}: give both or neither")
+    for key, array in arrays.items():
+        if array.dtype.kind not in "biuf" or array.ndim == 0 or len(array) == 0:
+            raise InvalidArgument(f"{where}: {key} must be a non-empty numeric array; received {array.dtype} of "
+                                  f"shape {array.shape}")
+    for x, y in (("x_train", "y_train"), ("x_test", "y_test")):
+        if x in arrays and len(arrays[x]) != len(arrays[y]):
+            raise InvalidArgument(f"{where}: {x} and {y} must hold as many samples; received {len(arrays[x])} "
+                                  f"and {len(arrays[y])}")
+    return arrays
+
+
 def make_data(config) -> Batches:
     """The dataset a `TrainConfig` asks for."""
+    if config.keras_model is not None:
+        return ArrayData(config.data, seed=config.seed)
     if config.data == "cifar10":
         return CifarData(config.data_dir, seed=config.seed)
     if config.data == "digits":

@@ -108,7 +108,7 @@ class _Part:
     shape: ConvShape
 
 
-def _built_shape(layer, batch: int | None) -> tuple[int, ...]:
+def _built_shape(layer, batch: int | None) -> tuple:
     """The input shape `layer` was built on, its batch the model's fixed one where it has none."""
     shape = tuple(layer.get_build_config()["input_shape"])
     if any(size is None for size in shape[1:]):

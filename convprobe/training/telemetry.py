@@ -199,6 +199,14 @@ def _fp16_low_codes(tf, low):
     return low_class, tf.clip_by_value(exponent, HIST_MIN_EXPONENT - 1, HIST_MAX_EXPONENT) - (HIST_MIN_EXPONENT - 1)
 
 
+def zeros_for_none(grads, targets) -> list:
+    """Gradients with None (a tensor the loss does not reach: a tapped layer whose output is
+    also the model's, say) replaced by zeros, which every count reads as zero."""
+    import tensorflow as tf
+
+    return [tf.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
+
+
 def batched_stats(lows, shadows, thresholds: Thresholds, host: bool = False):
     """The classification above for a list of tensors at once, as stacked arrays.
 

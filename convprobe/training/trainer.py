@@ -28,12 +28,10 @@ import hashlib
 import math
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from convprobe import results
 from convprobe.errors import InvalidArgument
 from convprobe.training import runtime
 from convprobe.training.arithmetic import GPU_PRESET_SCOPE, Arithmetic, ArithmeticKind, read_identify_map
@@ -43,17 +41,10 @@ from convprobe.training.data import Batches, make_data
 from convprobe.training.emulated_conv import emulated_convolution
 from convprobe.training.model import build_resnet, conv_shapes, route_convolutions
 from convprobe.training.records import (
-    IDENTIFY_MAP_NAME,
-    STEP_COLUMNS,
-    RunFiles,
     TensorNames,
     nonfinite_fields,
-    read_header,
-    read_summary,
-    save_checkpoint,
     telemetry_rows,
 )
-from convprobe.training.tensorboard import TensorBoardWriter
 from convprobe.training.telemetry import (
     COUNT_FIELDS,
     Thresholds,
@@ -61,26 +52,10 @@ from convprobe.training.telemetry import (
     batched_stats,
     nonfinite_counts,
     use_host_tables,
+    zeros_for_none,
 )
 
-__all__ = ["Trainer", "RunResult", "train"]
-
-
-@dataclass
-class RunResult:
-    """What a finished (or resumed and finished) run reports."""
-
-    directory: str | None
-    steps_run: int
-    final_step: int
-    skipped_steps: int
-    nonfinite_steps: int
-    final_loss_scale: float
-    final_loss: float
-    eval_accuracy: float | None
-    images_per_second: float
-    jit: bool
-    summary: dict = field(default_factory=dict)
+__all__ = ["Trainer"]
 
 
 def _fixed_scale_optimizer(inner, scale: float):
@@ -160,13 +135,9 @@ class Trainer:
             "cross-replica calls)")
 
         with self.strategy.scope():
-            common: dict[str, Any] = dict(image_size=self.data.image_size, num_classes=self.data.num_classes,
-                          seed=config.seed, bn_momentum=config.bn_momentum)
-            self.model = build_resnet(config.resnet_size, dtype=config.dtype, **common)
-            self.shadow = build_resnet(config.resnet_size, dtype="fp32", **common)
-            inner = keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum,
-                                         weight_decay=config.weight_decay or None)
+            self._build_models()
             mode, scale = config.loss_scale.mode, config.loss_scale.scale
+            inner = self._inner_optimizer()
             if mode is LossScaleMode.DYNAMIC:
                 self.optimizer = keras.optimizers.LossScaleOptimizer(
                     inner, initial_scale=scale, dynamic_growth_steps=config.dynamic_growth_steps)
@@ -176,13 +147,40 @@ class Trainer:
                 self.optimizer = inner
             self.optimizer.build(self.model.trainable_variables)
         self.arithmetic = Arithmetic.parse(config.arithmetic)
-        #: each conv layer's arithmetic, forward and both gradients (recorded in the header)
+        self._route(identify_map)
+        self._name_tensors()
+        self._compile()
+
+    # -- the model: convprobe's ResNet (a subclass trains another) -----------------------
+    def _build_models(self) -> None:
+        """The model in the run's dtype and its fp32 shadow."""
+        config = self.config
+        assert config.resnet_size is not None, "a ResNet run names its depth (validate_config)"
+        common: dict[str, Any] = dict(image_size=self.data.image_size, num_classes=self.data.num_classes,
+                                      seed=config.seed, bn_momentum=config.bn_momentum)
+        self.model = build_resnet(config.resnet_size, dtype=config.dtype, **common)
+        self.shadow = build_resnet(config.resnet_size, dtype="fp32", **common)
+
+    def _inner_optimizer(self):
+        """The optimizer the loss scaling wraps."""
+        config = self.config
+        return self.keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum,
+                                         weight_decay=config.weight_decay or None)
+
+    def _route(self, identify_map: dict | None) -> None:
+        """Each conv layer's arithmetic, forward and both gradients (recorded in the header), and
+        the layers rerouted to it."""
+        config = self.config
         self.layer_arithmetic = self.arithmetic.layers(
             conv_shapes(self.model, config.batch_size // self.replicas),
             identify_map if config.arithmetic_map is None else read_identify_map(config.arithmetic_map),
             self.configuration or "default")
-        route_convolutions(self.model, {name: emulated_convolution(tf, layer)
+        route_convolutions(self.model, {name: emulated_convolution(self.tf, layer)
                                         for name, layer in self.layer_arithmetic.items() if layer.emulated})
+
+    def _name_tensors(self) -> None:
+        """The reported tensors (weights, then the activations whose gradients are tapped), their
+        precision, and the order the backward pass computes them."""
         self.weight_names = [v.path for v in self.model.trainable_variables]
         self.tap_names = list(self.model.tap_names)
         # Taps whose gradient is another tap's tensor are measured once and reported under both names.
@@ -202,7 +200,23 @@ class Trainer:
         self.names = TensorNames(self.weight_names, self.tap_names, self.precision, self.same_gradient_as)
         #: the reported tensors in the order the backward pass computes their gradients
         self.backward = backward_order(self.model, self.model.trainable_variables, self.tap_names)
-        self._compile()
+
+    def _forward(self, model, images, training: bool):
+        """(predictions, the measured taps' outputs) of `model` (the run's or its shadow)."""
+        outs = model(images, training=training)
+        return outs[0], [outs[1 + i] for i in self.measured_taps]
+
+    def _loss(self, model, images, labels, predictions):
+        """The mean loss over the global batch (each replica's share)."""
+        tf = self.tf
+        ce = self.keras.losses.sparse_categorical_crossentropy(labels, predictions, from_logits=True)
+        return tf.reduce_sum(ce) / tf.cast(self.config.batch_size, tf.float32)
+
+    def _correct(self, predictions, labels):
+        """How many of the batch's predictions name their label."""
+        tf = self.tf
+        return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(predictions, axis=-1, output_type=tf.int32),
+                                              tf.cast(labels, tf.int32)), tf.float32))
 
     # -- compiled pieces ---------------------------------------------------------------
     def _current_scale(self):
@@ -215,26 +229,22 @@ class Trainer:
         """This replica's forward and backward pass (and the fp32 shadow's, for telemetry): the
         heavy part of a step, free of cross-replica calls, so XLA can compile it on its own
         under a strategy."""
-        tf, keras = self.tf, self.keras
+        tf = self.tf
         model = self.model
         variables = model.trainable_variables
-        global_batch = tf.cast(self.config.batch_size, tf.float32)
         with tf.GradientTape() as tape:
-            outs = model(images, training=True)
-            logits, taps = outs[0], [outs[1 + i] for i in self.measured_taps]
-            ce = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-            loss = tf.reduce_sum(ce) / global_batch
-            scaled = loss * scale
+            predictions, taps = self._forward(model, images, training=True)
+            loss = self._loss(model, images, labels, predictions)
+            scaled = tf.cast(loss, tf.float32) * scale
         targets = list(variables) + (taps if with_telemetry else [])
-        grads = tape.gradient(scaled, targets)
+        grads = zeros_for_none(tape.gradient(scaled, targets), targets)
         wgrads = grads[: len(variables)]
         bad_each = tf.cast(nonfinite_counts(wgrads), tf.float32)
         part = {
-            "loss": loss,
+            "loss": tf.cast(loss, tf.float32),
             "bad": tf.reduce_sum(bad_each),
             "bad_each": bad_each,
-            "correct": tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
-                                                      tf.cast(labels, tf.int32)), tf.float32)),
+            "correct": self._correct(predictions, labels),
             "wgrads": list(wgrads),
         }
         if with_telemetry:
@@ -268,14 +278,13 @@ class Trainer:
         return out
 
     def _shadow_gradients(self, images, labels, scale):
-        tf, keras = self.tf, self.keras
+        tf = self.tf
         shadow = self.shadow
-        global_batch = tf.cast(self.config.batch_size, tf.float32)
         with tf.GradientTape() as tape:
-            outs = shadow(tf.cast(images, tf.float32), training=True)
-            ce = keras.losses.sparse_categorical_crossentropy(labels, outs[0], from_logits=True)
-            scaled = (tf.reduce_sum(ce) / global_batch) * scale
-        return tape.gradient(scaled, list(shadow.trainable_variables) + [outs[1 + i] for i in self.measured_taps])
+            predictions, taps = self._forward(shadow, tf.cast(images, tf.float32), training=True)
+            scaled = tf.cast(self._loss(shadow, images, labels, predictions), tf.float32) * scale
+        targets = list(shadow.trainable_variables) + taps
+        return zeros_for_none(tape.gradient(scaled, targets), targets)
 
     def _sum_over_replicas(self, value):
         """`value` summed over every replica of every worker (itself with one replica)."""
@@ -314,7 +323,7 @@ class Trainer:
             self._plain = lambda images, labels: self._replica_step(images, labels, False)
             self._telem = lambda images, labels: self._replica_step(images, labels, True)
             self._stats = self._statistics
-            self._predict = lambda i: self.model(i, training=False)[0]
+            self._predict = lambda i: self._forward(self.model, i, training=False)[0]
             return
         self._copy = tf.function(copy_weights)
         if self.replicas > 1:
@@ -344,7 +353,7 @@ class Trainer:
             # A separate compiled function: inside the step, XLA fuses the statistics into the
             # backward pass's fusions and recomputes them (measured ~4x slower on ResNet-20).
             self._stats = tf.function(self._statistics, jit_compile=self.jit)
-        self._predict = tf.function(lambda i: self.model(i, training=False)[0], jit_compile=self.jit)
+        self._predict = tf.function(lambda i: self._forward(self.model, i, training=False)[0], jit_compile=self.jit)
 
     def _distribute(self, images: np.ndarray, labels: np.ndarray):
         if self.replicas == 1:
@@ -428,15 +437,17 @@ class Trainer:
         mismatch = _checkpoint_mismatch(self.model.weights, weights, "weights") or _checkpoint_mismatch(
             self.optimizer.variables, optimizer_state, "optimizer variables")
         if mismatch:
-            config = self.config
-            raise InvalidArgument(f"the checkpoint does not match this run's model (--resnet-size "
-                                  f"{config.resnet_size}, --image-size {config.image_size}): {mismatch}; nothing "
-                                  f"was changed: resume it with the model it was saved from, or use a new --output "
-                                  f"directory")
+            raise InvalidArgument(f"the checkpoint does not match this run's model ({self.model_words()}): "
+                                  f"{mismatch}; nothing was changed: resume it with the model it was saved from, or "
+                                  f"use a new --output directory")
         for v, w in zip(self.model.weights, weights):
             v.assign(w)
         for v, w in zip(self.optimizer.variables, optimizer_state):
             v.assign(w)
+
+    def model_words(self) -> str:
+        """The run's model in the options that chose it."""
+        return f"--resnet-size {self.config.resnet_size}, --image-size {self.config.image_size}"
 
     def arithmetic_record(self) -> dict:
         """What each conv layer computed, for the run's header."""
@@ -467,143 +478,6 @@ class Trainer:
     def device_description(self) -> str:
         return ", ".join(d.name for d in self.tf.config.list_logical_devices()) + \
             f" ({self.replicas} replica{'s' if self.replicas > 1 else ''})"
-
-
-def _number(value) -> float:
-    """A summary's number as float; null (no step ran in the call that wrote it) as NaN."""
-    return math.nan if value is None else float(value)
-
-
-def train(config: TrainConfig, *, data: Batches | None = None, trainer: Trainer | None = None,
-          stop_after: int | None = None, eager: bool = False, identify_map: dict | None = None) -> RunResult:
-    """Run (or resume) a training run, streaming records to `config.output` if set.
-
-    `stop_after` ends the run early after that many steps in this call, leaving
-    it as an interrupted run would (records and last checkpoint on disk).
-    `eager` runs without graph tracing (see `Trainer`).
-    """
-    files = RunFiles(config.output) if config.output else None
-    run = functools.partial(_run, config, files, data=data, trainer=trainer, stop_after=stop_after, eager=eager,
-                            identify_map=identify_map)
-    if files is None or not _writes_records(config):
-        return run()
-    with files.locked():  # a second run on this directory is refused before it changes anything
-        return run()
-
-
-def _writes_records(config: TrainConfig) -> bool:
-    """Whether this process writes the run's records: every process but the other workers of
-    a cluster (worker 0, the chief, writes them)."""
-    return config.distribute != "multi-worker" or read_tf_config().is_chief
-
-
-def _run(config: TrainConfig, files: RunFiles | None, *, data: Batches | None, trainer: Trainer | None,
-         stop_after: int | None, eager: bool, identify_map: dict | None) -> RunResult:
-    plan = files.plan(config.to_json()) if files is not None else None  # validates, writes nothing
-    start = 0
-    counters = {"skipped": 0, "nonfinite": 0}
-    if files is not None and plan is not None and plan.start_step >= config.steps and files.summary_path.exists():
-        done = read_summary(files.directory)  # already finished: report it, touch nothing
-        evaluated = read_header(files.directory)["params"].get("eval_batches", 0)
-        if evaluated != config.eval_batches:  # its accuracy would be reported under the wrong setting
-            raise InvalidArgument(f"{config.output} finished with --eval-batches {evaluated}; nothing was changed: "
-                                  f"rerun it with that value, or train into a new --output")
-        return RunResult(
-            directory=config.output, steps_run=0, final_step=done["final_step"],
-            skipped_steps=done["skipped_steps"], nonfinite_steps=done["nonfinite_steps"],
-            final_loss_scale=_number(done["final_loss_scale"]), final_loss=_number(done["final_loss"]),
-            eval_accuracy=done["eval_accuracy"], images_per_second=done["median_images_per_second"] or 0.0,
-            jit=done["jit"], summary=done)
-    trainer = trainer or Trainer(config, data=data, eager=eager, identify_map=identify_map)
-    board: TensorBoardWriter | None = None  # the run's TensorBoard event files, where it writes records
-    if files is not None:
-        assert plan is not None  # (planned wherever there are files)
-        if plan.replicas is not None and plan.replicas != trainer.replicas:
-            raise InvalidArgument(f"{config.output} was recorded with {plan.replicas} replicas and this run has "
-                                  f"{trainer.replicas} (batch-norm statistics would change mid-run); nothing was "
-                                  f"changed: resume with as many workers or devices, or use a new --output")
-        if plan.checkpoint is not None:
-            _, weights, opt_state, counters = plan.checkpoint
-            trainer.restore(weights, opt_state)  # a foreign checkpoint fails here, files untouched
-        start = plan.start_step
-        if trainer.is_chief:  # other workers of a cluster compute the same steps and write nothing
-            facts = runtime.runtime_facts()
-            facts.update(jit_effective=trainer.jit, jit_scope=trainer.jit_scope, eager=trainer.eager,
-                         replicas=trainer.replicas,
-                         cluster=None if trainer.cluster is None else list(trainer.cluster.workers))
-            start = files.start(plan, config_json=config.to_json(), seed=config.seed,
-                                device=trainer.device_description(), runtime=facts,
-                                layer_names={"weight": trainer.weight_names, "activation": trainer.tap_names},
-                                arithmetic=trainer.arithmetic_record())
-            if identify_map is not None and config.arithmetic_map is None:  # measured for this run: keep it
-                results.write(files.directory / IDENTIFY_MAP_NAME, identify_map)
-            board = TensorBoardWriter(files.tensorboard_path, trainer.format)
-        else:
-            files = None
-    speeds: list[float] = []
-    last: dict = {}
-    steps_run = 0
-    from convprobe.progress import tracker
-
-    try:
-        with tracker(config.steps - start, f"train {config.dtype} steps",
-                     enabled=config.progress and trainer.is_chief) as advance:
-            for step in range(start, config.steps):
-                if stop_after is not None and steps_run >= stop_after:
-                    break
-                telemetry = step % config.record_every == 0
-                last = trainer.step(step, telemetry)
-                steps_run += 1
-                counters["skipped"] += int(last["skipped"])
-                counters["nonfinite"] += int(not last["finite"])
-                if step > start:  # the first call compiles
-                    speeds.append(last["images_per_second"])
-                if files is not None:
-                    assert board is not None  # (made wherever files are kept: the chief's)
-                    files.write_step({k: last[k] for k in STEP_COLUMNS})
-                    board.write_step(step, last["loss_scale"], counters["skipped"])
-                    if telemetry:
-                        rows = trainer.telemetry_rows(last)
-                        files.write_telemetry(rows)
-                        board.write_records(step, rows)
-                    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-                        save_checkpoint(files.checkpoint_path, step + 1, *trainer.state(), counters)
-                advance(f"loss {last['loss']:.4f}  scale {last['loss_scale']:g}  "
-                        f"{last['images_per_second']:.1f} img/s")
-        finished = (start + steps_run) >= config.steps
-        eval_accuracy = trainer.evaluate(config.eval_batches) if finished else None
-        summary: dict[str, Any] = {
-            "finished": finished,
-            "final_step": start + steps_run,
-            "skipped_steps": counters["skipped"],
-            "nonfinite_steps": counters["nonfinite"],
-            "final_loss_scale": last.get("loss_scale"),
-            "final_loss": last.get("loss"),
-            "eval_accuracy": eval_accuracy,
-            "median_images_per_second": float(np.median(speeds)) if speeds else None,
-            "jit": trainer.jit,
-            "arithmetic": trainer.arithmetic.text,
-            "weights_sha256": trainer.weights_sha256(),
-        }
-        if files is not None:
-            if finished:
-                files.finish(summary)
-            else:
-                files.close()
-    finally:
-        try:
-            if files is not None:
-                files.close()
-        finally:  # the event files close even when the CSVs could not
-            if board is not None:
-                board.close()
-    return RunResult(
-        directory=config.output, steps_run=steps_run, final_step=start + steps_run,
-        skipped_steps=counters["skipped"], nonfinite_steps=counters["nonfinite"],
-        final_loss_scale=float(last.get("loss_scale", config.loss_scale.scale)),
-        final_loss=float(last.get("loss", math.nan)), eval_accuracy=eval_accuracy,
-        images_per_second=summary["median_images_per_second"] or 0.0, jit=trainer.jit, summary=summary,
-    )
 
 
 def _checkpoint_mismatch(variables, arrays, what: str) -> str | None:

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 CHILD = r'''
 import csv, json
 from convprobe.training.config import validate_config
-from convprobe.training.trainer import train
+from convprobe.training.run_loop import train
 config = validate_config(dtype="fp16", loss_scale="dynamic", steps=1, record_every=1, batch_size=8,
                          resnet_size=8, image_size=8, jit=True, distribute="mirrored",
                          logical_devices=2, output="run")

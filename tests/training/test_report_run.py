@@ -12,7 +12,7 @@ import pytest
 from convprobe import cli
 from convprobe.training.config import validate_config
 from convprobe.training.records import IDENTIFY_MAP_NAME, RUN_DIRECTORY_NAMES, RUN_FILE_NAMES
-from convprobe.training.trainer import train
+from convprobe.training.run_loop import train
 
 from .conftest import TINY
 

@@ -180,7 +180,7 @@ def test_an_unreadable_record_file_is_refused_before_the_header_changes(tmp_path
 
 
 def test_a_resume_with_another_replica_count_is_refused_untouched(tmp_path):
-    from convprobe.training.trainer import train
+    from convprobe.training.run_loop import train
 
     out = _run_dir(tmp_path)
     header = json.loads((out / "header.json").read_text())
@@ -196,7 +196,7 @@ def test_a_finished_run_asked_for_another_evaluation_is_refused_not_reported_as_
     from dataclasses import replace
 
     from convprobe import results
-    from convprobe.training.trainer import train
+    from convprobe.training.run_loop import train
 
     out = _run_dir(tmp_path)
     summary = {"finished": True, "final_step": 4, "skipped_steps": 0, "nonfinite_steps": 0, "final_loss_scale": 128.0,

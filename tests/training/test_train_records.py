@@ -10,7 +10,7 @@ import pytest
 from convprobe.testing import assert_no_gradient_underflow
 from convprobe.training.config import validate_config
 from convprobe.training.records import TELEMETRY_COLUMNS
-from convprobe.training.trainer import train
+from convprobe.training.run_loop import train
 
 from .conftest import TINY
 from .read_back import events, rows

@@ -111,7 +111,7 @@ def _rows(path):
 
 
 def test_records_stream_and_resume_reproduces_uninterrupted_run(tmp_path, tiny):
-    from convprobe.training.trainer import train
+    from convprobe.training.run_loop import train
 
     base = validate_config(loss_scale="dynamic", steps=4, record_every=2, checkpoint_every=2,
                            seed=7, **tiny)
