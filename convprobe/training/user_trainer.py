@@ -101,6 +101,14 @@ def check_user_model(model, data: ArrayData, config: TrainConfig) -> None:
         raise InvalidArgument(f"--data y_train does not fit the model's loss ({loss}): {reason(error)}") from None
 
 
+def _layers_policy(model) -> str:
+    """The policy most of the model's layers with weights compute in (a model's own policy says
+    nothing once it is loaded; a float32 output layer is the exception a mixed model keeps)."""
+    names = [layer.dtype_policy.name for layer in model._flatten_layers(include_self=False)
+             if layer.weights and not layer._layers]
+    return max(sorted(set(names)), key=names.count) if names else model.dtype_policy.name
+
+
 class UserModelTrainer(Trainer):
     """`Trainer` over the user's saved model and arrays (module docstring)."""
 
@@ -117,13 +125,13 @@ class UserModelTrainer(Trainer):
             raise InvalidArgument("--keras-model trains on --data FILE.npz")
         check_user_model(saved, self.data, config)
         self.saved_optimizer = saved.optimizer
-        policy = POLICIES[config.dtype]
-        self.policy_note = f"the model's own policy, {saved.dtype_policy.name}"
-        if saved.dtype_policy.name != policy:
+        policy, own = POLICIES[config.dtype], _layers_policy(saved)
+        self.policy_note = f"the model's own policy, {own} (its layers with weights)"
+        if own != policy:
             self.model = copy_model(saved, policy)
             self.model.set_weights(saved.get_weights())
             self.model.compile(loss=saved.loss, jit_compile=False)  # the user's loss, on the clone's predictions
-            self.policy_note = f"cloned from {saved.dtype_policy.name} into {policy}, every layer, weights copied"
+            self.policy_note = f"cloned from {own} into {policy}, every layer, weights copied"
         else:
             self.model = saved
         self.shadow = copy_model(self.model, "float32")
