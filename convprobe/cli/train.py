@@ -244,12 +244,12 @@ def run(args) -> int:
 def _check_user_model(config) -> None:
     """The user's model and data, checked against each other before any work: TensorFlow starts
     here, in the configuration the run will train in."""
-    from convprobe.training.arithmetic import Arithmetic, ArithmeticKind
+    from convprobe.training.arithmetic import ArithmeticKind
     from convprobe.training.data import ArrayData
     from convprobe.training.runtime import apply_configuration
     from convprobe.training.user_trainer import check_user_model, load_user_model
 
-    twin = Arithmetic.parse(config.arithmetic).kind is ArithmeticKind.TWIN
+    twin = config.arithmetic.kind is ArithmeticKind.TWIN
     configuration = config.configuration or ("default" if twin else None)
     data = ArrayData(config.data, seed=config.seed)  # a bad file fails before TensorFlow starts
     if configuration is not None:
@@ -315,10 +315,10 @@ def _twin_map(config) -> dict | None:
     and at its layers' shapes, before TensorFlow starts here."""
     from pathlib import Path
 
-    from convprobe.training.arithmetic import ArithmeticKind, Arithmetic, read_identify_map
+    from convprobe.training.arithmetic import ArithmeticKind, read_identify_map
     from convprobe.training.records import IDENTIFY_MAP_NAME, RunFiles
 
-    if Arithmetic.parse(config.arithmetic).kind is not ArithmeticKind.TWIN or config.arithmetic_map is not None:
+    if config.arithmetic.kind is not ArithmeticKind.TWIN or config.arithmetic_map is not None:
         return None
     files = RunFiles(config.output)
     files.plan(config.to_json())  # a bad run directory fails here, before identify runs

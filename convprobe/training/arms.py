@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from convprobe.errors import InvalidArgument, is_integer
@@ -54,11 +54,11 @@ def _bad(text: str, part: ArmPart | None, why: str) -> InvalidArgument:
 @dataclass(frozen=True)
 class Arm:
     """One arm: compute dtype, loss scale (resolved: the dtype's default where none was
-    given) and arithmetic (canonical text: native, twin or a model spec)."""
+    given) and arithmetic (parsed: native, twin or a model spec)."""
 
     dtype: str
     loss_scale: LossScaleSpec
-    arithmetic: str = ArithmeticKind.NATIVE.value
+    arithmetic: Arithmetic = field(default_factory=lambda: Arithmetic.parse(ArithmeticKind.NATIVE))
 
     @classmethod
     def parse(cls, text: str) -> Arm:
@@ -79,7 +79,7 @@ class Arm:
             arithmetic = Arithmetic.parse(arithmetic_text) if at else Arithmetic.parse(ArithmeticKind.NATIVE)
         except InvalidArgument as error:
             raise _bad(raw, ArmPart.ARITHMETIC, str(error)) from None
-        return cls(fmt.name, scale, arithmetic.text)
+        return cls(fmt.name, scale, arithmetic)
 
     @property
     def scale_text(self) -> str:
@@ -95,7 +95,7 @@ class Arm:
         default is none (`fp32`), the arithmetic unless native."""
         default_none = parse_format(self.dtype).default_loss_scale == 1
         scale = "" if default_none and self.loss_scale.mode is LossScaleMode.NONE else f"/{self.scale_text}"
-        arithmetic = "" if self.arithmetic == ArithmeticKind.NATIVE else f"@{self.arithmetic}"
+        arithmetic = "" if self.arithmetic.kind is ArithmeticKind.NATIVE else f"@{self.arithmetic.text}"
         return f"{self.dtype}{scale}{arithmetic}"
 
     @property
@@ -131,7 +131,7 @@ class Arm:
             shared["logical_devices"] = defaults.logical_devices
         shared.update(dtype=self.dtype, loss_scale=self.scale_text, skip=skip, arithmetic=self.arithmetic,
                       seed=seed, output=output, jit=jit,
-                      arithmetic_map=arithmetic_map if self.arithmetic == ArithmeticKind.TWIN else None)
+                      arithmetic_map=arithmetic_map if self.arithmetic.kind is ArithmeticKind.TWIN else None)
         try:
             return validate_config(**shared)
         except InvalidArgument as error:
@@ -173,11 +173,11 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def loss_scaling_arms(dtype: str = "fp16", static_scale: float | None = None,
-                      arithmetic: str = ArithmeticKind.NATIVE.value) -> list[Arm]:
+                      arithmetic: Arithmetic | None = None) -> list[Arm]:
     """`--compare-loss-scaling`: DTYPE/none, DTYPE/S and DTYPE/dynamic (S the given scale, else
     the dtype's default where it scales, else 128), each under `arithmetic`."""
     fmt = parse_format(dtype, argument="--dtype", allowed=DTYPES)
     static = static_scale or (fmt.default_loss_scale if fmt.default_loss_scale > 1 else 128.0)
-    suffix = "" if arithmetic == ArithmeticKind.NATIVE else f"@{arithmetic}"
+    suffix = "" if arithmetic is None or arithmetic.kind is ArithmeticKind.NATIVE else f"@{arithmetic.text}"
     scale = str(int(static)) if float(static).is_integer() else repr(float(static))
     return parse_arms([f"{fmt.name}/none{suffix}", f"{fmt.name}/{scale}{suffix}", f"{fmt.name}/dynamic{suffix}"])

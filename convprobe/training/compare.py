@@ -105,7 +105,7 @@ def child_arguments(config: TrainConfig) -> list[str]:
             "--seed", str(config.seed), "--data", config.data, "--output", str(config.output),
             "--jit" if config.jit else "--no-jit", "--distribute", config.distribute,
             "--eval-batches", str(config.eval_batches), "--checkpoint-every", str(config.checkpoint_every),
-            "--arithmetic", config.arithmetic, "--no-progress"]
+            "--arithmetic", config.arithmetic.text, "--no-progress"]
     if config.keras_model is not None:  # the user's model: its shapes and optimizer are its own
         argv += ["--keras-model", config.keras_model]
     else:
@@ -233,7 +233,7 @@ def underflow_summary(directory: str | Path) -> dict | None:
 def _row(run: PlannedRun, status: Status, error: str | None, seconds: float | None, reused: bool) -> dict:
     row = {"arm": run.arm.label, "seed": run.seed, "directory": run.name, "status": str(status), "error": error,
            "reused": reused, "dtype": run.arm.dtype, "loss_scale": run.arm.scale_text,
-           "arithmetic": run.arm.arithmetic, "jit": run.config.jit, "eval_accuracy": None, "final_loss": None,
+           "arithmetic": run.arm.arithmetic.text, "jit": run.config.jit, "eval_accuracy": None, "final_loss": None,
            "skipped_steps": None, "nonfinite_steps": None, "final_step": None, "final_loss_scale": None,
            "underflow": None, "seconds": seconds,
            "command": "convprobe " + " ".join(child_arguments(run.config))}

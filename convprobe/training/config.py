@@ -13,7 +13,7 @@ rejected with a clear error.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from convprobe.backends.configurations import MATRIX
@@ -152,8 +152,8 @@ class TrainConfig:
     synthetic_noise: float = 1.0
     bn_momentum: float | None = 0.997
     progress: bool = False
-    #: native, twin, or a model spec / GPU preset (its canonical spec)
-    arithmetic: str = "native"
+    #: native, twin, or a model spec / GPU preset, parsed once (`validate_config`)
+    arithmetic: Arithmetic = field(default_factory=lambda: Arithmetic.parse(ArithmeticKind.NATIVE))
     #: the twin's identify map (None: measured on the fly into the run directory)
     arithmetic_map: str | None = None
     #: TensorFlow configuration by its matrix name (None: the environment as it is)
@@ -169,7 +169,8 @@ class TrainConfig:
         return parse_format(self.dtype, argument="dtype", allowed=DTYPES)
 
     def to_json(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["arithmetic"] = self.arithmetic.text
         d["loss_scale"] = {"mode": self.loss_scale.mode.value, "scale": self.loss_scale.scale,
                            "label": self.loss_scale.label}
         return d
@@ -216,7 +217,7 @@ def validate_config(
     logical_devices: int = 2, learning_rate: float | None = None, checkpoint_every: int = 50,
     eval_batches: int = 0, dynamic_growth_steps: int = 2000, synthetic_noise: float = 1.0,
     progress: bool = False, weight_decay: float | None = None, momentum: float | None = None,
-    bn_momentum: float | None = None, arithmetic: str = "native", arithmetic_map: str | None = None,
+    bn_momentum: float | None = None, arithmetic: str | Arithmetic = "native", arithmetic_map: str | None = None,
     configuration: str | None = None, keras_model: str | None = None,
 ) -> TrainConfig:
     """Check every user-facing value and return the run's `TrainConfig`. `jit` None
@@ -291,10 +292,10 @@ def validate_config(
             raise InvalidArgument(f"{name} must be a non-negative number; received {number!r}")
     if not (isinstance(bn_momentum, (int, float)) and 0 <= bn_momentum < 1):
         raise InvalidArgument(f"--bn-momentum must be a number in [0, 1); received {bn_momentum!r}")
-    chosen = Arithmetic.parse(arithmetic)
+    chosen = arithmetic if isinstance(arithmetic, Arithmetic) else Arithmetic.parse(arithmetic)
     jit = _check_arithmetic(chosen, arithmetic_map, configuration, jit, fmt, distribute)
     return TrainConfig(
-        arithmetic=chosen.text, arithmetic_map=arithmetic_map, configuration=configuration,
+        arithmetic=chosen, arithmetic_map=arithmetic_map, configuration=configuration,
         dtype=fmt.name, bn_momentum=float(bn_momentum), loss_scale=spec, steps=steps, record_every=record_every,
         batch_size=batch_size, resnet_size=resnet_size, image_size=image_size, seed=seed,
         data=data, data_dir=data_dir, output=output, jit=bool(jit), distribute=distribute,

@@ -34,7 +34,7 @@ import numpy as np
 
 from convprobe.errors import InvalidArgument
 from convprobe.training import runtime
-from convprobe.training.arithmetic import GPU_PRESET_SCOPE, Arithmetic, ArithmeticKind, read_identify_map
+from convprobe.training.arithmetic import GPU_PRESET_SCOPE, ArithmeticKind, read_identify_map
 from convprobe.training.cluster import read_tf_config
 from convprobe.training.config import LossScaleMode, TrainConfig
 from convprobe.training.data import Batches, make_data
@@ -94,7 +94,7 @@ class Trainer:
         #: The twin computes in the configuration identify measured ('default' unless named):
         #: the switches the matrix manages are set as identify's child had them.
         self.configuration = config.configuration or (
-            "default" if Arithmetic.parse(config.arithmetic).kind is ArithmeticKind.TWIN else None)
+            "default" if config.arithmetic.kind is ArithmeticKind.TWIN else None)
         if self.configuration is not None:
             runtime.apply_configuration(self.configuration)
         self.tf = tf = runtime.tensorflow(config.logical_devices if mirrored else None,
@@ -146,7 +146,7 @@ class Trainer:
             else:
                 self.optimizer = inner
             self.optimizer.build(self.model.trainable_variables)
-        self.arithmetic = Arithmetic.parse(config.arithmetic)
+        self.arithmetic = config.arithmetic
         self._route(identify_map)
         self._name_tensors()
         self._compile()

@@ -34,7 +34,7 @@ from convprobe.training.config import LossScaleMode, LossScaleSpec, validate_con
 ])
 def test_good_arms_parse_into_values(text, dtype, mode, scale, arithmetic, label, name):
     arm = Arm.parse(text)
-    assert (arm.dtype, arm.loss_scale, arm.arithmetic) == (dtype, LossScaleSpec(mode, scale), arithmetic)
+    assert (arm.dtype, arm.loss_scale, arm.arithmetic.text) == (dtype, LossScaleSpec(mode, scale), arithmetic)
     assert (arm.label, arm.name, arm.run_name(2)) == (label, name, f"{name}_seed2")
     assert Arm.parse(arm.label) == arm  # the label is the arm
     with pytest.raises(FrozenInstanceError):
@@ -88,7 +88,7 @@ def test_an_arm_validates_as_a_whole_run_and_chooses_its_jit(tmp_path):
     emulated = Arm.parse("fp16/128@v100:out=fp16").config(base, seed=1, output=str(tmp_path / "b"), jit=None)
     assert (native.jit, emulated.jit) == (True, False)
     assert (native.seed, native.data, native.image_size, native.eval_batches) == (1, "digits", 8, 2)
-    assert emulated.arithmetic == "v100:out=fp16" and emulated.loss_scale == LossScaleSpec(LossScaleMode.STATIC, 128)
+    assert emulated.arithmetic.text == "v100:out=fp16" and emulated.loss_scale == LossScaleSpec(LossScaleMode.STATIC, 128)
     with pytest.raises(InvalidArgument, match=r"^--arm 'fp16/128@v100:out=fp16': --arithmetic v100:out=fp16 "
                                               r"computes the convolutions in the emulator"):
         Arm.parse("fp16/128@v100:out=fp16").config(base, seed=0, output=str(tmp_path / "c"), jit=True)

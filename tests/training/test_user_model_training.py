@@ -30,7 +30,7 @@ def _save(tmp_path, *, compiled: bool = True, batch: int | None = 4):
         inputs = keras.Input((6, 6, 2), batch_size=batch)
         x = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv")(inputs)
         x = keras.layers.DepthwiseConv2D(3, padding="same", name="depthwise")(x)
-        x = keras.layers.Dense(3, name="dense")(keras.layers.GlobalAveragePooling2D()(x))
+        x = keras.layers.Dense(3, name="dense")(keras.layers.GlobalAveragePooling2D(name="pool")(x))
         model = keras.Model(inputs, keras.layers.Activation("softmax", dtype="float32", name="softmax")(x))
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -67,7 +67,7 @@ def test_a_users_model_trains_with_records_telemetry_and_a_resume_that_ends_bit_
     record = header["arithmetic"]
     assert [layer["layer"] for layer in record["layers"]] == ["conv", "depthwise", "dense"]
     assert record["policy"].startswith("the model's own policy, mixed_float16")
-    assert header["layers"]["activation"] == ["conv", "depthwise", "global_average_pooling2d", "dense", "softmax"]
+    assert header["layers"]["activation"] == ["conv", "depthwise", "pool", "dense", "softmax"]
     steps = _steps(tmp_path / "whole")
     assert [row["step"] for row in steps] == [str(k) for k in range(6)]
     assert steps[0]["loss"] != steps[-1]["loss"]  # it trains
