@@ -1,4 +1,5 @@
-"""The ResNet fp16 training harness with per-layer gradient-underflow telemetry.
+"""The fp16 training harness (convprobe's ResNet or your own Keras model) with per-layer
+gradient-underflow telemetry, under any arithmetic.
 
 Modules, one concept each (TensorFlow is imported only inside functions that
 use it, after `runtime` has set the environment):
@@ -12,7 +13,9 @@ use it, after `runtime` has set the environment):
 - `emulated_dense`: a Dense layer's matmul and both gradients under that arithmetic;
 - `model`: the CIFAR ResNet v2 with gradient taps;
 - `telemetry`: classification of gradients against the fp32 shadow;
-- `trainer`: the loop, loss scaling, checkpoints;
+- `trainer`: the ResNet's model, step, loss scaling and telemetry (`Trainer`);
+- `user_trainer`: the same for a user's saved Keras model (`train --keras-model`);
+- `run_loop`: one run from start or checkpoint to summary, records streamed (`train`);
 - `records`: run directory layout, streaming CSV + JSON header;
 - `arms`: `DTYPE[/LOSS_SCALE][@ARITHMETIC]`, one arm of a comparison;
 - `compare`: every (arm, seed) in its own process, the comparison's table and figures;
@@ -22,8 +25,9 @@ use it, after `runtime` has set the environment):
   (imported on first use of the name: it imports Keras);
 - `model_copies`: the callback's copies of a user's model (the fp32 shadow, a clone in the
   model's policy, a forward pass that returns watched layers' outputs);
-- `model_arithmetic`: `use_arithmetic`, any Keras model's convolutions under an arithmetic
-  (imported on first use of the name).
+- `model_arithmetic`: `use_arithmetic`, any Keras model's convolutions and matmuls under an
+  arithmetic, the twin included (imported on first use of the name);
+- `bias_fusion`: where TensorFlow adds a layer's bias (after its op, or fused in its kernel).
 
 The `convprobe train` subcommand is `convprobe.cli.train`.
 """
