@@ -7,13 +7,15 @@ and keeps its parameters in ``config.json`` next to it.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
 from convprobe import results
 from convprobe.errors import InvalidArgument
 
-__all__ = ["parser", "load", "write_probe_results"]
+__all__ = ["parser", "load", "write_probe_results", "provenance_lines"]
 
 
 def parser(doc: str, here: Path) -> argparse.ArgumentParser:
@@ -60,3 +62,13 @@ def load(args: argparse.Namespace, **overrides) -> tuple[dict, Path]:
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     return config, output
+
+
+def provenance_lines(record: dict) -> list[str]:
+    """A generated page's provenance (`provenance.collect()`'s record): when, which versions,
+    which CPU with its identity and caches, how many cores, which platform."""
+    versions = record["versions"]
+    return [f"- created {record['created']}; convprobe {versions.get('convprobe')}, TensorFlow "
+            f"{versions.get('tensorflow')}, Keras {versions.get('keras')}, NumPy {versions.get('numpy')}",
+            f"- CPU: {record['cpu']} (identity {json.dumps(record['cpu_identity'])}, caches "
+            f"{json.dumps(record['cpu_caches'])}), {os.cpu_count()} cores; platform {record['platform']}"]

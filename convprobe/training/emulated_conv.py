@@ -10,7 +10,7 @@ identify claimed.
 A Conv2DTranspose runs the same three ops of the conv2d it transposes with their roles
 swapped (TensorFlow computes its forward pass as that conv2d's Conv2DBackpropInput, whose
 registered gradient is the Conv2D and the Conv2DBackpropFilter): identify measures it so,
-and `emulated_transposed_convolution` computes it so.
+and `emulated_convolution(..., transposed=True)` computes it so.
 
 `tf.numpy_function` cannot be compiled by XLA: a run with emulated arithmetic runs its
 step as a graph without jit, and the configuration decides TensorFlow's own kernels.
@@ -27,7 +27,7 @@ from convprobe.emulation.conv import conv_output_shape, resolve_padding
 from convprobe.errors import InvalidArgument
 from convprobe.training.arithmetic import ConvOp, LayerArithmetic, OpFamily
 
-__all__ = ["emulated_convolution", "emulated_transposed_convolution"]
+__all__ = ["emulated_convolution"]
 
 #: TensorFlow's raw op of each role, per family.
 _RAW_OPS = {OpFamily.CONV2D: ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"),
@@ -102,37 +102,27 @@ class _Ops:
         return function(x, self.tf.convert_to_tensor(w))
 
 
-def emulated_convolution(tf, arithmetic: LayerArithmetic):
-    """(x, w) -> y for one conv2d or depthwise layer, with the custom gradient `arithmetic` names."""
+def emulated_convolution(tf, arithmetic: LayerArithmetic, *, transposed: bool = False):
+    """(x, w) -> y for one conv2d or depthwise layer, with the custom gradient `arithmetic`
+    names; with `transposed`, for a Conv2DTranspose: `arithmetic` is then the conv2d it
+    transposes (its input the layer's output), whose input gradient is the layer's forward
+    pass, its forward pass the layer's input gradient."""
     ops = _Ops(tf, arithmetic)
 
     @tf.custom_gradient
     def convolution(x, w):
         def gradient(dy):
+            if transposed:
+                return ops.forward(dy, w), ops.filter_gradient(dy, x)
             return ops.input_gradient(dy, w), ops.filter_gradient(x, dy)
-        return ops.forward(x, w), gradient
+        return (ops.input_gradient(x, w) if transposed else ops.forward(x, w)), gradient
+
+    built = ops.output_shape if transposed else ops.input_shape  # the layer's own input
 
     def read_then_convolve(x, w):
-        return ops.checked(tuple(x.shape[1:3]), tuple(ops.input_shape[1:3]), convolution, x, w)
+        return ops.checked(tuple(x.shape[1:3]), tuple(built[1:3]), convolution, x, w)
 
     return read_then_convolve
-
-
-def emulated_transposed_convolution(tf, arithmetic: LayerArithmetic):
-    """(x, w) -> y for a Conv2DTranspose: `arithmetic` is the conv2d it transposes (its input
-    the layer's output), whose input gradient is the layer's forward pass."""
-    ops = _Ops(tf, arithmetic)
-
-    @tf.custom_gradient
-    def transposed(x, w):
-        def gradient(dy):
-            return ops.forward(dy, w), ops.filter_gradient(dy, x)
-        return ops.input_gradient(x, w), gradient
-
-    def read_then_transpose(x, w):
-        return ops.checked(tuple(x.shape[1:3]), tuple(ops.output_shape[1:3]), transposed, x, w)
-
-    return read_then_transpose
 
 
 def _output_shape(shape, family: OpFamily) -> list[int]:

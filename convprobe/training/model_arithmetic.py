@@ -38,7 +38,7 @@ from convprobe.errors import InvalidArgument
 from convprobe.training.arithmetic import (Arithmetic, ArithmeticKind, ConvOp, ConvShape, LayerArithmetic,
                                            OpArithmetic, OpFamily, TwinMap, read_identify_map)
 from convprobe.training.bias_fusion import BiasPlacement, bias_placement, fused_value, with_value
-from convprobe.training.emulated_conv import emulated_convolution, emulated_transposed_convolution
+from convprobe.training.emulated_conv import emulated_convolution
 from convprobe.training.emulated_dense import emulated_matmul
 from convprobe.training.runtime import configuration_in_effect
 
@@ -358,7 +358,7 @@ def _layer_call(layer, parts: list[LayerArithmetic], fused: bool = False):
             x, w = tf.expand_dims(inputs, 1), tf.expand_dims(layer.kernel, 0)
             return tf.squeeze(convolution(x, w), 1), (x, w)
     elif isinstance(layer, keras.layers.Conv2DTranspose):  # the conv2d's input gradient
-        transposed, role = emulated_transposed_convolution(tf, parts[0]), ConvOp.INPUT_GRADIENT
+        transposed, role = emulated_convolution(tf, parts[0], transposed=True), ConvOp.INPUT_GRADIENT
 
         def op(inputs):
             return transposed(inputs, layer.kernel), (inputs, layer.kernel)
