@@ -5,7 +5,7 @@ the guide's "Your own Keras model under any arithmetic".
     python scripts/twin_your_model.py M.keras D.npz map.json --config onednn-off+fp16-acc
 
 In the configuration named (set before TensorFlow starts, with `convprobe.configure`), the
-model is loaded, compiled with a LossScaleOptimizer around SGD, seeded, and fitted for
+model is loaded, compiled with its saved loss and a LossScaleOptimizer around SGD, seeded, and fitted for
 `--steps` steps of `--batch-size` images three times from the same weights: natively, in
 ``use_arithmetic(model, "twin", arithmetic_map=map.json)``, and in
 ``use_arithmetic(model, ARITHMETIC)`` (default ``v100:out=fp16``). It prints each run's
@@ -22,13 +22,15 @@ import os
 import sys
 from pathlib import Path
 
+from convprobe.training.user_trainer import load_user_model, saved_batch_size  # (TensorFlow starts later)
+
 
 def _fit(keras, np, path: Path, data, steps: int, batch: int, block=None):
     """Seeded weights and batches, `steps` steps of fit; per-step losses, final weights, record."""
     keras.utils.set_random_seed(0)
-    model = keras.models.load_model(path, compile=False)
-    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
-                  loss="sparse_categorical_crossentropy", jit_compile=False)
+    model = load_user_model(str(path))  # compiled as saved: its loss is kept, its optimizer replaced
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)), loss=model.loss,
+                  jit_compile=False)
     losses: list[float] = []
     record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda _, logs: losses.append(float(logs["loss"])))
     x, y = data["x_train"][: steps * batch], data["y_train"][: steps * batch]
@@ -49,13 +51,15 @@ def main() -> int:
     parser.add_argument("--config", required=True, help="a configuration of convprobe fingerprint --list-configs")
     parser.add_argument("--arithmetic", default="v100:out=fp16", help="the counterfactual (default: v100:out=fp16)")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="default: the batch the model's input fixes, else 8")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import convprobe
 
     convprobe.configure(args.config)  # before TensorFlow starts
+    args.batch_size = args.batch_size or saved_batch_size(str(args.model)) or 8
     import keras
     import numpy as np
 

@@ -183,13 +183,15 @@ _TRAIN_CLASSES = 10
 
 def _comparison_figures(name: str, document: dict):
     shared = document["params"].get("shared", {})
-    what = ", ".join(f"{key} {shared[key]}" for key in ("data", "resnet_size", "steps", "batch_size", "eval_batches")
-                     if key in shared)
+    what = ", ".join(f"{key} {Path(str(shared[key])).name if key in ('data', 'keras_model') else shared[key]}"
+                     for key in ("keras_model", "data", "resnet_size", "steps", "batch_size", "eval_batches")
+                     if shared.get(key) is not None)
     yield "table", figures.table_figure(
         figures.comparison_table(document["arms"]),
         title=f"{name}: final evaluation accuracy per arm, mean ± sample std (ddof = 1) over seeds "
               f"{', '.join(map(str, document['params']['seeds']))}")
-    yield "accuracy", figures.comparison_figure(document["runs"], document["arms"], chance=1 / _TRAIN_CLASSES,
+    chance = None if shared.get("keras_model") else 1 / _TRAIN_CLASSES  # a user's model: its classes are its own
+    yield "accuracy", figures.comparison_figure(document["runs"], document["arms"], chance=chance,
                                                 title=f"{name}: final evaluation accuracy per arm\n({what})")
 
 

@@ -165,7 +165,7 @@ def config_from_args(args):
         data_dir=args.data_dir, output=args.output, jit=args.jit, distribute=args.distribute,
         logical_devices=2 if args.devices is None else args.devices,
         learning_rate=args.learning_rate, checkpoint_every=args.checkpoint_every,
-        eval_batches=(COMPARISON_EVAL_BATCHES if compare else 0) if args.eval_batches is None else args.eval_batches,
+        eval_batches=_eval_batches(args, compare),
         dynamic_growth_steps=2000 if args.dynamic_growth_steps is None else args.dynamic_growth_steps,
         progress=progress, bn_momentum=args.bn_momentum, arithmetic=args.arithmetic or "native",
         arithmetic_map=None if compare else args.arithmetic_map, configuration=args.config,
@@ -189,6 +189,18 @@ def _batch_size(args) -> int:
     if args.batch_size is not None:
         return args.batch_size
     return (saved_batch_size(args.keras_model) if args.keras_model else None) or 128
+
+
+def _eval_batches(args, compare: bool) -> int:
+    """--eval-batches, or its default: 8 in a comparison, where the data has a test set (a user's
+    .npz may hold none), else 0."""
+    from convprobe.training.data import has_test_set
+
+    if args.eval_batches is not None:
+        return args.eval_batches
+    if not compare or (args.keras_model and args.data and not has_test_set(args.data)):
+        return 0
+    return COMPARISON_EVAL_BATCHES
 
 
 #: Evaluation batches of a comparison when --eval-batches is not given: comparisons answer accuracy.
@@ -246,7 +258,7 @@ def _check_user_model(config) -> None:
     here, in the configuration the run will train in."""
     from convprobe.training.arithmetic import ArithmeticKind
     from convprobe.training.data import ArrayData
-    from convprobe.training.runtime import apply_configuration
+    from convprobe.training.runtime import apply_configuration, tensorflow
     from convprobe.training.user_trainer import check_user_model, load_user_model
 
     twin = config.arithmetic.kind is ArithmeticKind.TWIN
@@ -254,6 +266,7 @@ def _check_user_model(config) -> None:
     data = ArrayData(config.data, seed=config.seed)  # a bad file fails before TensorFlow starts
     if configuration is not None:
         apply_configuration(configuration)
+    tensorflow()  # started as the run starts it: its XLA flags set first, its start-up notices dropped
     check_user_model(load_user_model(config.keras_model), data, config)
 
 
@@ -312,7 +325,7 @@ def _train(config) -> int:
 def _twin_map(config) -> dict | None:
     """The twin's identify map when none was named: the run directory's own (a resumed run),
     or measured now by `convprobe identify` in a child process, in the run's configuration
-    and at its layers' shapes, before TensorFlow starts here."""
+    and at its layers' shapes, before this process trains."""
     from pathlib import Path
 
     from convprobe.training.arithmetic import ArithmeticKind, read_identify_map

@@ -82,10 +82,13 @@ def fused_value(part: LayerArithmetic, role: ConvOp) -> Callable | None:
 
 
 def with_value(tf, y, value):
-    """`y` with the value `value` and `y`'s gradient: the difference added in fp32, where it is
-    exact (both are fp16), outside the gradient."""
-    wide = tf.cast(y, tf.float32)
-    return tf.cast(wide + tf.stop_gradient(tf.cast(value, tf.float32) - wide), y.dtype)
+    """`value`, with the gradient passed to `y` unchanged: the layer's own bias add and its
+    gradient stay Keras's, and only the forward value is the fused kernel's (an inf in `y`,
+    a separate sum that overflowed where the fused one did not, changes nothing)."""
+    @tf.custom_gradient
+    def replaced(separate, fused):
+        return tf.identity(fused), lambda upstream: (upstream, tf.zeros_like(fused))
+    return replaced(y, value)
 
 
 def bias_placement(tf, layer, calls: dict[BiasPlacement, Callable], batch: int, seed: int = 0) -> BiasPlacement:

@@ -70,7 +70,8 @@ UNDERFLOW_NOTE = ("underflow = share of a gradient tensor's elements that are ze
                   "tensors computed in the compute dtype, each gradient counted once: weight_mean and "
                   "activation_mean are the means over weight and activation gradients, worst the largest "
                   "share of any one tensor (worst_tensor)")
-LOSS_NOTE = "final_loss: the training loss (mean cross-entropy of the batch) of the last step"
+LOSS_NOTE = ("final_loss: the training loss of the last step (the ResNet's: mean cross-entropy of the batch; a "
+             "user's model's: its compiled loss)")
 
 #: TrainConfig fields without a command-line option: an arm's child runs them at their default.
 _NO_FLAG = ("synthetic_noise", "weight_decay", "momentum")

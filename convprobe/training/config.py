@@ -229,6 +229,9 @@ def validate_config(
     resnet = {"resnet_size": resnet_size, "learning_rate": learning_rate, "momentum": momentum,
               "weight_decay": weight_decay, "bn_momentum": bn_momentum}
     if keras_model is not None:
+        if synthetic_noise != 1.0:
+            raise InvalidArgument("synthetic_noise applies to the ResNet's synthetic data; --keras-model trains on "
+                                  "your data")
         return _user_model_config(keras_model, data, data_dir, image_size, distribute, resnet, replace_args=dict(
             dtype=dtype, loss_scale=loss_scale, skip=skip, steps=steps, record_every=record_every,
             batch_size=batch_size, seed=seed, output=output, jit=jit, logical_devices=logical_devices,

@@ -300,6 +300,16 @@ class ArrayData(Batches):
         return x[idx], y[idx]
 
 
+def has_test_set(path: str | Path) -> bool:
+    """Whether a user's data file holds x_test (read from its index, not its arrays); False
+    where it cannot be read (the run's own checks then say why)."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return "x_test" in archive.files
+    except (OSError, ValueError, EOFError):
+        return False
+
+
 def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
     """A user's data file, checked: an .npz of numeric arrays holding x_train and y_train of
     one length (and x_test with y_test, both or neither); one line naming what is wrong."""

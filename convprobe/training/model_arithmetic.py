@@ -220,9 +220,47 @@ def _twin_part(part: _Part, twin: TwinMap) -> tuple[ConvShape, str]:
              and (shape.input_shape[1:], shape.filter_shape, shape.strides, shape.padding, shape.dilation) == rest]
     if len(found) != 1:
         raise InvalidArgument(f"layer {part.name!r} has no fixed batch and the identify map measured its shape at "
-                              f"{len(found)} batch sizes: build the model on a fixed batch (keras.Input(..., "
-                              f"batch_size=N)) as identify measured it")
-    return found[0], f" (at batch {found[0].input_shape[0]}: the model fixes none; other batches unconfirmed)"
+                              f"{len(found)} batch sizes (or row counts): build the model on a fixed batch "
+                              f"(keras.Input(..., batch_size=N)) as identify measured it")
+    rows = "rows" if part.family is OpFamily.MATMUL else "batch"  # a matmul's: the batch times the leading axes
+    return found[0], f" (at {rows} {found[0].input_shape[0]}: the model fixes no batch; others unconfirmed)"
+
+
+def _entries(layer, parts: list[LayerArithmetic], placement: tuple[BiasPlacement, str] | None) -> list[dict]:
+    """A computed layer in the record: each part's shape and ops, the last with where its bias
+    is added where the twin measured it."""
+    entries = [{"kind": type(layer).__name__, "family": str(part.family), **part.to_dict()} for part in parts]
+    if placement is not None:
+        entries[-1]["bias"] = {"placement": str(placement[0]), "evidence": placement[1]}
+    return entries
+
+
+def _native_entries(layer, batch: int | None) -> list[dict]:
+    """A layer left to TensorFlow's kernel in the record: its parts' shapes where it was built on
+    known sizes, its name and kind alone where not (a native layer may take any size)."""
+    native = "native: TensorFlow's kernel"
+    try:
+        return [{"kind": type(layer).__name__, "family": str(part.family),
+                 **LayerArithmetic(part.name, part.shape, {op: OpArithmetic(None, native) for op in ConvOp},
+                                   part.family).to_dict()} for part in _parts(layer, batch)]
+    except InvalidArgument:
+        return [{"kind": type(layer).__name__, "layer": layer.name, "ops": {"every op": {
+            "arithmetic": "tensorflow", "source": f"{native} (built on inputs of unknown size)"}}}]
+
+
+def _twin_reason(layer) -> str | None:
+    """Why the twin cannot reproduce `layer`, which the emulator can compute under a model: a
+    grouped conv, which Keras runs through XLA (`jit_compile`), and a dilated one, which
+    TensorFlow runs as a conv of a space-to-batch input; identify measures neither at the
+    layer. None for every other layer."""
+    kind = type(layer).__name__
+    if getattr(layer, "groups", 1) > 1:
+        return (f"a grouped {kind}: Keras runs it through XLA, which identify does not measure at this layer; "
+                f"the twin leaves it to TensorFlow's kernel")
+    if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D)) and max(layer.dilation_rate) > 1:
+        return (f"a dilated {kind}: TensorFlow runs it as a conv of a space-to-batch input, which identify does "
+                f"not measure at this layer; the twin leaves it to TensorFlow's kernel")
+    return None
 
 
 def _part_arithmetic(part: _Part, chosen: Arithmetic, why: str, twin: TwinMap | None) -> LayerArithmetic:
@@ -267,29 +305,30 @@ def use_arithmetic(model: keras.Model, arithmetic: str | Mapping[str, str], *,
     if busy:
         raise InvalidArgument(f"layer {busy[0]!r} is inside another use_arithmetic block already; one block at a "
                               f"time (a mapping gives each layer its own arithmetic)")
-    reasons = {id(layer): _reason(layer) for layer in layers}
     chosen = _chosen(arithmetic, layers)
+    reasons = {id(layer): _reason(layer) or (_twin_reason(layer) if chosen[id(layer)][0].kind is ArithmeticKind.TWIN
+                                             else None) for layer in layers}
     twins = any(a.kind is ArithmeticKind.TWIN for a, _ in chosen.values())
     if arithmetic_map is not None and not twins:
         raise InvalidArgument("arithmetic_map is read by the twin; no layer's arithmetic is 'twin'")
     if configuration is not None and not twins:
         raise InvalidArgument("configuration names the map's configuration the twin reads; no layer's arithmetic "
                               "is 'twin'")
-    twin = _twin_map(arithmetic_map, configuration) if twins else None
     if isinstance(arithmetic, Mapping):
         refused = [layer for layer in layers if chosen[id(layer)][0].emulated and reasons[id(layer)] is not None]
         if refused:
             raise InvalidArgument(f"arithmetic names layer {refused[0].name!r}, which use_arithmetic cannot "
                                   f"compute: {reasons[id(refused[0])]}")
+    twin = _twin_map(arithmetic_map, configuration) if twins else None
     batch = _fixed_batch(model)
     computable = [layer for layer in layers if reasons[id(layer)] is None]
     parts = {id(layer): [_part_arithmetic(part, *chosen[id(layer)], twin) for part in _parts(layer, batch)]
-             for layer in computable}  # every shape checked before anything changes
-    placements = _placements(computable, parts, chosen, batch)
+             for layer in computable if chosen[id(layer)][0].emulated}  # every shape checked before anything changes
+    placements = _placements([layer for layer in computable if id(layer) in parts], parts, chosen, batch)
     for layer in computable:
         if placements.get(id(layer), (None,))[0] is BiasPlacement.UNREPRODUCED:
             parts[id(layer)] = _unreproduced(parts[id(layer)], layer)
-    emulated = [layer for layer in computable if any(part.emulated for part in parts[id(layer)])]
+    emulated = [layer for layer in computable if id(layer) in parts and any(part.emulated for part in parts[id(layer)])]
     patches = {id(layer): _layer_call(layer, parts[id(layer)],
                                       placements.get(id(layer), (None,))[0] is BiasPlacement.FUSED)
                for layer in emulated}
@@ -300,10 +339,9 @@ def use_arithmetic(model: keras.Model, arithmetic: str | Mapping[str, str], *,
         "arithmetic_map": str(arithmetic_map) if isinstance(arithmetic_map, (str, Path)) else (
             None if arithmetic_map is None else "a document"),
         "configuration": None if twin is None else twin.configuration,
-        "layers": [{"kind": type(layer).__name__, "family": str(part.family), **part.to_dict(),
-                    **({"bias": {"placement": str(placements[id(layer)][0]), "evidence": placements[id(layer)][1]}}
-                       if id(layer) in placements and part is parts[id(layer)][-1] else {})}
-                   for layer in computable for part in parts[id(layer)]],
+        "layers": [entry for layer in computable for entry in (
+            _entries(layer, parts[id(layer)], placements.get(id(layer))) if id(layer) in parts
+            else _native_entries(layer, batch))],
         "not_computed": [{"layer": layer.name, "kind": type(layer).__name__, "reason": reasons[id(layer)]}
                          for layer in layers if reasons[id(layer)] is not None],
         "jit_compile": {"model": model.jit_compile if model.compiled else None,

@@ -79,7 +79,11 @@ def check_user_model(model, data: ArrayData, config: TrainConfig) -> None:
     """The data fits the model: the inputs' shape, the model's fixed batch, and the labels its
     compiled loss takes (one batch through the model and its loss); one line if not."""
     x = data.x_train
-    inputs = [tuple(t.shape) for t in model.inputs] if model.inputs else None
+    if config.eval_batches > 0 and not data.has_test:
+        raise InvalidArgument(f"--eval-batches {config.eval_batches} reads x_test and y_test, which --data does not "
+                              f"hold; add them, or give --eval-batches 0")
+    symbolic = getattr(model, "inputs", None)  # a subclassed model has none
+    inputs = [tuple(t.shape) for t in symbolic] if symbolic else None
     if inputs is None or len(inputs) != 1:
         raise InvalidArgument(f"--keras-model must have one input (train feeds x_train); received a model with "
                               f"{len(inputs or [])}")
@@ -93,12 +97,15 @@ def check_user_model(model, data: ArrayData, config: TrainConfig) -> None:
     if data.has_test and data.arrays["x_test"].shape[1:] != x.shape[1:]:
         raise InvalidArgument(f"--data x_test's samples are {data.arrays['x_test'].shape[1:]} and x_train's "
                               f"{x.shape[1:]}: they must be alike")
-    images, labels = data.batch(0, config.batch_size)
-    try:
-        model.compute_loss(x=images, y=labels, y_pred=model(images, training=False), training=False)
-    except Exception as error:  # noqa: BLE001 - the user's loss refusing the labels is bad input
-        loss = model.loss if isinstance(model.loss, str) else type(model.loss).__name__
-        raise InvalidArgument(f"--data y_train does not fit the model's loss ({loss}): {reason(error)}") from None
+    pairs = [("y_train", data.batch(0, config.batch_size))]
+    if data.has_test:
+        pairs.append(("y_test", data.eval_batch(0, config.batch_size)))
+    for name, (images, labels) in pairs:
+        try:
+            model.compute_loss(x=images, y=labels, y_pred=model(images, training=False), training=False)
+        except Exception as error:  # noqa: BLE001 - the user's loss refusing the labels is bad input
+            loss = model.loss if isinstance(model.loss, str) else type(model.loss).__name__
+            raise InvalidArgument(f"--data {name} does not fit the model's loss ({loss}): {reason(error)}") from None
 
 
 def _layers_policy(model) -> str:
@@ -182,18 +189,28 @@ class UserModelTrainer(Trainer):
     def _loss(self, model, images, labels, predictions):
         return model.compute_loss(x=images, y=labels, y_pred=predictions, training=True)
 
+    @staticmethod
+    def _classifies(predictions_shape, labels) -> bool:
+        """Whether accuracy means something here: class indices against a (batch, classes > 1)
+        output (argmax); not for one-hot labels, a sigmoid unit or a sequence."""
+        return (len(predictions_shape) == 2 and (predictions_shape[-1] or 0) > 1 and len(labels.shape) == 1
+                and np.dtype(labels.dtype.as_numpy_dtype if hasattr(labels.dtype, "as_numpy_dtype")
+                             else labels.dtype).kind in "iu")
+
     def _correct(self, predictions, labels):
-        """Correct class predictions where the labels are class indices of a (batch, classes)
-        output; NaN where accuracy has no such meaning for this model."""
-        tf = self.tf
-        if len(predictions.shape) != 2 or len(labels.shape) != 1 or not labels.dtype.is_integer:
-            return tf.constant(np.nan, tf.float32)
+        """Correct class predictions (`_classifies`); NaN where accuracy has no such meaning."""
+        if not self._classifies(tuple(predictions.shape), labels):
+            return self.tf.constant(np.nan, self.tf.float32)
         return super()._correct(predictions, labels)
 
     def evaluate(self, batches: int) -> float | None:
-        if batches > 0 and not (isinstance(self.data, ArrayData) and self.data.has_test):
-            raise InvalidArgument("--eval-batches reads x_test and y_test, which --data does not hold; add them "
-                                  "or give --eval-batches 0")
+        """Accuracy over the test batches, or None where it has no meaning (`_classifies`)."""
+        if batches <= 0:
+            return None
+        _, labels = self.data.eval_batch(0, self.config.batch_size)
+        if not self._classifies(tuple(self.model.outputs[0].shape) if getattr(self.model, "outputs", None)
+                                else (None, None, None), labels):
+            return None
         return super().evaluate(batches)
 
     def model_words(self) -> str:

@@ -167,6 +167,9 @@ def test_training_under_a_narrow_accumulator_differs_and_after_the_block_is_nati
     ("sequentail:fp16", {}, "arithmetic must be native, twin, or a model spec or GPU preset (e.g. v100:out=fp16, a100, "
                             "sequential:fp16); received 'sequentail:fp16' (model must be one of sequential"),
     ({"conv": ""}, {}, "arithmetic['conv'] must be native, twin, or a model spec or GPU preset"),
+    ({"grouped": "twin"}, {}, "arithmetic names layer 'grouped', which use_arithmetic cannot compute: a grouped "
+                              "Conv2D: Keras runs it through XLA, which identify does not measure"),
+    ({"dilated": "twin"}, {}, "a dilated Conv2D: TensorFlow runs it as a conv of a space-to-batch input"),
 ])
 def test_bad_arguments_are_one_line_and_leave_the_model_alone(arithmetic, kwargs, message):
     from convprobe.training import use_arithmetic
@@ -372,3 +375,20 @@ def test_a_grouped_conv2d_is_the_emulator_s_grouped_convolution_bit_for_bit():
     assert np.array_equal(dx.numpy(), em.conv2d_backprop_input(dy.numpy(), w16, x16.shape, spec, **conv)
                           .astype(np.float32))
     assert not np.array_equal(model(x).numpy().view(np.uint16), expected.view(np.uint16))  # TensorFlow's own
+
+
+def test_native_takes_a_model_of_any_size_and_names_its_layers():
+    """A layer left to TensorFlow's kernel is not computed at a built shape: a model built on
+    unknown sizes runs natively, and the record names its layers."""
+    import keras
+    import tensorflow as tf
+
+    from convprobe.training import use_arithmetic
+
+    inputs = keras.Input((None, None, 2))
+    model = keras.Model(inputs, keras.layers.Conv2D(3, 3, dtype="mixed_float16", name="any")(inputs))
+    with use_arithmetic(model, "native") as record:
+        y = model(tf.zeros((1, 7, 9, 2)))
+    assert y.shape == (1, 5, 7, 3)
+    (entry,) = record["layers"]
+    assert entry["layer"] == "any" and "unknown size" in entry["ops"]["every op"]["source"]

@@ -91,6 +91,7 @@ def test_bad_models_and_data_are_one_line_and_exit_2_before_any_step(tmp_path):
     np.savez(tmp_path / "wide.npz", x_train=rng.uniform(size=(8, 6, 6, 3)), y_train=rng.integers(0, 3, 8))
     np.savez(tmp_path / "labels.npz", x_train=rng.uniform(size=(8, 6, 6, 2)), y_train=rng.integers(0, 3, (8, 5)))
     np.savez(tmp_path / "short.npz", x_train=rng.uniform(size=(8, 6, 6, 2)), y_train=rng.integers(0, 3, 7))
+    np.savez(tmp_path / "no_test.npz", x_train=rng.uniform(size=(8, 6, 6, 2)), y_train=rng.integers(0, 3, 8))
     model, data = str(tmp_path / "m.keras"), str(tmp_path / "d.npz")
     cases = [
         (["--keras-model", str(tmp_path / "raw" / "m.keras"), "--data", data], "is not compiled: train reads its loss"),
@@ -103,6 +104,8 @@ def test_bad_models_and_data_are_one_line_and_exit_2_before_any_step(tmp_path):
          "--batch-size must be the batch the model's input fixes (4); received 8"),
         (["--keras-model", model, "--data", data, "--resnet-size", "20"], "--resnet-size applies to the ResNet"),
         (["--keras-model", model], "--keras-model trains on your data: give --data D.npz"),
+        (["--keras-model", model, "--data", str(tmp_path / "no_test.npz"), "--eval-batches", "2"],
+         "--eval-batches 2 reads x_test and y_test, which --data does not hold"),
         (["--data", data], "--data " + data + " is a user's data file: it trains a user's model"),
     ]
     for args, message in cases:
