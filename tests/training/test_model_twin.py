@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from convprobe.errors import InvalidArgument
-from tests.conftest import REPO, run_cli_json
+from conftest import REPO, run_cli_json
 
 pytestmark = pytest.mark.tensorflow
 

@@ -14,7 +14,7 @@ import pytest
 
 from convprobe.training.config import validate_config
 from convprobe.training.records import read_header, read_summary
-from tests.conftest import run_cli
+from conftest import run_cli
 
 pytestmark = pytest.mark.tensorflow
 
