@@ -101,8 +101,13 @@ def test_a_twin_refuses_a_map_of_other_shapes_or_configurations_in_one_line(tmp_
     from convprobe.training import use_arithmetic
 
     _save_model(tmp_path / "m.keras")
-    run_cli_json("identify", "--keras-model", str(tmp_path / "m.keras"), "--configs", "onednn-off",
-                 "--batch", "2", "--output", str(tmp_path / "map.json"))
+    label = "tensorflow/cpu/onednn-off"  # a map of the first conv at batch 2 (the fields the twin reads)
+    shape = {"input_shape": [2, 6, 6, 3], "filter_shape": [3, 3, 3, 4], "strides": [1, 1], "padding": "SAME",
+             "dilation": [1, 1], "name": "conv", "kind": "conv2d"}
+    document = {"results": [{"config": {"name": "onednn-off", "label": label}, "status": "ok",
+                             "observed": {"layers": [{"layer": shape, "ops": {}}]}}],
+                "matches": {label: {op: {"summary": {"best": "sequential:fp16", "perfect": ["sequential:fp16"]}}
+                                    for op in ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter")}}}
     model = keras.models.load_model(tmp_path / "m.keras", compile=False)
     for kwargs, message in (
             ({"configuration": "fp16-acc"}, "the identify map has no results for configuration 'fp16-acc'; its "
@@ -110,7 +115,7 @@ def test_a_twin_refuses_a_map_of_other_shapes_or_configurations_in_one_line(tmp_
             ({"configuration": "onednn-off"}, "the identify map did not measure layer conv (input (4, 6, 6, 3)"),
             ({"configuration": "nope"}, "the identify map has no results for configuration 'nope'")):
         with pytest.raises(InvalidArgument) as info:
-            with use_arithmetic(model, "twin", arithmetic_map=tmp_path / "map.json", **kwargs):
+            with use_arithmetic(model, "twin", arithmetic_map=document, **kwargs):
                 pass
         assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
     assert "call" not in model.get_layer("conv").__dict__
