@@ -17,10 +17,10 @@ What it computes, in a layer that computes in float16 (`mixed_float16`), channel
 `Conv2D` (strides, dilation, either padding, groups), `Conv1D` (causal too: the 2-D
 convolution of height 1 TensorFlow runs it as), `DepthwiseConv2D` (any depth multiplier)
 and both halves of `SeparableConv2D` without dilation, `Conv2DTranspose` (the conv2d it
-transposes, roles swapped) and `Dense` (its matmul and both gradients). Every other
-layer with a kernel (Conv3D, EinsumDense, a channels_first conv, a layer computing in
-float32, ...) is listed in the record with the reason, and runs TensorFlow's kernel:
-never skipped without a word. The method and the limits are in the guide.
+transposes, roles swapped), `Dense` (its matmul and both gradients) and an `EinsumDense`
+whose equation is that matmul. Every other layer with a kernel (Conv3D, another
+EinsumDense, a channels_first conv, a layer computing in float32, ...) is listed in the
+record with the reason, and runs TensorFlow's kernel: never skipped without a word. The method and the limits are in the guide.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ KERNEL_LAYER_KINDS = ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "Separabl
                       "EinsumDense")
 #: The kinds `use_arithmetic` computes.
 COMPUTED = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D,
-            keras.layers.Conv2DTranspose, keras.layers.Dense)
+            keras.layers.Conv2DTranspose, keras.layers.Dense, keras.layers.EinsumDense)
+#: The layers whose op is a matmul over the input's last axis (an EinsumDense where its equation says so).
+_MATMULS = (keras.layers.Dense, keras.layers.EinsumDense)
 
 _NOT_YET = "convprobe does not emulate this layer kind yet; it runs TensorFlow's kernel"
 _KERNEL = "it runs TensorFlow's kernel"
@@ -62,9 +64,12 @@ def _reason(layer) -> str | None:
     kind = type(layer).__name__
     if type(layer) not in COMPUTED:
         return f"{kind}: {_NOT_YET}"
-    if isinstance(layer, keras.layers.Dense):
+    if isinstance(layer, _MATMULS):
         if getattr(layer, "quantization_mode", None) is not None:
-            return f"a quantized Dense ({layer.quantization_mode}): {_NOT_YET}"
+            return f"a quantized {kind} ({layer.quantization_mode}): {_NOT_YET}"
+        if isinstance(layer, keras.layers.EinsumDense) and not _matmul_equation(layer.equation):
+            return (f"an EinsumDense of equation {layer.equation!r}, not a matmul over the input's last axis "
+                    f"('...k,kn->...n'): {_NOT_YET}")
     elif layer.data_format != "channels_last":
         return f"a {layer.data_format} {kind}: only channels_last is emulated; {_KERNEL}"
     if layer.compute_dtype != "float16":
@@ -76,6 +81,15 @@ def _reason(layer) -> str | None:
     if isinstance(layer, keras.layers.Conv2DTranspose) and layer.output_padding is not None:
         return f"a Conv2DTranspose with output_padding: {_NOT_YET}"
     return None
+
+
+def _matmul_equation(equation: str) -> bool:
+    """Whether an einsum equation is a matmul over its input's last axis: 'ab,bc->ac',
+    'abc,cd->abd' (no ellipsis, no other reduced or broadcast axis)."""
+    inputs, _, output = equation.replace(" ", "").partition("->")
+    x, _, w = inputs.partition(",")
+    return (bool(x) and len(w) == 2 and x[-1] == w[0] and output == x[:-1] + w[1] and "." not in equation
+            and len(set(x + w[1])) == len(x) + 1)
 
 
 def _kernel_layers(model) -> list:
@@ -120,9 +134,9 @@ def _built_shape(layer, batch: int | None) -> tuple:
 def _parts(layer, batch: int | None) -> list[_Part]:
     """The ops `layer` runs, as identify measures them (`probes.layers` keys the same shapes)."""
     shape = _built_shape(layer, batch)
-    if isinstance(layer, keras.layers.Dense):
-        rows = shape[0] * math.prod(shape[1:-1])
-        return [_Part(layer.name, OpFamily.MATMUL, ConvShape((rows, 1, 1, shape[-1]), (1, 1, shape[-1], layer.units),
+    if isinstance(layer, _MATMULS):
+        rows, units = shape[0] * math.prod(shape[1:-1]), int(layer.kernel.shape[-1])
+        return [_Part(layer.name, OpFamily.MATMUL, ConvShape((rows, 1, 1, shape[-1]), (1, 1, shape[-1], units),
                                                              (1, 1), "VALID", (1, 1)))]
     if isinstance(layer, keras.layers.Conv1D):  # the conv2d of height 1, causal padding applied before
         n, length, channels = shape
@@ -254,6 +268,9 @@ def _twin_reason(layer) -> str | None:
     TensorFlow runs as a conv of a space-to-batch input; identify measures neither at the
     layer. None for every other layer."""
     kind = type(layer).__name__
+    if isinstance(layer, keras.layers.EinsumDense):
+        return ("an EinsumDense: TensorFlow runs its Einsum op, which identify does not measure yet; the twin leaves "
+                "it to TensorFlow's kernel")
     if getattr(layer, "groups", 1) > 1:
         return (f"a grouped {kind}: Keras runs it through XLA, which identify does not measure at this layer; "
                 f"the twin leaves it to TensorFlow's kernel")
@@ -382,7 +399,7 @@ def _layer_call(layer, parts: list[LayerArithmetic], fused: bool = False):
     """`layer`'s own call (Keras 3.15: its op, bias, activation) with its op computed as `parts`
     name; with `fused`, the bias added inside the last op's kernel (`bias_fusion`)."""
     role = ConvOp.FORWARD
-    if isinstance(layer, keras.layers.Dense):
+    if isinstance(layer, _MATMULS):  # an EinsumDense's matmul equation reads as a Dense layer's
         product = emulated_matmul(tf, parts[0])
 
         def op(inputs):
@@ -417,7 +434,7 @@ def _layer_call(layer, parts: list[LayerArithmetic], fused: bool = False):
         outputs, (first, kernel) = op(inputs)
         if getattr(layer, "bias", None) is not None:
             bias = layer.bias
-            outputs = keras.ops.add(outputs, bias if isinstance(layer, keras.layers.Dense) else
+            outputs = keras.ops.add(outputs, bias if isinstance(layer, _MATMULS) else
                                     keras.ops.reshape(bias, (1,) * (len(outputs.shape) - 1) + (-1,)))
             if value is not None:
                 outputs = with_value(tf, outputs, _fused(value, first, kernel, bias, outputs))

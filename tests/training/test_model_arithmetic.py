@@ -392,3 +392,35 @@ def test_native_takes_a_model_of_any_size_and_names_its_layers():
     assert y.shape == (1, 5, 7, 3)
     (entry,) = record["layers"]
     assert entry["layer"] == "any" and "unknown size" in entry["ops"]["every op"]["source"]
+
+
+def test_an_einsum_dense_that_is_a_matmul_is_the_emulator_s_dot_and_any_other_is_named():
+    """EinsumDense('abc,cd->abd') is the Dense of its last axis: computed bit for bit as `dot`
+    under a model spec; an equation that is no such matmul, and the twin, leave it to TensorFlow."""
+    import keras
+    import tensorflow as tf
+
+    from convprobe.training import use_arithmetic
+
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((3, 8))
+    matmul = keras.layers.EinsumDense("abc,cd->abd", output_shape=(3, 5), bias_axes="d", dtype="mixed_float16",
+                                      name="matmul")
+    other = keras.layers.EinsumDense("abc,cde->abde", output_shape=(3, 5, 2), dtype="mixed_float16", name="other")
+    model = keras.Model(inputs, [matmul(inputs), other(inputs)])
+    matmul.bias.assign(np.linspace(-1, 1, 5))
+    x = tf.constant(np.random.default_rng(4).normal(size=(2, 3, 8)).astype(np.float32) * 4)
+    spec = "sequential:fp16"
+    with use_arithmetic(model, spec) as record:
+        y = model(x)[0]
+    assert [r["layer"] for r in record["layers"]] == ["matmul"]
+    assert record["layers"][0]["input_shape"] == [0, 1, 1, 8]
+    assert "not a matmul over the input's last axis" in record["not_computed"][0]["reason"]
+    rows = x.numpy().astype(np.float16).reshape(-1, 8)
+    w16 = matmul.kernel.numpy().astype(np.float16)
+    product = np.asarray(em.dot(rows[:, None, :], w16.T[None, :, :], em.parse_model(spec))).astype(np.float16)
+    expected = (product + matmul.bias.numpy().astype(np.float16)).reshape(2, 3, 5)
+    assert np.array_equal(y.numpy().view(np.uint16), expected.view(np.uint16))
+    with pytest.raises(InvalidArgument, match="an EinsumDense: TensorFlow runs its Einsum op, which identify"):
+        with use_arithmetic(model, {"matmul": "twin"}):
+            pass
