@@ -58,7 +58,8 @@ def test_gpu_requested_without_a_gpu_is_one_line_and_exit_2():
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "convprobe overflow: error: device gpu was requested but no GPU is visible on this machine; "
-        "use --device cpu or auto"
+        "use --device cpu or auto, or ask the GPU question from this CPU with the tensor cores' emulated presets "
+        "(--backend emulated --model v100:out=fp16, a100, h100)"
     )
 
 

@@ -319,7 +319,9 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "gpu" if gpu_visible() else "cpu"
     if device == "gpu" and not gpu_visible():
-        raise InvalidArgument("device gpu was requested but no GPU is visible on this machine; use --device cpu or auto")
+        raise InvalidArgument("device gpu was requested but no GPU is visible on this machine; use --device cpu or "
+                              "auto, or ask the GPU question from this CPU with the tensor cores' emulated presets "
+                              "(--backend emulated --model v100:out=fp16, a100, h100)")
     return device
 
 
