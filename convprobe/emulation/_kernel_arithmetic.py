@@ -61,6 +61,8 @@ NEAREST_EVEN, TOWARD_ZERO, STOCHASTIC = 0, 1, 2
 NO_EXPONENT = np.iinfo(np.int64).min // 4
 
 _MASK52 = (1 << 52) - 1
+#: -0.0's bits as a signed int64.
+_NEGATIVE_ZERO_BITS = -(1 << 63)
 _WEYL32 = np.uint32(WEYL32)
 _LOWBIAS_A, _LOWBIAS_B = (np.uint32(m) for m in LOWBIAS32)
 _SIGN = -(1 << 63)
@@ -359,9 +361,12 @@ def round_f64(x, p, emin, maxv, has_inf, keep_sub, mode, sat, r, rbits):
         if has_inf:
             return x
         return math.nan
-    if x == 0.0:
-        return x
     b = f2i(x)
+    # A zero, told by its two bit patterns: a thread that treats float64 subnormals as zero (DAZ,
+    # as TensorFlow's threads do) takes one for 0.0 in a float comparison, and LLVM folds a
+    # masked test of the bits back into one.
+    if b == 0 or b == _NEGATIVE_ZERO_BITS:
+        return x
     neg = b < 0
     ef = (b >> 52) & 0x7FF
     if ef == 0:

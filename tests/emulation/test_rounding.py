@@ -178,3 +178,19 @@ def test_fp16_nearest_even_by_numpys_conversion_equals_the_rounding_kernel():
     assert_same_bits(round_to_format(x, "fp16"), want)
     assert np.isinf(round_to_format(np.array([65520.0]), "fp16")).all()
     assert round_to_format(np.array([65519.99]), "fp16")[0] == 65504.0
+
+
+@pytest.mark.tensorflow
+def test_a_thread_that_treats_subnormals_as_zero_rounds_them_as_any_other():
+    """TensorFlow runs a numpy_function in threads that treat float64 subnormals as zero (DAZ);
+    the kernel told a zero by a float comparison there, and returned a subnormal unrounded
+    (found by the oracle test above, after an emulated layer had run inside TensorFlow)."""
+    import tensorflow as tf
+
+    x = np.array([0.0, -0.0, 2.2250738585e-313, -4e-320, 1.0, -6e-8])
+    want = oracle.round_to_format(x, FP16, "nearest_even", subnormals="keep", overflow="saturate")
+    inside = tf.function(lambda t: tf.numpy_function(
+        lambda _: round_to_format(x, FP16, "nearest_even", subnormals="keep", overflow="saturate"), [t],
+        tf.float64), autograph=False)
+    assert_same_bits(inside(tf.constant(0.0, tf.float64)).numpy(), want)
+    assert_same_bits(round_to_format(x, FP16, "nearest_even", subnormals="keep", overflow="saturate"), want)
