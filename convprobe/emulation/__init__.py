@@ -26,6 +26,7 @@ from convprobe.emulation.models import (
     Sequential,
 )
 from convprobe.emulation.reduction import dot
+from convprobe.emulation._threads import default_float_environment
 from convprobe.emulation.rounding import round_to_format
 from convprobe.emulation.specs import parse_model
 
@@ -42,6 +43,7 @@ __all__ = [
     "Lanes",
     "Reverse",
     "parse_model",
+    "default_float_environment",
     "round_to_format",
     "dot",
     "conv2d",

@@ -14,6 +14,9 @@ worker, each probe) pays it.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import functools
 import os
 import threading
@@ -21,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import numba
 
-__all__ = ["over_items", "over_tasks"]
+__all__ = ["over_items", "over_tasks", "default_float_environment"]
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -35,8 +38,47 @@ def _executor() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(
                 numba.config.NUMBA_NUM_THREADS,  # type: ignore[attr-defined]  # set through numba.config's globals()
-                thread_name_prefix="convprobe-kernel")
+                thread_name_prefix="convprobe-kernel", initializer=_default_float_environment)
         return _pool
+
+
+def _libm():
+    """glibc's libm (its fegetenv and fesetenv), or None elsewhere."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    except OSError:
+        return None
+
+
+_LIBM = _libm()
+#: glibc's FE_DFL_ENV, ``((const fenv_t *) -1)``: round to nearest, subnormals neither flushed
+#: nor read as zero.
+_FE_DFL_ENV = ctypes.c_void_p(-1)
+
+
+def _default_float_environment() -> None:
+    """A pool thread starts in the default floating-point environment. A thread inherits its
+    creator's: a pool first used inside TensorFlow (an emulated layer's numpy_function, whose
+    threads flush subnormals and read them as zero) would otherwise flush the float32
+    subnormals some formats' products are (bf16's). Elsewhere than glibc it is left as it is."""
+    if _LIBM is not None:
+        _LIBM.fesetenv(_FE_DFL_ENV)
+
+
+@contextlib.contextmanager
+def default_float_environment():
+    """This thread in the default floating-point environment for the block, its own restored
+    after: where an emulated op runs inside TensorFlow, on TensorFlow's thread."""
+    if _LIBM is None:
+        yield
+        return
+    saved = ctypes.create_string_buffer(64)  # fenv_t: 32 bytes on x86-64 glibc
+    _LIBM.fegetenv(saved)
+    _LIBM.fesetenv(_FE_DFL_ENV)
+    try:
+        yield
+    finally:
+        _LIBM.fesetenv(saved)
 
 
 def _forget_pool() -> None:

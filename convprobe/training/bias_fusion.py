@@ -27,7 +27,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from convprobe.emulation import conv2d, conv2d_backprop_input, dot
+from convprobe.emulation import conv2d, conv2d_backprop_input, default_float_environment, dot
 from convprobe.errors import InvalidArgument
 from convprobe.formats import FP32
 from convprobe.training.arithmetic import ConvOp, LayerArithmetic, OpFamily
@@ -65,6 +65,10 @@ def fused_value(part: LayerArithmetic, role: ConvOp) -> Callable | None:
     strides, padding, dilation = shape.strides, shape.padding, shape.dilation
 
     def run(first: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        with default_float_environment():  # TensorFlow's thread flushes subnormals; the emulator must not
+            return _fused(first, w, bias)
+
+    def _fused(first: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
         if part.family is OpFamily.MATMUL:
             out = dot(first[:, None, :], w.T[None, :, :], wide)
         elif part.family is OpFamily.DEPTHWISE:

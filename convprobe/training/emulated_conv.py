@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from convprobe.backends.emulated import EmulatedBackend
+from convprobe.emulation import default_float_environment
 from convprobe.emulation.conv import conv_output_shape, resolve_padding
 from convprobe.errors import InvalidArgument
 from convprobe.training.arithmetic import ConvOp, LayerArithmetic, OpFamily
@@ -41,7 +42,8 @@ def _emulated(backend: EmulatedBackend, method: str, result_shape: tuple[int, ..
     def run(first: np.ndarray, second: np.ndarray) -> np.ndarray:
         extra = () if result_shape is None else (
             (first.shape[0], *result_shape[1:]) if method.endswith("backprop_input") else result_shape,)
-        out = getattr(backend, method)(first, second, *extra, **conv_args)
+        with default_float_environment():  # TensorFlow's thread flushes subnormals; the emulator must not
+            out = getattr(backend, method)(first, second, *extra, **conv_args)
         return np.asarray(out).astype(np.float16, copy=False)
     return run
 

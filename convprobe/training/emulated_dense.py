@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from convprobe.emulation import AccumulationModel, dot
+from convprobe.emulation import AccumulationModel, default_float_environment, dot
 from convprobe.training.arithmetic import ConvOp, LayerArithmetic
 
 __all__ = ["emulated_matmul"]
@@ -39,6 +39,15 @@ def _kernel_gradient(model: AccumulationModel):
     return run
 
 
+def _in_default_environment(function):
+    """`function` run in the default floating-point environment (TensorFlow's thread flushes
+    subnormals; the emulator must not)."""
+    def run(*arrays):
+        with default_float_environment():
+            return function(*arrays)
+    return run
+
+
 #: Each role's emulated product and TensorFlow's MatMul flags for it (the registered gradient's).
 _PRODUCTS = {ConvOp.FORWARD: (_forward, {}),
              ConvOp.INPUT_GRADIENT: (_input_gradient, {"transpose_b": True, "grad_a": True}),
@@ -52,7 +61,7 @@ def emulated_matmul(tf, arithmetic: LayerArithmetic):
         model = arithmetic.ops[op].model
         if model is None:
             return tf.raw_ops.MatMul(a=first, b=second, **flags)
-        function = product(model)
+        function = _in_default_environment(product(model))
         if tf.executing_eagerly():  # a model called eagerly (TF's eager numpy_function trips NumPy 2's __array__)
             return tf.constant(function(first.numpy(), second.numpy()))
         out = tf.numpy_function(function, [first, second], tf.float16, stateful=False, name="emulated_matmul")
