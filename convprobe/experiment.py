@@ -15,7 +15,7 @@ from pathlib import Path
 from convprobe import results
 from convprobe.errors import InvalidArgument
 
-__all__ = ["parser", "load", "write_probe_results", "provenance_lines"]
+__all__ = ["parser", "load", "write_probe_results", "provenance_lines", "write_page"]
 
 
 def parser(doc: str, here: Path) -> argparse.ArgumentParser:
@@ -72,3 +72,10 @@ def provenance_lines(record: dict) -> list[str]:
             f"{versions.get('tensorflow')}, Keras {versions.get('keras')}, NumPy {versions.get('numpy')}",
             f"- CPU: {record['cpu']} (identity {json.dumps(record['cpu_identity'])}, caches "
             f"{json.dumps(record['cpu_caches'])}), {os.cpu_count()} cores; platform {record['platform']}"]
+
+
+def write_page(path, lines: list[str]) -> int:
+    """Write a generated docs page and name it on stdout; the script's exit status (0)."""
+    Path(path).write_text("\n".join(lines), encoding="utf-8")
+    print(path)
+    return 0

@@ -1,5 +1,8 @@
 """What an accumulation request means, concretely, for each backend and device.
 
+One file, over 600 lines: the matrix, the requests that pick its rows and the device
+checks are one table read together by every command (issue 60 splits it by concept).
+
 `--accumulate fp16` is a wish; TensorFlow grants it only through environment
 switches that differ per device and are read once per process. This module is
 the one table that maps a request to those settings (README's table is

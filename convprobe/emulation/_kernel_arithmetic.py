@@ -1,5 +1,8 @@
 """The emulator's compiled (numba) arithmetic that every kernel shares: one rounding routine.
 
+One file, over 600 lines: its inlined helpers call one another, and every compiled kernel
+inlines them from here (a kernel's numba cache follows its own file, not these).
+
 The rounding works on float64 carriers (the 32-bit bitcasts and `bitlen32` serve the
 32-bit-lane kernels). Why it is exact:
 

@@ -1,5 +1,8 @@
 """Composite models: real GEMM and convolution kernels built from inner models.
 
+One file, over 600 lines: the composites nest one another and share one frame
+(`_Composite`); issue 60 splits the emulation package by concept.
+
 * `SplitK` - K cut into `parts` contiguous ranges (``ceil(K / parts)`` terms each, the
   last shorter), or into ranges of `length` terms; each range is reduced by `inner`
   from +0 (its result in the inner model's output format), and the partial results

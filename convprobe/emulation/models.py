@@ -1,5 +1,8 @@
 """Accumulation models: small named, frozen objects that say how a sum of products is formed.
 
+One file, over 600 lines: the plain models share one frame and one spec round trip
+(issue 60 moves the spec grammar into its own module).
+
 Every model reduces ``sum_k a_k * b_k`` in the order given. Common parameters:
 
 * ``accumulator`` - format the running value is rounded to after each step.

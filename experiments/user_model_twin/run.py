@@ -134,9 +134,7 @@ def main(argv=None) -> int:
         "```",
         "",
     ]
-    Path(args.page).write_text("\n".join(page), encoding="utf-8")
-    print(args.page)
-    return 0
+    return experiment.write_page(args.page, page)
 
 
 if __name__ == "__main__":
